@@ -1,0 +1,27 @@
+# The two set-up commands from the README. Each creates .venv on first use.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+
+.PHONY: demo test lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	# torch first and pinned: the CPU wheel; an unpinned torch pulls gigabytes of CUDA packages.
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) examples/copy_task.py
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check src tests examples
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,24 @@
+"""The three model families and :func:`build_model`."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..config import ModelConfig
+from .decoder_lm import DecoderLM
+from .encoder_classifier import EncoderClassifier
+from .encoder_decoder import EncoderDecoder
+
+ARCHITECTURES: dict[str, type[nn.Module]] = {
+    "encoder-decoder": EncoderDecoder,
+    "decoder": DecoderLM,
+    "encoder": EncoderClassifier,
+}
+
+
+def build_model(config: ModelConfig) -> nn.Module:
+    """The model for ``config.arch``, freshly initialised; ``model.config is config``."""
+    return ARCHITECTURES[config.arch](config)
+
+
+__all__ = ["ARCHITECTURES", "DecoderLM", "EncoderClassifier", "EncoderDecoder", "build_model"]

@@ -1,0 +1,123 @@
+"""Scaled dot-product attention and multi-head attention, written out.
+
+Shape legend: B batch, H query heads, Hkv key/value heads, Tq query length, Tk key length,
+Dh head dim, D d_model. Masks are boolean, True = may attend (see ``masks.py``).
+
+Two interchangeable paths compute the same thing:
+
+* ``"reference"``: :func:`scaled_dot_product_attention` below, six readable lines that also
+  return the attention weights (for heatmaps);
+* ``"sdpa"``: PyTorch's fused ``F.scaled_dot_product_attention`` (flash / memory-efficient
+  kernels, memory linear in sequence length), the default. Tests check the two agree.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                                 dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
+    """softmax(q k^T / sqrt(Dh)) v, the paper's equation (1).
+
+    q: (..., Tq, Dh); k, v: (..., Tk, Dh); mask: bool, broadcastable to (..., Tq, Tk),
+    True = may attend. Returns (out (..., Tq, Dh), weights (..., Tq, Tk)).
+
+    A query row whose keys are all masked gets zero weights and a zero output, not NaN
+    (softmax over nothing is 0/0). We fill masked scores with the dtype's most negative finite
+    value rather than -1e9, which overflows in fp16 and is not "minus infinity" in bf16.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1)
+    if mask is not None:
+        weights = weights * mask.any(dim=-1, keepdim=True)  # zero rows that saw no key
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ v, weights  # (..., Tq, Dh), (..., Tq, Tk)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention for self-attention (``memory=None``) and cross-attention.
+
+    One fused input projection ``in_proj`` holds [W_q; W_k; W_v] stacked by rows, as in
+    ``torch.nn.MultiheadAttention``: self-attention does a single matmul for q, k and v;
+    cross-attention projects the queries with the first rows and the memory with the rest.
+    ``n_kv_heads < n_heads`` gives grouped-query attention (each k/v head serves
+    ``n_heads // n_kv_heads`` query heads).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
+                 dropout: float = 0.0, bias: bool = True,
+                 backend: Literal["sdpa", "reference"] = "sdpa") -> None:
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
+        if backend not in ("sdpa", "reference"):
+            raise ValueError(f"backend ({backend!r}) must be 'sdpa' or 'reference'")
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.q_dim = n_heads * self.head_dim
+        self.kv_dim = n_kv_heads * self.head_dim
+        self.dropout = dropout
+        self.backend = backend
+        self.in_proj = nn.Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=bias)
+        self.out_proj = nn.Linear(self.q_dim, d_model, bias=bias)
+
+    def _split_heads(self, x: Tensor, n: int) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, Dh)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of a cross-attention memory: (B, Hkv, Tk, Dh) each."""
+        w = self.in_proj.weight[self.q_dim:]
+        b = None if self.in_proj.bias is None else self.in_proj.bias[self.q_dim:]
+        k, v = F.linear(memory, w, b).split(self.kv_dim, dim=-1)
+        return self._split_heads(k, self.n_kv_heads), self._split_heads(v, self.n_kv_heads)
+
+    def forward(self, x: Tensor, *, memory: Tensor | None = None, mask: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x: (B, Tq, D); memory: (B, Tk, D) for cross-attention; mask: bool, broadcastable to
+        (B, H, Tq, Tk). Returns (out (B, Tq, D), weights (B, H, Tq, Tk) or None).
+
+        Weights are returned by the reference path, which runs when ``backend="reference"``
+        or ``need_weights=True``.
+        """
+        B, Tq, _ = x.shape
+        if memory is None:  # self-attention: one matmul for q, k and v
+            q, k, v = self.in_proj(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+            k, v = self._split_heads(k, self.n_kv_heads), self._split_heads(v, self.n_kv_heads)
+        else:  # cross-attention: queries from x, keys and values from memory
+            w, b = self.in_proj.weight[: self.q_dim], None
+            if self.in_proj.bias is not None:
+                b = self.in_proj.bias[: self.q_dim]
+            q = F.linear(x, w, b)
+            k, v = self.project_kv(memory)
+        q = self._split_heads(q, self.n_heads)  # (B, H, Tq, Dh)
+        out, weights = self.attend(q, k, v, mask, need_weights)
+        out = out.transpose(1, 2).reshape(B, Tq, self.q_dim)  # (B, Tq, H*Dh)
+        return self.out_proj(out), weights
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """q: (B, H, Tq, Dh); k, v: (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh), weights or None."""
+        p = self.dropout if self.training else 0.0
+        if self.backend == "sdpa" and not need_weights:
+            gqa = self.n_kv_heads != self.n_heads
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                                 enable_gqa=gqa)
+            return out, None
+        if self.n_kv_heads != self.n_heads:  # repeat each k/v head for its group of q heads
+            group = self.n_heads // self.n_kv_heads
+            k = k.repeat_interleave(group, dim=1)  # (B, H, Tk, Dh)
+            v = v.repeat_interleave(group, dim=1)
+        return scaled_dot_product_attention(q, k, v, mask, dropout_p=p)

@@ -1,0 +1,60 @@
+"""Attention masks: the only place masks are built.
+
+One convention everywhere: a boolean tensor, ``True`` = this query may attend to this key,
+broadcastable to ``(B, H, Tq, Tk)``. This is the convention of
+``torch.nn.functional.scaled_dot_product_attention``. (``torch.nn.MultiheadAttention`` uses the
+opposite polarity for its boolean masks, True = ignore; invert when talking to it.)
+
+Shape legend: B batch, Tq query length, Tk key length.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
+    """``(B, T)`` token ids -> ``(B, T)`` bool, True where the token is real (not padding)."""
+    return ids != pad_id
+
+
+def key_padding_mask(keep: Tensor) -> Tensor:
+    """``(B, Tk)`` True-for-real-token -> ``(B, 1, 1, Tk)``: every query sees every real key."""
+    return keep[:, None, None, :]
+
+
+def causal_mask(q_len: int, k_len: int | None = None, *, device=None) -> Tensor:
+    """``(Tq, Tk)`` lower-triangular mask, aligned at the bottom-right corner.
+
+    Query ``i`` is the token at absolute position ``Tk - Tq + i`` (the last ``Tq`` of ``Tk``
+    positions), so it may attend to keys ``0 .. Tk - Tq + i``. With ``Tq == Tk`` this is the
+    usual triangle; with a KV cache (``Tq < Tk``) the new queries see all cached keys.
+    (``F.scaled_dot_product_attention(is_causal=True)`` is aligned top-left instead, which is
+    wrong whenever ``Tq != Tk``.)
+    """
+    k_len = q_len if k_len is None else k_len
+    if k_len < q_len:
+        raise ValueError(f"causal mask needs k_len ({k_len}) >= q_len ({q_len})")
+    ones = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    return ones.tril(diagonal=k_len - q_len)
+
+
+def combine(*masks: Tensor | None) -> Tensor | None:
+    """Logical AND of broadcastable masks; ``None`` entries mean "no restriction"."""
+    out = None
+    for m in masks:
+        if m is None:
+            continue
+        out = m if out is None else out & m
+    return out
+
+
+def decoder_self_mask(keep: Tensor | None, q_len: int, k_len: int | None = None, *,
+                      device=None) -> Tensor:
+    """Causal self-attention mask, combined with key padding when ``keep`` ``(B, Tk)`` is given.
+
+    Returns ``(Tq, Tk)`` without padding or ``(B, 1, Tq, Tk)`` with it.
+    """
+    causal = causal_mask(q_len, k_len, device=device)
+    return causal if keep is None else combine(key_padding_mask(keep), causal)

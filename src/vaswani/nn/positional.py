@@ -1,0 +1,70 @@
+"""Token embeddings and positional encodings.
+
+Shape legend: B batch, T sequence length, D d_model.
+
+Positions are explicit: callers may pass ``positions`` (B, T) so that incremental decoding can
+offset them by the number of cached tokens. By default positions are 0 .. T-1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoidal_table(max_len: int, d_model: int, base: float = 10000.0) -> Tensor:
+    """The paper's section 3.5, interleaved: PE[pos, 2i] = sin(pos / base^(2i/D)),
+    PE[pos, 2i+1] = cos(pos / base^(2i/D)). Returns (max_len, D).
+
+    (Some implementations concatenate [sin | cos] instead of interleaving; that is a different
+    encoding, and one widely copied notebook uses base 1000. Both are tested against here.)
+    """
+    position = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
+    inv_freq = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (D/2,)
+    angles = position * inv_freq  # (max_len, D/2)
+    table = torch.zeros(max_len, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return table.float()
+
+
+class Embeddings(nn.Module):
+    """Token embedding (optionally scaled by sqrt(D), as in the paper; GPT-2 does not scale)
+    plus a sinusoidal or learned positional encoding, then dropout."""
+
+    def __init__(self, vocab_size: int, d_model: int, *, max_len: int, pad_id: int | None = None,
+                 positional: str = "sinusoidal", scale: bool = True, dropout: float = 0.0) -> None:
+        super().__init__()
+        if positional not in ("sinusoidal", "learned", "none"):
+            raise ValueError(
+                f"positional ({positional!r}) must be 'sinusoidal', 'learned' or 'none'")
+        self.token = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.scale = math.sqrt(d_model) if scale else 1.0
+        self.max_len = max_len
+        self.positional = positional
+        if positional == "sinusoidal":  # a constant, so not saved with the weights
+            self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
+        elif positional == "learned":
+            self.position = nn.Embedding(max_len, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids: Tensor, *, positions: Tensor | None = None) -> Tensor:
+        """ids: (B, T) -> (B, T, D). ``positions``: (B, T) or (T,) absolute positions."""
+        T = ids.size(1)
+        if positions is None:
+            last = T - 1
+            positions = torch.arange(T, device=ids.device)
+        else:
+            last = int(positions.max()) if positions.numel() else -1
+        if last >= self.max_len:
+            raise ValueError(
+                f"position {last} is past max_len ({self.max_len}); "
+                "shorten the input or build the model with a larger max_len")
+        x = self.token(ids) * self.scale
+        if self.positional == "sinusoidal":
+            x = x + self.pe[positions].to(x.dtype)
+        elif self.positional == "learned":
+            x = x + self.position(positions)
+        return self.dropout(x)

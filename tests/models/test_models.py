@@ -1,0 +1,140 @@
+"""Behaviour every model must have: causality, padding invariance, no NaN, gradients."""
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from vaswani import DecoderLM, EncoderClassifier, EncoderDecoder, ModelConfig, build_model
+
+SMALL = dict(d_model=16, n_heads=4, d_ff=32, n_layers=2, dropout=0.0, max_len=32)
+VARIANTS = [
+    dict(norm_first=False, positional="sinusoidal"),
+    dict(norm_first=True, positional="learned", attention="reference"),
+    dict(norm_first=True, norm="rmsnorm", activation="gelu", n_kv_heads=2, bias=False),
+]
+
+
+def make(arch, **overrides):
+    extra = {"n_classes": 3} if arch == "encoder" else {}
+    cfg = ModelConfig(arch=arch, vocab_size=20, **SMALL, **extra, **overrides)
+    return build_model(cfg).double().eval()
+
+
+def test_build_model_returns_the_right_class_with_its_config():
+    for arch, cls in [("encoder-decoder", EncoderDecoder), ("decoder", DecoderLM),
+                      ("encoder", EncoderClassifier)]:
+        model = make(arch)
+        assert isinstance(model, cls)
+        assert model.config.arch == arch
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_decoder_lm_is_causal(variant):
+    model = make("decoder", **variant)
+    ids = torch.randint(1, 20, (2, 10))
+    changed = ids.clone()
+    changed[:, 6:] = torch.randint(1, 20, (2, 4))
+    assert_close(model(ids)[:, :6], model(changed)[:, :6])
+    assert not torch.allclose(model(ids)[:, 6:], model(changed)[:, 6:])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_encoder_decoder_is_causal_in_the_target(variant):
+    model = make("encoder-decoder", **variant)
+    src = torch.randint(1, 20, (2, 7))
+    tgt = torch.randint(1, 20, (2, 9))
+    changed = tgt.clone()
+    changed[:, 4:] = torch.randint(1, 20, (2, 5))
+    assert_close(model(src, tgt)[:, :4], model(src, changed)[:, :4])
+
+
+def _pad_to(seqs, length):
+    return torch.stack([torch.cat([s, torch.zeros(length - len(s), dtype=torch.long)])
+                        for s in seqs])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_padding_invariance_all_three(variant):
+    lengths = [9, 4, 6]
+    seqs = [torch.randint(1, 20, (n,)) for n in lengths]
+    padded = _pad_to(seqs, 9)
+
+    lm = make("decoder", **variant)
+    batch = lm(padded)
+    for i, s in enumerate(seqs):
+        assert_close(batch[i, : len(s)], lm(s[None])[0])
+
+    clf = make("encoder", **variant)
+    batch = clf(padded)
+    for i, s in enumerate(seqs):
+        assert_close(batch[i], clf(s[None])[0])
+
+    ed = make("encoder-decoder", **variant)
+    tgts = [torch.randint(1, 20, (n,)) for n in [3, 7, 5]]
+    batch = ed(padded, _pad_to(tgts, 7))
+    for i, (s, t) in enumerate(zip(seqs, tgts, strict=True)):
+        assert_close(batch[i, : len(t)], ed(s[None], t[None])[0])
+
+
+def test_cls_pooling_is_padding_invariant_too():
+    clf = make("encoder", pooling="cls")
+    seqs = [torch.randint(1, 20, (n,)) for n in [5, 2]]
+    batch = clf(_pad_to(seqs, 5))
+    for i, s in enumerate(seqs):
+        assert_close(batch[i], clf(s[None])[0])
+
+
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder", "encoder"])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_no_nan_when_a_whole_row_is_padding(arch, norm_first):
+    model = make(arch, norm_first=norm_first)
+    ids = torch.randint(1, 20, (2, 6))
+    ids[1] = 0  # an all-padding sequence
+    out = model(ids, ids) if arch == "encoder-decoder" else model(ids)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder", "encoder"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_parameter_receives_a_gradient(arch, variant):
+    model = make(arch, **variant).train()
+    ids = torch.randint(1, 20, (2, 6))
+    out = model(ids, ids) if arch == "encoder-decoder" else model(ids)
+    out.pow(2).sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_weight_tying_and_shared_embeddings():
+    tied = make("encoder-decoder", tie_embeddings=True, share_embeddings=True)
+    assert tied.output_proj.weight is tied.tgt_embed.token.weight
+    assert tied.src_embed is tied.tgt_embed
+    untied = make("encoder-decoder", tie_embeddings=False)
+    assert untied.output_proj.weight is not untied.tgt_embed.token.weight
+    assert untied.src_embed is not untied.tgt_embed
+    lm = make("decoder")
+    assert lm.output_proj.weight is lm.embed.token.weight
+
+
+def test_init_is_xavier_with_a_zero_padding_row():
+    model = make("decoder")
+    emb = model.embed.token.weight
+    assert torch.all(emb[0] == 0)
+    bound = (6 / (emb.size(0) + emb.size(1))) ** 0.5
+    assert emb.abs().max() <= bound
+    assert all(torch.all(m.bias == 0) for m in model.modules()
+               if isinstance(m, torch.nn.Linear) and m.bias is not None)
+
+
+def test_need_weights_are_kept_per_layer_for_visualisation():
+    model = make("encoder-decoder")
+    src, tgt = torch.randint(1, 20, (1, 5)), torch.randint(1, 20, (1, 4))
+    memory = model.encode(src, need_weights=True)
+    model.decode(tgt, memory, src_mask=None, need_weights=True)
+    assert model.encoder.layers[0].last_weights.shape == (1, 4, 5, 5)
+    assert model.decoder.layers[1].last_cross_weights.shape == (1, 4, 4, 5)
+
+
+def test_wrong_arch_for_class_is_rejected():
+    with pytest.raises(ValueError, match="arch"):
+        DecoderLM(ModelConfig(arch="encoder-decoder", vocab_size=5))

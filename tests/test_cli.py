@@ -1,0 +1,28 @@
+import subprocess
+import sys
+from pathlib import Path
+
+from vaswani.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_summary_counts_parameters(capsys):
+    assert main(["summary", str(ROOT / "configs/copy-task.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "EncoderDecoder" in out and "total" in out
+
+
+def test_bad_config_is_a_clear_error_not_a_traceback(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model]\narch = 'decoder'\nvocab_size = 10\nd_model = 500\n")
+    assert main(["summary", str(bad)]) == 2
+    assert "d_model (500) must be divisible by n_heads (8)" in capsys.readouterr().err
+    assert main(["summary", str(tmp_path / "missing.toml")]) == 2
+    assert "config file not found" in capsys.readouterr().err
+
+
+def test_module_entry_point_prints_version():
+    out = subprocess.run([sys.executable, "-m", "vaswani", "--version"], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.startswith("vaswani ")

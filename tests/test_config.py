@@ -1,0 +1,64 @@
+import dataclasses
+
+import pytest
+
+from vaswani import ModelConfig
+from vaswani.config import dump_toml, load_toml
+
+
+def test_round_trip_through_dict_and_toml(tmp_path):
+    cfg = ModelConfig(arch="encoder", vocab_size=100, n_classes=5, d_model=64, n_heads=4,
+                      n_kv_heads=2, norm_first=True, positional="learned", norm_eps=1e-12)
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    path = tmp_path / "config.toml"
+    path.write_text(dump_toml({"model": cfg.to_dict()}))
+    assert ModelConfig.from_dict(load_toml(path)["model"]) == cfg
+
+
+def test_frozen():
+    cfg = ModelConfig(vocab_size=10)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.d_model = 3
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(d_model=500, n_heads=8), r"d_model \(500\) must be divisible by n_heads \(8\)"),
+    (dict(n_kv_heads=3), r"n_heads \(8\) must be divisible by n_kv_heads \(3\)"),
+    (dict(dropout=1.5), r"dropout \(1.5\) must be in \[0, 1\)"),
+    (dict(arch="gpt"), r"arch \('gpt'\) must be one of"),
+    (dict(d_model="512"), r"d_model \('512'\) must be an integer"),
+    (dict(norm_first="yes"), r"norm_first \('yes'\) must be true or false"),
+    (dict(pad_id=10), r"pad_id \(10\) must be in \[0, vocab_size=10\)"),
+    (dict(n_layers=0), r"n_layers \(0\) must be positive"),
+    (dict(n_classes=3), r"n_classes \(3\) is only used by arch 'encoder'"),
+    (dict(share_embeddings=True, tgt_vocab_size=7),
+     r"share_embeddings \(True\) needs tgt_vocab_size \(7\)"),
+])
+def test_bad_values_name_the_field_and_value(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**{"vocab_size": 10, **kwargs})
+
+
+def test_encoder_needs_n_classes():
+    with pytest.raises(ValueError, match="n_classes"):
+        ModelConfig(arch="encoder", vocab_size=10)
+
+
+def test_unknown_key_suggests_the_closest_name():
+    message = r"unknown key \[model\] 'd_modle'; did you mean 'd_model'"
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_dict({"vocab_size": 10, "d_modle": 64})
+
+
+def test_ints_are_accepted_for_floats_and_derived_values():
+    cfg = ModelConfig(vocab_size=10, dropout=0, n_layers=3, n_decoder_layers=1)
+    assert cfg.dropout == 0.0 and isinstance(cfg.dropout, float)
+    assert (cfg.encoder_depth, cfg.decoder_depth) == (3, 1)
+    assert cfg.target_vocab_size == 10 and cfg.kv_heads == 8 and cfg.attn_dropout_p == 0.0
+
+
+def test_invalid_toml_names_the_file(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[model\n")
+    with pytest.raises(ValueError, match="bad.toml: invalid TOML"):
+        load_toml(path)
