@@ -39,9 +39,13 @@ def test_bad_values_name_the_field_and_value(kwargs, message):
         ModelConfig(**{"vocab_size": 10, **kwargs})
 
 
-def test_encoder_needs_n_classes():
-    with pytest.raises(ValueError, match="n_classes"):
-        ModelConfig(arch="encoder", vocab_size=10)
+def test_values_from_the_data_may_be_left_out_but_are_needed_to_build():
+    from vaswani import build_model
+
+    with pytest.raises(ValueError, match=r"n_classes \(None\) must be set"):
+        build_model(ModelConfig(arch="encoder", vocab_size=10))
+    with pytest.raises(ValueError, match=r"vocab_size \(0\) must be set"):
+        build_model(ModelConfig(arch="decoder"))
 
 
 def test_unknown_key_suggests_the_closest_name():
@@ -62,3 +66,38 @@ def test_invalid_toml_names_the_file(tmp_path):
     path.write_text("[model\n")
     with pytest.raises(ValueError, match="bad.toml: invalid TOML"):
         load_toml(path)
+
+
+def test_set_parses_values_by_field_type():
+    from vaswani.config import RunConfig, apply_overrides
+
+    data = {"model": {"arch": "decoder"}}
+    out = apply_overrides(data, ["train.lr=3e-4", "train.bf16=true", "train.max_steps=7",
+                                 "model.n_kv_heads=none", "model.n_kv_heads=2",
+                                 "data.train=a.txt,b.txt", "model.positional=learned"])
+    cfg = RunConfig.from_dict(out)
+    assert cfg.train.lr == 3e-4 and cfg.train.bf16 is True and cfg.train.max_steps == 7
+    assert cfg.model.n_kv_heads == 2 and cfg.data.train == ("a.txt", "b.txt")
+    assert cfg.model.positional == "learned"
+    assert data == {"model": {"arch": "decoder"}}  # the input is not modified
+
+
+@pytest.mark.parametrize("item, message", [
+    ("train.lrr=1", r"unknown key \[train\] 'lrr'; did you mean 'lr'"),
+    ("trian.lr=1", r"unknown key 'trian'; did you mean 'train'"),
+    ("train.max_steps=ten", r"--set train.max_steps=ten: expected int"),
+    ("train.bf16=maybe", r"--set train.bf16=maybe: expected bool"),
+    ("lr=1", r"expected section.key=value"),
+])
+def test_set_errors(item, message):
+    from vaswani.config import apply_overrides
+
+    with pytest.raises(ValueError, match=message):
+        apply_overrides({}, [item])
+
+
+def test_literal_values_are_checked_after_set():
+    from vaswani.config import RunConfig, apply_overrides
+
+    with pytest.raises(ValueError, match=r"schedule \('linear'\) must be one of"):
+        RunConfig.from_dict(apply_overrides({}, ["train.schedule=linear"]))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
 from . import __version__
@@ -26,6 +28,37 @@ def _summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from .training.run import Launch, train
+
+    launch = Launch(rank=int(os.environ.get("RANK", 0)),
+                    world=int(os.environ.get("WORLD_SIZE", 1)),
+                    local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+                    progress=not args.no_progress)
+    if args.config and args.resume:
+        raise ValueError("give either CONFIG.toml or --resume RUN_DIR, not both "
+                         "(a resumed run reads RUN_DIR/config.toml; change it with --set)")
+    summary = train(args.config, args.set, out=args.out, resume=args.resume,
+                    overwrite=args.overwrite, launch=launch)
+    if launch.rank == 0:
+        print(json.dumps(summary))
+    return 0
+
+
+TRAIN_HELP = """\
+Train a model on the [data] of CONFIG.toml and write a run directory:
+
+  RUN_DIR/config.toml        the fully resolved config
+  RUN_DIR/tokenizer/         the tokenizer(s), and class labels
+  RUN_DIR/model.safetensors  the best weights by [train] best_metric
+  RUN_DIR/last/              everything needed to resume exactly (--resume)
+  RUN_DIR/metrics.jsonl      one JSON object per log line; RUN_DIR/loss.png at the end
+
+Interrupt with Ctrl-C at any time: the latest state is saved first. Multi-process:
+  torchrun --nproc_per_node=2 -m vaswani train CONFIG.toml
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vaswani",
@@ -36,6 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Build the [model] of CONFIG.toml and print parameter counts.")
     p.add_argument("config", metavar="CONFIG.toml")
     p.set_defaults(func=_summary)
+
+    p = sub.add_parser("train", help="train a model from a config file",
+                       description=TRAIN_HELP, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("config", nargs="?", metavar="CONFIG.toml",
+                   help="config with [model], [data], [train], [decode] sections")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value, e.g. --set train.lr=3e-4 (repeatable)")
+    p.add_argument("--out", metavar="RUN_DIR", help="run directory (default runs/<config name>)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue this run exactly where it "
+                   "stopped (raise train.max_steps with --set to train longer)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run in RUN_DIR")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_train)
     return parser
 
 
@@ -47,9 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"vaswani: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("vaswani: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["ConfigBase", "ModelConfig", "dump_toml", "load_toml"]
+__all__ = ["ConfigBase", "DataConfig", "DecodeConfig", "ModelConfig", "RunConfig", "TrainConfig",
+           "dump_toml", "load_toml"]
 
 
 def _describe(hint: Any) -> str:
@@ -58,6 +59,8 @@ def coerce(name: str, value: Any, hint: Any) -> Any:
         return value
     if origin in (list, tuple):
         (item,) = typing.get_args(hint)[:1]
+        if isinstance(value, str) and item is str:
+            value = [value]  # a single path where a list of paths is expected
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{name} ({value!r}) must be a list")
         return tuple(coerce(f"{name}[{i}]", v, item) for i, v in enumerate(value))
@@ -129,9 +132,9 @@ class ModelConfig(ConfigBase):
     SECTION = "model"
 
     arch: Literal["encoder-decoder", "decoder", "encoder"] = "encoder-decoder"
-    vocab_size: int = 0
+    vocab_size: int = 0  # 0 = not yet known: vaswani train sets it from the tokenizer
     tgt_vocab_size: int | None = None  # encoder-decoder only; None = vocab_size
-    n_classes: int | None = None  # encoder only
+    n_classes: int | None = None  # encoder only; vaswani train sets it from the labels
     d_model: int = 512
     n_heads: int = 8
     n_kv_heads: int | None = None  # grouped-query attention; None = n_heads
@@ -156,7 +159,7 @@ class ModelConfig(ConfigBase):
     attention: Literal["sdpa", "reference"] = "sdpa"
 
     def validate(self) -> None:
-        positive = ["vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"]
+        positive = ["d_model", "n_heads", "d_ff", "n_layers", "max_len"]
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
@@ -165,6 +168,8 @@ class ModelConfig(ConfigBase):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} ({value}) must be positive")
+        if self.vocab_size < 0:
+            raise ValueError(f"vocab_size ({self.vocab_size}) must be positive")
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
@@ -177,19 +182,27 @@ class ModelConfig(ConfigBase):
                 raise ValueError(f"{name} ({value}) must be in [0, 1)")
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps ({self.norm_eps}) must be positive")
-        if not 0 <= self.pad_id < self.vocab_size:
+        if self.vocab_size and not 0 <= self.pad_id < self.vocab_size:
             raise ValueError(f"pad_id ({self.pad_id}) must be in [0, vocab_size={self.vocab_size})")
-        if self.arch == "encoder" and self.n_classes is None:
-            raise ValueError("n_classes (None) must be set for arch 'encoder'")
         if self.arch != "encoder" and self.n_classes is not None:
             raise ValueError(f"n_classes ({self.n_classes}) is only used by arch 'encoder'")
         if self.arch != "encoder-decoder" and self.tgt_vocab_size is not None:
             raise ValueError(
                 f"tgt_vocab_size ({self.tgt_vocab_size}) is only used by arch 'encoder-decoder'")
-        if self.share_embeddings and self.target_vocab_size != self.vocab_size:
+        if (self.share_embeddings and self.tgt_vocab_size is not None
+                and self.tgt_vocab_size != self.vocab_size):
             raise ValueError(
                 f"share_embeddings (True) needs tgt_vocab_size ({self.tgt_vocab_size}) "
                 f"equal to vocab_size ({self.vocab_size})")
+
+    def require_complete(self) -> None:
+        """The values ``vaswani train`` fills in from the data must be set to build a model."""
+        if self.vocab_size == 0:
+            raise ValueError("vocab_size (0) must be set to build a model "
+                             "(vaswani train sets it from the tokenizer)")
+        if self.arch == "encoder" and self.n_classes is None:
+            raise ValueError("n_classes (None) must be set for arch 'encoder' "
+                             "(vaswani train sets it from the labels)")
 
     # Derived values: one place decides what None means.
     @property
@@ -211,6 +224,188 @@ class ModelConfig(ConfigBase):
     @property
     def attn_dropout_p(self) -> float:
         return self.dropout if self.attn_dropout is None else self.attn_dropout
+
+
+@dataclass(frozen=True)
+class DataConfig(ConfigBase):
+    """Where the examples come from and how they are tokenised and batched (``[data]``).
+
+    ``dataset`` names a built-in dataset (``copy``) or a prepared one; otherwise ``train``
+    lists files: one TSV/CSV/JSONL file, two aligned plain-text files (source, target) for
+    translation, or any number of text files (globs allowed) for language modelling.
+    Without ``valid`` files, ``valid_fraction`` of the training examples is held out by seed.
+    """
+
+    SECTION = "data"
+
+    dataset: str = ""
+    train: list[str] = dataclasses.field(default_factory=list)
+    valid: list[str] = dataclasses.field(default_factory=list)
+    test: list[str] = dataclasses.field(default_factory=list)
+    format: Literal["auto", "tsv", "csv", "jsonl", "text", "aligned"] = "auto"
+    valid_fraction: float = 0.05
+    split_seed: int = 0
+    tokenizer: Literal["char", "bpe"] = "bpe"
+    vocab_size: int = 8000  # BPE only; the char vocabulary is whatever the text holds
+    shared_vocab: bool = True  # translation: one tokenizer for source and target
+    max_tokens: int = 4096  # token budget of one (micro-)batch, padding included
+    batch_size: int = 32  # language modelling: windows per batch
+    block_size: int = 256  # language modelling: tokens per window
+    max_skip: int = 0  # bad lines to skip (counted and reported) before failing
+
+    def validate(self) -> None:
+        if not 0.0 <= self.valid_fraction < 1.0:
+            raise ValueError(f"valid_fraction ({self.valid_fraction}) must be in [0, 1)")
+        for name in ("vocab_size", "max_tokens", "batch_size", "block_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
+        if self.max_skip < 0:
+            raise ValueError(f"max_skip ({self.max_skip}) must be >= 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig(ConfigBase):
+    """The optimisation and the bookkeeping around it (``[train]``)."""
+
+    SECTION = "train"
+
+    max_steps: int = 1000  # optimizer steps
+    seed: int = 0
+    lr: float = 5e-4  # peak learning rate
+    schedule: Literal["noam", "cosine", "constant"] = "cosine"
+    warmup: int = 100  # optimizer steps of linear warmup
+    min_lr: float = 0.0  # cosine floor
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.98
+    label_smoothing: float = 0.0
+    clip_norm: float = 1.0  # 0 disables clipping
+    grad_accum: int = 1  # micro-batches per optimizer step
+    bf16: bool = False  # autocast matmuls to bfloat16 (CPU with AMX, or CUDA)
+    compile: bool = False  # torch.compile the model
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
+    log_every: int = 10
+    eval_every: int = 200
+    eval_batches: int = 50  # 0 = the whole validation set
+    metric_examples: int = 200  # examples decoded for the task metric (0 = off)
+    save_every: int = 200
+    best_metric: str = "valid_loss"  # or a task metric: exact_match, bleu, accuracy
+    patience: int = 0  # early stopping: evaluations without improvement (0 = off)
+
+    def validate(self) -> None:
+        for name in ("max_steps", "grad_accum", "log_every", "eval_every", "save_every"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
+        if self.lr <= 0:
+            raise ValueError(f"lr ({self.lr}) must be positive")
+        for name in ("warmup", "patience", "eval_batches", "metric_examples"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
+        if self.schedule == "noam" and self.warmup == 0:
+            raise ValueError("warmup (0) must be positive for the noam schedule")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing ({self.label_smoothing}) must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class DecodeConfig(ConfigBase):
+    """How sequences are generated (``[decode]``). Output length is capped at
+    ``max_len_a * source_length + max_len_b`` tokens."""
+
+    SECTION = "decode"
+
+    max_len_a: float = 1.5
+    max_len_b: int = 10
+
+    def validate(self) -> None:
+        if self.max_len_a < 0 or self.max_len_b < 0:
+            raise ValueError(f"max_len_a ({self.max_len_a}) and max_len_b ({self.max_len_b}) "
+                             "must be >= 0")
+
+
+SECTIONS: dict[str, type[ConfigBase]] = {
+    "model": ModelConfig, "data": DataConfig, "train": TrainConfig, "decode": DecodeConfig,
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """All four sections of a config file."""
+
+    model: ModelConfig
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        for section in data:
+            if section not in SECTIONS:
+                raise unknown_key_error("", section, SECTIONS)
+        return cls(**{name: kind.from_dict(data.get(name, {}))
+                      for name, kind in SECTIONS.items()})
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {name: getattr(self, name).to_dict() for name in SECTIONS}
+
+    def to_toml(self) -> str:
+        return dump_toml(self.to_dict())
+
+
+def parse_value(section: str, key: str, text: str) -> Any:
+    """Parse the text of ``--set section.key=TEXT`` by the type of that field."""
+    kind = SECTIONS[section]
+    hints = typing.get_type_hints(kind)
+    if key not in hints or key == "SECTION":
+        raise unknown_key_error(section, key, [f.name for f in dataclasses.fields(kind)])
+    hint = hints[key]
+    options = typing.get_args(hint) if typing.get_origin(hint) in (
+        typing.Union, types.UnionType) else (hint,)
+    if text.lower() in ("none", "null") and type(None) in options:
+        return None
+    for option in options:
+        origin = typing.get_origin(option)
+        if option is bool:
+            if text.lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                return text.lower() in ("true", "1", "yes", "on")
+        elif option is int:
+            try:
+                return int(text)
+            except ValueError:
+                pass
+        elif option is float:
+            try:
+                return float(text)
+            except ValueError:
+                pass
+        elif origin in (list, tuple):
+            return [part for part in text.split(",") if part]
+        elif option is str or origin is Literal:
+            return text
+    raise ValueError(f"--set {section}.{key}={text}: expected {_describe(hint)}")
+
+
+def apply_overrides(data: dict[str, Any], overrides: typing.Iterable[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` strings to a config dict (a new dict is returned)."""
+    out = {name: dict(values) for name, values in data.items()}
+    for item in overrides:
+        name, sep, text = item.partition("=")
+        section, dot, key = name.strip().partition(".")
+        if not sep or not dot:
+            raise ValueError(f"--set {item!r}: expected section.key=value, e.g. train.lr=3e-4")
+        if section not in SECTIONS:
+            raise unknown_key_error("", section, SECTIONS)
+        out.setdefault(section, {})[key] = parse_value(section, key, text.strip())
+    return out
+
+
+def load_run_config(path: str | Path, overrides: typing.Iterable[str] = ()) -> RunConfig:
+    """Read a config file, apply ``--set`` overrides, validate; errors name the file."""
+    data = apply_overrides(load_toml(path), overrides)
+    try:
+        return RunConfig.from_dict(data)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 # --- TOML -----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ class DecoderLM(nn.Module):
         super().__init__()
         if config.arch != "decoder":
             raise ValueError(f"DecoderLM needs arch 'decoder', got {config.arch!r}")
+        config.require_complete()
         c = self.config = config
         self.embed = embeddings(c, c.vocab_size)
         self.decoder = Stack([DecoderLayer(c.d_model, c.n_heads, c.d_ff, cross_attention=False,

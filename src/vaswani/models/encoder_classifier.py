@@ -28,6 +28,7 @@ class EncoderClassifier(nn.Module):
         super().__init__()
         if config.arch != "encoder":
             raise ValueError(f"EncoderClassifier needs arch 'encoder', got {config.arch!r}")
+        config.require_complete()
         c = self.config = config
         self.embed = embeddings(c, c.vocab_size)
         self.encoder = Stack([EncoderLayer(c.d_model, c.n_heads, c.d_ff, **layer_options(c))

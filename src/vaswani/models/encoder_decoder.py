@@ -21,6 +21,7 @@ class EncoderDecoder(nn.Module):
         super().__init__()
         if config.arch != "encoder-decoder":
             raise ValueError(f"EncoderDecoder needs arch 'encoder-decoder', got {config.arch!r}")
+        config.require_complete()
         c = self.config = config
         opts = layer_options(c)
         self.src_embed = embeddings(c, c.vocab_size)

@@ -1,0 +1,107 @@
+"""Batches: which examples go together, in which order, and as which tensors.
+
+Every batch is a pure function of its global index ``i`` and the seed. Resuming a run only
+needs the number of batches already consumed, and every DDP rank computes the same global
+batch and keeps its own slice of it (``shard``), so the combined batch over ranks is exactly
+the batch a single process would see.
+
+* Sequence pairs and labelled texts: examples sorted by length are cut into batches whose
+  padded size ``len(batch) * longest`` stays under a token budget (little padding); each epoch
+  visits the batches in a fresh seeded order.
+* Language modelling: ``batch_size`` windows of ``block_size + 1`` contiguous tokens, from
+  offsets drawn by a generator seeded with (seed, i).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .tokenizers import PAD_ID
+
+
+def token_budget_batches(lengths: list[int], max_tokens: int, min_size: int = 1) -> list[list[int]]:
+    """Indices grouped into batches of similar length with ``len * longest <= max_tokens``.
+
+    A single example longer than the budget gets a batch of its own (it is not dropped).
+    Batches hold at least ``min_size`` examples when there are that many (one per DDP rank).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        longest_if_added = max(longest, lengths[i])
+        if current and len(current) >= min_size and \
+                (len(current) + 1) * longest_if_added > max_tokens:
+            batches.append(current)
+            current, longest_if_added = [], lengths[i]
+        current.append(i)
+        longest = longest_if_added
+    if current:
+        if batches and len(current) < min_size:
+            batches[-1].extend(current)
+        else:
+            batches.append(current)
+    return batches
+
+
+@dataclass
+class BatchPlan:
+    """Global batch ``i`` -> example indices: epochs of the fixed batches in seeded order."""
+
+    batches: list[list[int]]
+    seed: int
+
+    def __post_init__(self) -> None:
+        if not self.batches:
+            raise ValueError("no training batches: the training data is empty")
+        self._epoch, self._order = -1, []
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def indices(self, i: int) -> list[int]:
+        epoch, k = divmod(i, len(self.batches))
+        if epoch != self._epoch:
+            g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+            self._order = torch.randperm(len(self.batches), generator=g).tolist()
+            self._epoch = epoch
+        return self.batches[self._order[k]]
+
+
+def shard(items: list, rank: int, world: int) -> list:
+    """This rank's share of a global batch: items rank, rank + world, ..."""
+    return items[rank::world]
+
+
+def pad(rows: list[list[int]], pad_id: int = PAD_ID) -> Tensor:
+    """Right-pad lists of ids into a (B, L) tensor."""
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], dtype=torch.long)
+
+
+def lm_windows(tokens: Tensor, i: int, seed: int, batch_size: int,
+               block_size: int) -> tuple[Tensor, Tensor]:
+    """Global batch ``i`` of a language model: (inputs, targets), each (batch_size, block)."""
+    n = tokens.numel()
+    block = min(block_size, n - 1)
+    if block < 1:
+        raise ValueError(f"language-model data has {n} tokens; it needs at least 2")
+    g = torch.Generator().manual_seed(seed * 100_003 + i)
+    starts = torch.randint(0, n - block, (batch_size,), generator=g)
+    offsets = torch.arange(block + 1)
+    windows = tokens[starts[:, None] + offsets]  # (batch_size, block + 1)
+    return windows[:, :-1], windows[:, 1:]
+
+
+def lm_eval_windows(tokens: Tensor, block_size: int) -> list[tuple[Tensor, Tensor]]:
+    """Consecutive non-overlapping windows covering the whole validation text once."""
+    out = []
+    for start in range(0, tokens.numel() - 1, block_size):
+        chunk = tokens[start: start + block_size + 1]
+        if chunk.numel() >= 2:
+            out.append((chunk[None, :-1], chunk[None, 1:]))
+    return out

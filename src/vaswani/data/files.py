@@ -1,0 +1,218 @@
+"""Reading the user's files, with errors that name the file, the line and the problem.
+
+Formats:
+
+* translation: a TSV file of ``source<TAB>target`` lines, or two aligned plain-text files
+  (line N of one translates line N of the other);
+* language modelling: one or many plain-text files (globs allowed), read whole;
+* classification: TSV (``label<TAB>text``, optionally under a ``label<TAB>text`` header),
+  CSV with a header naming ``label`` and ``text`` columns, or JSONL objects with ``"label"``
+  and ``"text"`` keys.
+
+Blank lines are not examples; they are ignored and counted. Any other bad line (wrong column
+count, empty field, invalid UTF-8, bad JSON, missing label) stops reading with a message
+naming ``file:line``, unless ``max_skip`` allows skipping it: then it is counted, and the
+report at the end of training lists the first few.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the file and line."""
+
+
+@dataclass
+class ReadReport:
+    """What reading skipped or ignored, so that nothing disappears unannounced."""
+
+    max_skip: int = 0
+    skipped: list[str] = field(default_factory=list)
+    blank_lines: int = 0
+
+    def bad_line(self, path: Path, line_no: int, problem: str) -> None:
+        message = f"{path}:{line_no}: {problem}"
+        if len(self.skipped) >= self.max_skip:
+            hint = (f" (already skipped {len(self.skipped)}; " if self.max_skip else " (")
+            raise DataError(message + hint + "raise [data] max_skip to skip bad lines)")
+        self.skipped.append(message)
+
+    def summary(self) -> str:
+        parts = []
+        if self.skipped:
+            shown = "; ".join(self.skipped[:3])
+            parts.append(f"skipped {len(self.skipped)} bad line(s) (max_skip={self.max_skip}): "
+                         f"{shown}{' ...' if len(self.skipped) > 3 else ''}")
+        if self.blank_lines:
+            parts.append(f"ignored {self.blank_lines} blank line(s)")
+        return "; ".join(parts)
+
+
+def expand(paths: list[str]) -> list[Path]:
+    """Paths with globs expanded; a path that matches nothing is an error."""
+    out: list[Path] = []
+    for p in paths:
+        matches = sorted(glob.glob(p)) if any(c in p for c in "*?[") else [p]
+        if not matches:
+            raise FileNotFoundError(f"no file matches {p}")
+        for m in matches:
+            path = Path(m)
+            if not path.is_file():
+                raise FileNotFoundError(f"data file not found: {path}")
+            out.append(path)
+    return out
+
+
+def read_lines(path: Path, report: ReadReport) -> Iterator[tuple[int, str]]:
+    """(line number, text without the newline) for each line that decodes as UTF-8."""
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise DataError(f"{path}: file is empty")
+    for line_no, line in enumerate(raw.splitlines(), start=1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            report.bad_line(path, line_no, f"invalid UTF-8 (byte 0x{line[e.start]:02x} at "
+                                           f"column {e.start + 1})")
+            continue
+        yield line_no, text.removeprefix("\ufeff") if line_no == 1 else text
+
+
+def _columns(path: Path, report: ReadReport, n: int, what: str):
+    for line_no, text in read_lines(path, report):
+        if not text.strip():
+            report.blank_lines += 1
+            continue
+        cols = text.split("\t")
+        if len(cols) != n:
+            report.bad_line(path, line_no, f"expected {n} tab-separated columns ({what}), "
+                                           f"found {len(cols)}")
+            continue
+        yield line_no, [c.strip() for c in cols]
+
+
+def read_translation(paths: list[str], report: ReadReport) -> list[tuple[str, str]]:
+    """Pairs from one TSV file, or from two aligned files."""
+    files = expand(paths)
+    if len(files) == 2:
+        return _read_aligned(files[0], files[1], report)
+    if len(files) != 1:
+        raise DataError(f"translation data is one TSV file or two aligned files, got {len(files)}")
+    pairs = []
+    for line_no, (src, tgt) in _columns(files[0], report, 2, "source, target"):
+        if not src or not tgt:
+            report.bad_line(files[0], line_no, f"empty {'source' if not src else 'target'}")
+            continue
+        pairs.append((src, tgt))
+    return pairs
+
+
+def _read_aligned(src_path: Path, tgt_path: Path, report: ReadReport) -> list[tuple[str, str]]:
+    src = dict(read_lines(src_path, report))
+    tgt = dict(read_lines(tgt_path, report))
+    n_src, n_tgt = max(src, default=0), max(tgt, default=0)
+    if n_src != n_tgt:
+        raise DataError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; "
+                        "aligned files need one line per example in each")
+    pairs = []
+    for line_no in range(1, n_src + 1):
+        s, t = src.get(line_no), tgt.get(line_no)
+        if s is None or t is None:  # that line was invalid UTF-8 in one file, already counted
+            continue
+        if not s.strip() and not t.strip():
+            report.blank_lines += 1
+            continue
+        if not s.strip() or not t.strip():
+            which = src_path if not s.strip() else tgt_path
+            report.bad_line(which, line_no, "empty line where the other file has text")
+            continue
+        pairs.append((s.strip(), t.strip()))
+    return pairs
+
+
+def read_text(paths: list[str], report: ReadReport) -> str:
+    """The files joined by newlines, for language modelling."""
+    parts = []
+    for path in expand(paths):
+        parts.append("\n".join(text for _, text in read_lines(path, report)))
+    return "\n".join(parts)
+
+
+def read_classification(paths: list[str], fmt: str, report: ReadReport) -> list[tuple[str, str]]:
+    """(label, text) examples from TSV, CSV or JSONL files."""
+    examples: list[tuple[str, str]] = []
+    for path in expand(paths):
+        kind = fmt if fmt != "auto" else detect_format(path)
+        reader = {"tsv": _classification_tsv, "csv": _classification_csv,
+                  "jsonl": _classification_jsonl}.get(kind)
+        if reader is None:
+            raise DataError(f"{path}: classification data must be tsv, csv or jsonl, not {kind}")
+        examples.extend(reader(path, report))
+    return examples
+
+
+def detect_format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    return {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}.get(suffix, "text")
+
+
+def _labelled(path: Path, line_no: int, label, text, report: ReadReport):
+    if label is None or str(label).strip() == "":
+        report.bad_line(path, line_no, "label missing")
+    elif text is None or not str(text).strip():
+        report.bad_line(path, line_no, "text missing")
+    else:
+        return str(label).strip(), str(text).strip()
+    return None
+
+
+def _classification_tsv(path: Path, report: ReadReport):
+    for line_no, (label, text) in _columns(path, report, 2, "label, text"):
+        if line_no == 1 and (label.lower(), text.lower()) == ("label", "text"):
+            continue  # header
+        example = _labelled(path, line_no, label, text, report)
+        if example:
+            yield example
+
+
+def _classification_csv(path: Path, report: ReadReport):
+    lines = dict(read_lines(path, report))
+    body = "\n".join(lines.get(i, "") for i in range(1, max(lines, default=0) + 1))
+    reader = csv.DictReader(io.StringIO(body))
+    missing = {"label", "text"} - set(reader.fieldnames or [])
+    if missing:
+        raise DataError(f"{path}:1: CSV header {reader.fieldnames} lacks column(s) "
+                        f"{sorted(missing)}")
+    for row in reader:
+        if not any((v or "").strip() for v in row.values() if isinstance(v, str)):
+            report.blank_lines += 1
+            continue
+        example = _labelled(path, reader.line_num, row.get("label"), row.get("text"), report)
+        if example:
+            yield example
+
+
+def _classification_jsonl(path: Path, report: ReadReport):
+    for line_no, text in read_lines(path, report):
+        if not text.strip():
+            report.blank_lines += 1
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            report.bad_line(path, line_no, f"invalid JSON ({e.msg} at column {e.colno})")
+            continue
+        if not isinstance(obj, dict):
+            report.bad_line(path, line_no, "expected a JSON object with label and text")
+            continue
+        example = _labelled(path, line_no, obj.get("label"), obj.get("text"), report)
+        if example:
+            yield example

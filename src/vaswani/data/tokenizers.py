@@ -1,0 +1,189 @@
+"""Tokenizers: character-level (ours) and byte-level BPE (Hugging Face ``tokenizers``).
+
+Both reserve the same four special tokens at the same ids, stored with the model::
+
+    <pad> = 0, <bos> = 1, <eos> = 2, <unk> = 3
+
+A run directory keeps its tokenizers in ``tokenizer/``: ``meta.json`` says which file serves the
+source and which the target (the same file when the vocabulary is shared), and each file is the
+tokenizer itself (our JSON for char, Hugging Face's ``tokenizer.json`` format for BPE).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
+
+
+class Tokenizer:
+    """What the rest of vaswani needs from a tokenizer."""
+
+    kind = ""
+    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Ids -> text; special tokens are dropped."""
+        raise NotImplementedError
+
+    def save(self, path: Path) -> None:
+        raise NotImplementedError
+
+    def token(self, i: int) -> str:
+        """A readable label for one id (for attention plots)."""
+        raise NotImplementedError
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+
+class CharTokenizer(Tokenizer):
+    """One id per character seen in training; lossless for text made of those characters.
+    Characters never seen map to ``<unk>``."""
+
+    kind = "char"
+
+    def __init__(self, chars: Iterable[str]) -> None:
+        self.itos = list(SPECIALS) + sorted(set(chars))
+        self.stoi = {c: i for i, c in enumerate(self.itos)}
+        if len(self.stoi) != len(self.itos):
+            raise ValueError("a character collides with a special token name")
+
+    @classmethod
+    def train(cls, texts: Iterable[str]) -> CharTokenizer:
+        chars: set[str] = set()
+        for t in texts:
+            chars.update(t)
+        return cls(chars)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.itos)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.stoi.get(c, UNK_ID) for c in text]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self.itos[i] for i in ids if i >= len(SPECIALS))
+
+    def token(self, i: int) -> str:
+        return self.itos[i]
+
+    def save(self, path: Path) -> None:
+        chars = self.itos[len(SPECIALS):]
+        path.write_text(json.dumps({"kind": "char", "specials": list(SPECIALS), "chars": chars},
+                                   ensure_ascii=False))
+
+    @classmethod
+    def load(cls, path: Path) -> CharTokenizer:
+        data = json.loads(path.read_text())
+        if data.get("specials") != list(SPECIALS):
+            raise ValueError(f"{path}: special tokens {data.get('specials')} are not {SPECIALS}")
+        return cls(data["chars"])
+
+
+class BPETokenizer(Tokenizer):
+    """Byte-level BPE (GPT-2 style) trained with Hugging Face ``tokenizers``: any text encodes
+    without ``<unk>``, and decoding gives the text back."""
+
+    kind = "bpe"
+
+    def __init__(self, hf_tokenizer) -> None:
+        self.hf = hf_tokenizer
+        for i, name in enumerate(SPECIALS):
+            if self.hf.token_to_id(name) != i:
+                raise ValueError(f"BPE tokenizer must have {name} at id {i}")
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers, trainers
+
+        hf = HFTokenizer(models.BPE())
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS),
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      show_progress=False)
+        hf.train_from_iterator(texts, trainer=trainer)
+        return cls(hf)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.hf.encode_batch(texts)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    def token(self, i: int) -> str:
+        return self.hf.decode([i], skip_special_tokens=False)
+
+    def save(self, path: Path) -> None:
+        self.hf.save(str(path))
+
+    @classmethod
+    def load(cls, path: Path) -> BPETokenizer:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        return cls(HFTokenizer.from_file(str(path)))
+
+
+KINDS = {"char": CharTokenizer, "bpe": BPETokenizer}
+
+
+def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    if kind == "char":
+        return CharTokenizer.train(texts)
+    if kind == "bpe":
+        return BPETokenizer.train(texts, vocab_size)
+    raise ValueError(f"tokenizer ({kind!r}) must be 'char' or 'bpe'")
+
+
+def save_tokenizers(directory: Path, source: Tokenizer, target: Tokenizer | None = None) -> None:
+    """Write ``directory/meta.json`` and one file per distinct tokenizer."""
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = {"source": {"kind": source.kind, "file": "source.json"}}
+    source.save(directory / "source.json")
+    if target is not None:
+        if target is source:
+            meta["target"] = meta["source"]
+        else:
+            meta["target"] = {"kind": target.kind, "file": "target.json"}
+            target.save(directory / "target.json")
+    (directory / "meta.json").write_text(json.dumps(meta, indent=2))
+
+
+def load_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer | None]:
+    """(source, target) tokenizers of a run; target is None for one-sided tasks and is the
+    same object as source when the vocabulary is shared."""
+    meta_path = directory / "meta.json"
+    if not meta_path.exists():
+        raise FileNotFoundError(f"no tokenizer in {directory} (missing meta.json)")
+    meta = json.loads(meta_path.read_text())
+    loaded: dict[str, Tokenizer] = {}
+    for side in ("source", "target"):
+        entry = meta.get(side)
+        if entry is None or entry["file"] in loaded:
+            continue
+        if entry["kind"] not in KINDS:
+            raise ValueError(f"{meta_path}: unknown tokenizer kind {entry['kind']!r}")
+        loaded[entry["file"]] = KINDS[entry["kind"]].load(directory / entry["file"])
+    source = loaded[meta["source"]["file"]]
+    target = loaded[meta["target"]["file"]] if "target" in meta else None
+    return source, target

@@ -1,0 +1,1 @@
+"""Scoring models: translation metrics, perplexity, accuracy."""

@@ -1,0 +1,1 @@
+"""Pictures: loss curves (and attention maps)."""

@@ -1,0 +1,64 @@
+import random
+
+import torch
+
+from vaswani.data.batching import (
+    BatchPlan,
+    lm_eval_windows,
+    lm_windows,
+    shard,
+    token_budget_batches,
+)
+from vaswani.data.datasets import split
+
+
+def test_token_budget_batches_cover_every_example_once_within_budget():
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 50) for _ in range(500)]
+    batches = token_budget_batches(lengths, max_tokens=400)
+    assert sorted(i for b in batches for i in b) == list(range(500))
+    for b in batches:
+        assert len(b) * max(lengths[i] for i in b) <= 400
+    # Length bucketing keeps padding low.
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
+    assert padded < 1.1 * sum(lengths)
+
+
+def test_an_example_over_budget_gets_its_own_batch_and_min_size_holds():
+    assert token_budget_batches([5, 100, 5], max_tokens=20) == [[0, 2], [1]]
+    batches = token_budget_batches([10] * 5, max_tokens=10, min_size=2)
+    assert all(len(b) >= 2 for b in batches)
+
+
+def test_batch_plan_is_a_pure_function_of_the_index():
+    batches = [[i] for i in range(7)]
+    a, b = BatchPlan(batches, seed=3), BatchPlan(batches, seed=3)
+    seq = [a.indices(i)[0] for i in range(21)]
+    assert seq == [b.indices(i)[0] for i in reversed(range(21))][::-1]
+    for epoch in range(3):  # each epoch visits every batch once, in a new order
+        assert sorted(seq[epoch * 7:(epoch + 1) * 7]) == list(range(7))
+    assert seq[:7] != seq[7:14]
+
+
+def test_shard_splits_a_global_batch_between_ranks():
+    items = list(range(7))
+    assert shard(items, 0, 2) + shard(items, 1, 2) == [0, 2, 4, 6, 1, 3, 5]
+
+
+def test_lm_windows_are_contiguous_shifted_and_deterministic():
+    tokens = torch.arange(100)
+    x, y = lm_windows(tokens, 5, seed=1, batch_size=4, block_size=8)
+    assert x.shape == y.shape == (4, 8)
+    assert torch.equal(y, x + 1)  # targets are the next tokens
+    assert torch.equal(x, lm_windows(tokens, 5, seed=1, batch_size=4, block_size=8)[0])
+    assert not torch.equal(x, lm_windows(tokens, 6, seed=1, batch_size=4, block_size=8)[0])
+    windows = lm_eval_windows(torch.arange(20), 8)
+    assert torch.equal(torch.cat([w[1] for w in windows], 1)[0], torch.arange(1, 20))
+
+
+def test_split_is_deterministic_and_disjoint():
+    examples = list(range(100))
+    train, valid = split(examples, 0.1, seed=4)
+    assert (train, valid) == split(examples, 0.1, seed=4)
+    assert len(valid) == 10 and not set(train) & set(valid)
+    assert split(examples, 0.1, seed=5)[1] != valid

@@ -1,0 +1,95 @@
+import pytest
+
+from vaswani.data.files import (
+    DataError,
+    ReadReport,
+    read_classification,
+    read_text,
+    read_translation,
+)
+
+
+def write(tmp_path, name, content: bytes | str):
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return str(path)
+
+
+def test_translation_tsv_and_blank_lines_counted(tmp_path):
+    path = write(tmp_path, "t.tsv", "hello\thola\n\nbye\tadiós\n")
+    report = ReadReport()
+    assert read_translation([path], report) == [("hello", "hola"), ("bye", "adiós")]
+    assert report.blank_lines == 1 and "ignored 1 blank line" in report.summary()
+
+
+def test_wrong_column_count_names_file_and_line(tmp_path):
+    path = write(tmp_path, "t.tsv", "a\tb\nonly one column\nc\td\n")
+    with pytest.raises(DataError, match=r"t.tsv:2: expected 2 tab-separated columns .* found 1"):
+        read_translation([path], ReadReport())
+
+
+def test_max_skip_counts_and_reports_bad_lines(tmp_path):
+    path = write(tmp_path, "t.tsv", "a\tb\nbad\nc\td\ne\tf\tg\n")
+    report = ReadReport(max_skip=2)
+    assert len(read_translation([path], report)) == 2
+    assert len(report.skipped) == 2 and "skipped 2 bad line(s)" in report.summary()
+    with pytest.raises(DataError, match=r"t.tsv:4: .*already skipped 1"):
+        read_translation([path], ReadReport(max_skip=1))
+
+
+def test_invalid_utf8_names_line_and_byte(tmp_path):
+    path = write(tmp_path, "t.tsv", b"a\tb\nca\xe9\tcafe\n")
+    with pytest.raises(DataError, match=r"t.tsv:2: invalid UTF-8 \(byte 0xe9 at column 3\)"):
+        read_translation([path], ReadReport())
+
+
+def test_empty_and_missing_files(tmp_path):
+    with pytest.raises(DataError, match="file is empty"):
+        read_translation([write(tmp_path, "e.tsv", "\n\n")], ReadReport())
+    with pytest.raises(FileNotFoundError, match="data file not found"):
+        read_translation([str(tmp_path / "nope.tsv")], ReadReport())
+    with pytest.raises(FileNotFoundError, match="no file matches"):
+        read_text([str(tmp_path / "*.txt")], ReadReport())
+
+
+def test_empty_target_is_a_bad_line(tmp_path):
+    with pytest.raises(DataError, match=r"t.tsv:1: empty target"):
+        read_translation([write(tmp_path, "t.tsv", "hello\t \n")], ReadReport())
+
+
+def test_two_aligned_files(tmp_path):
+    src = write(tmp_path, "a.en", "one\ntwo\n")
+    tgt = write(tmp_path, "a.es", "uno\ndos\n")
+    assert read_translation([src, tgt], ReadReport()) == [("one", "uno"), ("two", "dos")]
+    short = write(tmp_path, "b.es", "uno\n")
+    with pytest.raises(DataError, match=r"a.en has 2 lines but .*b.es has 1"):
+        read_translation([src, short], ReadReport())
+
+
+def test_language_model_text_from_a_glob(tmp_path):
+    write(tmp_path, "1.txt", "first\nfile")
+    write(tmp_path, "2.txt", "second")
+    assert read_text([str(tmp_path / "*.txt")], ReadReport()) == "first\nfile\nsecond"
+
+
+def test_classification_tsv_csv_jsonl(tmp_path):
+    tsv = write(tmp_path, "c.tsv", "label\ttext\nspam\tbuy now\nham\thi mum\n")
+    csv = write(tmp_path, "c.csv", 'text,label\n"hello, world",ham\nwin money,spam\n')
+    jsonl = write(tmp_path, "c.jsonl", '{"label": "ham", "text": "see you"}\n')
+    assert read_classification([tsv], "auto", ReadReport()) == [("spam", "buy now"),
+                                                                ("ham", "hi mum")]
+    assert read_classification([csv], "auto", ReadReport()) == [("ham", "hello, world"),
+                                                                ("spam", "win money")]
+    assert read_classification([jsonl], "auto", ReadReport()) == [("ham", "see you")]
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("c.jsonl", '{"label": "a", "text": "x"}\n{"text": "no label"}\n', r"c.jsonl:2: label missing"),
+    ("c.jsonl", '{"label": "a", "text": "x"}\n{oops\n', r"c.jsonl:2: invalid JSON"),
+    ("c.tsv", "a\tx\n\ty\n", r"c.tsv:2: label missing"),
+    ("c.csv", "label,body\na,x\n", r"c.csv:1: CSV header .* lacks column\(s\) \['text'\]"),
+    ("c.csv", "label,text\na,x\n,y\n", r"c.csv:3: label missing"),
+])
+def test_classification_errors(tmp_path, name, content, message):
+    with pytest.raises(DataError, match=message):
+        read_classification([write(tmp_path, name, content)], "auto", ReadReport())

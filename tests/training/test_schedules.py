@@ -1,0 +1,38 @@
+import math
+
+import pytest
+
+from vaswani.training.schedules import lr_factor
+
+
+def noam(step, warmup):
+    return lr_factor(step, schedule="noam", warmup=warmup, max_steps=10_000)
+
+
+def test_noam_clamps_step_zero_peaks_at_warmup_and_decays_as_inverse_sqrt():
+    assert noam(0, 100) == noam(1, 100) == pytest.approx(0.01)  # 0 ** -0.5 avoided
+    assert noam(50, 100) == pytest.approx(0.5)  # linear warmup
+    assert noam(100, 100) == pytest.approx(1.0)  # peak
+    assert noam(400, 100) == pytest.approx(0.5)  # sqrt(100 / 400)
+    # The paper's formula, rescaled so that the peak is 1:
+    d_model, warmup, step = 512, 4000, 12_345
+    paper = d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+    peak = d_model ** -0.5 * warmup ** -0.5
+    assert noam(step, warmup) == pytest.approx(paper / peak)
+
+
+def test_cosine_warmup_then_half_cosine_to_the_floor():
+    f = lambda s: lr_factor(s, schedule="cosine", warmup=10, max_steps=110, min_ratio=0.1)  # noqa: E731
+    assert f(0) == pytest.approx(0.1)  # (0 + 1) / 10
+    assert f(9) == pytest.approx(1.0)
+    assert f(10) == pytest.approx(1.0)
+    assert f(60) == pytest.approx(0.1 + 0.9 * 0.5)  # halfway
+    assert f(110) == pytest.approx(0.1)
+    assert f(85) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.75)))
+
+
+def test_constant_and_unknown():
+    assert lr_factor(4, schedule="constant", warmup=10, max_steps=20) == pytest.approx(0.5)
+    assert lr_factor(15, schedule="constant", warmup=10, max_steps=20) == 1.0
+    with pytest.raises(ValueError, match="schedule"):
+        lr_factor(1, schedule="linear", warmup=1, max_steps=2)
