@@ -12,12 +12,12 @@ import torch
 from safetensors.torch import load_file
 from torch.testing import assert_close
 
-from tests.training.fixtures import config, reverse_task
+from tests.training.fixtures import config, reverse_task, text_file
 from vaswani.config import load_run_config
 from vaswani.data.datasets import build_dataset
 from vaswani.training import checkpoint
 from vaswani.training.loop import Trainer
-from vaswani.training.run import resolve_model, train
+from vaswani.training.run import Launch, resolve_model, train
 
 
 def make_trainer(tmp_path, grad_accum):
@@ -177,3 +177,57 @@ def test_key_bias_gradient_is_zero():
     mha(x)[0].pow(2).sum().backward()
     grad = mha.in_proj.bias.grad
     assert grad[16:32].abs().max() < 1e-12 < grad[:16].abs().max()
+
+
+def run_losses(tmp_path, name, **train_options):
+    data = text_file(tmp_path / "t.txt")
+    cfg = config(tmp_path / f"{name}.toml", "decoder", data,
+                 train={"max_steps": 4, "eval_every": 4, **train_options})
+    train(str(cfg), [], out=str(tmp_path / name), launch=Launch(progress=False))
+    return losses(tmp_path / name)
+
+
+def test_bf16_autocast_tracks_fp32(tmp_path):
+    fp32 = run_losses(tmp_path, "fp32")
+    bf16 = run_losses(tmp_path, "bf16", bf16=True)
+    for step in fp32:
+        assert bf16[step] == pytest.approx(fp32[step], rel=0.02)
+
+
+def test_compiled_training_matches_eager(tmp_path):
+    eager = run_losses(tmp_path, "eager", max_steps=3, eval_every=3)
+    compiled = run_losses(tmp_path, "compiled", max_steps=3, eval_every=3, compile=True)
+    for step in eager:
+        assert compiled[step] == pytest.approx(eager[step], rel=1e-4)
+    # weights saved from a compiled model carry no "_orig_mod." prefix
+    assert not any("_orig_mod" in k for k in weights(tmp_path / "compiled"))
+
+
+def test_early_stopping_and_keep_best(tmp_path):
+    data = reverse_task(tmp_path / "pairs.tsv")
+    # A learning rate this small cannot improve the validation loss: evaluation 2 is no
+    # better than evaluation 1, so with patience 1 training stops at step 10.
+    cfg = config(tmp_path / "c.toml", "encoder-decoder", data,
+                 train={"max_steps": 100, "eval_every": 5, "save_every": 100, "lr": 1e-12,
+                        "patience": 1, "schedule": "constant", "warmup": 0})
+    summary = train(str(cfg), [], out=str(tmp_path / "run"), launch=Launch(progress=False))
+    assert summary["steps"] == 10
+    state = json.loads((tmp_path / "run/last/state.json").read_text())
+    assert state["step"] == 10 and state["bad_evals"] == 1
+    evals = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()
+             if "valid_loss" in x]
+    assert state["best"] == min(e["valid_loss"] for e in evals) == evals[0]["valid_loss"]
+    assert (tmp_path / "run/model.safetensors").exists()
+
+
+def test_best_weights_follow_the_best_metric(tmp_path):
+    data = reverse_task(tmp_path / "pairs.tsv")
+    cfg = config(tmp_path / "c.toml", "encoder-decoder", data,
+                 train={"max_steps": 10, "eval_every": 5, "best_metric": "chrf"})
+    train(str(cfg), [], out=str(tmp_path / "run"), launch=Launch(progress=False))
+    state = json.loads((tmp_path / "run/last/state.json").read_text())
+    evals = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()
+             if "chrf" in x]
+    assert state["best"] == max(e["chrf"] for e in evals)
+    with pytest.raises(ValueError, match=r"best_metric \('accuracy'\) must be one of"):
+        train(str(cfg), ["train.best_metric=accuracy"], out=str(tmp_path / "other"))
