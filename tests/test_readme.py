@@ -22,7 +22,7 @@ def test_readme_worked_training_example_runs_as_written(tmp_path):
 
     block = re.search(r"A worked example.*?```bash\n(.*?)```", README.read_text(), re.S).group(1)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    result = subprocess.run(["bash", "-e", "-c", block + " --no-progress"], cwd=tmp_path, env=env,
+    result = subprocess.run(["bash", "-e", "-c", block], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert '"steps": 400' in result.stdout
