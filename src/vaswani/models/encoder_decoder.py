@@ -8,10 +8,12 @@ Masks passed in are ``(B, L)`` booleans, True = real token; by default they come
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..nn import masks
+from ..nn.kv_cache import KVCache
 from ..nn.layers import DecoderLayer, EncoderLayer, Stack
 from .common import embeddings, final_norm, init_weights, layer_options, output_projection
 
@@ -43,20 +45,36 @@ class EncoderDecoder(nn.Module):
         return self.encoder(self.src_embed(src), mask=attn_mask, need_weights=need_weights)
 
     def decode(self, tgt: Tensor, memory: Tensor, *, src_mask: Tensor | None,
-               tgt_mask: Tensor | None = None, need_weights: bool = False) -> Tensor:
+               tgt_mask: Tensor | None = None, cache: KVCache | None = None,
+               need_weights: bool = False) -> Tensor:
         """tgt: (B, T) ids, memory: (B, S, D) -> logits (B, T, V).
 
         ``src_mask`` (B, S) is required (pass None only for an unpadded source): cross-attention
         must not look at source padding. ``tgt_mask`` (B, T) defaults to the target padding.
+
+        Incremental decoding: pass a ``KVCache`` and only the new target tokens; their
+        positions continue from ``cache.length`` and they attend to every cached token
+        (``tgt_mask``, if given, then covers cached + new tokens). The memory's keys and
+        values are projected on the first step and taken from the cache afterwards.
         """
-        if tgt_mask is None:
-            tgt_mask = masks.padding_mask(tgt, self.config.pad_id)
         T = tgt.size(1)
-        self_mask = masks.decoder_self_mask(tgt_mask, T, device=tgt.device)  # (B, 1, T, T)
+        start = 0 if cache is None else cache.length
+        if cache is None and tgt_mask is None:
+            tgt_mask = masks.padding_mask(tgt, self.config.pad_id)
+        positions = torch.arange(start, start + T, device=tgt.device)
+        if tgt_mask is None and T == 1:
+            self_mask = None  # one new query may see every key: no mask needed
+        else:
+            self_mask = masks.decoder_self_mask(tgt_mask, T, start + T, device=tgt.device)
         memory_mask = None if src_mask is None else masks.key_padding_mask(src_mask)
-        h = self.decoder(self.tgt_embed(tgt), memory=memory, mask=self_mask,
-                         memory_mask=memory_mask, need_weights=need_weights)
+        h = self.decoder(self.tgt_embed(tgt, positions=positions), memory=memory,
+                         mask=self_mask, memory_mask=memory_mask, cache=cache,
+                         need_weights=need_weights)
         return self.output_proj(h)
+
+    def new_cache(self) -> KVCache:
+        """An empty cache for incremental decoding with this model."""
+        return KVCache(len(self.decoder.layers))
 
     def forward(self, src: Tensor, tgt: Tensor, *, src_mask: Tensor | None = None,
                 tgt_mask: Tensor | None = None) -> Tensor:

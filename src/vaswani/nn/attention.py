@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .kv_cache import KV
+
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                                  dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
@@ -85,10 +87,14 @@ class MultiHeadAttention(nn.Module):
         return self._split_heads(k, self.n_kv_heads), self._split_heads(v, self.n_kv_heads)
 
     def forward(self, x: Tensor, *, memory: Tensor | None = None, mask: Tensor | None = None,
+                cache: KV | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """x: (B, Tq, D); memory: (B, Tk, D) for cross-attention; mask: bool, broadcastable to
         (B, H, Tq, Tk). Returns (out (B, Tq, D), weights (B, H, Tq, Tk) or None).
 
+        ``cache`` (incremental decoding, see kv_cache.py): in self-attention the new keys and
+        values are appended to it and attention runs over all of them; in cross-attention
+        the memory's keys and values are computed on the first call and reused afterwards.
         Weights are returned by the reference path, which runs when ``backend="reference"``
         or ``need_weights=True``.
         """
@@ -96,12 +102,19 @@ class MultiHeadAttention(nn.Module):
         if memory is None:  # self-attention: one matmul for q, k and v
             q, k, v = self.in_proj(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
             k, v = self._split_heads(k, self.n_kv_heads), self._split_heads(v, self.n_kv_heads)
+            if cache is not None:
+                k, v = cache.append(k, v)  # (B, Hkv, T_cached + Tq, Dh)
         else:  # cross-attention: queries from x, keys and values from memory
             w, b = self.in_proj.weight[: self.q_dim], None
             if self.in_proj.bias is not None:
                 b = self.in_proj.bias[: self.q_dim]
             q = F.linear(x, w, b)
-            k, v = self.project_kv(memory)
+            if cache is not None and cache.k is not None:
+                k, v = cache.k, cache.v  # the memory does not change between steps
+            else:
+                k, v = self.project_kv(memory)
+                if cache is not None:
+                    cache.k, cache.v = k, v
         q = self._split_heads(q, self.n_heads)  # (B, H, Tq, Dh)
         out, weights = self.attend(q, k, v, mask, need_weights)
         out = out.transpose(1, 2).reshape(B, Tq, self.q_dim)  # (B, Tq, H*Dh)

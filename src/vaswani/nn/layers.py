@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
 from .feedforward import FeedForward
+from .kv_cache import KVCache, LayerCache
 from .norm import make_norm
 
 
@@ -90,16 +91,21 @@ class DecoderLayer(nn.Module):
         self.last_cross_weights: Tensor | None = None
 
     def forward(self, x: Tensor, *, memory: Tensor | None = None, mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, need_weights: bool = False) -> Tensor:
+                memory_mask: Tensor | None = None, cache: LayerCache | None = None,
+                need_weights: bool = False) -> Tensor:
         """x: (B, T, D); memory: (B, S, D); mask: causal (+ padding), broadcastable to
-        (B, H, T, T); memory_mask: the *source* padding mask, broadcastable to (B, H, T, S)."""
+        (B, H, T, T_keys); memory_mask: the *source* padding mask, broadcastable to
+        (B, H, T, S); cache: this layer's entry of a KVCache (incremental decoding)."""
         def self_attend(h: Tensor) -> Tensor:
-            out, self.last_weights = self.self_attn(h, mask=mask, need_weights=need_weights)
+            out, self.last_weights = self.self_attn(
+                h, mask=mask, cache=None if cache is None else cache.self_attn,
+                need_weights=need_weights)
             return out
 
         def cross_attend(h: Tensor) -> Tensor:
             out, self.last_cross_weights = self.cross_attn(
-                h, memory=memory, mask=memory_mask, need_weights=need_weights)
+                h, memory=memory, mask=memory_mask,
+                cache=None if cache is None else cache.cross_attn, need_weights=need_weights)
             return out
 
         x = self.self_block(x, self_attend)
@@ -118,7 +124,9 @@ class Stack(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = final_norm
 
-    def forward(self, x: Tensor, **kwargs) -> Tensor:
-        for layer in self.layers:
+    def forward(self, x: Tensor, *, cache: KVCache | None = None, **kwargs) -> Tensor:
+        for i, layer in enumerate(self.layers):
+            if cache is not None:
+                kwargs["cache"] = cache.layers[i]
             x = layer(x, **kwargs)
         return x if self.norm is None else self.norm(x)

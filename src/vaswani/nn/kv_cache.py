@@ -1,0 +1,63 @@
+"""Key/value cache for incremental decoding.
+
+Decoding one token at a time would recompute the keys and values of every earlier token at
+every step. The cache keeps them: each decoder layer appends the new token's keys and values
+to its self-attention entry, and computes the cross-attention keys and values of the encoder
+memory once, on the first step.
+
+The caller owns the cache: it creates one per generation (``KVCache(n_layers)``), passes it to
+the model on each step, and reorders it when beam search reorders hypotheses. Layers only
+write into the entry they are handed; nothing is stored on the modules.
+
+Shapes: keys and values are (B, Hkv, T, Dh); ``length`` is T of the self-attention entries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class KV:
+    """One attention's cached keys and values (None until the first step)."""
+
+    k: Tensor | None = None
+    v: Tensor | None = None
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add new keys/values along the time axis; return the full (cached + new) ones."""
+        if self.k is not None:
+            k = torch.cat([self.k, k], dim=2)  # (B, Hkv, T_cached + T_new, Dh)
+            v = torch.cat([self.v, v], dim=2)
+        self.k, self.v = k, v
+        return k, v
+
+
+@dataclass
+class LayerCache:
+    self_attn: KV
+    cross_attn: KV
+
+
+class KVCache:
+    """Per-layer caches for a decoder stack."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.layers = [LayerCache(KV(), KV()) for _ in range(n_layers)]
+
+    @property
+    def length(self) -> int:
+        """Number of tokens whose keys and values are cached."""
+        k = self.layers[0].self_attn.k
+        return 0 if k is None else k.size(2)
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (B_new,) of every entry, e.g. the surviving beams."""
+        for layer in self.layers:
+            for kv in (layer.self_attn, layer.cross_attn):
+                if kv.k is not None:
+                    kv.k = kv.k.index_select(0, index)
+                    kv.v = kv.v.index_select(0, index)
