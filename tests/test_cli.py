@@ -8,9 +8,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_summary_counts_parameters(capsys):
-    assert main(["summary", str(ROOT / "configs/copy-task.toml")]) == 0
+    assert main(["summary", str(ROOT / "configs/copy-task.toml"),
+                 "--set", "model.vocab_size=14"]) == 0
     out = capsys.readouterr().out
     assert "EncoderDecoder" in out and "total" in out
+    assert main(["summary", str(ROOT / "configs/copy-task.toml")]) == 2
+    assert "--set model.vocab_size=N" in capsys.readouterr().err
 
 
 def test_bad_config_is_a_clear_error_not_a_traceback(tmp_path, capsys):

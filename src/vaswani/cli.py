@@ -6,16 +6,20 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from . import __version__
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from .config import ModelConfig, load_toml
+    from .config import load_run_config
     from .models import build_model
 
-    data = load_toml(args.config)
-    cfg = ModelConfig.from_dict(data.get("model", {}))
+    path = Path(args.config)
+    cfg = load_run_config(path / "config.toml" if path.is_dir() else path, args.set).model
+    if cfg.vocab_size == 0:
+        raise ValueError(f"{args.config} leaves vocab_size to the data; give it with "
+                         "--set model.vocab_size=N (or pass a trained RUN_DIR)")
     model = build_model(cfg)
     print(f"{args.config}: {type(model).__name__} ({cfg.arch})")
     total = 0
@@ -65,9 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train and use Transformers (encoder-decoder, decoder-only, encoder-only).")
     parser.add_argument("--version", action="version", version=f"vaswani {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    p = sub.add_parser("summary", help="build the model of a config file and count parameters",
-                       description="Build the [model] of CONFIG.toml and print parameter counts.")
-    p.add_argument("config", metavar="CONFIG.toml")
+    p = sub.add_parser("summary", help="count the parameters of a config's or a run's model",
+                       description="Build the [model] of CONFIG.toml (or of RUN_DIR) and "
+                                   "print parameter counts.")
+    p.add_argument("config", metavar="CONFIG.toml|RUN_DIR")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value, e.g. --set model.vocab_size=8000")
     p.set_defaults(func=_summary)
 
     p = sub.add_parser("train", help="train a model from a config file",

@@ -14,115 +14,10 @@ target vocabulary is the source vocabulary); the derived values are exposed as p
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import tomllib
-import types
-import typing
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-__all__ = ["ConfigBase", "DataConfig", "DecodeConfig", "ModelConfig", "RunConfig", "TrainConfig",
-           "dump_toml", "load_toml"]
-
-
-def _describe(hint: Any) -> str:
-    if typing.get_origin(hint) is Literal:
-        return " | ".join(repr(c) for c in typing.get_args(hint))
-    if isinstance(hint, type):
-        return hint.__name__
-    return str(hint)
-
-
-def coerce(name: str, value: Any, hint: Any) -> Any:
-    """Check ``value`` against the type ``hint`` and return it (ints are accepted as floats).
-
-    Raises ``ValueError`` naming the field when the value does not fit.
-    """
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(hint)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return coerce(name, value, option)
-            except ValueError as e:
-                errors.append(str(e))
-        raise ValueError(errors[0] if len(errors) == 1 else f"{name} ({value!r}) must be {hint}")
-    if origin is Literal:
-        if value not in typing.get_args(hint):
-            raise ValueError(f"{name} ({value!r}) must be one of {_describe(hint)}")
-        return value
-    if origin in (list, tuple):
-        (item,) = typing.get_args(hint)[:1]
-        if isinstance(value, str) and item is str:
-            value = [value]  # a single path where a list of paths is expected
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{name} ({value!r}) must be a list")
-        return tuple(coerce(f"{name}[{i}]", v, item) for i, v in enumerate(value))
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{name} ({value!r}) must be a number")
-        return float(value)
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name} ({value!r}) must be an integer")
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} ({value!r}) must be true or false")
-        return value
-    if hint is str:
-        if not isinstance(value, str):
-            raise ValueError(f"{name} ({value!r}) must be a string")
-        return value
-    raise TypeError(f"unsupported config type for {name}: {hint}")  # a bug in this file
-
-
-def unknown_key_error(section: str, key: str, known: typing.Iterable[str]) -> ValueError:
-    """``ValueError`` for an unknown key, suggesting the closest known name."""
-    close = difflib.get_close_matches(key, list(known), n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
-    where = f"[{section}] " if section else ""
-    return ValueError(f"unknown key {where}'{key}'{hint}")
-
-
-class ConfigBase:
-    """Shared behaviour of the frozen config dataclasses: type checks and dict round trips."""
-
-    SECTION = ""
-
-    def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            value = coerce(f.name, getattr(self, f.name), hints[f.name])
-            object.__setattr__(self, f.name, value)
-        self.validate()
-
-    def validate(self) -> None:
-        """Cross-field checks; subclasses override."""
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else value
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]):
-        names = {f.name for f in dataclasses.fields(cls)}
-        for key in data:
-            if key not in names:
-                raise unknown_key_error(cls.SECTION, key, names)
-        return cls(**data)
-
-    def replace(self, **changes: Any):
-        return dataclasses.replace(self, **changes)
+from .base import ConfigBase
 
 
 @dataclass(frozen=True)
@@ -309,140 +204,35 @@ class TrainConfig(ConfigBase):
 
 @dataclass(frozen=True)
 class DecodeConfig(ConfigBase):
-    """How sequences are generated (``[decode]``). Output length is capped at
-    ``max_len_a * source_length + max_len_b`` tokens."""
+    """How sequences are generated (``[decode]``); the commands' flags override these.
+
+    Translation output is capped at ``max_len_a * source_length + max_len_b`` tokens. Beam
+    search ranks hypotheses by log P / ((5 + length) / 6) ** length_penalty (GNMT).
+    """
 
     SECTION = "decode"
 
+    beam: int = 4
+    n_best: int = 1
+    length_penalty: float = 0.6
     max_len_a: float = 1.5
     max_len_b: int = 10
+    max_new_tokens: int = 200  # language models
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
 
     def validate(self) -> None:
         if self.max_len_a < 0 or self.max_len_b < 0:
             raise ValueError(f"max_len_a ({self.max_len_a}) and max_len_b ({self.max_len_b}) "
                              "must be >= 0")
-
-
-SECTIONS: dict[str, type[ConfigBase]] = {
-    "model": ModelConfig, "data": DataConfig, "train": TrainConfig, "decode": DecodeConfig,
-}
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """All four sections of a config file."""
-
-    model: ModelConfig
-    data: DataConfig = dataclasses.field(default_factory=DataConfig)
-    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-    decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        for section in data:
-            if section not in SECTIONS:
-                raise unknown_key_error("", section, SECTIONS)
-        return cls(**{name: kind.from_dict(data.get(name, {}))
-                      for name, kind in SECTIONS.items()})
-
-    def to_dict(self) -> dict[str, dict[str, Any]]:
-        return {name: getattr(self, name).to_dict() for name in SECTIONS}
-
-    def to_toml(self) -> str:
-        return dump_toml(self.to_dict())
-
-
-def parse_value(section: str, key: str, text: str) -> Any:
-    """Parse the text of ``--set section.key=TEXT`` by the type of that field."""
-    kind = SECTIONS[section]
-    hints = typing.get_type_hints(kind)
-    if key not in hints or key == "SECTION":
-        raise unknown_key_error(section, key, [f.name for f in dataclasses.fields(kind)])
-    hint = hints[key]
-    options = typing.get_args(hint) if typing.get_origin(hint) in (
-        typing.Union, types.UnionType) else (hint,)
-    if text.lower() in ("none", "null") and type(None) in options:
-        return None
-    for option in options:
-        origin = typing.get_origin(option)
-        if option is bool:
-            if text.lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-                return text.lower() in ("true", "1", "yes", "on")
-        elif option is int:
-            try:
-                return int(text)
-            except ValueError:
-                pass
-        elif option is float:
-            try:
-                return float(text)
-            except ValueError:
-                pass
-        elif origin in (list, tuple):
-            return [part for part in text.split(",") if part]
-        elif option is str or origin is Literal:
-            return text
-    raise ValueError(f"--set {section}.{key}={text}: expected {_describe(hint)}")
-
-
-def apply_overrides(data: dict[str, Any], overrides: typing.Iterable[str]) -> dict[str, Any]:
-    """Apply ``section.key=value`` strings to a config dict (a new dict is returned)."""
-    out = {name: dict(values) for name, values in data.items()}
-    for item in overrides:
-        name, sep, text = item.partition("=")
-        section, dot, key = name.strip().partition(".")
-        if not sep or not dot:
-            raise ValueError(f"--set {item!r}: expected section.key=value, e.g. train.lr=3e-4")
-        if section not in SECTIONS:
-            raise unknown_key_error("", section, SECTIONS)
-        out.setdefault(section, {})[key] = parse_value(section, key, text.strip())
-    return out
-
-
-def load_run_config(path: str | Path, overrides: typing.Iterable[str] = ()) -> RunConfig:
-    """Read a config file, apply ``--set`` overrides, validate; errors name the file."""
-    data = apply_overrides(load_toml(path), overrides)
-    try:
-        return RunConfig.from_dict(data)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{path}: {e}") from None
-
-
-# --- TOML -----------------------------------------------------------------------------------
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-        return f'"{escaped}"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} to TOML")
-
-
-def dump_toml(sections: dict[str, dict[str, Any]]) -> str:
-    """Write ``{section: {key: scalar}}`` as TOML. ``None`` values are left out (TOML has no
-    null, and every field whose value may be None has None as its default)."""
-    lines = []
-    for section, values in sections.items():
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            if value is not None:
-                lines.append(f"{key} = {_toml_value(value)}")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML file; a syntax error names the file."""
-    path = Path(path)
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"config file not found: {path}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: invalid TOML: {e}") from None
+        if self.beam < 1 or not 1 <= self.n_best <= self.beam:
+            raise ValueError(f"need beam ({self.beam}) >= 1 and 1 <= n_best ({self.n_best}) "
+                             "<= beam")
+        if self.length_penalty < 0:
+            raise ValueError(f"length_penalty ({self.length_penalty}) must be >= 0")
+        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"need temperature ({self.temperature}) >= 0, top_k "
+                             f"({self.top_k}) >= 0 and 0 < top_p ({self.top_p}) <= 1")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens ({self.max_new_tokens}) must be positive")

@@ -1,0 +1,150 @@
+"""The machinery under every config section: type checks, dict and TOML round trips."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+
+def _describe(hint: Any) -> str:
+    if typing.get_origin(hint) is Literal:
+        return " | ".join(repr(c) for c in typing.get_args(hint))
+    if isinstance(hint, type):
+        return hint.__name__
+    return str(hint)
+
+
+def coerce(name: str, value: Any, hint: Any) -> Any:
+    """Check ``value`` against the type ``hint`` and return it (ints are accepted as floats).
+
+    Raises ``ValueError`` naming the field when the value does not fit.
+    """
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return coerce(name, value, option)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError(errors[0] if len(errors) == 1 else f"{name} ({value!r}) must be {hint}")
+    if origin is Literal:
+        if value not in typing.get_args(hint):
+            raise ValueError(f"{name} ({value!r}) must be one of {_describe(hint)}")
+        return value
+    if origin in (list, tuple):
+        (item,) = typing.get_args(hint)[:1]
+        if isinstance(value, str) and item is str:
+            value = [value]  # a single path where a list of paths is expected
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{name} ({value!r}) must be a list")
+        return tuple(coerce(f"{name}[{i}]", v, item) for i, v in enumerate(value))
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name} ({value!r}) must be a number")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} ({value!r}) must be an integer")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} ({value!r}) must be true or false")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{name} ({value!r}) must be a string")
+        return value
+    raise TypeError(f"unsupported config type for {name}: {hint}")  # a bug in this file
+
+
+def unknown_key_error(section: str, key: str, known: typing.Iterable[str]) -> ValueError:
+    """``ValueError`` for an unknown key, suggesting the closest known name."""
+    close = difflib.get_close_matches(key, list(known), n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    where = f"[{section}] " if section else ""
+    return ValueError(f"unknown key {where}'{key}'{hint}")
+
+
+class ConfigBase:
+    """Shared behaviour of the frozen config dataclasses: type checks and dict round trips."""
+
+    SECTION = ""
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = coerce(f.name, getattr(self, f.name), hints[f.name])
+            object.__setattr__(self, f.name, value)
+        self.validate()
+
+    def validate(self) -> None:
+        """Cross-field checks; subclasses override."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        names = {f.name for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in names:
+                raise unknown_key_error(cls.SECTION, key, names)
+        return cls(**data)
+
+    def replace(self, **changes: Any):
+        return dataclasses.replace(self, **changes)
+
+
+# --- TOML -----------------------------------------------------------------------------------
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        return f'"{escaped}"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} to TOML")
+
+
+def dump_toml(sections: dict[str, dict[str, Any]]) -> str:
+    """Write ``{section: {key: scalar}}`` as TOML. ``None`` values are left out (TOML has no
+    null, and every field whose value may be None has None as its default)."""
+    lines = []
+    for section, values in sections.items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            if value is not None:
+                lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file; a syntax error names the file."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: invalid TOML: {e}") from None

@@ -1,0 +1,97 @@
+"""A whole config file ([model], [data], [train], [decode]) and ``--set`` overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from .base import ConfigBase, _describe, dump_toml, load_toml, unknown_key_error
+from .sections import DataConfig, DecodeConfig, ModelConfig, TrainConfig
+
+SECTIONS: dict[str, type[ConfigBase]] = {
+    "model": ModelConfig, "data": DataConfig, "train": TrainConfig, "decode": DecodeConfig,
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """All four sections of a config file."""
+
+    model: ModelConfig
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        for section in data:
+            if section not in SECTIONS:
+                raise unknown_key_error("", section, SECTIONS)
+        return cls(**{name: kind.from_dict(data.get(name, {}))
+                      for name, kind in SECTIONS.items()})
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {name: getattr(self, name).to_dict() for name in SECTIONS}
+
+    def to_toml(self) -> str:
+        return dump_toml(self.to_dict())
+
+
+def parse_value(section: str, key: str, text: str) -> Any:
+    """Parse the text of ``--set section.key=TEXT`` by the type of that field."""
+    kind = SECTIONS[section]
+    hints = typing.get_type_hints(kind)
+    if key not in hints or key == "SECTION":
+        raise unknown_key_error(section, key, [f.name for f in dataclasses.fields(kind)])
+    hint = hints[key]
+    options = typing.get_args(hint) if typing.get_origin(hint) in (
+        typing.Union, types.UnionType) else (hint,)
+    if text.lower() in ("none", "null") and type(None) in options:
+        return None
+    for option in options:
+        origin = typing.get_origin(option)
+        if option is bool:
+            if text.lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                return text.lower() in ("true", "1", "yes", "on")
+        elif option is int:
+            try:
+                return int(text)
+            except ValueError:
+                pass
+        elif option is float:
+            try:
+                return float(text)
+            except ValueError:
+                pass
+        elif origin in (list, tuple):
+            return [part for part in text.split(",") if part]
+        elif option is str or origin is Literal:
+            return text
+    raise ValueError(f"--set {section}.{key}={text}: expected {_describe(hint)}")
+
+
+def apply_overrides(data: dict[str, Any], overrides: typing.Iterable[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` strings to a config dict (a new dict is returned)."""
+    out = {name: dict(values) for name, values in data.items()}
+    for item in overrides:
+        name, sep, text = item.partition("=")
+        section, dot, key = name.strip().partition(".")
+        if not sep or not dot:
+            raise ValueError(f"--set {item!r}: expected section.key=value, e.g. train.lr=3e-4")
+        if section not in SECTIONS:
+            raise unknown_key_error("", section, SECTIONS)
+        out.setdefault(section, {})[key] = parse_value(section, key, text.strip())
+    return out
+
+
+def load_run_config(path: str | Path, overrides: typing.Iterable[str] = ()) -> RunConfig:
+    """Read a config file, apply ``--set`` overrides, validate; errors name the file."""
+    data = apply_overrides(load_toml(path), overrides)
+    try:
+        return RunConfig.from_dict(data)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from None
