@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) examples/copy_task.py
+	bash scripts/demo.sh
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

@@ -6,8 +6,8 @@ it right has learned to attend from each output position to the matching input p
 
     python examples/copy_task.py            # trains for about a minute, then shows it copying
 
-Everything here uses the public API only: ModelConfig, build_model, and the model's
-``encode``/``decode``. The full training loop (schedules, checkpoints, resume, DDP) lives in
+Everything here uses the public API: ModelConfig, build_model, the model's forward pass,
+and ``vaswani.generation.greedy_decode`` to read the answers back. The full training loop (schedules, checkpoints, resume, DDP) lives in
 ``vaswani train``; this file is the minimal version a learner can read top to bottom.
 """
 
@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from vaswani import ModelConfig, build_model
+from vaswani.generation import greedy_decode
 
 PAD, BOS, EOS = 0, 1, 2
 LETTERS = "abcdefghij"
@@ -41,30 +42,11 @@ def encode_batch(strings: list[str], bos: bool = False, eos: bool = False) -> to
     return torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
 
 
-@torch.no_grad()
 def greedy_copy(model, strings: list[str]) -> list[str]:
-    """Decode greedily, one token at a time, for a batch of sources."""
-    src = encode_batch(strings, eos=True)
-    src_mask = src != PAD
-    memory = model.encode(src, src_mask=src_mask)
-    out = torch.full((len(strings), 1), BOS)
-    done = torch.zeros(len(strings), dtype=torch.bool)
-    for _ in range(src.size(1) + 1):
-        logits = model.decode(out, memory, src_mask=src_mask)[:, -1]  # (B, V)
-        next_id = logits.argmax(-1).masked_fill(done, PAD)
-        out = torch.cat([out, next_id[:, None]], dim=1)
-        done |= next_id == EOS
-        if done.all():
-            break
-    decoded = []
-    for row in out[:, 1:].tolist():
-        chars = []
-        for i in row:
-            if i in (EOS, PAD):
-                break
-            chars.append(ITOS.get(i, "?"))
-        decoded.append("".join(chars))
-    return decoded
+    """Decode greedily (one token at a time, with the library's KV-cached decoder)."""
+    outputs = greedy_decode(model, encode_batch(strings, eos=True), bos_id=BOS, eos_id=EOS,
+                            max_len_a=1.0, max_len_b=2)
+    return ["".join(ITOS.get(i, "?") for i in ids) for ids in outputs]
 
 
 def exact_match(model, strings: list[str]) -> float:

@@ -1,8 +1,51 @@
+import json
+from pathlib import Path
+
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="session")
+def copy_run(tmp_path_factory):
+    """The copy task trained once through `vaswani train` (configs/copy-task.toml), shared by
+    the tests that need a working encoder-decoder. Returns (run_dir, summary, seconds)."""
+    import time
+
+    from vaswani.training.run import Launch, train
+
+    run = tmp_path_factory.mktemp("runs") / "copy"
+    start = time.perf_counter()
+    summary = train(str(ROOT / "configs/copy-task.toml"), [], out=str(run),
+                    launch=Launch(progress=False))
+    return run, summary, time.perf_counter() - start
+
+
+@pytest.fixture(scope="session")
+def small_runs(tmp_path_factory):
+    """A tiny language model and a tiny classifier, trained for a few steps."""
+    from tests.training.fixtures import classification_file, config, text_file
+    from vaswani.training.run import Launch, train
+
+    base = tmp_path_factory.mktemp("small")
+    runs = {}
+    for arch, maker, name in [("decoder", text_file, "text.txt"),
+                              ("encoder", classification_file, "labelled.tsv")]:
+        data = maker(base / name)
+        cfg = config(base / f"{arch}.toml", arch, data,
+                     data={"tokenizer": "bpe", "vocab_size": 300, "test": str(data)},
+                     train={"max_steps": 30, "eval_every": 30})
+        train(str(cfg), [], out=str(base / arch), launch=Launch(progress=False))
+        runs[arch] = (base / arch, data)
+    return runs
+
+
+def read_json_line(text: str) -> dict:
+    return json.loads(text.strip().splitlines()[-1])

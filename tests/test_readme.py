@@ -6,13 +6,17 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_readme_python_blocks_run():
+def test_readme_python_blocks_run(copy_run, tmp_path, monkeypatch, capsys):
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     assert blocks, "the README should show the API"
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "demo-copy").symlink_to(copy_run[0])  # what `make demo` leaves
+    monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, str(README), "exec"), namespace)  # noqa: S102
     assert namespace["logits"].shape == (2, 5, 1000)
+    assert "['abcdefghij', '']" in capsys.readouterr().out
 
 
 def test_readme_worked_training_example_runs_as_written(tmp_path):

@@ -49,6 +49,89 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lines(path: str | None) -> list[str]:
+    """Input lines from a file or stdin, without their newlines (blank lines kept)."""
+    if path:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"input file not found: {path}")
+        text = Path(path).read_text(encoding="utf-8")
+    else:
+        text = sys.stdin.read()
+    return text.splitlines()
+
+
+def _load(args: argparse.Namespace):
+    from .inference import load
+
+    return load(args.run_dir, device=args.device)
+
+
+def _translate(args: argparse.Namespace) -> int:
+    run = _load(args)
+    lines = _lines(args.input)
+    results = run.translate(lines, beam=args.beam, n_best=args.n_best,
+                            length_penalty=args.length_penalty)
+    for line, r in zip(lines, results, strict=True):  # exactly one output line per input line
+        if args.n_best > 1 and not line.strip():
+            print()
+        elif args.n_best > 1:
+            print("\t".join(f"{text}\t{score:.4f}" for text, score in r))
+        else:
+            print(r)
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    run = _load(args)
+
+    def stream(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    stream(args.prompt)
+    run.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, stream=stream)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _classify(args: argparse.Namespace) -> int:
+    run = _load(args)
+    for label, p in run.classify(_lines(args.input)):
+        print(f"{label}\t{p:.4f}")
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from .evaluation.evaluate import evaluate
+
+    run = _load(args)
+    data = cfg_split(run, args.split) if args.data is None else [args.data]
+    print(json.dumps(evaluate(run, data, beam=args.beam)))
+    return 0
+
+
+def cfg_split(run, split: str) -> list[str]:
+    """The files of a run's valid or test split, from its [data] config."""
+    files = getattr(run.config.data, split)
+    if not files:
+        raise ValueError(f"{run.run_dir} names no [data] {split} files; pass --data FILE")
+    return list(files)
+
+
+def _attention(args: argparse.Namespace) -> int:
+    from .viz.attention import attention_maps, plot_attention
+
+    run = _load(args)
+    maps = attention_maps(run, args.text, args.target)
+    out = plot_attention(maps, Path(args.out), layer=args.layer,
+                         head=None if args.all_heads else args.head)
+    n_layers = next(iter(maps.values()))["weights"].size(0)
+    print(f"wrote {out} ({', '.join(maps)}; layer {args.layer % n_layers}, "
+          f"{'all heads' if args.all_heads else f'head {args.head}'})")
+    return 0
+
+
 TRAIN_HELP = """\
 Train a model on the [data] of CONFIG.toml and write a run directory:
 
@@ -89,6 +172,59 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in RUN_DIR")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_train)
+
+    def run_parser(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=description)
+        p.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by vaswani train")
+        p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+        return p
+
+    p = run_parser("translate", "translate lines with an encoder-decoder run",
+                   "Read lines (stdin, or --input FILE) and write exactly one line per input "
+                   "line: its translation (an empty line stays empty). With --n-best K, the "
+                   "line holds K tab-separated (translation, score) pairs, best first.")
+    p.add_argument("--input", metavar="FILE", help="read lines from FILE instead of stdin")
+    p.add_argument("--beam", type=int, help="beam size (1 = greedy; default from [decode])")
+    p.add_argument("--n-best", type=int, default=1, metavar="K", help="hypotheses per line")
+    p.add_argument("--length-penalty", type=float, metavar="ALPHA",
+                   help="GNMT alpha: score = log P / ((5 + len) / 6) ** alpha")
+    p.set_defaults(func=_translate)
+
+    p = run_parser("generate", "continue a prompt with a language-model run",
+                   "Stream a continuation of --prompt to stdout as it is produced.")
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--max-new-tokens", type=int, metavar="N")
+    p.add_argument("--temperature", type=float, metavar="T", help="0 = greedy")
+    p.add_argument("--top-k", type=int, metavar="K")
+    p.add_argument("--top-p", type=float, metavar="P")
+    p.add_argument("--seed", type=int, metavar="S", help="make sampling reproducible")
+    p.set_defaults(func=_generate)
+
+    p = run_parser("classify", "classify lines with an encoder run",
+                   "Read lines (stdin, or --input FILE); print label<TAB>probability for each.")
+    p.add_argument("--input", metavar="FILE")
+    p.set_defaults(func=_classify)
+
+    p = run_parser("evaluate", "score a run on a data file (one JSON object)",
+                   "translation: sacreBLEU and chrF with signatures; language model: loss, "
+                   "perplexity, bits per token and per character; classifier: accuracy, "
+                   "macro-F1 and the confusion matrix.")
+    p.add_argument("--data", metavar="FILE", help="data in the format the run trained on")
+    p.add_argument("--split", choices=["valid", "test"], default="test",
+                   help="without --data: the run's [data] valid or test files (default test)")
+    p.add_argument("--beam", type=int, help="translation beam size (default from [decode])")
+    p.set_defaults(func=_evaluate)
+
+    p = run_parser("attention", "draw attention heatmaps for one input",
+                   "Encoder self-, decoder self- and cross-attention (as the model has them) "
+                   "for one layer: one head, or a grid of every head.")
+    p.add_argument("--text", required=True, help="the input (source) text")
+    p.add_argument("--target", help="translation to attend over (default: the model's own)")
+    p.add_argument("--out", required=True, metavar="FILE.png")
+    p.add_argument("--layer", type=int, default=-1, help="layer index (default: the last)")
+    p.add_argument("--head", type=int, default=0, help="head index (default 0)")
+    p.add_argument("--all-heads", action="store_true", help="a grid of every head")
+    p.set_defaults(func=_attention)
     return parser
 
 
