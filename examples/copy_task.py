@@ -7,8 +7,9 @@ it right has learned to attend from each output position to the matching input p
     python examples/copy_task.py            # trains for about a minute, then shows it copying
 
 Everything here uses the public API: ModelConfig, build_model, the model's forward pass,
-and ``vaswani.generation.greedy_decode`` to read the answers back. The full training loop (schedules, checkpoints, resume, DDP) lives in
-``vaswani train``; this file is the minimal version a learner can read top to bottom.
+and ``vaswani.generation.greedy_decode`` to read the answers back. The full training loop
+(schedules, checkpoints, resume, DDP) lives in ``vaswani train``; this file is the minimal
+version a learner can read top to bottom.
 """
 
 from __future__ import annotations
