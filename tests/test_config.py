@@ -101,3 +101,18 @@ def test_literal_values_are_checked_after_set():
 
     with pytest.raises(ValueError, match=r"schedule \('linear'\) must be one of"):
         RunConfig.from_dict(apply_overrides({}, ["train.schedule=linear"]))
+
+
+@pytest.mark.parametrize("name", ["copy-task", "bible-en-es", "shakespeare-char", "bbc-news"])
+def test_presets_load_and_build(name):
+    from pathlib import Path
+
+    from vaswani import build_model
+    from vaswani.config import load_run_config
+
+    path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.toml"
+    cfg = load_run_config(path, ["model.vocab_size=100"])
+    extra = {"n_classes": 5} if cfg.model.arch == "encoder" else {}
+    model = build_model(cfg.model.replace(**extra))
+    assert sum(p.numel() for p in model.parameters()) > 0
+    assert cfg.data.dataset

@@ -15,19 +15,22 @@ def test_layernorm_matches_torch():
         ours.weight.copy_(ref.weight)
         ours.bias.copy_(ref.bias)
     assert_close(ours(x), ref(x))
+    assert_close(ours.reference(x), ref(x))  # the written-out formula
 
 
 def test_layernorm_without_bias_matches_torch():
     x = torch.randn(3, 8, dtype=torch.float64)
     ref = nn.LayerNorm(8, bias=False, dtype=torch.float64)
-    assert_close(LayerNorm(8, bias=False).double()(x), ref(x))
+    ours = LayerNorm(8, bias=False).double()
+    assert_close(ours(x), ref(x))
+    assert_close(ours.reference(x), ref(x))
 
 
 def test_tutorial_std_layernorm_is_a_different_function():
     """The widely copied (x - mean) / (x.std() + eps) uses the unbiased std: not LayerNorm."""
     x = torch.randn(2, 8, dtype=torch.float64)
     tutorial = (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + 1e-5)
-    assert not torch.allclose(LayerNorm(8).double()(x), tutorial, atol=1e-3)
+    assert not torch.allclose(LayerNorm(8).double().reference(x), tutorial, atol=1e-3)
 
 
 def test_rmsnorm_matches_torch():

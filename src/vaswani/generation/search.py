@@ -56,7 +56,7 @@ def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0,
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def decode_loop(stepper, tokens: Tensor, limits: Tensor, choose: Callable[[Tensor], Tensor], *,
                 eos_id: int, pad_id: int, bos_id: int,
                 on_step: Callable[[Tensor], None] | None = None) -> list[list[int]]:
@@ -83,7 +83,7 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def beam_search(stepper, n_sentences: int, limits: Tensor, *, beam: int, bos_id: int,
                 eos_id: int, pad_id: int, alpha: float = 0.0,
                 n_best: int = 1) -> list[list[tuple[list[int], float]]]:

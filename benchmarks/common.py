@@ -1,0 +1,48 @@
+"""Helpers shared by the benchmarks: timing, model sizes from presets, output."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from vaswani.config import load_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def preset_model(name: str, vocab_size: int):
+    """The [model] of configs/NAME.toml with a given vocabulary, without dropout."""
+    cfg = load_run_config(ROOT / "configs" / f"{name}.toml",
+                          [f"model.vocab_size={vocab_size}", "model.dropout=0"])
+    return cfg.model
+
+
+def best_time(fn, repeats: int) -> float:
+    """Minimum wall time of ``repeats`` calls (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def hardware() -> dict:
+    return {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def report(title: str, rows: list[tuple[str, str]], results: dict, json_path: str | None):
+    print(f"\n### {title}\n")
+    print("| measure | value |\n|---|---|")
+    for k, v in rows:
+        print(f"| {k} | {v} |")
+    if json_path:
+        Path(json_path).write_text(json.dumps({**results, "hardware": hardware()}, indent=2))
+        print(f"\nwrote {json_path}")
