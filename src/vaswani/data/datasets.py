@@ -15,12 +15,13 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from ..config import DataConfig
-from . import files
+from . import files, prepare
 from .files import DataError, ReadReport
 from .tokenizers import BOS_ID, EOS_ID, Tokenizer, train_tokenizer
 
@@ -84,7 +85,18 @@ def read_examples(cfg: DataConfig, task: str, paths: list[str], report: ReadRepo
     return files.read_text(paths, report)
 
 
-def load_raw(cfg: DataConfig, task: str):
+def split_files(cfg: DataConfig, split: str, cache: Path | None) -> list[str]:
+    """The files of a split: ``[data] train/valid/test``, or those of a prepared dataset
+    (prepared on first use) when ``dataset`` names one."""
+    if cfg.dataset and cfg.dataset != "copy":
+        spec = prepare.lookup(cfg.dataset)
+        if cache is None:
+            raise ValueError(f"dataset {cfg.dataset!r} needs a cache directory")
+        return [str(prepare.prepared_files(spec.name, cache)[split])]
+    return list(getattr(cfg, split))
+
+
+def load_raw(cfg: DataConfig, task: str, cache: Path | None = None):
     """(train, valid, report): untokenised examples (texts for LM)."""
     report = ReadReport(max_skip=cfg.max_skip)
     if cfg.dataset == "copy":
@@ -93,29 +105,33 @@ def load_raw(cfg: DataConfig, task: str):
         return copy_task_pairs(20_000, cfg.split_seed), \
             copy_task_pairs(500, cfg.split_seed + 1), report
     if cfg.dataset:
-        raise ValueError(f"unknown dataset {cfg.dataset!r} (built in: 'copy'); "
-                         "or set [data] train to your files")
-    if not cfg.train:
+        spec = prepare.lookup(cfg.dataset)
+        if spec.task != task:
+            raise ValueError(f"dataset {cfg.dataset!r} is for {spec.task}, but the model "
+                             f"does {task}")
+    train_files = split_files(cfg, "train", cache)
+    if not train_files:
         raise ValueError("[data] needs train files (or a dataset name)")
-    train = read_examples(cfg, task, list(cfg.train), report)
-    if cfg.valid:
-        valid = read_examples(cfg, task, list(cfg.valid), report)
+    train = read_examples(cfg, task, train_files, report)
+    valid_files = split_files(cfg, "valid", cache)
+    if valid_files:
+        valid = read_examples(cfg, task, valid_files, report)
     elif task == "lm":  # hold out the end of the text: no window straddles the boundary
         cut = int(len(train) * (1 - cfg.valid_fraction))
         train, valid = train[:cut], train[cut:]
     else:
         train, valid = split(train, cfg.valid_fraction, cfg.split_seed)
     if not train:
-        raise DataError(f"no training examples in {', '.join(cfg.train)}")
+        raise DataError(f"no training examples in {', '.join(train_files)}")
     return train, valid, report
 
 
 def build_dataset(cfg: DataConfig, arch: str, max_len: int,
                   tokenizers: tuple[Tokenizer, Tokenizer | None] | None = None,
-                  labels: list[str] | None = None) -> Dataset:
+                  labels: list[str] | None = None, cache: Path | None = None) -> Dataset:
     """Read, split and tokenise; train tokenizers unless given (as when resuming)."""
     task = TASKS[arch]
-    train, valid, report = load_raw(cfg, task)
+    train, valid, report = load_raw(cfg, task, cache)
     kind = "char" if cfg.dataset == "copy" else cfg.tokenizer
     if task == "translation":
         if tokenizers is None:

