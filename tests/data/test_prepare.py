@@ -53,7 +53,8 @@ def test_bbc_stratified_deterministic_split_and_cp1252_file(fake_cache, tmp_path
     for split in ("train", "valid", "test"):
         assert (a / f"{split}.tsv").read_text() == (b / f"{split}.tsv").read_text()
     rows = {s: (a / f"{s}.tsv").read_text().splitlines()[1:] for s in ("train", "valid", "test")}
-    assert not set(rows["train"]) & set(rows["valid"]) and not set(rows["train"]) & set(rows["test"])
+    assert not set(rows["train"]) & set(rows["valid"])
+    assert not set(rows["train"]) & set(rows["test"])
     for label in ("business", "sport", "tech"):  # every class in every split
         assert all(any(r.startswith(label + "\t") for r in rows[s]) for s in rows)
     counts = json.loads((a / "manifest.json").read_text())["counts"]
