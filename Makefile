@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint quality bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,14 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+# Long runs, not part of `make test`: the three real-data presets (about 1.5 hours on
+# 2 CPU cores) and the speed benchmarks.
+quality: $(VENV)/.installed
+	$(PY) scripts/quality.py
+
+bench: $(VENV)/.installed
+	$(PY) -m benchmarks.generation --json docs/results/bench-generation.json
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests examples

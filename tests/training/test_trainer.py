@@ -231,3 +231,16 @@ def test_best_weights_follow_the_best_metric(tmp_path):
     assert state["best"] == max(e["chrf"] for e in evals)
     with pytest.raises(ValueError, match=r"best_metric \('accuracy'\) must be one of"):
         train(str(cfg), ["train.best_metric=accuracy"], out=str(tmp_path / "other"))
+
+
+def test_max_minutes_stops_evaluates_and_saves(tmp_path):
+    data = reverse_task(tmp_path / "pairs.tsv")
+    cfg = config(tmp_path / "c.toml", "encoder-decoder", data,
+                 train={"max_steps": 1_000_000, "eval_every": 1_000_000,
+                        "save_every": 1_000_000, "max_minutes": 0.05})  # 3 seconds
+    summary = train(str(cfg), [], out=str(tmp_path / "run"), launch=Launch(progress=False))
+    assert 0 < summary["steps"] < 1_000_000 and "valid_loss" in summary
+    state = json.loads((tmp_path / "run/last/state.json").read_text())
+    assert state["step"] == summary["steps"] and 3 <= state["elapsed"] < 60
+    last = json.loads((tmp_path / "run/metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == summary["steps"] and "valid_loss" in last and last["elapsed"] >= 3

@@ -165,6 +165,7 @@ class TrainConfig(ConfigBase):
     SECTION = "train"
 
     max_steps: int = 1000  # optimizer steps
+    max_minutes: float = 0.0  # wall-clock budget: stop, evaluate and save when spent (0 = off)
     seed: int = 0
     lr: float = 5e-4  # peak learning rate
     schedule: Literal["noam", "cosine", "constant"] = "cosine"
@@ -193,6 +194,8 @@ class TrainConfig(ConfigBase):
                 raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
         if self.lr <= 0:
             raise ValueError(f"lr ({self.lr}) must be positive")
+        if self.max_minutes < 0:
+            raise ValueError(f"max_minutes ({self.max_minutes}) must be >= 0")
         for name in ("warmup", "patience", "eval_batches", "metric_examples"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")

@@ -59,9 +59,11 @@ class Trainer:
             raise ValueError(f"best_metric ({t.best_metric!r}) must be one of "
                              f"{list(self.task.metrics)} for this task")
         self.step = 0
+        self.elapsed = 0.0  # training seconds before this process (resumed runs)
         self.best: float | None = None
         self.bad_evals = 0
         self.progress = progress and dist.is_main
+        self._fit_start = time.perf_counter()
         torch.manual_seed(t.seed + dist.rank)  # dropout differs across ranks, as it should
         if resume:
             self._restore()
@@ -75,6 +77,7 @@ class Trainer:
     # --- state -------------------------------------------------------------------------
     def _state(self) -> dict:
         return {"step": self.step, "micro_batches": self.step * self.cfg.train.grad_accum,
+                "elapsed": round(self.elapsed + time.perf_counter() - self._fit_start, 1),
                 "best": self.best, "bad_evals": self.bad_evals,
                 "best_metric": self.cfg.train.best_metric,
                 "data_fingerprint": self.ds.fingerprint()}
@@ -99,6 +102,7 @@ class Trainer:
         if "rng_cuda" in trainer_state and self.device.type == "cuda":
             torch.cuda.set_rng_state(trainer_state["rng_cuda"], self.device)
         self.step, self.best, self.bad_evals = state["step"], state["best"], state["bad_evals"]
+        self.elapsed = state.get("elapsed", 0.0)
         self._trim_metrics(self.step)
 
     def _trim_metrics(self, step: int) -> None:
@@ -211,6 +215,7 @@ class Trainer:
                    unit="step", dynamic_ncols=True, desc="train",
                    mininterval=0.5 if interactive else 30.0)
         tokens, clock = 0, time.perf_counter()
+        started = self._fit_start = clock
         last_eval: dict = {}
         stop = False
         try:
@@ -219,16 +224,19 @@ class Trainer:
                 loss, n = self.train_step()
                 tokens += n
                 bar.update(1)
-                is_eval = self.step % t.eval_every == 0 or self.step == t.max_steps
+                out_of_time = self._out_of_time(started)
+                is_eval = (self.step % t.eval_every == 0 or self.step == t.max_steps
+                           or out_of_time)
                 if self.step % t.log_every == 0 or is_eval:
                     elapsed = time.perf_counter() - clock
                     line = {"step": self.step, "loss": loss, "lr": lr,
-                            "tokens_per_s": tokens / max(elapsed, 1e-9)}
+                            "tokens_per_s": tokens / max(elapsed, 1e-9),
+                            "elapsed": round(self.elapsed + time.perf_counter() - started, 1)}
                     tokens, clock = 0, time.perf_counter()
                     bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}",
                                     tok_s=f"{line['tokens_per_s']:.0f}")
                     if is_eval:
-                        stop = self._eval_step(line)
+                        stop = self._eval_step(line) or out_of_time
                         last_eval = {k: v for k, v in line.items() if k.startswith("valid")
                                      or k in self.task.metrics}
                     if self.dist.is_main:
@@ -242,6 +250,15 @@ class Trainer:
             raise
         bar.close()
         return last_eval
+
+    def _out_of_time(self, started: float) -> bool:
+        """Whether [train] max_minutes is spent (decided on rank 0, shared with all ranks)."""
+        limit = self.cfg.train.max_minutes * 60
+        if not limit:
+            return False
+        flag = torch.tensor([float(self.elapsed + time.perf_counter() - started >= limit)],
+                            device=self.device)
+        return bool(self.dist.broadcast(flag).item())
 
     def _eval_step(self, line: dict) -> bool:
         """Evaluate on rank 0, keep the best weights, decide early stopping (on every rank)."""
