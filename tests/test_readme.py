@@ -10,7 +10,7 @@ def test_readme_python_blocks_run(copy_run, tmp_path, monkeypatch, capsys):
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     assert blocks, "the README should show the API"
     (tmp_path / "runs").mkdir()
-    (tmp_path / "runs" / "demo-copy").symlink_to(copy_run[0])  # what `make demo` leaves
+    (tmp_path / "runs" / "copy").symlink_to(copy_run[0])  # the README's training command
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     for block in blocks:

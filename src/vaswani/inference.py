@@ -52,13 +52,17 @@ class Run:
         """Token ids per text, cut to the model's max_len (with a warning)."""
         tokenizer = tokenizer or self.source_tokenizer
         limit = self.config.model.max_len - int(bos) - int(eos)
-        out = []
+        out, cut = [], []
         for i, ids in enumerate(tokenizer.encode_batch(texts)):
             if len(ids) > limit:
-                warnings.warn(f"input {i + 1} has {len(ids)} tokens; truncated to the model's "
-                              f"max_len ({self.config.model.max_len})", stacklevel=3)
+                cut.append((i, len(ids)))
                 ids = ids[:limit]
             out.append(([BOS_ID] if bos else []) + ids + ([EOS_ID] if eos else []))
+        if cut:
+            i, n = max(cut, key=lambda c: c[1])
+            warnings.warn(f"{len(cut)} of {len(texts)} input(s) were longer than the model's "
+                          f"max_len ({self.config.model.max_len} tokens) and were truncated "
+                          f"(the longest, input {i + 1}, had {n})", stacklevel=2)
         return out
 
     @torch.no_grad()
@@ -126,9 +130,10 @@ class Run:
     def classify(self, texts: list[str], batch_size: int = 64) -> list[tuple[str, float]]:
         """(label, probability) of the most likely class for each text."""
         self._require("classification", "classify")
+        encoded = self.encode(texts, bos=True)
         out = []
         for start in range(0, len(texts), batch_size):
-            ids = pad(self.encode(texts[start:start + batch_size], bos=True)).to(self.device)
+            ids = pad(encoded[start:start + batch_size]).to(self.device)
             probs = self.model(ids).float().softmax(-1)
             p, k = probs.max(-1)
             out.extend((self.labels[int(i)], float(q)) for i, q in zip(k, p, strict=True))

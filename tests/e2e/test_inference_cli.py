@@ -56,8 +56,10 @@ def test_over_long_input_is_truncated_with_a_warning(copy_run):
     run = vaswani.load(copy_run[0])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run.translate(["a" * 100])
-    assert any("truncated to the model's max_len (32)" in str(w.message) for w in caught)
+        run.translate(["a" * 100, "abc", "b" * 40])
+    messages = [str(w.message) for w in caught]
+    assert messages == ["2 of 3 input(s) were longer than the model's max_len (32 tokens) and "
+                        "were truncated (the longest, input 1, had 100)"]
 
 
 def test_evaluate_translation_matches_sacrebleu_called_directly(copy_run, tmp_path, capsys):
