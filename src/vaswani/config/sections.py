@@ -177,7 +177,7 @@ class TrainConfig(ConfigBase):
     label_smoothing: float = 0.0
     clip_norm: float = 1.0  # 0 disables clipping
     grad_accum: int = 1  # micro-batches per optimizer step
-    bf16: bool = False  # autocast matmuls to bfloat16 (CPU with AMX, or CUDA)
+    bf16: bool = False  # autocast matmuls to bfloat16 (CPUs with AMX or AVX512-BF16, CUDA)
     compile: bool = False  # torch.compile the model
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
     log_every: int = 10

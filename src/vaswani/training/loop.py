@@ -212,7 +212,8 @@ class Trainer:
         metrics_path = self.run_dir / "metrics.jsonl"
         interactive = sys.stderr.isatty()
         bar = tqdm(total=t.max_steps, initial=self.step, disable=not self.progress,
-                   unit="step", dynamic_ncols=True, desc="train",
+                   unit="step", dynamic_ncols=True,
+                   desc=f"train ({t.max_minutes:g}-minute budget)" if t.max_minutes else "train",
                    mininterval=0.5 if interactive else 30.0)
         tokens, clock = 0, time.perf_counter()
         started = self._fit_start = clock
