@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -33,9 +34,21 @@ def _summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stop_on_signals() -> None:
+    """SIGINT (Ctrl-C) and SIGTERM (kill, job schedulers) both mean: save the latest state
+    and stop. Installed explicitly: a process started in the background by a non-interactive
+    shell inherits SIGINT as *ignored*, and Python then never raises KeyboardInterrupt."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupt)
+
+
 def _train(args: argparse.Namespace) -> int:
     from .training.run import Launch, train
 
+    _stop_on_signals()
     launch = Launch(rank=int(os.environ.get("RANK", 0)),
                     world=int(os.environ.get("WORLD_SIZE", 1)),
                     local_rank=int(os.environ.get("LOCAL_RANK", 0)),
@@ -174,7 +187,7 @@ Train a model on the [data] of CONFIG.toml and write a run directory:
   RUN_DIR/last/              everything needed to resume exactly (--resume)
   RUN_DIR/metrics.jsonl      one JSON object per log line; RUN_DIR/loss.png at the end
 
-Interrupt with Ctrl-C at any time: the latest state is saved first. Multi-process:
+Interrupt with Ctrl-C (or SIGTERM) at any time: the latest state is saved first. Multi-process:
   torchrun --nproc_per_node=2 -m vaswani train CONFIG.toml
 """
 

@@ -65,19 +65,21 @@ def test_bad_data_line_is_reported_with_file_and_line(tmp_path, capsys):
     assert "pairs.tsv:2: expected 2 tab-separated columns" in capsys.readouterr().err
 
 
-def test_ctrl_c_saves_the_latest_state_and_resume_finishes(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_saves_the_latest_state_and_resume_finishes(tmp_path, sig):
     cfg = config(tmp_path / "c.toml", "decoder", text_file(tmp_path / "t.txt"),
                  train={"max_steps": 100_000, "save_every": 100_000, "eval_every": 100_000})
     run = tmp_path / "run"
+    log = (tmp_path / "stderr.txt").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "vaswani", "train", str(cfg), "--out",
-                             str(run), "--no-progress"], stderr=subprocess.PIPE, text=True)
+                             str(run), "--no-progress"], stdout=log, stderr=log)
     deadline = time.time() + 120
     while time.time() < deadline:
         if (run / "metrics.jsonl").exists() and len(rows(run)) >= 5:
             break
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 130, proc.stderr.read()
+    proc.send_signal(sig)
+    assert proc.wait(timeout=120) == 130, (tmp_path / "stderr.txt").read_text()[-2000:]
     step = json.loads((run / "last/state.json").read_text())["step"]
     assert step >= 5
     assert main(["train", "--resume", str(run), "--no-progress",
