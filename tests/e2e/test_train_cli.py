@@ -73,13 +73,18 @@ def test_interrupt_saves_the_latest_state_and_resume_finishes(tmp_path, sig):
     log = (tmp_path / "stderr.txt").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "vaswani", "train", str(cfg), "--out",
                              str(run), "--no-progress"], stdout=log, stderr=log)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if (run / "metrics.jsonl").exists() and len(rows(run)) >= 5:
-            break
-        time.sleep(0.2)
-    proc.send_signal(sig)
-    assert proc.wait(timeout=120) == 130, (tmp_path / "stderr.txt").read_text()[-2000:]
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if (run / "metrics.jsonl").exists() and len(rows(run)) >= 5:
+                break
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=120) == 130, (tmp_path / "stderr.txt").read_text()[-2000:]
+    finally:
+        if proc.poll() is None:  # never leave a training process behind
+            proc.kill()
+            proc.wait()
     step = json.loads((run / "last/state.json").read_text())["step"]
     assert step >= 5
     assert main(["train", "--resume", str(run), "--no-progress",
