@@ -20,12 +20,11 @@ import torch
 
 from .config import RunConfig, load_run_config
 from .data.batching import pad
+from .data.datasets import TASKS
 from .data.tokenizers import BOS_ID, EOS_ID, Tokenizer, load_tokenizers
 from .generation import beam_decode, generate, greedy_decode
 from .models import build_model
 from .training.checkpoint import find_last, load_weights
-
-TASK_OF = {"encoder-decoder": "translation", "decoder": "lm", "encoder": "classification"}
 
 
 class Run:
@@ -40,7 +39,7 @@ class Run:
 
     @property
     def task(self) -> str:
-        return TASK_OF[self.config.model.arch]
+        return TASKS[self.config.model.arch]
 
     def _require(self, task: str, what: str) -> None:
         if self.task != task:
