@@ -3,9 +3,13 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from vaswani.training.losses import smoothed_cross_entropy
+from vaswani.training import losses
+from vaswani.training.losses import reference_smoothed_cross_entropy, smoothed_cross_entropy
 
 PAD = 0
+BOTH = pytest.mark.parametrize("loss_fn", [smoothed_cross_entropy,
+                                           reference_smoothed_cross_entropy],
+                               ids=["chunked", "reference"])
 
 
 def independent_smoothed_loss(logits, target, eps, pad_id):
@@ -20,11 +24,12 @@ def independent_smoothed_loss(logits, target, eps, pad_id):
 
 
 @pytest.mark.parametrize("eps", [0.1, 0.3])
-def test_label_smoothing_against_an_explicit_distribution_with_padding(eps):
+@BOTH
+def test_label_smoothing_against_an_explicit_distribution_with_padding(eps, loss_fn):
     logits = torch.randn(12, 9, dtype=torch.float64)
     target = torch.randint(1, 9, (12,))
     target[[2, 5, 11]] = PAD
-    loss, nll, count = smoothed_cross_entropy(logits, target, smoothing=eps, pad_id=PAD)
+    loss, nll, count = loss_fn(logits, target, smoothing=eps, pad_id=PAD)
     expected, expected_count = independent_smoothed_loss(logits, target, eps, PAD)
     assert_close(loss, expected)
     assert count == expected_count == 9
@@ -32,32 +37,78 @@ def test_label_smoothing_against_an_explicit_distribution_with_padding(eps):
     assert_close(nll, F.cross_entropy(logits, target, ignore_index=PAD, reduction="sum"))
 
 
-def test_no_smoothing_is_plain_cross_entropy():
+@BOTH
+def test_no_smoothing_is_plain_cross_entropy(loss_fn):
     logits = torch.randn(10, 7)
     target = torch.randint(0, 7, (10,))
-    loss, nll, count = smoothed_cross_entropy(logits, target, pad_id=None)
+    loss, nll, count = loss_fn(logits, target, pad_id=None)
     assert_close(loss, F.cross_entropy(logits, target, reduction="sum"))
     assert_close(loss, nll)
     assert count == 10
 
 
-def test_smoothing_puts_no_mass_on_padding():
+@BOTH
+def test_smoothing_puts_no_mass_on_padding(loss_fn):
     """Raising the pad logit must not change the smoothed loss of a real target beyond the
     softmax normalisation: torch's built-in label_smoothing, which spreads eps over pad too,
     gives a different number."""
     logits = torch.randn(4, 6, dtype=torch.float64)
     target = torch.tensor([1, 2, 3, 4])
-    ours, _, _ = smoothed_cross_entropy(logits, target, smoothing=0.1, pad_id=PAD)
+    ours, _, _ = loss_fn(logits, target, smoothing=0.1, pad_id=PAD)
     torch_builtin = F.cross_entropy(logits, target, label_smoothing=0.1, reduction="sum")
     assert not torch.allclose(ours, torch_builtin)
 
 
-def test_classification_smoothing_without_pad_spreads_over_all_other_classes():
+@BOTH
+def test_classification_smoothing_without_pad_spreads_over_all_other_classes(loss_fn):
     logits = torch.randn(5, 4, dtype=torch.float64)
     target = torch.tensor([0, 1, 2, 3, 0])
     eps = 0.2
-    loss, _, count = smoothed_cross_entropy(logits, target, smoothing=eps)
+    loss, _, count = loss_fn(logits, target, smoothing=eps)
     dist = torch.full_like(logits, eps / 3).scatter_(1, target[:, None], 1 - eps)
     expected = -(dist * logits.log_softmax(-1)).sum()
     assert_close(loss, expected)
     assert count == 5
+
+
+@pytest.mark.parametrize("pad_id", [PAD, None])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_chunked_loss_and_gradients_equal_the_reference(monkeypatch, eps, pad_id):
+    """Values and gradients of both outputs, across several row chunks (float64)."""
+    monkeypatch.setattr(losses, "CHUNK_ELEMENTS", 3 * 11)  # 3 rows per chunk, 7 chunks
+    torch.manual_seed(0)
+    logits = torch.randn(20, 11, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, 11, (20,))
+    target[[0, 7, 19]] = 0  # padding when pad_id == 0, a real class otherwise
+    w_loss, w_nll = torch.rand(2, dtype=torch.float64)  # weights of the two outputs
+    results = []
+    for fn in (smoothed_cross_entropy, reference_smoothed_cross_entropy):
+        loss, nll, count = fn(logits, target, smoothing=eps, pad_id=pad_id)
+        (grad,) = torch.autograd.grad(w_loss * loss + w_nll * nll, logits)
+        results.append((loss, nll, count, grad))
+    for ours, ref in zip(*results, strict=True):
+        assert_close(ours, ref)
+
+
+def test_chunked_loss_passes_gradcheck():
+    logits = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    target = torch.tensor([1, 0, 4, 2, 0, 3])
+    assert torch.autograd.gradcheck(
+        lambda x: smoothed_cross_entropy(x, target, smoothing=0.1, pad_id=PAD)[:2], (logits,))
+
+
+def test_chunked_loss_keeps_bf16_gradients_and_matches_fp32():
+    """bf16 logits: the gradient comes back in bf16 (no fp32 (N, V) buffer is returned), and
+    both loss and gradient agree with the fp32 reference to bf16 precision."""
+    torch.manual_seed(0)
+    x32 = torch.randn(64, 300) * 3
+    target = torch.randint(0, 300, (64,))
+    x16 = x32.bfloat16().requires_grad_()
+    loss16, _, _ = smoothed_cross_entropy(x16, target, smoothing=0.1, pad_id=PAD)
+    loss16.backward()
+    assert loss16.dtype == torch.float32 and x16.grad.dtype == torch.bfloat16
+    x_ref = x16.detach().float().requires_grad_()
+    loss32, _, _ = reference_smoothed_cross_entropy(x_ref, target, smoothing=0.1, pad_id=PAD)
+    loss32.backward()
+    assert_close(loss16, loss32, rtol=1e-5, atol=1e-4)
+    assert_close(x16.grad.float(), x_ref.grad, rtol=1e-2, atol=1e-3)

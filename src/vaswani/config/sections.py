@@ -51,7 +51,7 @@ class ModelConfig(ConfigBase):
     tie_embeddings: bool = True  # output projection shares the (target) input embedding
     share_embeddings: bool = False  # encoder-decoder: one embedding for source and target
     pooling: Literal["cls", "mean"] = "mean"  # encoder classifier
-    attention: Literal["sdpa", "reference"] = "sdpa"
+    attention: Literal["auto", "sdpa", "reference"] = "auto"
 
     def validate(self) -> None:
         positive = ["d_model", "n_heads", "d_ff", "n_layers", "max_len"]

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..nn import masks
+from ..nn.dropout import Dropout
 from ..nn.layers import EncoderLayer, Stack
 from .common import embeddings, final_norm, init_weights, layer_options
 
@@ -33,7 +34,7 @@ class EncoderClassifier(nn.Module):
         self.embed = embeddings(c, c.vocab_size)
         self.encoder = Stack([EncoderLayer(c.d_model, c.n_heads, c.d_ff, **layer_options(c))
                               for _ in range(c.encoder_depth)], final_norm(c))
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
         self.head = nn.Linear(c.d_model, c.n_classes)
         init_weights(self, c.pad_id)
 

@@ -8,7 +8,14 @@ Two interchangeable paths compute the same thing:
 * ``"reference"``: :func:`scaled_dot_product_attention` below, six readable lines that also
   return the attention weights (for heatmaps);
 * ``"sdpa"``: PyTorch's fused ``F.scaled_dot_product_attention`` (flash / memory-efficient
-  kernels, memory linear in sequence length), the default. Tests check the two agree.
+  kernels, memory linear in sequence length). Tests check the two agree.
+
+``"auto"`` (the default) picks per call: the reference path on a CPU for keys up to
+``AUTO_REFERENCE_MAX_KEYS`` long when the inputs are bf16 or attention dropout is active, SDPA
+otherwise. Measured on a 2-core CPU (benchmarks/scaling.py): PyTorch's CPU flash kernel
+is 2-3x slower than the written-out matmuls for bf16 sequences up to 512 tokens, and with
+dropout it falls back to a slow path; past that length SDPA wins, and its memory grows
+linearly where the reference path's grows quadratically.
 """
 
 from __future__ import annotations
@@ -20,7 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .dropout import dropout
 from .kv_cache import KV
+
+AUTO_REFERENCE_MAX_KEYS = 512
+BACKENDS = ("auto", "sdpa", "reference")
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
@@ -40,8 +51,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     weights = scores.softmax(dim=-1)
     if mask is not None:
         weights = weights * mask.any(dim=-1, keepdim=True)  # zero rows that saw no key
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
+    weights = dropout(weights, dropout_p)
     return weights @ v, weights  # (..., Tq, Dh), (..., Tq, Tk)
 
 
@@ -57,15 +67,15 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
                  dropout: float = 0.0, bias: bool = True,
-                 backend: Literal["sdpa", "reference"] = "sdpa") -> None:
+                 backend: Literal["auto", "sdpa", "reference"] = "auto") -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
-        if backend not in ("sdpa", "reference"):
-            raise ValueError(f"backend ({backend!r}) must be 'sdpa' or 'reference'")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend ({backend!r}) must be one of {', '.join(BACKENDS)}")
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.q_dim = n_heads * self.head_dim
@@ -95,8 +105,8 @@ class MultiHeadAttention(nn.Module):
         ``cache`` (incremental decoding, see kv_cache.py): in self-attention the new keys and
         values are appended to it and attention runs over all of them; in cross-attention
         the memory's keys and values are computed on the first call and reused afterwards.
-        Weights are returned by the reference path, which runs when ``backend="reference"``
-        or ``need_weights=True``.
+        Weights are returned only with ``need_weights=True`` (the reference path then runs,
+        whatever the backend).
         """
         B, Tq, _ = x.shape
         if memory is None:  # self-attention: one matmul for q, k and v
@@ -124,7 +134,7 @@ class MultiHeadAttention(nn.Module):
                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """q: (B, H, Tq, Dh); k, v: (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh), weights or None."""
         p = self.dropout if self.training else 0.0
-        if self.backend == "sdpa" and not need_weights:
+        if not need_weights and self._use_sdpa(q, k, p):
             gqa = self.n_kv_heads != self.n_heads
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
                                                  enable_gqa=gqa)
@@ -133,4 +143,12 @@ class MultiHeadAttention(nn.Module):
             group = self.n_heads // self.n_kv_heads
             k = k.repeat_interleave(group, dim=1)  # (B, H, Tk, Dh)
             v = v.repeat_interleave(group, dim=1)
-        return scaled_dot_product_attention(q, k, v, mask, dropout_p=p)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)
+        return out, weights if need_weights else None  # never keep weights nobody asked for
+
+    def _use_sdpa(self, q: Tensor, k: Tensor, dropout_p: float) -> bool:
+        if self.backend != "auto":
+            return self.backend == "sdpa"
+        short = k.size(-2) <= AUTO_REFERENCE_MAX_KEYS
+        slow_on_cpu = q.dtype == torch.bfloat16 or dropout_p > 0.0
+        return not (q.device.type == "cpu" and short and slow_on_cpu)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
+from .dropout import Dropout
 from .feedforward import FeedForward
 from .kv_cache import KVCache, LayerCache
 from .norm import make_norm
@@ -26,7 +27,7 @@ class _Residual(nn.Module):
                  norm_first: bool) -> None:
         super().__init__()
         self.norm = make_norm(norm, d_model, eps, bias)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, sublayer) -> Tensor:

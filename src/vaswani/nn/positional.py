@@ -13,6 +13,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .dropout import Dropout
+
 
 def sinusoidal_table(max_len: int, d_model: int, base: float = 10000.0) -> Tensor:
     """The paper's section 3.5, interleaved: PE[pos, 2i] = sin(pos / base^(2i/D)),
@@ -48,7 +50,7 @@ class Embeddings(nn.Module):
             self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
         elif positional == "learned":
             self.position = nn.Embedding(max_len, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, ids: Tensor, *, positions: Tensor | None = None) -> Tensor:
         """ids: (B, T) -> (B, T, D). ``positions``: (B, T) or (T,) absolute positions."""

@@ -1,0 +1,160 @@
+"""Training-step speed: vaswani vs torch.nn.Transformer vs a tutorial-style implementation.
+
+    python -m benchmarks.train_step [--quick] [--json OUT.json]
+
+All three train the same encoder-decoder (d_model 512, 8 heads, d_ff 2048, 3+3 pre-LN layers,
+vocabulary 8000, dropout 0.1, tied sinusoidal embeddings) on the same random batches of
+32 x 64 source and 32 x 64 target tokens, with the same label-smoothed loss and AdamW. A step
+is forward, loss, backward, gradient clipping and the optimizer update, timed after warm-up
+steps; the median over the timed steps is reported as target tokens per second, in fp32 and
+in bf16 autocast.
+
+MFU (model FLOPs utilisation) = the step's matmul FLOPs (counted by
+``torch.utils.flop_counter`` on the plain-matmul implementation) / step time / the peak of a
+large square matmul measured in the same process and dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from vaswani import ModelConfig, build_model
+from vaswani.training.loop import make_optimizer
+from vaswani.training.losses import smoothed_cross_entropy
+
+from .baselines import NaiveTransformer, TorchTransformer
+from .common import report
+
+D, HEADS, D_FF, LAYERS, VOCAB, DROPOUT = 512, 8, 2048, 3, 8000, 0.1
+BATCH, SRC_LEN, TGT_LEN = 32, 64, 64
+
+
+def vaswani_model() -> torch.nn.Module:
+    return build_model(ModelConfig(
+        arch="encoder-decoder", d_model=D, n_heads=HEADS, d_ff=D_FF, n_layers=LAYERS,
+        vocab_size=VOCAB, dropout=DROPOUT, norm_first=True, share_embeddings=True,
+        tie_embeddings=True, max_len=512))
+
+
+BUILDERS = {
+    "vaswani": vaswani_model,
+    "torch": lambda: TorchTransformer(VOCAB, D, HEADS, D_FF, LAYERS, DROPOUT),
+    "naive": lambda: NaiveTransformer(VOCAB, D, HEADS, D_FF, LAYERS, DROPOUT),
+}
+
+
+def batches(n: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Random token batches; tgt has one extra token (input tgt[:-1], target tgt[1:])."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randint(4, VOCAB, (BATCH, SRC_LEN), generator=g),
+             torch.randint(4, VOCAB, (BATCH, TGT_LEN + 1), generator=g)) for _ in range(n)]
+
+
+def loss_of(model, src, tgt):
+    logits = model(src, tgt[:, :-1])
+    loss, _, n = smoothed_cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(),
+                                        smoothing=0.1, pad_id=0)
+    return loss / n
+
+
+def make_step(name: str, bf16: bool):
+    torch.manual_seed(0)
+    model = BUILDERS[name]().train()
+    if name == "vaswani":  # the library's own optimizer set-up
+        from vaswani.config import TrainConfig
+        opt = make_optimizer(model, TrainConfig(lr=1e-4))
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(src, tgt) -> float:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_of(model, src, tgt)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss)
+
+    return step
+
+
+def time_steps(step, data, warmup: int) -> float:
+    """Median seconds per step over data[warmup:]."""
+    times = []
+    for i, (src, tgt) in enumerate(data):
+        start = time.perf_counter()
+        step(src, tgt)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_peak_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 * repeats / best / 1e9
+
+
+def step_flops() -> float:
+    """Matmul FLOPs of one forward + backward, counted on the plain-matmul implementation."""
+    torch.manual_seed(0)
+    model = NaiveTransformer(VOCAB, D, HEADS, D_FF, LAYERS, 0.0)
+    src, tgt = batches(1)[0]
+    with FlopCounterMode(display=False) as counter:
+        loss_of(model, src, tgt).backward()
+    return float(counter.get_total_flops())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps (about a minute)")
+    parser.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+    parser.add_argument("--only", nargs="+", choices=list(BUILDERS), default=list(BUILDERS))
+    args = parser.parse_args()
+    warmup, timed = (2, 3) if args.quick else (3, 8)
+    data = batches(warmup + timed)
+    flops = step_flops()
+    peak = {"bf16": matmul_peak_gflops(torch.bfloat16), "fp32": matmul_peak_gflops(torch.float32)}
+    results: dict = {"shape": f"d{D} h{HEADS} ff{D_FF} {LAYERS}+{LAYERS} V{VOCAB} "
+                              f"B{BATCH} S{SRC_LEN} T{TGT_LEN} dropout {DROPOUT}",
+                     "step_gflop": flops / 1e9, "bf16_peak_gflops": peak["bf16"],
+                     "fp32_peak_gflops": peak["fp32"]}
+    rows = []
+    tokens = BATCH * TGT_LEN
+    for precision in ("fp32", "bf16"):
+        for name in args.only:
+            seconds = time_steps(make_step(name, precision == "bf16"), data, warmup)
+            tok_s = tokens / seconds
+            mfu = flops / seconds / 1e9 / peak[precision]
+            results[f"{name}_{precision}_tok_s"] = tok_s
+            results[f"{name}_{precision}_mfu"] = mfu
+            rows.append((f"{name} {precision}", f"{tok_s:,.0f} tok/s, {seconds * 1e3:.0f} "
+                         f"ms/step, MFU {mfu:.1%}"))
+            print(f"{name} {precision}: {tok_s:,.0f} tok/s", flush=True)
+    for precision in ("fp32", "bf16"):
+        for other in ("torch", "naive"):
+            if other in args.only and "vaswani" in args.only:
+                ours, theirs = (results[f"{n}_{precision}_tok_s"] for n in ("vaswani", other))
+                ratio = ours / theirs
+                results[f"vaswani_vs_{other}_{precision}"] = ratio
+                rows.append((f"vaswani / {other} ({precision})", f"{ratio:.2f}x"))
+    rows.append(("matmul peak bf16 / fp32", f"{peak['bf16']:.0f} / {peak['fp32']:.0f} GFLOP/s"))
+    rows.append(("FLOPs per step", f"{flops / 1e9:.0f} GFLOP"))
+    report("Training step (encoder-decoder, target tokens/s; higher is better)", rows, results,
+           args.json)
+
+
+if __name__ == "__main__":
+    main()

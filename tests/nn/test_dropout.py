@@ -1,0 +1,81 @@
+import pytest
+import torch
+
+from vaswani.nn import MultiHeadAttention
+from vaswani.nn.dropout import Dropout, dropout
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_drops_about_p_and_preserves_the_mean(dtype):
+    torch.manual_seed(0)
+    x = torch.ones(1000, 1001, dtype=dtype)  # odd size: the last int64 is shared by < 4 lanes
+    y = dropout(x, 0.1)
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - 0.1) < 0.002
+    kept = y[y != 0].float()
+    assert torch.allclose(kept, torch.full_like(kept, 1 / 0.9), rtol=1e-2)
+    assert abs(y.float().mean().item() - 1.0) < 0.005
+
+
+def test_each_element_decides_independently():
+    """The four lanes of one random integer must not be correlated: neighbours are dropped
+    together only about p^2 of the time."""
+    torch.manual_seed(0)
+    y = dropout(torch.ones(4_000_000), 0.5)
+    dropped = (y == 0).view(-1, 4)
+    both = (dropped[:, 0] & dropped[:, 1]).float().mean().item()
+    assert abs(both - 0.25) < 0.003
+    for lane in range(4):
+        assert abs(dropped[:, lane].float().mean().item() - 0.5) < 0.003
+
+
+def test_follows_the_seed_and_is_identity_in_eval_or_at_zero():
+    x = torch.randn(64, 64)
+    torch.manual_seed(3)
+    a = dropout(x, 0.2)
+    torch.manual_seed(3)
+    assert torch.equal(a, dropout(x, 0.2))
+    assert dropout(x, 0.2, training=False) is x
+    assert dropout(x, 0.0) is x
+    module = Dropout(0.3).eval()
+    assert module(x) is x
+
+
+def test_gradient_is_the_same_mask_and_scale():
+    torch.manual_seed(0)
+    x = torch.randn(50, 40, requires_grad=True)
+    y = dropout(x, 0.25)
+    y.sum().backward()
+    expected = (y != 0).float() / (1 - 0.25)
+    torch.testing.assert_close(x.grad, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_rejects_bad_probability():
+    with pytest.raises(ValueError, match="dropout probability"):
+        Dropout(1.0)
+    with pytest.raises(ValueError, match="dropout probability"):
+        dropout(torch.ones(3), -0.1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_auto_backend_matches_sdpa_for_short_and_long_keys(dtype):
+    """The auto backend takes the written-out path for short bf16 keys and SDPA otherwise;
+    either way it computes the same function."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 4, backend="auto").to(dtype).eval()
+    for T in (16, 600):
+        x = torch.randn(2, T, 32, dtype=dtype)
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        out_auto, weights = mha(x, mask=mask)
+        assert weights is None  # weights only when asked for
+        mha.backend = "sdpa"
+        out_sdpa, _ = mha(x, mask=mask)
+        mha.backend = "auto"
+        tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else {}
+        torch.testing.assert_close(out_auto, out_sdpa, **tol)
+    assert mha._use_sdpa(torch.ones(1, 1, 1, 8, dtype=torch.float32),
+                         torch.ones(1, 1, 64, 8), 0.0)
+    assert not mha._use_sdpa(torch.ones(1, 1, 1, 8, dtype=torch.bfloat16),
+                             torch.ones(1, 1, 64, 8), 0.0)
+    assert mha._use_sdpa(torch.ones(1, 1, 1, 8, dtype=torch.bfloat16),
+                         torch.ones(1, 1, 513, 8), 0.0)
