@@ -7,7 +7,10 @@
    and without the KV cache, with a 512-token context so nothing slides; and once more with
    the preset's own 128-token context, where generation past 128 tokens slides the window
    (the uncached reference then never recomputes more than 128 tokens).
-2. An encoder-decoder of the bible-en-es preset's size (vocabulary 8000, random weights)
+2. The same 256 greedy tokens from Hugging Face ``GPT2LMHeadModel`` of equal size (d_model,
+   heads, d_ff, layers, vocabulary, 512 positions; random weights, KV cache on) through
+   ``generate()``, the usual way to run a decoder LM. Both in fp32, batch 1.
+3. An encoder-decoder of the bible-en-es preset's size (vocabulary 8000, random weights)
    translates 32 random 25-token sentences with beam 4. Random weights never choose <eos>,
    so every hypothesis runs to the length cap (1.5 * 25 + 10 tokens): a worst case.
 """
@@ -32,6 +35,30 @@ def cache_speedup(lm, new_tokens: int, repeats: int) -> tuple[float, float]:
     return best_time(lambda: run(True), repeats), best_time(lambda: run(False), repeats)
 
 
+def gpt2_like(config):
+    """Hugging Face GPT-2 with the shape of a vaswani decoder config (random weights)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(GPT2Config(
+        vocab_size=config.vocab_size, n_positions=512, n_embd=config.d_model,
+        n_layer=config.decoder_depth, n_head=config.n_heads, n_inner=config.d_ff,
+        activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0)).eval()
+
+
+def hf_greedy_seconds(model, new_tokens: int, repeats: int) -> float:
+    prompt = torch.tensor([[5]])
+
+    def run():
+        with torch.no_grad():
+            out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                 do_sample=False, use_cache=True,
+                                 attention_mask=torch.ones_like(prompt))
+        assert out.size(1) == 1 + new_tokens
+
+    return best_time(run, repeats)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer tokens and repeats")
@@ -47,6 +74,11 @@ def main() -> None:
     short = build_model(config).eval()  # the preset's own 128-token context
     short_cached, short_uncached = cache_speedup(short, new_tokens, repeats)
 
+    hf = gpt2_like(config)
+    hf_seconds = hf_greedy_seconds(hf, new_tokens, repeats)
+    n_ours = sum(p.numel() for p in lm.parameters())
+    n_hf = sum(p.numel() for p in hf.parameters())
+
     ed = build_model(preset_model("bible-en-es", 8000)).eval()
     sentences = 8 if args.quick else 32
     src = torch.randint(4, 8000, (sentences, 25))
@@ -58,6 +90,9 @@ def main() -> None:
         "lm_cached_tok_s": new_tokens / cached,
         "lm_uncached_tok_s": new_tokens / uncached,
         "cache_speedup": uncached / cached,
+        "hf_gpt2_tok_s": new_tokens / hf_seconds,
+        "vaswani_vs_hf_gpt2": hf_seconds / cached,
+        "params_vaswani": n_ours, "params_hf_gpt2": n_hf,
         "preset_context": config.max_len,
         "cache_speedup_preset_context": short_uncached / short_cached,
         "beam4_sentences": sentences,
@@ -69,6 +104,9 @@ def main() -> None:
         (f"LM greedy, {new_tokens} new tokens, no cache",
          f"{results['lm_uncached_tok_s']:.0f} tok/s"),
         ("cache speed-up (512-token context)", f"{results['cache_speedup']:.1f}x"),
+        (f"Hugging Face GPT-2 generate(), same size ({n_hf:,} vs {n_ours:,} params)",
+         f"{results['hf_gpt2_tok_s']:.0f} tok/s"),
+        ("vaswani cached / Hugging Face GPT-2", f"{results['vaswani_vs_hf_gpt2']:.1f}x"),
         (f"cache speed-up (preset's {config.max_len}-token context, sliding)",
          f"{results['cache_speedup_preset_context']:.1f}x"),
         (f"encoder-decoder beam 4, {sentences} sentences", f"{results['beam4_sentences_s']:.1f} "

@@ -29,7 +29,7 @@ class ModelConfig(ConfigBase):
     arch: Literal["encoder-decoder", "decoder", "encoder"] = "encoder-decoder"
     vocab_size: int = 0  # 0 = not yet known: vaswani train sets it from the tokenizer
     tgt_vocab_size: int | None = None  # encoder-decoder only; None = vocab_size
-    n_classes: int | None = None  # encoder only; vaswani train sets it from the labels
+    n_classes: int | None = None  # encoder only; set from the labels; 0 = no head (embeddings)
     d_model: int = 512
     n_heads: int = 8
     n_kv_heads: int | None = None  # grouped-query attention; None = n_heads
@@ -44,9 +44,12 @@ class ModelConfig(ConfigBase):
     norm_first: bool = False  # False: post-LN as in the paper; True: pre-LN + final norm
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_eps: float = 1e-5
-    activation: Literal["relu", "gelu"] = "relu"
+    activation: Literal["relu", "gelu", "swiglu"] = "relu"  # swiglu: gated, LLaMA
     bias: bool = True  # biases in every Linear and LayerNorm
-    positional: Literal["sinusoidal", "learned", "none"] = "sinusoidal"
+    positional: Literal["sinusoidal", "learned", "rope", "none"] = "sinusoidal"
+    rope_base: float = 10000.0  # positional = "rope": rotary embeddings' base
+    type_vocab_size: int = 0  # BERT token-type (segment) embeddings; 0 = none
+    embed_norm: bool = False  # a norm after the embeddings (BERT)
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) (paper)
     tie_embeddings: bool = True  # output projection shares the (target) input embedding
     share_embeddings: bool = False  # encoder-decoder: one embedding for source and target
@@ -58,8 +61,9 @@ class ModelConfig(ConfigBase):
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
-        for name in ["tgt_vocab_size", "n_classes", "n_kv_heads", "n_encoder_layers",
-                     "n_decoder_layers"]:
+        if self.n_classes is not None and self.n_classes < 0:
+            raise ValueError(f"n_classes ({self.n_classes}) must not be negative")
+        for name in ["tgt_vocab_size", "n_kv_heads", "n_encoder_layers", "n_decoder_layers"]:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} ({value}) must be positive")
@@ -75,6 +79,13 @@ class ModelConfig(ConfigBase):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} ({value}) must be in [0, 1)")
+        if self.rope_base <= 0:
+            raise ValueError(f"rope_base ({self.rope_base}) must be positive")
+        if self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size ({self.type_vocab_size}) must not be negative")
+        if self.positional == "rope" and (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"positional 'rope' needs an even head dim, got "
+                             f"{self.d_model} / {self.n_heads}")
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps ({self.norm_eps}) must be positive")
         if self.vocab_size and not 0 <= self.pad_id < self.vocab_size:

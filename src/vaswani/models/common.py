@@ -15,7 +15,8 @@ def layer_options(c: ModelConfig) -> dict:
     never a whole config)."""
     return dict(dropout=c.dropout, attn_dropout=c.attn_dropout_p, n_kv_heads=c.n_kv_heads,
                 norm_first=c.norm_first, norm=c.norm, norm_eps=c.norm_eps,
-                activation=c.activation, bias=c.bias, backend=c.attention)
+                activation=c.activation, bias=c.bias, backend=c.attention,
+                rope_base=c.rope_base if c.positional == "rope" else None)
 
 
 def final_norm(c: ModelConfig) -> nn.Module | None:
@@ -24,8 +25,10 @@ def final_norm(c: ModelConfig) -> nn.Module | None:
 
 
 def embeddings(c: ModelConfig, vocab_size: int) -> Embeddings:
+    norm = make_norm(c.norm, c.d_model, c.norm_eps, c.bias) if c.embed_norm else None
     return Embeddings(vocab_size, c.d_model, max_len=c.max_len, pad_id=c.pad_id,
-                      positional=c.positional, scale=c.scale_embeddings, dropout=c.dropout)
+                      positional=c.positional, scale=c.scale_embeddings, dropout=c.dropout,
+                      type_vocab_size=c.type_vocab_size, norm=norm)
 
 
 def output_projection(c: ModelConfig, embed: Embeddings, vocab_size: int) -> nn.Linear:

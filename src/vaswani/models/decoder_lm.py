@@ -52,7 +52,7 @@ class DecoderLM(nn.Module):
         else:
             attn_mask = masks.decoder_self_mask(mask, T, start + T, device=ids.device)
         h = self.decoder(self.embed(ids, positions=positions), mask=attn_mask, cache=cache,
-                         need_weights=need_weights)
+                         positions=positions, need_weights=need_weights)
         return self.output_proj(h)
 
     def new_cache(self) -> KVCache:

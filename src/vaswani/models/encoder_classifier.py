@@ -4,11 +4,15 @@ sequence, and a linear head to class logits.
 Pooling: ``"cls"`` takes the first position (put a [CLS]/BOS token there); ``"mean"``
 averages the real (non-padding) positions.
 
+With ``n_classes = 0`` the model has no head: it is a sentence encoder (an imported BERT),
+used through :meth:`EncoderClassifier.sentence_embeddings` or fine-tuned with a head.
+
 Shape legend: B batch, S length, D d_model, C classes.
 """
 
 from __future__ import annotations
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
@@ -35,7 +39,7 @@ class EncoderClassifier(nn.Module):
         self.encoder = Stack([EncoderLayer(c.d_model, c.n_heads, c.d_ff, **layer_options(c))
                               for _ in range(c.encoder_depth)], final_norm(c))
         self.dropout = Dropout(c.dropout)
-        self.head = nn.Linear(c.d_model, c.n_classes)
+        self.head = nn.Linear(c.d_model, c.n_classes) if c.n_classes else None
         init_weights(self, c.pad_id)
 
     def encode(self, ids: Tensor, *, mask: Tensor | None = None,
@@ -50,8 +54,17 @@ class EncoderClassifier(nn.Module):
         """(B, S, D) -> (B, D) by the configured pooling."""
         return hidden[:, 0] if self.config.pooling == "cls" else mean_pool(hidden, mask)
 
+    @staticmethod
+    def sentence_embeddings(hidden: Tensor, mask: Tensor) -> Tensor:
+        """Mean over real positions, L2-normalised (sentence-transformers' recipe):
+        (B, S, D) -> (B, D) unit vectors."""
+        return F.normalize(mean_pool(hidden, mask), dim=-1)
+
     def forward(self, ids: Tensor, *, mask: Tensor | None = None) -> Tensor:
         """ids (B, S) -> class logits (B, C)."""
+        if self.head is None:
+            raise ValueError("this encoder has no classification head (n_classes = 0); "
+                             "use it for embeddings, or fine-tune it on labelled data")
         if mask is None:
             mask = masks.padding_mask(ids, self.config.pad_id)
         pooled = self.pool(self.encode(ids, mask=mask), mask)

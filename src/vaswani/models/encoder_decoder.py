@@ -69,7 +69,7 @@ class EncoderDecoder(nn.Module):
         memory_mask = None if src_mask is None else masks.key_padding_mask(src_mask)
         h = self.decoder(self.tgt_embed(tgt, positions=positions), memory=memory,
                          mask=self_mask, memory_mask=memory_mask, cache=cache,
-                         need_weights=need_weights)
+                         positions=positions, need_weights=need_weights)
         return self.output_proj(h)
 
     def new_cache(self) -> KVCache:

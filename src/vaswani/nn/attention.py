@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from .dropout import dropout
 from .kv_cache import KV
+from .rotary import apply_rope, rope_angles
 
 AUTO_REFERENCE_MAX_KEYS = 512
 BACKENDS = ("auto", "sdpa", "reference")
@@ -67,7 +68,8 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
                  dropout: float = 0.0, bias: bool = True,
-                 backend: Literal["auto", "sdpa", "reference"] = "auto") -> None:
+                 backend: Literal["auto", "sdpa", "reference"] = "auto",
+                 rope_base: float | None = None) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if d_model % n_heads:
@@ -82,6 +84,7 @@ class MultiHeadAttention(nn.Module):
         self.kv_dim = n_kv_heads * self.head_dim
         self.dropout = dropout
         self.backend = backend
+        self.rope_base = rope_base  # rotary positions on q and k (self-attention) when set
         self.in_proj = nn.Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=bias)
         self.out_proj = nn.Linear(self.q_dim, d_model, bias=bias)
 
@@ -97,7 +100,7 @@ class MultiHeadAttention(nn.Module):
         return self._split_heads(k, self.n_kv_heads), self._split_heads(v, self.n_kv_heads)
 
     def forward(self, x: Tensor, *, memory: Tensor | None = None, mask: Tensor | None = None,
-                cache: KV | None = None,
+                cache: KV | None = None, positions: Tensor | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """x: (B, Tq, D); memory: (B, Tk, D) for cross-attention; mask: bool, broadcastable to
         (B, H, Tq, Tk). Returns (out (B, Tq, D), weights (B, H, Tq, Tk) or None).
@@ -105,6 +108,8 @@ class MultiHeadAttention(nn.Module):
         ``cache`` (incremental decoding, see kv_cache.py): in self-attention the new keys and
         values are appended to it and attention runs over all of them; in cross-attention
         the memory's keys and values are computed on the first call and reused afterwards.
+        ``positions`` (Tq,) or (B, Tq) are the new tokens' positions, used by rotary
+        embeddings (default: after the cached tokens).
         Weights are returned only with ``need_weights=True`` (the reference path then runs,
         whatever the backend).
         """
@@ -112,20 +117,26 @@ class MultiHeadAttention(nn.Module):
         if memory is None:  # self-attention: one matmul for q, k and v
             q, k, v = self.in_proj(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
             k, v = self._split_heads(k, self.n_kv_heads), self._split_heads(v, self.n_kv_heads)
+            q = self._split_heads(q, self.n_heads)  # (B, H, Tq, Dh)
+            if self.rope_base is not None:
+                if positions is None:
+                    past = 0 if cache is None or cache.k is None else cache.k.size(2)
+                    positions = torch.arange(past, past + Tq, device=x.device)
+                cos, sin = rope_angles(positions, self.head_dim, self.rope_base)
+                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, Hkv, T_cached + Tq, Dh)
         else:  # cross-attention: queries from x, keys and values from memory
             w, b = self.in_proj.weight[: self.q_dim], None
             if self.in_proj.bias is not None:
                 b = self.in_proj.bias[: self.q_dim]
-            q = F.linear(x, w, b)
+            q = self._split_heads(F.linear(x, w, b), self.n_heads)
             if cache is not None and cache.k is not None:
                 k, v = cache.k, cache.v  # the memory does not change between steps
             else:
                 k, v = self.project_kv(memory)
                 if cache is not None:
                     cache.k, cache.v = k, v
-        q = self._split_heads(q, self.n_heads)  # (B, H, Tq, Dh)
         out, weights = self.attend(q, k, v, mask, need_weights)
         out = out.transpose(1, 2).reshape(B, Tq, self.q_dim)  # (B, Tq, H*Dh)
         return self.out_proj(out), weights

@@ -42,26 +42,30 @@ class EncoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float = 0.1,
                  attn_dropout: float | None = None, n_kv_heads: int | None = None,
                  norm_first: bool = False, norm: str = "layernorm", norm_eps: float = 1e-5,
-                 activation: str = "relu", bias: bool = True, backend: str = "sdpa") -> None:
+                 activation: str = "relu", bias: bool = True, backend: str = "auto",
+                 rope_base: float | None = None) -> None:
         super().__init__()
         attn_dropout = dropout if attn_dropout is None else attn_dropout
         wiring = dict(norm=norm, eps=norm_eps, bias=bias, dropout=dropout, norm_first=norm_first)
         self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads,
-                                            dropout=attn_dropout, bias=bias, backend=backend)
+                                            dropout=attn_dropout, bias=bias, backend=backend,
+                                            rope_base=rope_base)
         self.feed_forward = FeedForward(d_model, d_ff, activation=activation, dropout=dropout,
                                         bias=bias)
         self.attn_block = _Residual(d_model, **wiring)
         self.ff_block = _Residual(d_model, **wiring)
         self.last_weights: Tensor | None = None
 
-    def forward(self, x: Tensor, *, mask: Tensor | None = None,
+    def forward(self, x: Tensor, *, mask: Tensor | None = None, positions: Tensor | None = None,
                 need_weights: bool = False) -> Tensor:
         """x: (B, S, D); mask: bool broadcastable to (B, H, S, S). Returns (B, S, D).
+        ``positions`` reach rotary embeddings (default 0 .. S-1).
 
         With ``need_weights`` the attention weights are kept in ``self.last_weights``.
         """
         def attend(h: Tensor) -> Tensor:
-            out, self.last_weights = self.self_attn(h, mask=mask, need_weights=need_weights)
+            out, self.last_weights = self.self_attn(h, mask=mask, positions=positions,
+                                                    need_weights=need_weights)
             return out
 
         x = self.attn_block(x, attend)
@@ -75,13 +79,13 @@ class DecoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float = 0.1,
                  attn_dropout: float | None = None, n_kv_heads: int | None = None,
                  norm_first: bool = False, norm: str = "layernorm", norm_eps: float = 1e-5,
-                 activation: str = "relu", bias: bool = True, backend: str = "sdpa",
-                 cross_attention: bool = True) -> None:
+                 activation: str = "relu", bias: bool = True, backend: str = "auto",
+                 rope_base: float | None = None, cross_attention: bool = True) -> None:
         super().__init__()
         attn_dropout = dropout if attn_dropout is None else attn_dropout
         wiring = dict(norm=norm, eps=norm_eps, bias=bias, dropout=dropout, norm_first=norm_first)
         mha = dict(n_kv_heads=n_kv_heads, dropout=attn_dropout, bias=bias, backend=backend)
-        self.self_attn = MultiHeadAttention(d_model, n_heads, **mha)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, rope_base=rope_base, **mha)
         self.self_block = _Residual(d_model, **wiring)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, **mha) if cross_attention else None
         self.cross_block = _Residual(d_model, **wiring) if cross_attention else None
@@ -93,14 +97,14 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, *, memory: Tensor | None = None, mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: LayerCache | None = None,
-                need_weights: bool = False) -> Tensor:
+                positions: Tensor | None = None, need_weights: bool = False) -> Tensor:
         """x: (B, T, D); memory: (B, S, D); mask: causal (+ padding), broadcastable to
         (B, H, T, T_keys); memory_mask: the *source* padding mask, broadcastable to
         (B, H, T, S); cache: this layer's entry of a KVCache (incremental decoding)."""
         def self_attend(h: Tensor) -> Tensor:
             out, self.last_weights = self.self_attn(
                 h, mask=mask, cache=None if cache is None else cache.self_attn,
-                need_weights=need_weights)
+                positions=positions, need_weights=need_weights)
             return out
 
         def cross_attend(h: Tensor) -> Tensor:

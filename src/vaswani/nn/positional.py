@@ -34,14 +34,20 @@ def sinusoidal_table(max_len: int, d_model: int, base: float = 10000.0) -> Tenso
 
 class Embeddings(nn.Module):
     """Token embedding (optionally scaled by sqrt(D), as in the paper; GPT-2 does not scale)
-    plus a sinusoidal or learned positional encoding, then dropout."""
+    plus a sinusoidal or learned positional encoding, then dropout.
+
+    ``"rope"`` and ``"none"`` add no position vector here (rotary positions act inside
+    attention). BERT adds a token-type (segment) embedding and normalises the sum before
+    dropout: ``type_vocab_size`` and ``norm``.
+    """
 
     def __init__(self, vocab_size: int, d_model: int, *, max_len: int, pad_id: int | None = None,
-                 positional: str = "sinusoidal", scale: bool = True, dropout: float = 0.0) -> None:
+                 positional: str = "sinusoidal", scale: bool = True, dropout: float = 0.0,
+                 type_vocab_size: int = 0, norm: nn.Module | None = None) -> None:
         super().__init__()
-        if positional not in ("sinusoidal", "learned", "none"):
-            raise ValueError(
-                f"positional ({positional!r}) must be 'sinusoidal', 'learned' or 'none'")
+        if positional not in ("sinusoidal", "learned", "rope", "none"):
+            raise ValueError(f"positional ({positional!r}) must be 'sinusoidal', 'learned', "
+                             "'rope' or 'none'")
         self.token = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
         self.scale = math.sqrt(d_model) if scale else 1.0
         self.max_len = max_len
@@ -50,10 +56,14 @@ class Embeddings(nn.Module):
             self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
         elif positional == "learned":
             self.position = nn.Embedding(max_len, d_model)
+        self.token_type = nn.Embedding(type_vocab_size, d_model) if type_vocab_size else None
+        self.norm = norm
         self.dropout = Dropout(dropout)
 
-    def forward(self, ids: Tensor, *, positions: Tensor | None = None) -> Tensor:
-        """ids: (B, T) -> (B, T, D). ``positions``: (B, T) or (T,) absolute positions."""
+    def forward(self, ids: Tensor, *, positions: Tensor | None = None,
+                token_types: Tensor | None = None) -> Tensor:
+        """ids: (B, T) -> (B, T, D). ``positions``: (B, T) or (T,) absolute positions;
+        ``token_types`` (B, T) segment ids (default 0) when there are token-type embeddings."""
         T = ids.size(1)
         if positions is None:
             last = T - 1
@@ -69,4 +79,9 @@ class Embeddings(nn.Module):
             x = x + self.pe[positions].to(x.dtype)
         elif self.positional == "learned":
             x = x + self.position(positions)
+        if self.token_type is not None:
+            x = x + (self.token_type.weight[0] if token_types is None
+                     else self.token_type(token_types))
+        if self.norm is not None:
+            x = self.norm(x)
         return self.dropout(x)

@@ -1,0 +1,1 @@
+"""Importing pretrained checkpoints into vaswani's own modules (see ``vaswani import``)."""
