@@ -20,7 +20,7 @@ import torch
 
 from .config import RunConfig, load_run_config
 from .data.batching import pad
-from .data.datasets import TASKS
+from .data.datasets import TASKS, classifier_input
 from .data.tokenizers import Tokenizer, load_tokenizers
 from .generation import beam_decode, generate, greedy_decode
 from .models import build_model
@@ -131,15 +131,25 @@ class Run:
     def classify(self, texts: list[str], batch_size: int = 64) -> list[tuple[str, float]]:
         """(label, probability) of the most likely class for each text."""
         self._require("classification", "classify")
-        encoded = self.encode(texts, bos=True)
+        encoded = self._classifier_inputs(texts)
         out = []
         for start in range(0, len(texts), batch_size):
-            ids = pad(encoded[start:start + batch_size]).to(self.device)
+            ids = pad(encoded[start:start + batch_size], self.source_tokenizer.pad_id)
+            ids = ids.to(self.device)
             probs = self.model(ids).float().softmax(-1)
             p, k = probs.max(-1)
             out.extend((self.labels[int(i)], float(q)) for i, q in zip(k, p, strict=True))
         return out
 
+
+    def _classifier_inputs(self, texts: list[str]) -> list[list[int]]:
+        limit = self.config.model.max_len
+        pairs = [classifier_input(self.source_tokenizer, t, limit) for t in texts]
+        cut = sum(c for _, c in pairs)
+        if cut:
+            warnings.warn(f"{cut} of {len(texts)} input(s) were longer than the model's max_len "
+                          f"({limit} tokens) and were truncated", stacklevel=3)
+        return [ids for ids, _ in pairs]
 
     @torch.no_grad()
     def embed(self, texts: list[str], batch_size: int = 32) -> torch.Tensor:
@@ -149,12 +159,7 @@ class Run:
             raise ValueError(f"{self.run_dir} holds a {self.config.model.arch} model; "
                              "embed needs an encoder (e.g. an imported BERT)")
         tok = self.source_tokenizer
-        limit = self.config.model.max_len
-        if hasattr(tok, "encode_with_specials"):
-            encoded = [ids[: limit - 1] + ids[-1:] if len(ids) > limit else ids
-                       for ids in tok.encode_with_specials(texts)]
-        else:
-            encoded = self.encode(texts, bos=True)
+        encoded = self._classifier_inputs(texts)
         out = torch.zeros(len(texts), self.config.model.d_model)
         order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
         for start in range(0, len(order), batch_size):

@@ -135,3 +135,37 @@ def test_import_and_embed_from_the_command_line(minilm, tmp_path, capsys):
     import numpy as np
 
     assert np.load(tmp_path / "e.npy").shape == (2, 384)
+
+
+def test_fine_tuning_starts_from_the_imported_encoder(minilm, tmp_path):
+    """[train] init_from: the MiniLM body is loaded, a new head is trained, the tokenizer
+    wraps each text in [CLS] ... [SEP], and the result classifies."""
+    from safetensors.torch import load_file
+
+    from tests.training.fixtures import classification_file, config
+    from vaswani.training.run import Launch, train
+
+    folder, base = minilm
+    data = classification_file(tmp_path / "labelled.tsv", n=64)
+    cfg = config(tmp_path / "ft.toml", "encoder", data, dropout=0.1,
+                 train={"init_from": str(base.run_dir), "max_steps": 6, "eval_every": 6,
+                        "save_every": 6, "lr": 1e-4, "warmup": 1, "schedule": "constant",
+                        "best_metric": "accuracy"},
+                 data={"max_tokens": 512})
+    out = tmp_path / "run"
+    train(str(cfg), [], out=str(out), launch=Launch(progress=False))
+    run = load(out, weights="last")
+    c = run.config.model
+    assert (c.d_model, c.n_layers, c.n_classes, c.vocab_size) == (384, 6, 2, 30522)
+    assert run.source_tokenizer.kind == "pretrained"
+    ids = run._classifier_inputs(["good a b"])[0]
+    assert ids[0] == 101 and ids[-1] == 102  # [CLS] ... [SEP]
+    # the body moved only a little from the imported weights (6 small steps), the head is new
+    before = load_file(str(base.run_dir / "model.safetensors"))
+    after = load_file(str(out / "last" / "model.safetensors"))
+    w0, w1 = before["encoder.layers.0.self_attn.in_proj.weight"], \
+        after["encoder.layers.0.self_attn.in_proj.weight"]
+    assert (w1 - w0).abs().max() < 0.01 and not torch.equal(w0, w1)
+    assert "head.weight" in after and "head.weight" not in before
+    label, p = run.classify(["good good good a b"])[0]
+    assert label in ("pos", "neg") and 0.5 <= p <= 1.0

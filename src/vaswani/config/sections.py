@@ -190,6 +190,8 @@ class TrainConfig(ConfigBase):
     grad_accum: int = 1  # micro-batches per optimizer step
     bf16: bool = False  # autocast matmuls to bfloat16 (CPUs with AMX or AVX512-BF16, CUDA)
     compile: bool = False  # torch.compile the model
+    init_from: str = ""  # a run directory (e.g. from `vaswani import`) to start from: its
+    # [model], tokenizer and weights are used; a new classification head is initialised
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
     log_every: int = 10
     eval_every: int = 200

@@ -156,10 +156,8 @@ def build_dataset(cfg: DataConfig, arch: str, max_len: int,
         if unknown:
             raise DataError(f"validation labels {unknown} never occur in the training data")
         ds = Dataset(task, [], [], tokenizers[0], labels=labels, raw_valid=valid, report=report)
-        ds.train = [(_clip(ds, [BOS_ID] + ds.source_tokenizer.encode(t), max_len), index[label])
-                    for label, t in train]
-        ds.valid = [(_clip(ds, [BOS_ID] + ds.source_tokenizer.encode(t), max_len), index[label])
-                    for label, t in valid]
+        ds.train = [(_classify_ids(ds, t, max_len), index[label]) for label, t in train]
+        ds.valid = [(_classify_ids(ds, t, max_len), index[label]) for label, t in valid]
         return ds
     if tokenizers is None:
         tokenizers = (train_tokenizer(kind, [train], cfg.vocab_size), None)
@@ -175,6 +173,22 @@ def _clip(ds: Dataset, ids: list[int], limit: int) -> list[int]:
     if len(ids) > limit:
         ds.truncated += 1
         return ids[:limit]
+    return ids
+
+
+def classifier_input(tok: Tokenizer, text: str, max_len: int) -> tuple[list[int], bool]:
+    """(ids, truncated) of a text for an encoder: <bos> text; a pretrained tokenizer adds its
+    own specials instead (BERT: [CLS] text [SEP], cut so that [SEP] stays)."""
+    if hasattr(tok, "encode_with_specials"):
+        ids = tok.encode_with_specials([text])[0]
+        return (ids, False) if len(ids) <= max_len else (ids[: max_len - 1] + ids[-1:], True)
+    ids = [tok.bos_id] + tok.encode(text)
+    return ids[:max_len], len(ids) > max_len
+
+
+def _classify_ids(ds: Dataset, text: str, max_len: int) -> list[int]:
+    ids, cut = classifier_input(ds.source_tokenizer, text, max_len)
+    ds.truncated += cut
     return ids
 
 

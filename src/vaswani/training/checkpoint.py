@@ -83,16 +83,19 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None =
     atomic_write(path, lambda tmp: save_file(model_tensors(model), str(tmp), metadata=metadata))
 
 
-def load_weights(model: nn.Module, path: Path) -> None:
+def load_weights(model: nn.Module, path: Path, *, fresh: tuple[str, ...] = ()) -> None:
     """Load safetensors weights; names from compiled models (``_orig_mod.``) are accepted and
-    tied weights that were stored once are restored to every name."""
+    tied weights that were stored once are restored to every name. Parameters whose names
+    start with one of ``fresh`` are not loaded and keep their initial values (a new head)."""
     if not path.exists():
         raise FileNotFoundError(f"no weights at {path}")
     tensors = {k.replace("_orig_mod.", ""): v for k, v in load_file(str(path)).items()}
+    if fresh:
+        tensors = {k: v for k, v in tensors.items() if not k.startswith(fresh)}
     target = unwrap(model)
     missing, unexpected = target.load_state_dict(tensors, strict=False)
     tied = {name for name in missing if _is_tied(target, name, tensors)}
-    missing = [m for m in missing if m not in tied]
+    missing = [m for m in missing if m not in tied and not (fresh and m.startswith(fresh))]
     if missing or unexpected:
         raise ValueError(f"{path} does not match the model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")

@@ -72,6 +72,9 @@ class Trainer:
         torch.manual_seed(t.seed + dist.rank)  # dropout differs across ranks, as it should
         if resume:
             self._restore()
+        elif t.init_from:  # fine-tuning: pretrained body, freshly initialised head
+            checkpoint.load_weights(self.model, Path(t.init_from) / "model.safetensors",
+                                    fresh=("head.",))
         self.train_model: nn.Module = self.model
         if dist.enabled:
             ids = [device.index] if device.type == "cuda" else None

@@ -13,7 +13,7 @@ import torch
 
 from ..config import RunConfig, load_run_config
 from ..data.datasets import TASKS, build_dataset
-from ..data.tokenizers import PAD_ID, load_tokenizers, save_tokenizers
+from ..data.tokenizers import load_tokenizers, save_tokenizers
 from ..viz.curves import plot_loss
 from . import checkpoint
 from .distributed import Dist, init, shutdown
@@ -41,7 +41,8 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 def resolve_model(cfg: RunConfig, ds) -> RunConfig:
     """Fill in what the data decides: vocabulary sizes, classes, the padding id."""
     m = cfg.model
-    derived = {"vocab_size": ds.source_tokenizer.vocab_size, "pad_id": PAD_ID}
+    derived = {"vocab_size": ds.source_tokenizer.vocab_size,
+               "pad_id": ds.source_tokenizer.pad_id}
     if m.arch == "encoder-decoder" and ds.target_tokenizer is not ds.source_tokenizer:
         derived["tgt_vocab_size"] = ds.target_tokenizer.vocab_size
     if m.arch == "encoder":
@@ -83,6 +84,9 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
             raise ValueError("give a CONFIG.toml to train, or --resume RUN_DIR")
         cfg = load_run_config(config, overrides)
         run_dir = Path(out) if out else Path("runs") / Path(config).stem
+        init_tokenizers = None
+        if cfg.train.init_from:
+            cfg, init_tokenizers = _from_pretrained(cfg)
     device = resolve_device(cfg.train.device, launch.local_rank)
     dist = init(launch.rank, launch.world, launch.local_rank, device)
     try:
@@ -92,7 +96,8 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
             # Rank 0 trains the tokenizer and writes the run; the others then read it back.
             if dist.is_main:
                 prepare_run_dir(run_dir, overwrite)
-                ds = build_dataset(cfg.data, cfg.model.arch, cfg.model.max_len, cache=cache)
+                ds = build_dataset(cfg.data, cfg.model.arch, cfg.model.max_len,
+                                   init_tokenizers, cache=cache)
                 _write_run(run_dir, resolve_model(cfg, ds), ds)
             dist.barrier()
             if not dist.is_main:
@@ -116,6 +121,26 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
         return summary
     finally:
         shutdown(dist)
+
+
+def _from_pretrained(cfg: RunConfig):
+    """[train] init_from: the model and tokenizer of that run replace the config's [model]
+    and tokenizer; what the new data decides (the classes) is filled in later."""
+    base_dir = Path(cfg.train.init_from)
+    if not (base_dir / "config.toml").exists():
+        raise FileNotFoundError(f"[train] init_from ({base_dir}) is not a run directory "
+                                "(no config.toml); make one with vaswani import or train")
+    base = load_run_config(base_dir / "config.toml").model
+    if base.arch != cfg.model.arch:
+        raise ValueError(f"[train] init_from ({base_dir}) holds a {base.arch!r} model but "
+                         f"[model] arch is {cfg.model.arch!r}")
+    if base.arch != "encoder":
+        raise ValueError("[train] init_from supports encoder models (fine-tuning a "
+                         "classifier) for now")
+    model = base.replace(n_classes=None, dropout=cfg.model.dropout,
+                         attn_dropout=cfg.model.attn_dropout, pooling=cfg.model.pooling)
+    tokenizers = load_tokenizers(base_dir / "tokenizer")
+    return RunConfig(model, cfg.data, cfg.train, cfg.decode), tokenizers
 
 
 def _dataset_from_run(cfg: RunConfig, run_dir: Path, cache: Path | None):

@@ -1,0 +1,35 @@
+"""[train] init_from: start a classifier from another run's encoder (see also
+tests/pretrained/test_real_checkpoints.py for MiniLM)."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.training.fixtures import classification_file, config
+from vaswani.training.run import Launch, train
+
+
+def test_init_from_loads_the_body_and_trains_a_new_head(small_runs, tmp_path):
+    base_dir, _ = small_runs["encoder"]
+    data = classification_file(tmp_path / "three.tsv", n=60)
+    data.write_text(data.read_text().replace("pos\t", "mid\t", 10))  # 3 classes now
+    cfg = config(tmp_path / "ft.toml", "encoder", data,
+                 train={"init_from": str(base_dir), "max_steps": 1, "lr": 1e-9,
+                        "schedule": "constant", "warmup": 0, "eval_every": 1})
+    train(str(cfg), [], out=str(tmp_path / "ft"), launch=Launch(progress=False))
+    before = load_file(str(base_dir / "model.safetensors"))
+    after = load_file(str(tmp_path / "ft" / "last" / "model.safetensors"))
+    torch.testing.assert_close(after["embed.token.weight"], before["embed.token.weight"],
+                               rtol=0, atol=1e-6)  # lr 1e-9: the body is the base's
+    assert after["head.weight"].shape[0] == 3 != before["head.weight"].shape[0]
+
+
+def test_init_from_errors_name_the_problem(small_runs, tmp_path):
+    data = classification_file(tmp_path / "d.tsv", n=20)
+    cfg = config(tmp_path / "a.toml", "encoder", data, train={"init_from": str(tmp_path)})
+    with pytest.raises(FileNotFoundError, match="not a run directory"):
+        train(str(cfg), [], out=str(tmp_path / "a"), launch=Launch(progress=False))
+    decoder_dir, _ = small_runs["decoder"]
+    cfg = config(tmp_path / "b.toml", "encoder", data, train={"init_from": str(decoder_dir)})
+    with pytest.raises(ValueError, match="holds a 'decoder' model"):
+        train(str(cfg), [], out=str(tmp_path / "b"), launch=Launch(progress=False))
