@@ -26,7 +26,7 @@ quality: $(VENV)/.installed
 	$(PY) scripts/quality.py
 
 bench: $(VENV)/.installed
-	$(PY) -m benchmarks.generation --json docs/results/bench-generation.json
+	$(PY) -m benchmarks
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests examples

@@ -1,13 +1,14 @@
 """Attention cost vs sequence length: time and peak memory of one forward + backward.
 
-    python -m benchmarks.scaling [--quick] [--json OUT.json] [--plot OUT.png]
+    python -m benchmarks.scaling [--quick] [--dtype fp32|bf16] [--json OUT.json] [--plot OUT.png]
 
-One vaswani encoder layer (d_model 256, 4 heads, d_ff 1024, fp32, no dropout) over a batch of
-one sequence of length 128 .. 4096, with the written-out ``reference`` attention (which
-materialises the (T, T) weights of every head) and with the ``sdpa`` backend (PyTorch's fused
-kernel, which never does). Memory is the process's peak resident set (``ru_maxrss``), measured
-in a fresh subprocess per point so that one point cannot hide inside another's freed pages;
-the reference path's (T, T) weights per head make it grow quadratically, SDPA's linearly.
+One vaswani encoder layer (d_model 256, 4 heads, d_ff 1024, no dropout; fp32, or bf16
+autocast) over a batch of one sequence of length 128 .. 4096, with the written-out
+``reference`` attention (which materialises the (T, T) weights of every head) and with the
+``sdpa`` backend (PyTorch's fused kernel, which never does). Memory is the process's peak
+resident set (``ru_maxrss``), measured in a fresh subprocess per point so that one point
+cannot hide inside another's freed pages; the reference path's (T, T) weights per head make
+it grow quadratically, SDPA's linearly.
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ _CHILD = rf"""
 import json, resource, sys, time
 import torch
 from vaswani.nn import EncoderLayer
-T, backend = int(sys.argv[1]), sys.argv[2]
+T, backend, bf16 = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "bf16"
 torch.manual_seed(0)
 layer = EncoderLayer({D}, {HEADS}, {D_FF}, dropout=0.0, norm_first=True, backend=backend)
 x = torch.randn(1, T, {D}, requires_grad=True)
 mask = torch.ones(1, 1, 1, T, dtype=torch.bool)
 def step():
-    layer(x, mask=mask).sum().backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        out = layer(x, mask=mask)
+    out.float().sum().backward()
 step()  # warm-up; allocator and kernels ready
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 times = []
@@ -43,9 +46,9 @@ print(json.dumps({{"seconds": min(times), "rss_peak_mib": peak / 1024,
 """
 
 
-def measure(T: int, backend: str) -> dict:
+def measure(T: int, backend: str, dtype: str) -> dict:
     """Run one point in a fresh process (ru_maxrss is a high-water mark per process)."""
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(T), backend], check=True,
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(T), backend, dtype], check=True,
                           capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -55,12 +58,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="lengths up to 2048")
     parser.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     parser.add_argument("--plot", metavar="PNG", help="also draw time and memory vs length")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     args = parser.parse_args()
     lengths = LENGTHS[:-1] if args.quick else LENGTHS
     rows = []
     for T in lengths:
         for backend in ("reference", "sdpa"):
-            r = measure(T, backend)
+            r = measure(T, backend, args.dtype)
             rows.append({"length": T, "backend": backend, **r})
             print(f"T={T:5d} {backend:9s} {r['seconds'] * 1e3:8.1f} ms  "
                   f"peak RSS {r['rss_peak_mib']:7.0f} MiB", flush=True)
@@ -74,14 +78,15 @@ def main() -> None:
     if args.json:
         from .common import hardware
         Path(args.json).write_text(json.dumps({"points": rows, "d_model": D, "heads": HEADS,
+                                               "dtype": args.dtype,
                                                "hardware": hardware()}, indent=2))
         print(f"\nwrote {args.json}")
     if args.plot:
-        plot(rows, lengths, args.plot)
+        plot(rows, lengths, args.plot, args.dtype)
         print(f"wrote {args.plot}")
 
 
-def plot(rows: list[dict], lengths: list[int], path: str) -> None:
+def plot(rows: list[dict], lengths: list[int], path: str, dtype: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,7 +107,7 @@ def plot(rows: list[dict], lengths: list[int], path: str) -> None:
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(f"One encoder layer, d_model {D}, {HEADS} heads, batch 1, fp32")
+    fig.suptitle(f"One encoder layer, d_model {D}, {HEADS} heads, batch 1, {dtype}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -1,0 +1,39 @@
+"""All benchmarks in a row: ``python -m benchmarks [--quick] [--out DIR]`` (``make bench``).
+
+Writes DIR/bench-train-step.json, bench-generation.json, bench-scaling-fp32.json,
+bench-scaling-bf16.json and scaling-*.png (DIR defaults to docs/results), and prints a
+markdown table for each. ``--quick`` (about two minutes) runs fewer steps and lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from .common import ROOT
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a shorter version (~2 minutes)")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "results"), metavar="DIR")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    quick = ["--quick"] if args.quick else []
+    runs = [["train_step", "--json", out / "bench-train-step.json"],
+            ["generation", "--json", out / "bench-generation.json"]]
+    for dtype in ("fp32", "bf16"):
+        runs.append(["scaling", "--dtype", dtype, "--json", out / f"bench-scaling-{dtype}.json",
+                     "--plot", out / f"scaling-{dtype}.png"])
+    for name, *rest in runs:
+        cmd = [sys.executable, "-m", f"benchmarks.{name}", *quick, *map(str, rest)]
+        print(f"\n$ python -m benchmarks.{name} {' '.join(quick + list(map(str, rest)))}",
+              flush=True)
+        subprocess.run(cmd, check=True, cwd=ROOT)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""The benchmark's comparison models must be what they claim: the same function as vaswani
+where they should be (torch.nn.Transformer) and trainable (the tutorial version). Timing is
+never asserted."""
+
+import torch
+from benchmarks import train_step
+from benchmarks.baselines import NaiveLayerNorm, NaiveTransformer, TorchTransformer
+
+
+def test_torch_baseline_computes_what_vaswani_computes(monkeypatch):
+    """Same weights -> same logits: the benchmark compares equal work."""
+    for name, value in dict(D=32, HEADS=4, D_FF=64, LAYERS=2, VOCAB=50, DROPOUT=0.0).items():
+        monkeypatch.setattr(train_step, name, value)
+    torch.manual_seed(0)
+    ours = train_step.vaswani_model().double().eval()
+    theirs = TorchTransformer(50, 32, 4, 64, 2, 0.0).double().eval()
+    t = theirs.transformer
+    with torch.no_grad():
+        theirs.embed.token.weight.copy_(ours.src_embed.token.weight)
+        for side, stack in (("encoder", ours.encoder), ("decoder", ours.decoder)):
+            tl = getattr(t, side)
+            for mine, ref in zip(stack.layers, tl.layers, strict=True):
+                ref.self_attn.in_proj_weight.copy_(mine.self_attn.in_proj.weight)
+                ref.self_attn.in_proj_bias.copy_(mine.self_attn.in_proj.bias)
+                ref.self_attn.out_proj.load_state_dict(mine.self_attn.out_proj.state_dict())
+                ref.linear1.load_state_dict(mine.feed_forward.linear1.state_dict())
+                ref.linear2.load_state_dict(mine.feed_forward.linear2.state_dict())
+                blocks = [mine.attn_block, mine.ff_block] if side == "encoder" else \
+                    [mine.self_block, mine.cross_block, mine.ff_block]
+                for i, block in enumerate(blocks, start=1):
+                    getattr(ref, f"norm{i}").load_state_dict(block.norm.state_dict())
+                if side == "decoder":
+                    ref.multihead_attn.in_proj_weight.copy_(mine.cross_attn.in_proj.weight)
+                    ref.multihead_attn.in_proj_bias.copy_(mine.cross_attn.in_proj.bias)
+                    ref.multihead_attn.out_proj.load_state_dict(
+                        mine.cross_attn.out_proj.state_dict())
+            tl.norm.load_state_dict(stack.norm.state_dict())
+    src = torch.randint(4, 50, (2, 7))
+    tgt = torch.randint(4, 50, (2, 5))
+    src[1, 5:] = 0
+    torch.testing.assert_close(ours(src, tgt), theirs(src, tgt))
+
+
+def test_naive_baseline_trains_and_has_the_tutorial_layernorm():
+    torch.manual_seed(0)
+    model = NaiveTransformer(30, 16, 2, 32, 1, 0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    src = torch.randint(4, 30, (4, 6))
+    tgt = torch.cat([torch.ones(4, 1, dtype=torch.long), src], 1)
+    losses = []
+    for _ in range(30):
+        loss = train_step.loss_of(model, src, tgt)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss))
+    assert losses[-1] < 0.5 * losses[0]
+    x = torch.randn(3, 8, dtype=torch.float64)
+    ln = NaiveLayerNorm(8).double()
+    unbiased = (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(ln(x), unbiased)
+    assert not torch.allclose(ln(x), torch.nn.functional.layer_norm(x, (8,)))
