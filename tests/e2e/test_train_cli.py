@@ -99,3 +99,17 @@ def test_copy_task_through_vaswani_train_reaches_99_percent(copy_run):
           f"fresh strings in {seconds:.0f}s")
     assert summary["exact_match"] >= 0.99
     assert json.loads((run / "last/state.json").read_text())["step"] == 1200
+
+
+@pytest.mark.slow
+def test_copy_task_in_bf16_reaches_the_same_accuracy(copy_run, tmp_path):
+    """bf16 autocast with the fast paths (chunked loss, written-out attention) learns the copy
+    task as well as fp32 does."""
+    from vaswani.training.run import Launch, train
+
+    _, fp32, _ = copy_run
+    bf16 = train(str(ROOT / "configs/copy-task.toml"), ["train.bf16=true"],
+                 out=str(tmp_path / "bf16"), launch=Launch(progress=False))
+    print(f"copy task exact match: fp32 {fp32['exact_match']:.1%}, "
+          f"bf16 {bf16['exact_match']:.1%}")
+    assert bf16["exact_match"] >= 0.99 and fp32["exact_match"] >= 0.99
