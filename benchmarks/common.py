@@ -32,6 +32,20 @@ def best_time(fn, repeats: int) -> float:
     return min(times)
 
 
+def interleaved_best(fns: list, repeats: int) -> list[float]:
+    """Minimum wall time of each function, timed in alternation (a, b, a, b, ...) so that a
+    change in machine load hits both sides alike; one warm-up call each first."""
+    for fn in fns:
+        fn()
+    best = [float("inf")] * len(fns)
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best
+
+
 def hardware() -> dict:
     return {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
             "torch": torch.__version__,
