@@ -25,8 +25,9 @@ test: $(VENV)/.installed
 quality: $(VENV)/.installed
 	$(PY) scripts/quality.py
 
+# make bench BENCH_ARGS=--quick  for the two-minute version
 bench: $(VENV)/.installed
-	$(PY) -m benchmarks
+	$(PY) -m benchmarks $(BENCH_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests examples
