@@ -30,7 +30,7 @@ bench: $(VENV)/.installed
 	$(PY) -m benchmarks $(BENCH_ARGS)
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check src tests examples
+	$(VENV)/bin/ruff check src tests examples benchmarks scripts
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

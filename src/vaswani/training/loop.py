@@ -243,7 +243,8 @@ class Trainer:
                             "elapsed": round(self.elapsed + time.perf_counter() - started, 1)}
                     tokens, clock = 0, time.perf_counter()
                     bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}",
-                                    tok_s=f"{line['tokens_per_s']:.0f}")
+                                    tok_s=f"{line['tokens_per_s']:.0f}",
+                                    refresh=interactive)  # a log file gets a line per 30 s
                     if is_eval:
                         stop = self._eval_step(line) or out_of_time
                         last_eval = {k: v for k, v in line.items() if k.startswith("valid")
