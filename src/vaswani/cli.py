@@ -160,14 +160,13 @@ def _embed(args: argparse.Namespace) -> int:
         import numpy as np
 
         np.save(args.out, vectors.numpy())
-        print(f"wrote {tuple(vectors.shape)} embeddings to {args.out}", file=sys.stderr)
-        return 0
-    text = json.dumps([[round(x, 7) for x in row] for row in vectors.tolist()])
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-        print(f"wrote {tuple(vectors.shape)} embeddings to {args.out}", file=sys.stderr)
     else:
-        print(text)
+        text = json.dumps([[round(x, 7) for x in row] for row in vectors.tolist()])
+        if not args.out:
+            print(text)
+            return 0
+        Path(args.out).write_text(text + "\n")
+    print(f"wrote {tuple(vectors.shape)} embeddings to {args.out}", file=sys.stderr)
     return 0
 
 

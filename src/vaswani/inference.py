@@ -141,7 +141,6 @@ class Run:
             out.extend((self.labels[int(i)], float(q)) for i, q in zip(k, p, strict=True))
         return out
 
-
     def _classifier_inputs(self, texts: list[str]) -> list[list[int]]:
         limit = self.config.model.max_len
         pairs = [classifier_input(self.source_tokenizer, t, limit) for t in texts]
@@ -165,9 +164,8 @@ class Run:
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
             ids = pad([encoded[i] for i in chunk], tok.pad_id).to(self.device)
-            mask = torch.zeros_like(ids, dtype=torch.bool)
-            for row, i in enumerate(chunk):
-                mask[row, : len(encoded[i])] = True
+            lengths = torch.tensor([len(encoded[i]) for i in chunk], device=self.device)
+            mask = torch.arange(ids.size(1), device=self.device) < lengths[:, None]
             hidden = self.model.encode(ids, mask=mask)
             out[chunk] = self.model.sentence_embeddings(hidden, mask).float().cpu()
         return out

@@ -12,10 +12,10 @@ Two interchangeable paths compute the same thing:
 
 ``"auto"`` (the default) picks per call: the reference path on a CPU for keys up to
 ``AUTO_REFERENCE_MAX_KEYS`` long when the inputs are bf16 or attention dropout is active, SDPA
-otherwise. Measured on a 2-core CPU (benchmarks/scaling.py): PyTorch's CPU flash kernel
-is 2-3x slower than the written-out matmuls for bf16 sequences up to 512 tokens, and with
+otherwise. Measured on a 2-core CPU (docs/performance.md): PyTorch's CPU flash kernel is
+2-3x slower than the written-out matmuls for batched bf16 sequences up to 512 tokens, and with
 dropout it falls back to a slow path; past that length SDPA wins, and its memory grows
-linearly where the reference path's grows quadratically.
+linearly where the reference path's grows quadratically (benchmarks/scaling.py).
 """
 
 from __future__ import annotations

@@ -19,12 +19,16 @@ from torch import Tensor, nn
 _LANES = 65536  # values of one 16-bit lane
 
 
+def _check(p: float) -> None:
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability ({p}) must be in [0, 1)")
+
+
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Inverted dropout of ``x`` with drop probability ``p`` (identity when not training)."""
     if not training or p == 0.0:
         return x
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout probability ({p}) must be in [0, 1)")
+    _check(p)
     if x.device.type != "cpu":
         return F.dropout(x, p, training=True)
     drop = round(p * _LANES)  # lanes below -32768 + drop are dropped
@@ -40,8 +44,7 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float = 0.1) -> None:
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability ({p}) must be in [0, 1)")
+        _check(p)
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
