@@ -41,7 +41,7 @@ def gpt2_like(config):
 
     return GPT2LMHeadModel(GPT2Config(
         vocab_size=config.vocab_size, n_positions=512, n_embd=config.d_model,
-        n_layer=config.decoder_depth, n_head=config.n_heads, n_inner=config.d_ff,
+        n_layer=config.n_decoder_layers, n_head=config.n_heads, n_inner=config.d_ff,
         activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
         bos_token_id=1, eos_token_id=2, pad_token_id=0)).eval()
 

@@ -25,15 +25,16 @@ D, HEADS, D_FF = 256, 4, 1024
 _CHILD = rf"""
 import json, resource, sys, time
 import torch
-from vaswani.nn import EncoderLayer
+from vaswani.nn import EncoderLayer, LayerOptions
 T, backend, bf16 = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "bf16"
 torch.manual_seed(0)
-layer = EncoderLayer({D}, {HEADS}, {D_FF}, dropout=0.0, norm_first=True, backend=backend)
+layer = EncoderLayer(LayerOptions({D}, {HEADS}, {D_FF}, dropout=0.0, norm_first=True,
+                                  attention=backend))
 x = torch.randn(1, T, {D}, requires_grad=True)
 mask = torch.ones(1, 1, 1, T, dtype=torch.bool)
 def step():
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        out = layer(x, mask=mask)
+        out, _ = layer(x, mask=mask)
     out.float().sum().backward()
 step()  # warm-up; allocator and kernels ready
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -19,7 +19,7 @@ def copy_run(tmp_path_factory):
     the tests that need a working encoder-decoder. Returns (run_dir, summary, seconds)."""
     import time
 
-    from vaswani.training.run import Launch, train
+    from vaswani.training.train import Launch, train
 
     run = tmp_path_factory.mktemp("runs") / "copy"
     start = time.perf_counter()
@@ -32,7 +32,7 @@ def copy_run(tmp_path_factory):
 def small_runs(tmp_path_factory):
     """A tiny language model and a tiny classifier, trained for a few steps."""
     from tests.training.fixtures import classification_file, config, text_file
-    from vaswani.training.run import Launch, train
+    from vaswani.training.train import Launch, train
 
     base = tmp_path_factory.mktemp("small")
     runs = {}

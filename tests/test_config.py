@@ -57,8 +57,8 @@ def test_unknown_key_suggests_the_closest_name():
 def test_ints_are_accepted_for_floats_and_derived_values():
     cfg = ModelConfig(vocab_size=10, dropout=0, n_layers=3, n_decoder_layers=1)
     assert cfg.dropout == 0.0 and isinstance(cfg.dropout, float)
-    assert (cfg.encoder_depth, cfg.decoder_depth) == (3, 1)
-    assert cfg.target_vocab_size == 10 and cfg.kv_heads == 8 and cfg.attn_dropout_p == 0.0
+    assert (cfg.n_encoder_layers, cfg.n_decoder_layers) == (3, 1)
+    assert cfg.tgt_vocab_size == 10 and cfg.n_kv_heads == 8 and cfg.attn_dropout == 0.0
 
 
 def test_invalid_toml_names_the_file(tmp_path):

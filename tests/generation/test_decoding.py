@@ -121,7 +121,7 @@ def test_a_sentence_alone_equals_the_same_sentence_in_a_batch(search):
 def exhaustive_best(m, src, limit, alpha):
     """Score every possible output (tokens from {eos, 3, 4, 5}, at most `limit` long; a
     sequence without <eos> ends at the limit) by teacher forcing, as beam search scores."""
-    vocab = m.config.target_vocab_size
+    vocab = m.config.tgt_vocab_size
     best = (float("-inf"), None)
     src_mask = src != PAD
     memory = m.encode(src, src_mask=src_mask)

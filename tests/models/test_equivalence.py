@@ -7,7 +7,7 @@ from torch.testing import assert_close
 
 from tests.reference import copy_decoder_layer, copy_encoder_layer, copy_norm, randomize
 from vaswani import ModelConfig, build_model
-from vaswani.nn import DecoderLayer, EncoderLayer, masks
+from vaswani.nn import DecoderLayer, EncoderLayer, LayerOptions, masks
 
 D, H, FF = 16, 4, 32
 
@@ -23,13 +23,13 @@ def test_encoder_layer_matches_torch(norm_first, activation):
                                      batch_first=True, norm_first=norm_first,
                                      dtype=torch.float64)
     randomize(ref)
-    ours = EncoderLayer(D, H, FF, dropout=0.0, activation=activation,
-                        norm_first=norm_first).double()
+    ours = EncoderLayer(LayerOptions(D, H, FF, dropout=0.0, activation=activation,
+                                     norm_first=norm_first)).double()
     copy_encoder_layer(ours, ref)
     x = torch.randn(3, 6, D, dtype=torch.float64)
     keep = _keep([6, 2, 4], 6)
     expected = ref(x, src_key_padding_mask=~keep)
-    out = ours(x, mask=masks.key_padding_mask(keep))
+    out, _ = ours(x, mask=masks.key_padding_mask(keep))
     assert_close(out[keep], expected[keep])
 
 
@@ -38,7 +38,7 @@ def test_decoder_layer_matches_torch(norm_first):
     ref = nn.TransformerDecoderLayer(D, H, FF, dropout=0.0, batch_first=True,
                                      norm_first=norm_first, dtype=torch.float64)
     randomize(ref)
-    ours = DecoderLayer(D, H, FF, dropout=0.0, norm_first=norm_first).double()
+    ours = DecoderLayer(LayerOptions(D, H, FF, dropout=0.0, norm_first=norm_first)).double()
     copy_decoder_layer(ours, ref)
     x = torch.randn(3, 5, D, dtype=torch.float64)
     memory = torch.randn(3, 7, D, dtype=torch.float64)
@@ -46,8 +46,8 @@ def test_decoder_layer_matches_torch(norm_first):
     causal = masks.causal_mask(5)
     expected = ref(x, memory, tgt_mask=~causal, tgt_key_padding_mask=~tgt_keep,
                    memory_key_padding_mask=~src_keep)
-    out = ours(x, memory=memory, mask=masks.decoder_self_mask(tgt_keep, 5),
-               memory_mask=masks.key_padding_mask(src_keep))
+    out, _ = ours(x, memory=memory, mask=masks.decoder_self_mask(tgt_keep, 5),
+                  memory_mask=masks.key_padding_mask(src_keep))
     assert_close(out[tgt_keep], expected[tgt_keep])
 
 

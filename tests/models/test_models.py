@@ -76,6 +76,20 @@ def test_padding_invariance_all_three(variant):
         assert_close(batch[i, : len(t)], ed(s[None], t[None])[0])
 
 
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder", "encoder"])
+def test_padding_is_config_pad_id_not_zero(arch):
+    """With pad_id 3, id 0 is an ordinary token and 3 is masked: a batch padded with 3 gives
+    each sequence's own outputs."""
+    model = make(arch, pad_id=3)
+    seqs = [torch.tensor([0, 5, 0, 7, 9]), torch.tensor([0, 4])]
+    padded = torch.stack([seqs[0], torch.tensor([0, 4, 3, 3, 3])])
+    out = model(padded, padded) if arch == "encoder-decoder" else model(padded)
+    for i, s in enumerate(seqs):
+        alone = model(s[None], s[None]) if arch == "encoder-decoder" else model(s[None])
+        got = out[i] if arch == "encoder" else out[i, : len(s)]
+        assert_close(got, alone[0])
+
+
 def test_cls_pooling_is_padding_invariant_too():
     clf = make("encoder", pooling="cls")
     seqs = [torch.randint(1, 20, (n,)) for n in [5, 2]]
@@ -126,13 +140,14 @@ def test_init_is_xavier_with_a_zero_padding_row():
                if isinstance(m, torch.nn.Linear) and m.bias is not None)
 
 
-def test_need_weights_are_kept_per_layer_for_visualisation():
+def test_attention_weights_are_returned_per_layer_for_visualisation():
     model = make("encoder-decoder")
     src, tgt = torch.randint(1, 20, (1, 5)), torch.randint(1, 20, (1, 4))
-    memory = model.encode(src, need_weights=True)
-    model.decode(tgt, memory, src_mask=None, need_weights=True)
-    assert model.encoder.layers[0].last_weights.shape == (1, 4, 5, 5)
-    assert model.decoder.layers[1].last_cross_weights.shape == (1, 4, 4, 5)
+    logits, weights = model.forward_with_attention(src, tgt)
+    assert weights["encoder"][0].shape == (1, 4, 5, 5)
+    assert weights["cross"][1].shape == (1, 4, 4, 5)
+    assert_close(logits, model(src, tgt))
+    assert not any(hasattr(m, "last_weights") for m in model.modules())  # nothing kept
 
 
 def test_wrong_arch_for_class_is_rejected():

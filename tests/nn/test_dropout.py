@@ -79,3 +79,24 @@ def test_auto_backend_matches_sdpa_for_short_and_long_keys(dtype):
                              torch.ones(1, 1, 64, 8), 0.0)
     assert mha._use_sdpa(torch.ones(1, 1, 1, 8, dtype=torch.bfloat16),
                          torch.ones(1, 1, 513, 8), 0.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_fast_dropout_equals_the_written_out_formula(dtype, p):
+    """From the same random numbers, the bit-trick path and the textbook formula (uniform u,
+    keep x / (1 - p) where u >= p) drop the same elements and scale the rest alike."""
+    from vaswani.nn.dropout import reference_dropout
+
+    x = torch.randn(37, 101).to(dtype)  # odd size: the last int64 is shared by < 4 lanes
+    torch.manual_seed(5)
+    fast = dropout(x, p)
+    torch.manual_seed(5)
+    ref = reference_dropout(x, p)
+    assert torch.equal(fast == 0, ref == 0) and 0 < int((fast == 0).sum()) < x.numel()
+    torch.testing.assert_close(fast, ref)
+    module = Dropout(p)
+    torch.manual_seed(5)
+    a = module(x)
+    torch.manual_seed(5)
+    torch.testing.assert_close(a, module.reference(x))

@@ -143,7 +143,7 @@ def test_fine_tuning_starts_from_the_imported_encoder(minilm, tmp_path):
     from safetensors.torch import load_file
 
     from tests.training.fixtures import classification_file, config
-    from vaswani.training.run import Launch, train
+    from vaswani.training.train import Launch, train
 
     folder, base = minilm
     data = classification_file(tmp_path / "labelled.tsv", n=64)
@@ -158,7 +158,7 @@ def test_fine_tuning_starts_from_the_imported_encoder(minilm, tmp_path):
     c = run.config.model
     assert (c.d_model, c.n_layers, c.n_classes, c.vocab_size) == (384, 6, 2, 30522)
     assert run.source_tokenizer.kind == "pretrained"
-    ids = run._classifier_inputs(["good a b"])[0]
+    ids = run.task_object.inputs(run, ["good a b"])[0]
     assert ids[0] == 101 and ids[-1] == 102  # [CLS] ... [SEP]
     # the body moved only a little from the imported weights (6 small steps), the head is new
     before = load_file(str(base.run_dir / "model.safetensors"))

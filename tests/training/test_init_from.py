@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.training.fixtures import classification_file, config
-from vaswani.training.run import Launch, train
+from vaswani.training.train import Launch, train
 
 
 def test_init_from_loads_the_body_and_trains_a_new_head(small_runs, tmp_path):

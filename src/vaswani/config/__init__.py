@@ -1,11 +1,11 @@
 """Configuration: frozen, validated dataclasses that round-trip through dict and TOML."""
 
-from .base import ConfigBase, coerce, dump_toml, load_toml, unknown_key_error
-from .run import SECTIONS, RunConfig, apply_overrides, load_run_config, parse_value
+from .base import ConfigBase, coerce, dump_toml, load_toml, parse_text, unknown_key_error
+from .file import SECTIONS, RunConfig, apply_overrides, load_run_config, parse_value
 from .sections import DataConfig, DecodeConfig, ModelConfig, TrainConfig
 
 __all__ = [
     "SECTIONS", "ConfigBase", "DataConfig", "DecodeConfig", "ModelConfig", "RunConfig",
     "TrainConfig", "apply_overrides", "coerce", "dump_toml", "load_run_config", "load_toml",
-    "parse_value", "unknown_key_error",
+    "parse_text", "parse_value", "unknown_key_error",
 ]

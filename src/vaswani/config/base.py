@@ -19,14 +19,20 @@ def _describe(hint: Any) -> str:
     return str(hint)
 
 
+def _options(hint: Any) -> tuple:
+    """The alternatives of a union hint (``int | None`` -> (int, NoneType)), else (hint,)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return typing.get_args(hint)
+    return (hint,)
+
+
 def coerce(name: str, value: Any, hint: Any) -> Any:
     """Check ``value`` against the type ``hint`` and return it (ints are accepted as floats).
 
     Raises ``ValueError`` naming the field when the value does not fit.
     """
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(hint)
+    options = _options(hint)
+    if len(options) > 1:
         if value is None and type(None) in options:
             return None
         errors = []
@@ -38,6 +44,7 @@ def coerce(name: str, value: Any, hint: Any) -> Any:
             except ValueError as e:
                 errors.append(str(e))
         raise ValueError(errors[0] if len(errors) == 1 else f"{name} ({value!r}) must be {hint}")
+    origin = typing.get_origin(hint)
     if origin is Literal:
         if value not in typing.get_args(hint):
             raise ValueError(f"{name} ({value!r}) must be one of {_describe(hint)}")
@@ -68,6 +75,32 @@ def coerce(name: str, value: Any, hint: Any) -> Any:
     raise TypeError(f"unsupported config type for {name}: {hint}")  # a bug in this file
 
 
+TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def parse_text(text: str, hint: Any) -> Any:
+    """The value a command-line string stands for, by the field's type hint (the counterpart
+    of :func:`coerce` for text): ``none`` for optional fields, booleans as true/false/yes/no,
+    numbers, comma-separated lists. Raises ``ValueError`` when no alternative fits."""
+    options = _options(hint)
+    if text.lower() in ("none", "null") and type(None) in options:
+        return None
+    for option in options:
+        origin = typing.get_origin(option)
+        if option is bool and text.lower() in TRUE + FALSE:
+            return text.lower() in TRUE
+        if option in (int, float):
+            try:
+                return option(text)
+            except ValueError:
+                continue
+        if origin in (list, tuple):
+            return [part for part in text.split(",") if part]
+        if option is str or origin is Literal:
+            return text
+    raise ValueError(f"expected {_describe(hint)}")
+
+
 def unknown_key_error(section: str, key: str, known: typing.Iterable[str]) -> ValueError:
     """``ValueError`` for an unknown key, suggesting the closest known name."""
     close = difflib.get_close_matches(key, list(known), n=1)
@@ -77,7 +110,8 @@ def unknown_key_error(section: str, key: str, known: typing.Iterable[str]) -> Va
 
 
 class ConfigBase:
-    """Shared behaviour of the frozen config dataclasses: type checks and dict round trips."""
+    """Shared behaviour of the frozen config dataclasses: type checks, defaults that follow
+    another field, and dict round trips."""
 
     SECTION = ""
 
@@ -86,15 +120,28 @@ class ConfigBase:
         for f in dataclasses.fields(self):
             value = coerce(f.name, getattr(self, f.name), hints[f.name])
             object.__setattr__(self, f.name, value)
+        follows = self.follows()
+        followed = frozenset(name for name in follows if getattr(self, name) is None)
+        for name in followed:
+            object.__setattr__(self, name, follows[name])
+        object.__setattr__(self, "_followed", followed)
         self.validate()
 
     def validate(self) -> None:
         """Cross-field checks; subclasses override."""
 
+    def follows(self) -> dict[str, Any]:
+        """Fields whose ``None`` means "the value of another field": ``{field: that value}``.
+        They are filled in once, when the object is built, so the rest of vaswani reads one
+        name per concept. Subclasses override."""
+        return {}
+
     def to_dict(self) -> dict[str, Any]:
+        """Field values; a field that followed another is written as None (as it was given),
+        so a saved config keeps following: a changed ``n_layers`` still moves it."""
         out = {}
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
+            value = None if f.name in self._followed else getattr(self, f.name)
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 
@@ -107,7 +154,9 @@ class ConfigBase:
         return cls(**data)
 
     def replace(self, **changes: Any):
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes``; fields that followed another follow it again."""
+        again = {name: None for name in self._followed if name not in changes}
+        return dataclasses.replace(self, **again, **changes)
 
 
 # --- TOML -----------------------------------------------------------------------------------

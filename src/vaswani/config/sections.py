@@ -7,8 +7,9 @@ the object is built, so a bad value fails early with a message naming the field 
     Traceback (most recent call last):
     ValueError: d_model (500) must be divisible by n_heads (8)
 
-``None`` means "derive from another field" (for example ``tgt_vocab_size=None`` means the
-target vocabulary is the source vocabulary); the derived values are exposed as properties.
+Some fields default to another field's value (``n_kv_heads=None`` means ``n_heads``): that is
+decided once, when the object is built (:meth:`ModelConfig.follows`), so everywhere else
+``config.n_kv_heads`` is simply a number.
 """
 
 from __future__ import annotations
@@ -28,15 +29,15 @@ class ModelConfig(ConfigBase):
 
     arch: Literal["encoder-decoder", "decoder", "encoder"] = "encoder-decoder"
     vocab_size: int = 0  # 0 = not yet known: vaswani train sets it from the tokenizer
-    tgt_vocab_size: int | None = None  # encoder-decoder only; None = vocab_size
+    tgt_vocab_size: int | None = None  # encoder-decoder: target vocabulary; None = vocab_size
     n_classes: int | None = None  # encoder only; set from the labels; 0 = no head (embeddings)
     d_model: int = 512
     n_heads: int = 8
     n_kv_heads: int | None = None  # grouped-query attention; None = n_heads
     d_ff: int = 2048
     n_layers: int = 6
-    n_encoder_layers: int | None = None  # None = n_layers
-    n_decoder_layers: int | None = None  # None = n_layers
+    n_encoder_layers: int | None = None  # encoder stack depth; None = n_layers
+    n_decoder_layers: int | None = None  # decoder stack depth; None = n_layers
     dropout: float = 0.1
     attn_dropout: float | None = None  # dropout on attention weights; None = dropout
     max_len: int = 512
@@ -65,14 +66,14 @@ class ModelConfig(ConfigBase):
             raise ValueError(f"n_classes ({self.n_classes}) must not be negative")
         for name in ["tgt_vocab_size", "n_kv_heads", "n_encoder_layers", "n_decoder_layers"]:
             value = getattr(self, name)
-            if value is not None and value <= 0:
+            if value is not None and value <= 0 and name not in self._followed:
                 raise ValueError(f"{name} ({value}) must be positive")
         if self.vocab_size < 0:
             raise ValueError(f"vocab_size ({self.vocab_size}) must be positive")
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.n_heads % self.kv_heads:
+        if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})")
         for name in ["dropout", "attn_dropout"]:
@@ -110,26 +111,18 @@ class ModelConfig(ConfigBase):
             raise ValueError("n_classes (None) must be set for arch 'encoder' "
                              "(vaswani train sets it from the labels)")
 
-    # Derived values: one place decides what None means.
-    @property
-    def target_vocab_size(self) -> int:
-        return self.vocab_size if self.tgt_vocab_size is None else self.tgt_vocab_size
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
-
-    @property
-    def encoder_depth(self) -> int:
-        return self.n_layers if self.n_encoder_layers is None else self.n_encoder_layers
-
-    @property
-    def decoder_depth(self) -> int:
-        return self.n_layers if self.n_decoder_layers is None else self.n_decoder_layers
-
-    @property
-    def attn_dropout_p(self) -> float:
-        return self.dropout if self.attn_dropout is None else self.attn_dropout
+    def follows(self) -> dict:
+        """What ``None`` means, decided once: the number of k/v heads is the number of heads,
+        each stack has ``n_layers`` layers, attention dropout is the dropout, and the target
+        vocabulary is the source's. Fields a model family does not use stay None."""
+        out = {"n_kv_heads": self.n_heads, "attn_dropout": self.dropout}
+        if self.arch in ("encoder-decoder", "encoder"):
+            out["n_encoder_layers"] = self.n_layers
+        if self.arch in ("encoder-decoder", "decoder"):
+            out["n_decoder_layers"] = self.n_layers
+        if self.arch == "encoder-decoder":
+            out["tgt_vocab_size"] = self.vocab_size
+        return out
 
 
 @dataclass(frozen=True)
@@ -242,13 +235,17 @@ class DecodeConfig(ConfigBase):
         if self.max_len_a < 0 or self.max_len_b < 0:
             raise ValueError(f"max_len_a ({self.max_len_a}) and max_len_b ({self.max_len_b}) "
                              "must be >= 0")
-        if self.beam < 1 or not 1 <= self.n_best <= self.beam:
-            raise ValueError(f"need beam ({self.beam}) >= 1 and 1 <= n_best ({self.n_best}) "
-                             "<= beam")
-        if self.length_penalty < 0:
-            raise ValueError(f"length_penalty ({self.length_penalty}) must be >= 0")
+        check_beam(self.beam, self.n_best, self.length_penalty)
         if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"need temperature ({self.temperature}) >= 0, top_k "
                              f"({self.top_k}) >= 0 and 0 < top_p ({self.top_p}) <= 1")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens ({self.max_new_tokens}) must be positive")
+
+
+def check_beam(beam: int, n_best: int, length_penalty: float) -> None:
+    """The beam-search settings' one check (``[decode]`` and ``generation.beam_search``)."""
+    if beam < 1 or not 1 <= n_best <= beam:
+        raise ValueError(f"need beam ({beam}) >= 1 and 1 <= n_best ({n_best}) <= beam")
+    if length_penalty < 0:
+        raise ValueError(f"length penalty alpha ({length_penalty}) must be >= 0")

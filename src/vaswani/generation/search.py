@@ -15,6 +15,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..config.sections import check_beam
+
 
 def _blocked(logits: Tensor, blocked: tuple[int, ...]) -> Tensor:
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
@@ -98,11 +100,7 @@ def beam_search(stepper, n_sentences: int, limits: Tensor, *, beam: int, bos_id:
     best it can reach is its score now divided by lp(limit). Sentences never affect one
     another, so the output does not depend on what else is in the batch.
     """
-    if beam < 1 or not 1 <= n_best <= beam:
-        raise ValueError(f"need beam >= 1 and 1 <= n_best <= beam, got beam={beam}, "
-                         f"n_best={n_best}")
-    if alpha < 0:
-        raise ValueError(f"length penalty alpha ({alpha}) must be >= 0")
+    check_beam(beam, n_best, alpha)
     B, K = n_sentences, beam
     device = limits.device
     stepper.reorder(torch.arange(B, device=device).repeat_interleave(K))  # (B*K) rows

@@ -52,7 +52,6 @@ class LMStepper:
 
     def __init__(self, model: DecoderLM, *, use_cache: bool = True) -> None:
         self.model = model
-        self.use_cache = use_cache
         self.cache = model.new_cache() if use_cache else None
         self.offset = 0  # tokens cropped from the front of the context
 

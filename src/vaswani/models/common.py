@@ -1,22 +1,27 @@
-"""Pieces shared by the three model families: layer options from a config, the final norm,
-the output projection and the one weight-initialisation function."""
+"""Pieces shared by the three model families: the layers' options from a config, embeddings,
+the final norm, the output projection, the decoder's positions and masks, and the one
+weight-initialisation function."""
 
 from __future__ import annotations
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..nn import masks
+from ..nn.kv_cache import KVCache
+from ..nn.layers import LayerOptions, LayerWeights
 from ..nn.norm import make_norm
 from ..nn.positional import Embeddings
 
 
-def layer_options(c: ModelConfig) -> dict:
-    """Keyword arguments shared by EncoderLayer and DecoderLayer (they take plain arguments,
-    never a whole config)."""
-    return dict(dropout=c.dropout, attn_dropout=c.attn_dropout_p, n_kv_heads=c.n_kv_heads,
-                norm_first=c.norm_first, norm=c.norm, norm_eps=c.norm_eps,
-                activation=c.activation, bias=c.bias, backend=c.attention,
-                rope_base=c.rope_base if c.positional == "rope" else None)
+def layer_options(c: ModelConfig) -> LayerOptions:
+    """What every layer of the model shares (layers take plain values, never a config)."""
+    return LayerOptions(d_model=c.d_model, n_heads=c.n_heads, d_ff=c.d_ff,
+                        n_kv_heads=c.n_kv_heads, dropout=c.dropout, attn_dropout=c.attn_dropout,
+                        norm_first=c.norm_first, norm=c.norm, norm_eps=c.norm_eps,
+                        activation=c.activation, bias=c.bias, attention=c.attention,
+                        rope_base=c.rope_base if c.positional == "rope" else None)
 
 
 def final_norm(c: ModelConfig) -> nn.Module | None:
@@ -37,6 +42,31 @@ def output_projection(c: ModelConfig, embed: Embeddings, vocab_size: int) -> nn.
     if c.tie_embeddings:
         proj.weight = embed.token.weight
     return proj
+
+
+def decoder_inputs(ids: Tensor, keep: Tensor | None, cache: KVCache | None,
+                   pad_id: int) -> tuple[Tensor, Tensor | None]:
+    """(positions (T,), self-attention mask) for the new tokens ``ids`` (B, T) of a decoder.
+
+    Without a cache the tokens start at position 0 and ``keep`` (B, T), True = real token,
+    defaults to ``ids != pad_id``. With a KV cache they come after ``cache.length`` cached
+    tokens: positions continue from there, the causal mask is aligned at the bottom-right
+    corner of (new queries x cached + new keys), and ``keep``, if given, covers cached + new.
+    """
+    T = ids.size(1)
+    start = 0 if cache is None else cache.length
+    if cache is None and keep is None:
+        keep = masks.padding_mask(ids, pad_id)
+    positions = torch.arange(start, start + T, device=ids.device)
+    if keep is None and T == 1:
+        return positions, None  # one new query may see every key: no mask needed
+    return positions, masks.decoder_self_mask(keep, T, start + T, device=ids.device)
+
+
+def stack_weights(layers: list[LayerWeights], which: str) -> Tensor:
+    """Per-layer (B, H, Tq, Tk) weights of one kind ("self_attn" or "cross_attn") ->
+    (L, B, H, Tq, Tk)."""
+    return torch.stack([getattr(w, which) for w in layers])
 
 
 def init_weights(model: nn.Module, pad_id: int | None = None) -> None:

@@ -7,7 +7,7 @@ averages the real (non-padding) positions.
 With ``n_classes = 0`` the model has no head: it is a sentence encoder (an imported BERT),
 used through :meth:`EncoderClassifier.sentence_embeddings` or fine-tuned with a head.
 
-Shape legend: B batch, S length, D d_model, C classes.
+Shape legend: B batch, S length, D d_model, C classes, L layers, H heads.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..config import ModelConfig
 from ..nn import masks
 from ..nn.dropout import Dropout
 from ..nn.layers import EncoderLayer, Stack
-from .common import embeddings, final_norm, init_weights, layer_options
+from .common import embeddings, final_norm, init_weights, layer_options, stack_weights
 
 
 def mean_pool(hidden: Tensor, keep: Tensor) -> Tensor:
@@ -35,16 +35,35 @@ class EncoderClassifier(nn.Module):
             raise ValueError(f"EncoderClassifier needs arch 'encoder', got {config.arch!r}")
         config.require_complete()
         c = self.config = config
+        layer = layer_options(c)
         self.embed = embeddings(c, c.vocab_size)
-        self.encoder = Stack([EncoderLayer(c.d_model, c.n_heads, c.d_ff, **layer_options(c))
-                              for _ in range(c.encoder_depth)], final_norm(c))
+        self.encoder = Stack([EncoderLayer(layer) for _ in range(c.n_encoder_layers)],
+                             final_norm(c))
         self.dropout = Dropout(c.dropout)
         self.head = nn.Linear(c.d_model, c.n_classes) if c.n_classes else None
         init_weights(self, c.pad_id)
 
-    def encode(self, ids: Tensor, *, mask: Tensor | None = None,
-               need_weights: bool = False) -> Tensor:
+    def forward(self, ids: Tensor, *, mask: Tensor | None = None) -> Tensor:
+        """ids (B, S) -> class logits (B, C)."""
+        if self.head is None:
+            raise ValueError("this encoder has no classification head (n_classes = 0); "
+                             "use it for embeddings, or fine-tune it on labelled data")
+        if mask is None:
+            mask = masks.padding_mask(ids, self.config.pad_id)
+        return self.classify(self.encode(ids, mask=mask), mask)
+
+    def encode(self, ids: Tensor, *, mask: Tensor | None = None) -> Tensor:
         """ids (B, S) -> hidden states (B, S, D)."""
+        return self._encode(ids, mask)[0]
+
+    def encode_with_attention(self, ids: Tensor, *, mask: Tensor | None = None
+                              ) -> tuple[Tensor, dict]:
+        """:meth:`encode` and the self-attention weights of every layer, for looking inside
+        the model: (hidden (B, S, D), {"encoder": (L, B, H, S, S)})."""
+        hidden, weights = self._encode(ids, mask, need_weights=True)
+        return hidden, {"encoder": stack_weights(weights, "self_attn")}
+
+    def _encode(self, ids, mask, need_weights=False):
         if mask is None:
             mask = masks.padding_mask(ids, self.config.pad_id)
         return self.encoder(self.embed(ids), mask=masks.key_padding_mask(mask),
@@ -54,18 +73,12 @@ class EncoderClassifier(nn.Module):
         """(B, S, D) -> (B, D) by the configured pooling."""
         return hidden[:, 0] if self.config.pooling == "cls" else mean_pool(hidden, mask)
 
+    def classify(self, hidden: Tensor, mask: Tensor) -> Tensor:
+        """Hidden states (B, S, D) -> class logits (B, C): pool, dropout, head."""
+        return self.head(self.dropout(self.pool(hidden, mask)))
+
     @staticmethod
     def sentence_embeddings(hidden: Tensor, mask: Tensor) -> Tensor:
         """Mean over real positions, L2-normalised (sentence-transformers' recipe):
         (B, S, D) -> (B, D) unit vectors."""
         return F.normalize(mean_pool(hidden, mask), dim=-1)
-
-    def forward(self, ids: Tensor, *, mask: Tensor | None = None) -> Tensor:
-        """ids (B, S) -> class logits (B, C)."""
-        if self.head is None:
-            raise ValueError("this encoder has no classification head (n_classes = 0); "
-                             "use it for embeddings, or fine-tune it on labelled data")
-        if mask is None:
-            mask = masks.padding_mask(ids, self.config.pad_id)
-        pooled = self.pool(self.encode(ids, mask=mask), mask)
-        return self.head(self.dropout(pooled))

@@ -8,6 +8,10 @@ four elements (one 16-bit lane each), so a quarter of the random numbers are dra
 rounded to a multiple of 1/65536 (0.1 becomes 0.099998...), and the scale uses the rounded
 value, so the expectation is exactly preserved. On CUDA, PyTorch's fused kernel is used.
 Both follow ``torch.manual_seed``.
+
+:func:`reference_dropout` writes the textbook formula out (a uniform number per element, keep
+it when >= p, divide the survivors by 1 - p) from the same random numbers; a test checks the
+two agree.
 """
 
 from __future__ import annotations
@@ -24,6 +28,13 @@ def _check(p: float) -> None:
         raise ValueError(f"dropout probability ({p}) must be in [0, 1)")
 
 
+def random_lanes(shape: torch.Size) -> Tensor:
+    """Random int16 values, uniform over [-32768, 32767], four from each 64-bit draw."""
+    n = shape.numel()
+    bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64)
+    return bits.view(torch.int16)[:n].view(shape)
+
+
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Inverted dropout of ``x`` with drop probability ``p`` (identity when not training)."""
     if not training or p == 0.0:
@@ -32,11 +43,20 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if x.device.type != "cpu":
         return F.dropout(x, p, training=True)
     drop = round(p * _LANES)  # lanes below -32768 + drop are dropped
-    n = x.numel()
-    bits = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64)
-    lanes = bits.view(torch.int16)[:n].view(x.shape)  # uniform over [-32768, 32767]
-    keep = (lanes >= drop - _LANES // 2).to(x.dtype)  # 1 = keep, 0 = drop
+    keep = (random_lanes(x.shape) >= drop - _LANES // 2).to(x.dtype)  # 1 = keep, 0 = drop
     return (x * keep).mul_(_LANES / (_LANES - drop))
+
+
+def reference_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """The formula written out, from the same random numbers as :func:`dropout` (CPU):
+    u ~ U[0, 1) per element, keep x / (1 - p) where u >= p, else 0 (p rounded to a multiple
+    of 1/65536, as there)."""
+    if not training or p == 0.0:
+        return x
+    _check(p)
+    p = round(p * _LANES) / _LANES
+    u = (random_lanes(x.shape).double() + _LANES // 2) / _LANES  # uniform in [0, 1)
+    return torch.where(u.to(x.device) >= p, x / (1 - p), torch.zeros_like(x))
 
 
 class Dropout(nn.Module):
@@ -49,6 +69,9 @@ class Dropout(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, self.training)
+
+    def reference(self, x: Tensor) -> Tensor:
+        return reference_dropout(x, self.p, self.training)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

@@ -15,6 +15,7 @@ Shapes: keys and values are (B, Hkv, T, Dh); ``length`` is T of the self-attenti
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -36,8 +37,9 @@ class KV:
         return k, v
 
 
-@dataclass
-class LayerCache:
+class LayerCache(NamedTuple):
+    """One decoder layer's caches: its self-attention and its cross-attention."""
+
     self_attn: KV
     cross_attn: KV
 

@@ -1,15 +1,27 @@
-"""Encoder and decoder layers, and the stacks that hold them.
+"""Encoder and decoder layers, and the stack that holds them.
 
-Shape legend: B batch, S source length, T target length, D d_model.
+Shape legend: B batch, S source length, T target length, D d_model, H heads.
 
-Residual wiring, two ways (``norm_first``):
+A layer is two or three residual blocks, each wired one of two ways (``norm_first``):
 
 * post-LN (the paper):  x = norm(x + dropout(sublayer(x)))
 * pre-LN:               x = x + dropout(sublayer(norm(x)))  ... and one final norm after the
   stack, because otherwise the stack's output is an un-normalised sum of residuals.
+
+An encoder layer has the same parts as a decoder layer without cross-attention (which is what
+a decoder-only language model uses): what makes it "encode" is the mask it is given (padding
+only, no causal triangle). It stays a class of its own so that its parameters keep the names
+and order that saved runs (and their optimizer states) have.
+
+Layers return ``(x, weights)``: ``weights`` holds each attention's (B, H, Tq, Tk) weights when
+asked for with ``need_weights=True`` (for heatmaps), else ``None``. Nothing is kept on the
+modules.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from torch import Tensor, nn
 
@@ -20,105 +32,133 @@ from .kv_cache import KVCache, LayerCache
 from .norm import make_norm
 
 
-class _Residual(nn.Module):
-    """One sublayer with its norm and dropout, wired post-LN or pre-LN."""
+@dataclass(frozen=True)
+class LayerOptions:
+    """What every layer of a stack shares. Plain values: a model builds one from its
+    ``ModelConfig`` (models/common.py). The defaults are the paper's base model."""
 
-    def __init__(self, d_model: int, *, norm: str, eps: float, bias: bool, dropout: float,
-                 norm_first: bool) -> None:
+    d_model: int = 512
+    n_heads: int = 8
+    d_ff: int = 2048
+    n_kv_heads: int | None = None  # grouped-query attention; None = n_heads
+    dropout: float = 0.1  # on every sublayer's output, and inside the feed-forward block
+    attn_dropout: float | None = None  # on the attention weights; None = dropout
+    norm_first: bool = False  # False: post-LN (the paper); True: pre-LN
+    norm: str = "layernorm"  # or "rmsnorm"
+    norm_eps: float = 1e-5
+    activation: str = "relu"  # "gelu", or gated "swiglu"
+    bias: bool = True  # biases in every Linear and LayerNorm
+    attention: str = "auto"  # backend: "auto", "sdpa" or "reference"
+    rope_base: float | None = None  # rotary positions in self-attention when set
+
+
+def _feed_forward(o: LayerOptions) -> FeedForward:
+    return FeedForward(o.d_model, o.d_ff, activation=o.activation, dropout=o.dropout,
+                       bias=o.bias)
+
+
+def _attention(o: LayerOptions, *, rotary: bool) -> MultiHeadAttention:
+    """The multi-head attention of a layer (rotary positions act in self-attention only)."""
+    attn_dropout = o.dropout if o.attn_dropout is None else o.attn_dropout
+    return MultiHeadAttention(o.d_model, o.n_heads, n_kv_heads=o.n_kv_heads,
+                              dropout=attn_dropout, bias=o.bias, backend=o.attention,
+                              rope_base=o.rope_base if rotary else None)
+
+
+class LayerWeights(NamedTuple):
+    """One layer's attention weights, each (B, H, Tq, Tk); ``cross_attn`` is None without
+    cross-attention."""
+
+    self_attn: Tensor
+    cross_attn: Tensor | None
+
+
+class Residual(nn.Module):
+    """One sublayer's residual connection with its norm and dropout, post-LN or pre-LN."""
+
+    def __init__(self, o: LayerOptions) -> None:
         super().__init__()
-        self.norm = make_norm(norm, d_model, eps, bias)
-        self.dropout = Dropout(dropout)
-        self.norm_first = norm_first
+        self.norm = make_norm(o.norm, o.d_model, o.norm_eps, o.bias)
+        self.dropout = Dropout(o.dropout)
+        self.norm_first = o.norm_first
 
-    def forward(self, x: Tensor, sublayer) -> Tensor:
-        if self.norm_first:
-            return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+    def forward(self, x: Tensor, sublayer: nn.Module, **kwargs) -> tuple[Tensor, Tensor | None]:
+        """``sublayer`` reads x (normalised first when pre-LN) with ``kwargs``; returns the new
+        x and what else the sublayer returned (attention weights), or None."""
+        out = sublayer(self.norm(x) if self.norm_first else x, **kwargs)
+        out, extra = out if isinstance(out, tuple) else (out, None)
+        x = x + self.dropout(out)
+        return (x if self.norm_first else self.norm(x)), extra
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention, then feed-forward, each with a residual connection."""
+    """Self-attention, then feed-forward: two residual blocks."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float = 0.1,
-                 attn_dropout: float | None = None, n_kv_heads: int | None = None,
-                 norm_first: bool = False, norm: str = "layernorm", norm_eps: float = 1e-5,
-                 activation: str = "relu", bias: bool = True, backend: str = "auto",
-                 rope_base: float | None = None) -> None:
+    def __init__(self, options: LayerOptions) -> None:
         super().__init__()
-        attn_dropout = dropout if attn_dropout is None else attn_dropout
-        wiring = dict(norm=norm, eps=norm_eps, bias=bias, dropout=dropout, norm_first=norm_first)
-        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads,
-                                            dropout=attn_dropout, bias=bias, backend=backend,
-                                            rope_base=rope_base)
-        self.feed_forward = FeedForward(d_model, d_ff, activation=activation, dropout=dropout,
-                                        bias=bias)
-        self.attn_block = _Residual(d_model, **wiring)
-        self.ff_block = _Residual(d_model, **wiring)
-        self.last_weights: Tensor | None = None
+        o = options
+        self.self_attn = _attention(o, rotary=True)
+        self.feed_forward = _feed_forward(o)
+        self.attn_block = Residual(o)
+        self.ff_block = Residual(o)
 
-    def forward(self, x: Tensor, *, mask: Tensor | None = None, positions: Tensor | None = None,
-                need_weights: bool = False) -> Tensor:
-        """x: (B, S, D); mask: bool broadcastable to (B, H, S, S). Returns (B, S, D).
-        ``positions`` reach rotary embeddings (default 0 .. S-1).
+    def forward(self, x: Tensor, *, mask: Tensor | None = None, memory: Tensor | None = None,
+                memory_mask: Tensor | None = None, cache: LayerCache | None = None,
+                positions: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, LayerWeights | None]:
+        """x: (B, S, D) -> (B, S, D), and the attention weights when ``need_weights``.
 
-        With ``need_weights`` the attention weights are kept in ``self.last_weights``.
+        mask: broadcastable to (B, H, S, S), usually the source padding (B, 1, 1, S);
+        positions: for rotary embeddings (default 0 .. S-1). The arguments are those of
+        :meth:`DecoderLayer.forward` so that a :class:`Stack` calls every layer alike; an
+        encoder layer attends to no memory.
         """
-        def attend(h: Tensor) -> Tensor:
-            out, self.last_weights = self.self_attn(h, mask=mask, positions=positions,
-                                                    need_weights=need_weights)
-            return out
-
-        x = self.attn_block(x, attend)
-        return self.ff_block(x, self.feed_forward)
+        if memory is not None:
+            raise ValueError("an encoder layer has no cross-attention; memory must be None")
+        x, weights = self.attn_block(x, self.self_attn, mask=mask, positions=positions,
+                                     cache=None if cache is None else cache.self_attn,
+                                     need_weights=need_weights)
+        x, _ = self.ff_block(x, self.feed_forward)
+        return x, LayerWeights(weights, None) if need_weights else None
 
 
 class DecoderLayer(nn.Module):
-    """Masked self-attention, cross-attention over the encoder memory (omitted in a
-    decoder-only model), then feed-forward; each with a residual connection."""
+    """Masked self-attention, cross-attention over the encoder's output (the "memory"), then
+    feed-forward: three residual blocks. ``cross_attention=False`` leaves the middle one out
+    (a decoder-only language model's layer)."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, dropout: float = 0.1,
-                 attn_dropout: float | None = None, n_kv_heads: int | None = None,
-                 norm_first: bool = False, norm: str = "layernorm", norm_eps: float = 1e-5,
-                 activation: str = "relu", bias: bool = True, backend: str = "auto",
-                 rope_base: float | None = None, cross_attention: bool = True) -> None:
+    def __init__(self, options: LayerOptions, *, cross_attention: bool = True) -> None:
         super().__init__()
-        attn_dropout = dropout if attn_dropout is None else attn_dropout
-        wiring = dict(norm=norm, eps=norm_eps, bias=bias, dropout=dropout, norm_first=norm_first)
-        mha = dict(n_kv_heads=n_kv_heads, dropout=attn_dropout, bias=bias, backend=backend)
-        self.self_attn = MultiHeadAttention(d_model, n_heads, rope_base=rope_base, **mha)
-        self.self_block = _Residual(d_model, **wiring)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, **mha) if cross_attention else None
-        self.cross_block = _Residual(d_model, **wiring) if cross_attention else None
-        self.feed_forward = FeedForward(d_model, d_ff, activation=activation, dropout=dropout,
-                                        bias=bias)
-        self.ff_block = _Residual(d_model, **wiring)
-        self.last_weights: Tensor | None = None
-        self.last_cross_weights: Tensor | None = None
+        o = options
+        self.self_attn = _attention(o, rotary=True)
+        self.self_block = Residual(o)
+        self.cross_attn = _attention(o, rotary=False) if cross_attention else None
+        self.cross_block = Residual(o) if cross_attention else None
+        self.feed_forward = _feed_forward(o)
+        self.ff_block = Residual(o)
 
-    def forward(self, x: Tensor, *, memory: Tensor | None = None, mask: Tensor | None = None,
+    def forward(self, x: Tensor, *, mask: Tensor | None = None, memory: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: LayerCache | None = None,
-                positions: Tensor | None = None, need_weights: bool = False) -> Tensor:
-        """x: (B, T, D); memory: (B, S, D); mask: causal (+ padding), broadcastable to
-        (B, H, T, T_keys); memory_mask: the *source* padding mask, broadcastable to
-        (B, H, T, S); cache: this layer's entry of a KVCache (incremental decoding)."""
-        def self_attend(h: Tensor) -> Tensor:
-            out, self.last_weights = self.self_attn(
-                h, mask=mask, cache=None if cache is None else cache.self_attn,
-                positions=positions, need_weights=need_weights)
-            return out
+                positions: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, LayerWeights | None]:
+        """x: (B, T, D) -> (B, T, D), and the attention weights when ``need_weights``.
 
-        def cross_attend(h: Tensor) -> Tensor:
-            out, self.last_cross_weights = self.cross_attn(
-                h, memory=memory, mask=memory_mask,
-                cache=None if cache is None else cache.cross_attn, need_weights=need_weights)
-            return out
-
-        x = self.self_block(x, self_attend)
+        mask: broadcastable to (B, H, T, T_keys) (causal and/or padding); memory: (B, S, D);
+        memory_mask: the *source* padding mask, broadcastable to (B, H, T, S); cache: this
+        layer's entry of a KVCache (incremental decoding); positions: the tokens' positions
+        for rotary embeddings (default: after the cached tokens).
+        """
+        self_cache, cross_cache = (None, None) if cache is None else cache
+        x, self_w = self.self_block(x, self.self_attn, mask=mask, cache=self_cache,
+                                    positions=positions, need_weights=need_weights)
+        cross_w = None
         if self.cross_attn is not None:
             if memory is None:
                 raise ValueError("this decoder layer has cross-attention and needs memory")
-            x = self.cross_block(x, cross_attend)
-        return self.ff_block(x, self.feed_forward)
+            x, cross_w = self.cross_block(x, self.cross_attn, memory=memory, mask=memory_mask,
+                                          cache=cross_cache, need_weights=need_weights)
+        x, _ = self.ff_block(x, self.feed_forward)
+        return x, LayerWeights(self_w, cross_w) if need_weights else None
 
 
 class Stack(nn.Module):
@@ -129,9 +169,18 @@ class Stack(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = final_norm
 
-    def forward(self, x: Tensor, *, cache: KVCache | None = None, **kwargs) -> Tensor:
+    def forward(self, x: Tensor, *, mask: Tensor | None = None, memory: Tensor | None = None,
+                memory_mask: Tensor | None = None, cache: KVCache | None = None,
+                positions: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, list[LayerWeights] | None]:
+        """x: (B, T, D) -> (B, T, D), and each layer's attention weights when asked for.
+        The arguments are those of :meth:`DecoderLayer.forward`; ``cache`` holds an entry
+        per layer."""
+        weights = []
         for i, layer in enumerate(self.layers):
-            if cache is not None:
-                kwargs["cache"] = cache.layers[i]
-            x = layer(x, **kwargs)
-        return x if self.norm is None else self.norm(x)
+            x, w = layer(x, mask=mask, memory=memory, memory_mask=memory_mask,
+                         cache=None if cache is None else cache.layers[i],
+                         positions=positions, need_weights=need_weights)
+            weights.append(w)
+        x = x if self.norm is None else self.norm(x)
+        return x, weights if need_weights else None

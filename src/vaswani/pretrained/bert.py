@@ -50,7 +50,7 @@ def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, 
         "embed.norm.weight": sd["embeddings.LayerNorm.weight"],
         "embed.norm.bias": sd["embeddings.LayerNorm.bias"],
     }
-    for i in range(config.encoder_depth):
+    for i in range(config.n_encoder_layers):
         hf_l, ours = f"encoder.layer.{i}.", f"encoder.layers.{i}."
         for kind in ("weight", "bias"):
             out[ours + f"self_attn.in_proj.{kind}"] = torch.cat(

@@ -15,11 +15,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import rundir
 from ..config import DecodeConfig, ModelConfig, RunConfig
 from ..data.registry import Package, fetch
-from ..data.tokenizers import PretrainedTokenizer, save_tokenizers
+from ..data.tokenizers import PretrainedTokenizer
 from ..models import build_model
-from ..training.checkpoint import atomic_write_text, save_weights
 
 
 @dataclass(frozen=True)
@@ -91,11 +91,9 @@ def _write_run(out: Path, config: ModelConfig, state: dict, tokenizer: Pretraine
     if tokenizer.vocab_size != config.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model "
                          f"{config.vocab_size}")
-    save_tokenizers(out / "tokenizer", tokenizer)
-    save_weights(model, out / "model.safetensors", metadata={"imported_from": source})
-    run = RunConfig(model=config, decode=decode)
-    atomic_write_text(out / "config.toml",
-                      f"# Imported by `vaswani import` from {source}\n" + run.to_toml())
+    rundir.save_weights(model, out / rundir.BEST, metadata={"imported_from": source})
+    rundir.write_run(out, RunConfig(model=config, decode=decode), tokenizer, None, [],
+                     header=f"# Imported by `vaswani import` from {source}\n")
     return out
 
 

@@ -53,7 +53,7 @@ def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, 
         out["output_proj.weight"] = out["embed.token.weight"]
     else:
         out["output_proj.weight"] = hf["lm_head.weight"]
-    for i in range(config.decoder_depth):
+    for i in range(config.n_decoder_layers):
         h, o = f"model.layers.{i}.", f"decoder.layers.{i}."
         out[o + "self_attn.in_proj.weight"] = torch.cat(
             [hf[h + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")])

@@ -24,14 +24,13 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from .. import rundir
 from ..config import RunConfig
-from ..data.datasets import Dataset
 from ..evaluation.metrics import perplexity
 from ..models import build_model
-from . import checkpoint
+from ..tasks import TaskData, task_for
 from .distributed import Dist
 from .schedules import lr_factor
-from .tasks import Task, make_task
 
 
 def make_optimizer(model: nn.Module, cfg) -> torch.optim.AdamW:
@@ -47,11 +46,30 @@ def make_optimizer(model: nn.Module, cfg) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
 
 
+def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict, model: nn.Module,
+                          where: Path) -> None:
+    """A saved optimizer state must fit the parameters it is loaded into. PyTorch matches them
+    by position only, and the fused AdamW kernel does not check shapes: a mismatch (a model
+    changed between save and load) would corrupt memory instead of failing."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    indices = [i for group in saved["param_groups"] for i in group["params"]]
+    if len(indices) != len(params):
+        raise ValueError(f"{where}: the saved optimizer state holds {len(indices)} parameters "
+                         f"but the model has {len(params)}; it belongs to another model")
+    for i, p in zip(indices, params, strict=True):
+        for key, value in saved["state"].get(i, {}).items():
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
+                raise ValueError(f"{where}: the saved optimizer state's {key} for "
+                                 f"{names.get(id(p), i)} has shape {tuple(value.shape)}, the "
+                                 f"parameter {tuple(p.shape)}; it belongs to another model")
+
+
 class Trainer:
-    def __init__(self, cfg: RunConfig, ds: Dataset, run_dir: Path, *, device: torch.device,
+    def __init__(self, cfg: RunConfig, data: TaskData, run_dir: Path, *, device: torch.device,
                  dist: Dist | None = None, resume: bool = False, progress: bool = True) -> None:
         dist = dist or Dist()
-        self.cfg, self.ds, self.run_dir, self.device, self.dist = cfg, ds, run_dir, device, dist
+        self.cfg, self.data, self.run_dir, self.device, self.dist = cfg, data, run_dir, device, dist
         t = cfg.train
         torch.manual_seed(t.seed)  # same initial weights on every rank
         self.model = build_model(cfg.model).to(device)
@@ -59,7 +77,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, schedule=t.schedule, warmup=t.warmup,
                                                 max_steps=t.max_steps, min_ratio=t.min_lr / t.lr))
-        self.task: Task = make_task(ds, cfg, dist.rank, dist.world, device)
+        self.task = task_for(cfg)
+        self.batches = self.task.batches(data, dist.rank, dist.world)
         if t.best_metric not in self.task.metrics:
             raise ValueError(f"best_metric ({t.best_metric!r}) must be one of "
                              f"{list(self.task.metrics)} for this task")
@@ -73,8 +92,7 @@ class Trainer:
         if resume:
             self._restore()
         elif t.init_from:  # fine-tuning: pretrained body, freshly initialised head
-            checkpoint.load_weights(self.model, Path(t.init_from) / "model.safetensors",
-                                    fresh=("head.",))
+            rundir.load_weights(self.model, Path(t.init_from) / rundir.BEST, fresh=("head.",))
         self.train_model: nn.Module = self.model
         if dist.enabled:
             ids = [device.index] if device.type == "cuda" else None
@@ -88,7 +106,7 @@ class Trainer:
                 "elapsed": round(self.elapsed + time.perf_counter() - self._fit_start, 1),
                 "best": self.best, "bad_evals": self.bad_evals,
                 "best_metric": self.cfg.train.best_metric,
-                "data_fingerprint": self.ds.fingerprint()}
+                "data_fingerprint": self.data.fingerprint()}
 
     def _trainer_state(self) -> dict:
         state = {"optimizer": self.optimizer.state_dict(),
@@ -99,10 +117,12 @@ class Trainer:
         return state
 
     def _restore(self) -> None:
-        trainer_state, state = checkpoint.load_last(self.run_dir, self.model)
-        if state.get("data_fingerprint") != self.ds.fingerprint():
+        trainer_state, state = rundir.load_last(self.run_dir, self.model)
+        if state.get("data_fingerprint") != self.data.fingerprint():
             raise ValueError(f"the training data differs from the data {self.run_dir} was "
                              "trained on; resume with the same [data] files")
+        check_optimizer_state(self.optimizer, trainer_state["optimizer"], self.model,
+                              rundir.find_last(self.run_dir))
         self.optimizer.load_state_dict(trainer_state["optimizer"])
         self.scheduler.load_state_dict(trainer_state["scheduler"])
         if self.dist.is_main or not self.dist.enabled:
@@ -115,15 +135,15 @@ class Trainer:
 
     def _trim_metrics(self, step: int) -> None:
         """Drop log lines written after the checkpoint we resume from."""
-        path = self.run_dir / "metrics.jsonl"
+        path = self.run_dir / rundir.METRICS
         if self.dist.is_main and path.exists():
             lines = [ln for ln in path.read_text().splitlines()
                      if ln.strip() and json.loads(ln)["step"] <= step]
-            checkpoint.atomic_write_text(path, "".join(ln + "\n" for ln in lines))
+            rundir.atomic_write_text(path, "".join(ln + "\n" for ln in lines))
 
     def save_last(self) -> None:
         if self.dist.is_main:
-            checkpoint.save_last(self.run_dir, self.model, self._trainer_state(), self._state())
+            rundir.save_last(self.run_dir, self.model, self._trainer_state(), self._state())
         self.dist.barrier()
 
     # --- one optimizer step -------------------------------------------------------------
@@ -131,19 +151,23 @@ class Trainer:
         """One optimizer step on the next global batch; returns (mean smoothed loss, input
         tokens processed)."""
         t = self.cfg.train
-        micro = [self.task.micro_batch(self.step * t.grad_accum + k) for k in range(t.grad_accum)]
+        micro = [self.to_device(self.batches.micro_batch(self.step * t.grad_accum + k))
+                 for k in range(t.grad_accum)]
         loss_sum, total = self.accumulate(micro)
         self.optimizer_step()
-        tokens = sum(self._tokens(b) for b in micro) * self.dist.world  # about, over ranks
+        tokens = sum(self.task.tokens(b) for b in micro) * self.dist.world  # about, over ranks
         return loss_sum / total, tokens
+
+    def to_device(self, batch: dict) -> dict:
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def accumulate(self, micro: list) -> tuple[float, float]:
         """Backward over micro-batches, each loss scaled by world / (targets in the global
         batch). Returns (smoothed loss sum over all ranks, global target count)."""
         t, model = self.cfg.train, self.train_model
         model.train()
-        count = torch.tensor([float(sum(self._count(b) for b in micro))], dtype=torch.float64,
-                             device=self.device)
+        count = torch.tensor([float(sum(self.task.count(b) for b in micro))],
+                             dtype=torch.float64, device=self.device)
         total = float(self.dist.all_sum(count).item())  # targets in the global batch
         if total == 0:
             raise RuntimeError("a training batch has no targets")
@@ -169,20 +193,6 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
 
-    def _count(self, batch) -> int:
-        """Targets the loss is averaged over: non-pad target tokens, or examples."""
-        if "tgt" in batch:
-            return int((batch["tgt"][:, 1:] != self.cfg.model.pad_id).sum())
-        if "target" in batch:
-            return batch["target"].numel()
-        return batch["label"].numel()
-
-    def _tokens(self, batch) -> int:
-        """Input tokens a batch feeds the model (non-pad), for throughput."""
-        pad_id = self.cfg.model.pad_id
-        return sum(int((v != pad_id).sum()) if k != "label" and k != "target" else 0
-                   for k, v in batch.items())
-
     # --- evaluation ---------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -191,11 +201,11 @@ class Trainer:
         model = self.model.eval()
         nll = count = 0.0
         autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=t.bf16)
-        for i, batch in enumerate(self.task.valid_batches()):
+        for i, batch in enumerate(self.batches.valid_batches()):
             if t.eval_batches and i >= t.eval_batches:
                 break
             with autocast:
-                _, batch_nll, n = self.task.loss(model, batch, 0.0)
+                _, batch_nll, n = self.task.loss(model, self.to_device(batch), 0.0)
             nll += float(batch_nll)
             count += int(n)
         result = {}
@@ -204,7 +214,8 @@ class Trainer:
             result["valid_ppl"] = perplexity(result["valid_loss"])
         if t.metric_examples:
             with autocast:
-                result.update(self.task.metric(model, t.metric_examples))
+                result.update(self.task.metric(model, self.data, self.batches,
+                                               t.metric_examples, self.device))
         return result
 
     def _improved(self, value: float) -> bool:
@@ -217,7 +228,7 @@ class Trainer:
     def fit(self) -> dict:
         """Train to ``max_steps`` (or early stop); returns the last evaluation."""
         t = self.cfg.train
-        metrics_path = self.run_dir / "metrics.jsonl"
+        metrics_path = self.run_dir / rundir.METRICS
         interactive = sys.stderr.isatty()
         bar = tqdm(total=t.max_steps, initial=self.step, disable=not self.progress,
                    unit="step", dynamic_ncols=True,
@@ -280,7 +291,7 @@ class Trainer:
             value = result.get(t.best_metric)
             if value is not None and self._improved(value):
                 self.best, self.bad_evals = value, 0
-                checkpoint.save_weights(self.model, self.run_dir / "model.safetensors")
+                rundir.save_weights(self.model, self.run_dir / rundir.BEST)
             else:
                 self.bad_evals += 1
             if t.patience and self.bad_evals >= t.patience:

@@ -1,6 +1,5 @@
-"""Run directories and crash-safe checkpoints.
-
-Layout of ``RUN_DIR``::
+"""Run directories: what ``vaswani train`` and ``vaswani import`` write, and what every other
+command (and ``vaswani.load``) reads. The only module that knows the layout of ``RUN_DIR``::
 
     config.toml          the fully resolved config (vocabulary sizes and labels filled in)
     tokenizer/           meta.json + the tokenizer file(s)
@@ -30,7 +29,73 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .config import RunConfig, load_run_config
+from .data.tokenizers import Tokenizer, load_tokenizers, save_tokenizers
+
 COMPLETE = "COMPLETE"
+CONFIG, TOKENIZER, BEST, LAST, METRICS, LOSS_PLOT = (
+    "config.toml", "tokenizer", "model.safetensors", "last", "metrics.jsonl", "loss.png")
+# Every name vaswani writes in a run directory (what --overwrite may remove).
+RUN_FILES = (CONFIG, TOKENIZER, BEST, LAST, "last.tmp", "last.old", METRICS, LOSS_PLOT)
+
+
+# --- the run's description: config and tokenizers -------------------------------------------
+
+def write_run(run_dir: Path, config: RunConfig, source: Tokenizer, target: Tokenizer | None,
+              labels: list[str], *, header: str = "") -> None:
+    """``config.toml`` (resolved) and ``tokenizer/`` (with the class labels, if any)."""
+    save_tokenizers(run_dir / TOKENIZER, source, target)
+    if labels:
+        meta_path = run_dir / TOKENIZER / "meta.json"
+        meta = json.loads(meta_path.read_text())
+        meta["labels"] = labels
+        atomic_write_text(meta_path, json.dumps(meta, indent=2))
+    atomic_write_text(run_dir / CONFIG, header + config.to_toml())
+
+
+def read_config(run_dir: Path, overrides: list[str] = ()) -> RunConfig:
+    """The run's config (with ``--set`` overrides); a missing one is a clear error."""
+    if not (run_dir / CONFIG).exists():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no {CONFIG}); train one "
+                                "with `vaswani train CONFIG.toml --out RUN_DIR`")
+    return load_run_config(run_dir / CONFIG, overrides)
+
+
+def read_tokenizers(run_dir: Path) -> tuple[Tokenizer, Tokenizer | None, list[str]]:
+    """(source tokenizer, target tokenizer or None, class labels) of a run."""
+    source, target = load_tokenizers(run_dir / TOKENIZER)
+    meta = json.loads((run_dir / TOKENIZER / "meta.json").read_text())
+    return source, target, meta.get("labels", [])
+
+
+def start(run_dir: Path, overwrite: bool) -> None:
+    """Make ``run_dir`` ready for a new run: refused if it holds one, unless ``overwrite``,
+    which removes only the files a run writes (``RUN_FILES``)."""
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not overwrite:
+            raise FileExistsError(
+                f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
+                "choose another --out, or pass --overwrite")
+        for name in RUN_FILES:
+            path = run_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def weights_path(run_dir: Path, which: str = "best") -> Path:
+    """``"best"``: model.safetensors (the latest checkpoint's when no best exists yet);
+    ``"last"``: the latest checkpoint's."""
+    if which == "best" and (run_dir / BEST).exists():
+        return run_dir / BEST
+    if which in ("best", "last"):
+        return find_last(run_dir) / BEST
+    raise ValueError(f"weights ({which!r}) must be 'best' or 'last'")
+
+
+# --- crash-safe writes -----------------------------------------------------------------------
 
 
 def _fsync_dir(path: Path) -> None:
@@ -78,6 +143,8 @@ def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
         out[name] = t.detach().contiguous().cpu()
     return out
 
+
+# --- weights and checkpoints -----------------------------------------------------------------
 
 def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
     atomic_write(path, lambda tmp: save_file(model_tensors(model), str(tmp), metadata=metadata))

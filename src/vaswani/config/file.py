@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from .base import ConfigBase, _describe, dump_toml, load_toml, unknown_key_error
+from .base import ConfigBase, dump_toml, load_toml, parse_text, unknown_key_error
 from .sections import DataConfig, DecodeConfig, ModelConfig, TrainConfig
 
 SECTIONS: dict[str, type[ConfigBase]] = {
@@ -44,34 +43,13 @@ class RunConfig:
 def parse_value(section: str, key: str, text: str) -> Any:
     """Parse the text of ``--set section.key=TEXT`` by the type of that field."""
     kind = SECTIONS[section]
-    hints = typing.get_type_hints(kind)
-    if key not in hints or key == "SECTION":
-        raise unknown_key_error(section, key, [f.name for f in dataclasses.fields(kind)])
-    hint = hints[key]
-    options = typing.get_args(hint) if typing.get_origin(hint) in (
-        typing.Union, types.UnionType) else (hint,)
-    if text.lower() in ("none", "null") and type(None) in options:
-        return None
-    for option in options:
-        origin = typing.get_origin(option)
-        if option is bool:
-            if text.lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-                return text.lower() in ("true", "1", "yes", "on")
-        elif option is int:
-            try:
-                return int(text)
-            except ValueError:
-                pass
-        elif option is float:
-            try:
-                return float(text)
-            except ValueError:
-                pass
-        elif origin in (list, tuple):
-            return [part for part in text.split(",") if part]
-        elif option is str or origin is Literal:
-            return text
-    raise ValueError(f"--set {section}.{key}={text}: expected {_describe(hint)}")
+    fields = {f.name for f in dataclasses.fields(kind)}
+    if key not in fields:
+        raise unknown_key_error(section, key, fields)
+    try:
+        return parse_text(text, typing.get_type_hints(kind)[key])
+    except ValueError as e:
+        raise ValueError(f"--set {section}.{key}={text}: {e}") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: typing.Iterable[str]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Model-level entry points: translate a source batch (greedy, beam or sampling) and
-continue a language-model prompt.
+"""Decoding a model: translate a source batch (greedy, beam search or sampling) or continue a
+language-model prompt. These wrap the model-independent searches of search.py around a
+model's stepper (steppers.py).
 
 Output length for translation is capped per sentence at ``max_len_a * S_i + max_len_b``
 tokens (S_i: that source's real length) and at the model's ``max_len``.

@@ -1,0 +1,165 @@
+"""Classification: a label for each text, for the encoder (and sentence embeddings from an
+encoder without a classification head, such as an imported BERT).
+
+Data: TSV (``label<TAB>text``), CSV or JSONL with ``label`` and ``text`` (see data/files.py).
+The labels are the sorted distinct training labels. Token layout: ``<bos> + tokens`` (the
+``<bos>`` doubles as the [CLS] position for ``pooling = "cls"``); a pretrained tokenizer adds
+its own specials instead (BERT: ``[CLS] tokens [SEP]``). The loss is averaged over examples;
+the validation metric is accuracy.
+
+Using a trained model: :meth:`classify`, :meth:`embed`, :meth:`score` (accuracy, macro-F1,
+confusion matrix), :meth:`attention`.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ..data import files
+from ..data.batching import BucketBatches, pad
+from ..data.files import DataError
+from ..data.tokenizers import Tokenizer
+from ..training.losses import smoothed_cross_entropy
+from .base import Batch, Task, as_batch, attention_map, token_labels
+
+
+def classifier_input(tok: Tokenizer, text: str, max_len: int) -> tuple[list[int], bool]:
+    """(ids, truncated) of a text for an encoder: <bos> text; a pretrained tokenizer adds its
+    own specials instead (BERT: [CLS] text [SEP], cut so that [SEP] stays)."""
+    if hasattr(tok, "encode_with_specials"):
+        ids = tok.encode_with_specials([text])[0]
+        return (ids, False) if len(ids) <= max_len else (ids[: max_len - 1] + ids[-1:], True)
+    ids = [tok.bos_id] + tok.encode(text)
+    return ids[:max_len], len(ids) > max_len
+
+
+class Classification(Task):
+    name = "classification"
+    arch = "encoder"
+    metrics = ("valid_loss", "accuracy")
+
+    # --- data ----------------------------------------------------------------------------
+    def read(self, paths, report):
+        return files.read_classification(paths, self.config.data.format, report)
+
+    def texts(self, examples):
+        return [text for _, text in examples]
+
+    def encode(self, data, train, valid):
+        data.labels = data.labels or sorted({label for label, _ in train})
+        index = {label: i for i, label in enumerate(data.labels)}
+        unknown = sorted({label for label, _ in valid if label not in index})
+        if unknown:
+            raise DataError(f"validation labels {unknown} never occur in the training data")
+        max_len = self.config.model.max_len
+
+        def example(label: str, text: str) -> tuple[list[int], int]:
+            ids, cut = classifier_input(data.source_tokenizer, text, max_len)
+            data.truncated += cut
+            return ids, index[label]
+
+        data.train = [example(label, text) for label, text in train]
+        data.valid = [example(label, text) for label, text in valid]
+
+    # --- training ------------------------------------------------------------------------
+    def model_fields(self, data):
+        return {**super().model_fields(data), "n_classes": len(data.labels)}
+
+    def batches(self, data, rank, world):
+        return BucketBatches(data.train, data.valid,
+                             lengths=lambda examples: [len(ids) for ids, _ in examples],
+                             collate=self.collate, max_tokens=self.config.data.max_tokens,
+                             seed=self.config.train.seed, rank=rank, world=world)
+
+    def collate(self, examples: list) -> Batch:
+        return {"ids": pad([ids for ids, _ in examples], self.pad_id),
+                "label": torch.tensor([label for _, label in examples])}
+
+    def loss(self, model, batch, smoothing):
+        return smoothed_cross_entropy(model(batch["ids"]), batch["label"], smoothing=smoothing)
+
+    def count(self, batch):
+        return batch["label"].numel()
+
+    def tokens(self, batch):
+        return int((batch["ids"] != self.pad_id).sum())
+
+    @torch.no_grad()
+    def metric(self, model, data, batches, n_examples, device):
+        correct = total = 0
+        for batch in batches.valid_batches():  # all of them, whatever n_examples says
+            ids, label = batch["ids"].to(device), batch["label"].to(device)
+            correct += int((model(ids).argmax(-1) == label).sum())
+            total += label.numel()
+        return {"accuracy": correct / max(1, total)}
+
+    # --- use -----------------------------------------------------------------------------
+    def inputs(self, run, texts: list[str]) -> list[list[int]]:
+        """Each text's ids, cut to max_len with one warning that counts the cuts."""
+        limit = self.config.model.max_len
+        pairs = [classifier_input(run.source_tokenizer, t, limit) for t in texts]
+        cut = sum(c for _, c in pairs)
+        if cut:
+            warnings.warn(f"{cut} of {len(texts)} input(s) were longer than the model's max_len "
+                          f"({limit} tokens) and were truncated", stacklevel=3)
+        return [ids for ids, _ in pairs]
+
+    @torch.no_grad()
+    def classify(self, run, texts: list[str], *, batch_size: int = 64
+                 ) -> list[tuple[str, float]]:
+        """(label, probability) of the most likely class for each text."""
+        encoded = self.inputs(run, texts)
+        out = []
+        for start in range(0, len(texts), batch_size):
+            ids = pad(encoded[start:start + batch_size], self.pad_id).to(run.device)
+            probs = run.model(ids).float().softmax(-1)
+            p, k = probs.max(-1)
+            out.extend((run.labels[int(i)], float(q)) for i, q in zip(k, p, strict=True))
+        return out
+
+    @torch.no_grad()
+    def embed(self, run, texts: list[str], *, batch_size: int = 32) -> torch.Tensor:
+        """Sentence embeddings (N, D): the encoder's hidden states averaged over each text's
+        tokens (padding excluded) and L2-normalised. Texts are batched by length."""
+        encoded = self.inputs(run, texts)
+        out = torch.zeros(len(texts), self.config.model.d_model)
+        order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            ids = pad([encoded[i] for i in chunk], self.pad_id).to(run.device)
+            lengths = torch.tensor([len(encoded[i]) for i in chunk], device=run.device)
+            mask = torch.arange(ids.size(1), device=run.device) < lengths[:, None]
+            hidden = run.model.encode(ids, mask=mask)
+            out[chunk] = run.model.sentence_embeddings(hidden, mask).float().cpu()
+        return out
+
+    def score(self, run, examples, *, beam=None):
+        """Accuracy, macro-F1 and the confusion matrix (rows: true label, columns: predicted
+        label, in the order of ``labels``)."""
+        labels = run.labels
+        index = {label: i for i, label in enumerate(labels)}
+        unknown = sorted({label for label, _ in examples if label not in index})
+        if unknown:
+            raise DataError(f"labels {unknown} are not among the model's labels {labels}")
+        predicted = [label for label, _ in self.classify(run, [t for _, t in examples])]
+        confusion = [[0] * len(labels) for _ in labels]
+        for (truth, _), guess in zip(examples, predicted, strict=True):
+            confusion[index[truth]][index[guess]] += 1
+        f1s = []
+        for k in range(len(labels)):
+            tp = confusion[k][k]
+            fp = sum(confusion[r][k] for r in range(len(labels))) - tp
+            fn = sum(confusion[k]) - tp
+            f1s.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+        correct = sum(confusion[k][k] for k in range(len(labels)))
+        return {"examples": len(examples), "accuracy": correct / max(1, len(examples)),
+                "macro_f1": sum(f1s) / len(f1s), "labels": labels, "confusion": confusion}
+
+    @torch.no_grad()
+    def attention(self, run, text, target=None):
+        ids = self.inputs(run, [text])[0]
+        _, weights = run.model.encode_with_attention(as_batch(ids, run.device))
+        labels = token_labels(run.source_tokenizer, ids)
+        return {"self-attention": attention_map(weights["encoder"][:, 0], labels, labels)}

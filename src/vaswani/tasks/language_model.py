@@ -1,0 +1,126 @@
+"""Language modelling: predict each next token of plain text, for the decoder-only model.
+
+Data: any number of text files (globs allowed), read whole and joined by newlines, encoded as
+one long sequence of token ids. Without validation files the last ``valid_fraction`` of the
+text is held out (no window straddles the boundary). A training batch is ``batch_size``
+windows of ``block_size + 1`` tokens from seeded random offsets; the model reads each window
+but its last token and predicts each next one. The loss is averaged over every predicted
+token (text has no padding).
+
+Using a trained model: :meth:`generate` (greedy or sampled, streamed, with a KV cache),
+:meth:`score` (loss, perplexity, bits per token and per character of a text),
+:meth:`attention`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from ..config import DecodeConfig
+from ..data import files
+from ..data.batching import WindowBatches, lm_eval_windows
+from ..data.files import DataError
+from ..generation import generate
+from ..training.losses import smoothed_cross_entropy
+from .base import Task, as_batch, attention_map, token_labels
+
+
+class LanguageModelling(Task):
+    name = "lm"
+    arch = "decoder"
+    unit = "tokens"
+
+    # --- data ----------------------------------------------------------------------------
+    def read(self, paths, report):
+        return files.read_text(paths, report)
+
+    def hold_out(self, text):
+        cut = int(len(text) * (1 - self.config.data.valid_fraction))
+        return text[:cut], text[cut:]
+
+    def texts(self, text):
+        return [text]
+
+    def encode(self, data, train, valid):
+        tok = data.source_tokenizer
+        data.train = torch.tensor(tok.encode(train), dtype=torch.long)
+        data.valid = torch.tensor(tok.encode(valid), dtype=torch.long)
+        if data.train.numel() < 2:
+            raise DataError("the language-model training text is shorter than two tokens")
+
+    # --- training ------------------------------------------------------------------------
+    def batches(self, data, rank, world):
+        d = self.config.data
+        return WindowBatches(data.train, data.valid, batch_size=d.batch_size,
+                             block_size=d.block_size, seed=self.config.train.seed, rank=rank,
+                             world=world)
+
+    def loss(self, model, batch, smoothing):
+        x = batch["input"]
+        logits = model(x, mask=torch.ones_like(x, dtype=torch.bool))  # text has no padding
+        return smoothed_cross_entropy(logits.flatten(0, 1), batch["target"].flatten(),
+                                      smoothing=smoothing)
+
+    def count(self, batch):
+        return batch["target"].numel()
+
+    def tokens(self, batch):
+        return batch["input"].numel()
+
+    # --- use -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, run, prompt: str, decode: DecodeConfig, *, seed: int | None = None,
+                 stream: Callable[[str], None] | None = None) -> str:
+        """Continue ``prompt``; ``stream(text)`` receives the new text as it is produced
+        (whole characters only: a byte-level token may end inside one)."""
+        tok = run.source_tokenizer
+        new: list[int] = []
+        printed = ""
+
+        def on_token(i: int) -> None:
+            nonlocal printed
+            new.append(i)
+            text = tok.decode(new)
+            if stream is not None and not text.endswith("\ufffd"):  # wait for whole characters
+                stream(text[len(printed):])
+                printed = text
+
+        out = generate(run.model, tok.encode(prompt), bos_id=tok.bos_id, eos_id=tok.eos_id,
+                       max_new_tokens=decode.max_new_tokens, temperature=decode.temperature,
+                       top_k=decode.top_k, top_p=decode.top_p, seed=seed, on_token=on_token)
+        text = tok.decode(out)
+        if stream is not None and len(text) > len(printed):
+            stream(text[len(printed):])
+        return text
+
+    @torch.no_grad()
+    def score(self, run, text, *, beam=None):
+        """Loss (nats per token), perplexity, bits per token and per character over the whole
+        text, read in consecutive windows of the model's ``max_len``."""
+        tok = run.source_tokenizer
+        ids = torch.tensor(tok.encode(text), dtype=torch.long)
+        if ids.numel() < 2:
+            raise DataError("the evaluation text is shorter than two tokens")
+        nll = count = 0.0
+        for x, y in lm_eval_windows(ids, self.config.model.max_len):
+            x, y = x.to(run.device), y.to(run.device)
+            logits = run.model(x, mask=torch.ones_like(x, dtype=torch.bool))
+            _, batch_nll, n = smoothed_cross_entropy(logits.flatten(0, 1), y.flatten())
+            nll += float(batch_nll)
+            count += int(n)
+        chars = len(text) - len(tok.decode(ids[:1].tolist()))  # predicted characters
+        loss = nll / count
+        return {"tokens": int(count), "loss": loss, "perplexity": math.exp(min(loss, 50.0)),
+                "bits_per_token": loss / math.log(2),
+                "bits_per_char": nll / max(1, chars) / math.log(2)}
+
+    @torch.no_grad()
+    def attention(self, run, text, target=None):
+        tok = run.source_tokenizer
+        ids = tok.encode(text)[: self.config.model.max_len] or [tok.bos_id]
+        _, weights = run.model.forward_with_attention(as_batch(ids, run.device))
+        labels = token_labels(tok, ids)
+        return {"self-attention": attention_map(weights["decoder"][:, 0], labels, labels)}

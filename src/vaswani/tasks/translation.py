@@ -1,0 +1,158 @@
+"""Translation: source -> target sentence pairs, for the encoder-decoder.
+
+Data: one TSV file of ``source<TAB>target`` lines, or two aligned text files (see
+data/files.py). Token layout: a source is ``tokens + <eos>``; a target is
+``<bos> + tokens + <eos>``, and the model reads ``tgt[:-1]`` to predict ``tgt[1:]`` (teacher
+forcing). Each side is cut to the model's ``max_len``. One tokenizer serves both sides when
+``[data] shared_vocab`` (the default), else one each.
+
+The loss is averaged over the non-padding target tokens; the validation metrics are exact
+match, sacreBLEU and chrF of greedy translations. Using a trained model: :meth:`translate`
+(greedy or beam search), :meth:`score` (sacreBLEU/chrF of beam output), :meth:`attention`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import DecodeConfig
+from ..data import files
+from ..data.batching import BucketBatches, pad
+from ..data.tokenizers import train_tokenizer
+from ..evaluation.metrics import bleu_chrf, exact_match
+from ..generation import beam_decode, greedy_decode
+from ..training.losses import smoothed_cross_entropy
+from .base import Batch, Task, TaskData, as_batch, attention_map, encode_inputs, token_labels
+
+
+class Translation(Task):
+    name = "translation"
+    arch = "encoder-decoder"
+    metrics = ("valid_loss", "exact_match", "bleu", "chrf")
+
+    # --- data ----------------------------------------------------------------------------
+    def read(self, paths, report):
+        return files.read_translation(paths, report)
+
+    def train_tokenizers(self, pairs, kind):
+        d = self.config.data
+        if d.shared_vocab:
+            shared = train_tokenizer(kind, [text for pair in pairs for text in pair],
+                                     d.vocab_size)
+            return shared, shared
+        return (train_tokenizer(kind, [s for s, _ in pairs], d.vocab_size),
+                train_tokenizer(kind, [t for _, t in pairs], d.vocab_size))
+
+    def encode(self, data, train, valid):
+        data.train = [self.encode_pair(data, s, t) for s, t in train]
+        data.valid = [self.encode_pair(data, s, t) for s, t in valid]
+
+    def encode_pair(self, data: TaskData, src: str, tgt: str) -> tuple[list[int], list[int]]:
+        """(source ids + <eos>, <bos> + target ids + <eos>), each side cut to max_len."""
+        limit = self.config.model.max_len - 1
+        s_tok, t_tok = data.source_tokenizer, data.target_tokenizer
+        source = data.clip(s_tok.encode(src), limit) + [s_tok.eos_id]
+        target = [t_tok.bos_id] + data.clip(t_tok.encode(tgt), limit) + [t_tok.eos_id]
+        return source, target
+
+    # --- training ------------------------------------------------------------------------
+    def model_fields(self, data):
+        source, target = data.source_tokenizer, data.target_tokenizer
+        if target.pad_id != source.pad_id:
+            raise ValueError(f"the source and target tokenizers pad with different ids "
+                             f"({source.pad_id}, {target.pad_id}); the model has one pad_id")
+        fields = super().model_fields(data)
+        if target is not source:
+            fields["tgt_vocab_size"] = target.vocab_size
+        return fields
+
+    def batches(self, data, rank, world):
+        return BucketBatches(data.train, data.valid,
+                             lengths=lambda pairs: [max(len(s), len(t)) for s, t in pairs],
+                             collate=self.collate, max_tokens=self.config.data.max_tokens,
+                             seed=self.config.train.seed, rank=rank, world=world)
+
+    def collate(self, pairs: list) -> Batch:
+        return {"src": pad([s for s, _ in pairs], self.pad_id),
+                "tgt": pad([t for _, t in pairs], self.pad_id)}
+
+    def loss(self, model, batch, smoothing):
+        tgt = batch["tgt"]
+        logits = model(batch["src"], tgt[:, :-1])  # teacher forcing: read tgt[:-1] and
+        return smoothed_cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(),  # predict tgt[1:]
+                                      smoothing=smoothing, pad_id=self.pad_id)
+
+    def count(self, batch):
+        return int((batch["tgt"][:, 1:] != self.pad_id).sum())
+
+    def tokens(self, batch):
+        return int((batch["src"] != self.pad_id).sum() + (batch["tgt"] != self.pad_id).sum())
+
+    @torch.no_grad()
+    def metric(self, model, data, batches, n_examples, device):
+        pairs = data.raw_valid[:n_examples]
+        if not pairs:
+            return {}
+        target = data.target_tokenizer
+        d = self.config.decode
+        hyps = []
+        for start in range(0, len(pairs), 64):
+            sources = [data.valid[start + j][0] for j in range(len(pairs[start: start + 64]))]
+            out = greedy_decode(model, pad(sources, self.pad_id).to(device), bos_id=target.bos_id,
+                                eos_id=target.eos_id, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
+            hyps.extend(target.decode(ids) for ids in out)
+        refs = [t for _, t in pairs]
+        scores = bleu_chrf(hyps, refs)
+        return {"exact_match": exact_match(hyps, refs), "bleu": scores["bleu"],
+                "chrf": scores["chrf"]}
+
+    # --- use -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def translate(self, run, texts: list[str], decode: DecodeConfig, *, batch_size: int = 64
+                  ) -> list[list[tuple[str, float]]]:
+        """The ``decode.n_best`` best (translation, score) of each text, best first; greedy
+        when ``decode.beam == 1`` (score 0). An empty text gives ("", 0.0)."""
+        source, target = run.source_tokenizer, run.target_tokenizer
+        results = [[("", 0.0)] * decode.n_best for _ in texts]
+        todo = [i for i, t in enumerate(texts) if t.strip()]
+        encoded = encode_inputs(source, [texts[i] for i in todo], self.config.model.max_len,
+                                eos=True)
+        ids = dict(zip(todo, encoded, strict=True))
+        order = sorted(todo, key=lambda i: len(ids[i]))  # similar lengths batch together
+        common = dict(bos_id=target.bos_id, eos_id=target.eos_id, max_len_a=decode.max_len_a,
+                      max_len_b=decode.max_len_b)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            src = pad([ids[i] for i in chunk], self.pad_id).to(run.device)
+            if decode.beam == 1 and decode.n_best == 1:
+                outs = [[(o, 0.0)] for o in greedy_decode(run.model, src, **common)]
+            else:
+                outs = beam_decode(run.model, src, beam=decode.beam, n_best=decode.n_best,
+                                   alpha=decode.length_penalty, **common)
+            for i, hyps in zip(chunk, outs, strict=True):
+                results[i] = [(target.decode(h), score) for h, score in hyps]
+        return results
+
+    def score(self, run, pairs, *, beam=None):
+        decode = run.config.decode if beam is None else run.config.decode.replace(beam=beam)
+        hyps = [best[0][0] for best in self.translate(run, [s for s, _ in pairs],
+                                                      decode.replace(n_best=1))]
+        return {"sentences": len(pairs), "beam": decode.beam,
+                **bleu_chrf(hyps, [t for _, t in pairs])}
+
+    @torch.no_grad()
+    def attention(self, run, text, target=None):
+        source_tok, target_tok = run.source_tokenizer, run.target_tokenizer
+        max_len = self.config.model.max_len
+        src_ids = encode_inputs(source_tok, [text], max_len, eos=True)[0]
+        if target is None:  # the model's own greedy translation
+            target = self.translate(run, [text], run.config.decode.replace(beam=1, n_best=1))
+            target = target[0][0][0]
+        tgt_ids = encode_inputs(target_tok, [target], max_len, bos=True)[0]
+        _, weights = run.model.forward_with_attention(as_batch(src_ids, run.device),
+                                                      as_batch(tgt_ids, run.device))
+        s, t = token_labels(source_tok, src_ids), token_labels(target_tok, tgt_ids)
+        return {"encoder self-attention": attention_map(weights["encoder"][:, 0], s, s),
+                "decoder self-attention": attention_map(weights["decoder"][:, 0], t, t),
+                "cross-attention": attention_map(weights["cross"][:, 0], t, s)}
+
