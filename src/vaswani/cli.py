@@ -32,25 +32,28 @@ def _summary(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stop_on_signals() -> None:
-    """SIGINT (Ctrl-C) and SIGTERM (kill, job schedulers) both mean: save the latest state
-    and stop. Installed explicitly: a process started in the background by a non-interactive
-    shell inherits SIGINT as *ignored*, and Python then never raises KeyboardInterrupt."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+def _stop_on_signals(stop) -> None:
+    """SIGINT (Ctrl-C) and SIGTERM (kill, job schedulers) both mean: finish the current step,
+    save, and stop (a second one: stop at once, keeping the last checkpoint). Installed
+    explicitly: a process started in the background by a non-interactive shell inherits
+    SIGINT as *ignored*, and Python then never raises KeyboardInterrupt."""
+    def request(signum, frame):
+        stop.signal(signal.Signals(signum).name)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, interrupt)
+        signal.signal(sig, request)
 
 
 def _train(args: argparse.Namespace) -> int:
+    from .training.state import StopRequest
     from .training.train import Launch, train
 
-    _stop_on_signals()
+    stop = StopRequest()
+    _stop_on_signals(stop)
     launch = Launch(rank=int(os.environ.get("RANK", 0)),
                     world=int(os.environ.get("WORLD_SIZE", 1)),
                     local_rank=int(os.environ.get("LOCAL_RANK", 0)),
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, stop=stop)
     if args.config and args.resume:
         raise ValueError("give either CONFIG.toml or --resume RUN_DIR, not both "
                          "(a resumed run reads RUN_DIR/config.toml; change it with --set)")
@@ -63,9 +66,15 @@ def _train(args: argparse.Namespace) -> int:
 
 def cache_dir(args: argparse.Namespace) -> Path:
     """--cache, else $VASWANI_CACHE, else ~/.cache/vaswani."""
+    from .data.registry import default_cache
+
     if getattr(args, "cache", None):
-        return Path(args.cache)
-    return Path(os.environ.get("VASWANI_CACHE") or Path.home() / ".cache" / "vaswani")
+        path, where = Path(args.cache), "--cache"
+    else:
+        path, where = Path(os.environ.get("VASWANI_CACHE") or default_cache()), "the cache"
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{where} {path} is a file, not a directory")
+    return path
 
 
 def _data_list(args: argparse.Namespace) -> int:
@@ -209,7 +218,9 @@ Train a model on the [data] of CONFIG.toml and write a run directory:
   RUN_DIR/last/              everything needed to resume exactly (--resume)
   RUN_DIR/metrics.jsonl      one JSON object per log line; RUN_DIR/loss.png at the end
 
-Interrupt with Ctrl-C (or SIGTERM) at any time: the latest state is saved first. Multi-process:
+Interrupt with Ctrl-C (or SIGTERM) at any time: the current step finishes, the state is saved,
+and --resume continues exactly (a second Ctrl-C stops at once, keeping the last checkpoint).
+One process per RUN_DIR: a second one is refused while the first runs. Multi-process:
   torchrun --nproc_per_node=2 -m vaswani train CONFIG.toml
 """
 
@@ -348,8 +359,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, FileExistsError, FetchError) as e:
         print(f"vaswani: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("vaswani: interrupted", file=sys.stderr)
+    except OSError as e:  # permissions, a full disk, a path that is not a directory ...
+        where = f": {e.filename}" if e.filename else ""
+        print(f"vaswani: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:  # training's Stopped says what was saved
+        print(f"vaswani: {e}" if type(e).__name__ == "Stopped" else
+              "vaswani: interrupted (a run being trained keeps its last checkpoint)",
+              file=sys.stderr)
         return 130
 
 

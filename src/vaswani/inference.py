@@ -22,6 +22,7 @@ import torch
 from . import rundir
 from .config import DecodeConfig, RunConfig
 from .data.tokenizers import Tokenizer
+from .devices import resolve_device
 from .models import build_model
 from .tasks import Task, task_for
 
@@ -99,6 +100,7 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best") -> 
     """Load a run directory written by ``vaswani train`` (or ``vaswani import``).
     ``weights``: ``"best"`` (model.safetensors) or ``"last"`` (the latest checkpoint)."""
     run_dir = Path(run_dir)
+    dev = resolve_device(device)
     config = rundir.read_config(run_dir)
     source, target, labels = rundir.read_tokenizers(run_dir)
     for name, tok, expected in [("source", source, config.model.vocab_size),
@@ -109,6 +111,5 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best") -> 
                              "the tokenizer does not belong to this model")
     model = build_model(config.model)
     rundir.load_weights(model, rundir.weights_path(run_dir, weights))
-    dev = torch.device(device)
     model.to(dev).eval()
     return Run(run_dir, config, model, source, target, labels, dev)

@@ -16,27 +16,79 @@ any moment leaves the previous version readable. ``last/`` is replaced as a whol
 state is written to ``last.tmp/`` and swapped in by two renames; ``load_last`` also finds a
 complete ``last.tmp/`` or ``last.old/`` if a kill fell between them. Nothing is unpickled:
 weights are safetensors, ``trainer.pt`` is read with ``torch.load(weights_only=True)``.
+
+Damage is detected, not loaded: every weights file carries the sha256 of its tensors in its
+own header, ``tokenizer/meta.json`` the sha256 of each tokenizer file and ``last/state.json``
+that of ``trainer.pt``; a mismatch (a bit flip, a partial copy) is an error naming the file.
+A failed write (a full disk) is an error that says so, and the previous version stays.
+
+One process at a time: training and import hold ``RUN_DIR/.lock`` (an OS-level lock that the
+kernel releases when the process ends, however it ends).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import hashlib
 import json
 import os
 import shutil
+import sys
+import warnings
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import RunConfig, load_run_config
 from .data.tokenizers import Tokenizer, load_tokenizers, save_tokenizers
 
-COMPLETE = "COMPLETE"
+COMPLETE, LOCK = "COMPLETE", ".lock"
 CONFIG, TOKENIZER, BEST, LAST, METRICS, LOSS_PLOT = (
     "config.toml", "tokenizer", "model.safetensors", "last", "metrics.jsonl", "loss.png")
 # Every name vaswani writes in a run directory (what --overwrite may remove).
-RUN_FILES = (CONFIG, TOKENIZER, BEST, LAST, "last.tmp", "last.old", METRICS, LOSS_PLOT)
+RUN_FILES = (CONFIG, TOKENIZER, BEST, BEST + ".tmp", LAST, "last.tmp", "last.old", METRICS,
+             LOSS_PLOT, LOSS_PLOT + ".tmp", "metrics.jsonl.tmp", "config.toml.tmp")
+
+
+class RunInUse(FileExistsError):
+    """Another process holds the run directory's lock."""
+
+
+# --- one process per run directory -----------------------------------------------------------
+
+@contextlib.contextmanager
+def locked(run_dir: Path):
+    """Hold ``run_dir/.lock`` while the block runs (creating ``run_dir`` if needed).
+
+    The lock is ``flock``: the kernel releases it when the process exits, ``kill -9``
+    included, so a stale lock file never blocks anyone; the pid written in it only lets the
+    next process say whose lock it took over."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        previous = os.read(fd, 32).decode(errors="replace").strip()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunInUse(f"{run_dir} is in use by another vaswani process (pid "
+                           f"{previous or '?'}); wait for it to finish, or stop it") from None
+        if previous and previous != str(os.getpid()):
+            print(f"vaswani: {run_dir} was left locked by process {previous}, which is no "
+                  "longer running; taking over", file=sys.stderr, flush=True)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)  # a clean exit leaves no pid behind
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 # --- the run's description: config and tokenizers -------------------------------------------
@@ -68,21 +120,76 @@ def read_tokenizers(run_dir: Path) -> tuple[Tokenizer, Tokenizer | None, list[st
     return source, target, meta.get("labels", [])
 
 
+def holds_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run worth keeping: a config and weights (best or a
+    complete checkpoint). A start that never saved weights is not one."""
+    if not (run_dir / CONFIG).exists():
+        return False
+    if (run_dir / BEST).exists():
+        return True
+    return any((run_dir / name / COMPLETE).exists() for name in (LAST, "last.tmp", "last.old"))
+
+
 def start(run_dir: Path, overwrite: bool) -> None:
-    """Make ``run_dir`` ready for a new run: refused if it holds one, unless ``overwrite``,
-    which removes only the files a run writes (``RUN_FILES``)."""
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if not overwrite:
-            raise FileExistsError(
-                f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
-                "choose another --out, or pass --overwrite")
-        for name in RUN_FILES:
-            path = run_dir / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
+    """Make ``run_dir`` ready for a new run (call it holding the lock).
+
+    A run is refused unless ``overwrite``; other files too (they are not vaswani's). What a
+    start left without saving any weights (killed during start-up, or an error before the
+    first checkpoint) is cleared with a message. ``overwrite`` removes only ``RUN_FILES``."""
+    others = [p.name for p in run_dir.iterdir() if p.name != LOCK] if run_dir.exists() else []
+    if holds_run(run_dir) and not overwrite:
+        raise FileExistsError(
+            f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
+            "choose another --out, or pass --overwrite")
+    foreign = [name for name in others if name not in RUN_FILES]
+    if foreign and not overwrite:
+        raise FileExistsError(f"{run_dir} is not empty ({', '.join(sorted(foreign)[:3])}"
+                              f"{' ...' if len(foreign) > 3 else ''}); choose another --out, "
+                              "or pass --overwrite (which removes only vaswani's files)")
+    if others and not overwrite:
+        print(f"vaswani: {run_dir} holds the start of a run that saved no weights; starting "
+              "over", file=sys.stderr, flush=True)
+    remove_run_files(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def remove_run_files(run_dir: Path) -> None:
+    """Remove what vaswani writes in ``run_dir`` (``RUN_FILES``), nothing else."""
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The JSON objects of ``metrics.jsonl``. A line that is not one (a kill in the middle of
+    writing it) is dropped with a warning that names the file and line."""
+    rows = []
+    if not path.exists():
+        return rows
+    for n, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict) or "step" not in row:
+            warnings.warn(f"{path}:{n}: not a complete log line (a write cut short?); "
+                          "dropped", stacklevel=2)
+            continue
+        rows.append(row)
+    return rows
+
+
+def append_metrics(path: Path, row: dict) -> None:
+    """Add one log line, flushed to disk (a kill cuts at most this line short)."""
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def weights_path(run_dir: Path, which: str = "best") -> Path:
@@ -106,14 +213,38 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class WriteError(OSError):
+    """A file could not be written; the previous version of it is intact."""
+
+
 def atomic_write(path: Path, write) -> None:
-    """Call ``write(tmp_path)``, fsync the result and rename it to ``path``."""
+    """Call ``write(tmp_path)``, fsync the result and rename it to ``path``. If anything
+    fails, the temporary file is removed, ``path`` is untouched, and the error says why."""
     tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+    except Exception as e:  # OSError, and torch's and safetensors' own error types
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise write_error(path, e) from e
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def write_error(path: Path, cause: BaseException) -> WriteError:
+    """A one-line :class:`WriteError` for ``path``, saying when the disk is full."""
+    reason = str(cause).strip().splitlines()[0][:160] if str(cause).strip() else type(cause)
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = None
+    full = getattr(cause, "errno", None) == errno.ENOSPC or "space" in str(cause).lower() or (
+        free is not None and free < 1 << 20)
+    hint = (f"; the disk is full ({(free or 0) >> 20} MiB free)" if full else "")
+    return WriteError(f"could not write {path} ({reason}){hint}; the previous version of "
+                      "the file, if any, is intact")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -146,20 +277,65 @@ def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 
 # --- weights and checkpoints -----------------------------------------------------------------
 
+def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over the tensors' names, dtypes, shapes and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
-    atomic_write(path, lambda tmp: save_file(model_tensors(model), str(tmp), metadata=metadata))
+    """Safetensors, with the sha256 of the tensors in the file's own metadata."""
+    tensors = model_tensors(model)
+    metadata = {**(metadata or {}), "sha256": tensors_sha256(tensors)}
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file, checked against the sha256 it was written with (files
+    written before checksums existed are read unchecked)."""
+    if not path.exists():
+        raise FileNotFoundError(f"no weights at {path}")
+    try:
+        with safe_open(str(path), "pt") as f:
+            recorded = (f.metadata() or {}).get("sha256")
+        tensors = load_file(str(path))
+    except Exception as e:  # safetensors' own error types: a truncated or garbled file
+        raise ValueError(f"{path} is damaged or not a safetensors file ({str(e)[:120]}); "
+                         "restore it, or load the other weights (best or last)") from None
+    if recorded is not None and tensors_sha256(tensors) != recorded:
+        raise ValueError(f"{path} is damaged: its tensors do not match the checksum written "
+                         "with them (a bit flip or a partial copy); restore it, or load the "
+                         "other weights (best or last)")
+    return tensors
 
 
 def load_weights(model: nn.Module, path: Path, *, fresh: tuple[str, ...] = ()) -> None:
     """Load safetensors weights; names from compiled models (``_orig_mod.``) are accepted and
     tied weights that were stored once are restored to every name. Parameters whose names
     start with one of ``fresh`` are not loaded and keep their initial values (a new head)."""
-    if not path.exists():
-        raise FileNotFoundError(f"no weights at {path}")
-    tensors = {k.replace("_orig_mod.", ""): v for k, v in load_file(str(path)).items()}
+    tensors = {k.replace("_orig_mod.", ""): v for k, v in read_weights(path).items()}
     if fresh:
         tensors = {k: v for k, v in tensors.items() if not k.startswith(fresh)}
     target = unwrap(model)
+    expected = target.state_dict()
+    wrong = [f"{k} {tuple(v.shape)} (the model's: {tuple(expected[k].shape)})"
+             for k, v in tensors.items() if k in expected and v.shape != expected[k].shape]
+    if wrong:
+        raise ValueError(f"{path} does not match the model built from the config: "
+                         f"{'; '.join(wrong[:3])}{' ...' if len(wrong) > 3 else ''} (was "
+                         "config.toml edited?)")
     missing, unexpected = target.load_state_dict(tensors, strict=False)
     tied = {name for name in missing if _is_tied(target, name, tensors)}
     missing = [m for m in missing if m not in tied and not (fresh and m.startswith(fresh))]
@@ -175,14 +351,20 @@ def _is_tied(model: nn.Module, name: str, stored: dict) -> bool:
 
 
 def save_last(run_dir: Path, model: nn.Module, trainer_state: dict, state: dict) -> None:
-    """Write ``last/`` as a whole: build ``last.tmp/``, then swap it in."""
+    """Write ``last/`` as a whole: build ``last.tmp/``, then swap it in. If a write fails,
+    ``last.tmp/`` is removed and ``last/`` is left as it was."""
     tmp, last, old = run_dir / "last.tmp", run_dir / "last", run_dir / "last.old"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_weights(model, tmp / "model.safetensors")
-    atomic_write(tmp / "trainer.pt", lambda p: torch.save(trainer_state, p))
-    atomic_write_text(tmp / "state.json", json.dumps(state, indent=2))
-    atomic_write_text(tmp / COMPLETE, "")
+    try:
+        save_weights(model, tmp / BEST)
+        atomic_write(tmp / "trainer.pt", lambda p: torch.save(trainer_state, p))
+        state = {**state, "trainer_sha256": file_sha256(tmp / "trainer.pt")}
+        atomic_write_text(tmp / "state.json", json.dumps(state, indent=2))
+        atomic_write_text(tmp / COMPLETE, "")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(old, ignore_errors=True)
     if last.exists():
         os.replace(last, old)
@@ -192,8 +374,9 @@ def save_last(run_dir: Path, model: nn.Module, trainer_state: dict, state: dict)
 
 
 def find_last(run_dir: Path) -> Path:
-    """The newest complete ``last`` directory, surviving a kill in the middle of a swap."""
-    for name in ("last", "last.tmp", "last.old"):
+    """The newest complete ``last`` directory, surviving a kill in the middle of a swap (a
+    complete ``last.tmp/`` is newer than ``last/``, which is newer than ``last.old/``)."""
+    for name in ("last.tmp", "last", "last.old"):
         candidate = run_dir / name
         if (candidate / COMPLETE).exists():
             return candidate
@@ -203,7 +386,11 @@ def find_last(run_dir: Path) -> Path:
 def load_last(run_dir: Path, model: nn.Module) -> tuple[dict, dict]:
     """Load ``last`` weights into ``model``; return (trainer_state, state)."""
     last = find_last(run_dir)
-    load_weights(model, last / "model.safetensors")
-    trainer_state = torch.load(last / "trainer.pt", weights_only=True)
+    load_weights(model, last / BEST)
     state = json.loads((last / "state.json").read_text())
+    recorded = state.get("trainer_sha256")
+    if recorded is not None and file_sha256(last / "trainer.pt") != recorded:
+        raise ValueError(f"{last / 'trainer.pt'} is damaged: it does not match the checksum "
+                         "written with it; the run cannot be resumed exactly from it")
+    trainer_state = torch.load(last / "trainer.pt", weights_only=True)
     return trainer_state, state

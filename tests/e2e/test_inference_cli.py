@@ -1,5 +1,6 @@
 """The inference commands and vaswani.load on trained runs."""
 
+import hashlib
 import io
 import json
 import shutil
@@ -142,8 +143,12 @@ def test_clear_errors_for_bad_run_directories(copy_run, tmp_path, capsys, monkey
     broken = tmp_path / "broken"
     shutil.copytree(copy_run[0], broken)
     meta = json.loads((broken / "tokenizer/meta.json").read_text())
-    (broken / "tokenizer" / meta["source"]["file"]).write_text(json.dumps(
+    source = broken / "tokenizer" / meta["source"]["file"]
+    source.write_text(json.dumps(
         {"kind": "char", "specials": ["<pad>", "<bos>", "<eos>", "<unk>"], "chars": ["x"]}))
+    # a tokenizer swapped in on purpose (its checksum updated too), not a damaged one
+    meta["sha256"][source.name] = hashlib.sha256(source.read_bytes()).hexdigest()
+    (broken / "tokenizer/meta.json").write_text(json.dumps(meta))
     monkeypatch.setattr("sys.stdin", io.StringIO("abc\n"))
     assert main(["translate", str(broken)]) == 2
     assert "does not belong to this model" in capsys.readouterr().err

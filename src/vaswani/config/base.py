@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import tomllib
 import types
 import typing
@@ -59,6 +60,8 @@ def coerce(name: str, value: Any, hint: Any) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{name} ({value!r}) must be a number")
+        if not math.isfinite(value):
+            raise ValueError(f"{name} ({value!r}) must be a finite number")
         return float(value)
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -188,12 +191,18 @@ def dump_toml(sections: dict[str, dict[str, Any]]) -> str:
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML file; a syntax error names the file."""
+    """Read a TOML file; every problem (missing, a directory, not UTF-8, bad syntax) is an
+    error that names the file."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a config file (give CONFIG.toml)")
     try:
         with path.open("rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
         raise FileNotFoundError(f"config file not found: {path}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a UTF-8 text file (byte 0x{e.object[e.start]:02x} "
+                         f"at offset {e.start})") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: invalid TOML: {e}") from None

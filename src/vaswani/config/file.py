@@ -25,11 +25,16 @@ class RunConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
 
+    def __post_init__(self) -> None:
+        """Checks that involve two sections."""
+        m, d = self.model, self.data
+        if m.arch == "decoder" and d.block_size > m.max_len:
+            raise ValueError(f"[data] block_size ({d.block_size}) must be at most [model] "
+                             f"max_len ({m.max_len}): the model has no positions past it")
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        for section in data:
-            if section not in SECTIONS:
-                raise unknown_key_error("", section, SECTIONS)
+        _check_sections(data)
         return cls(**{name: kind.from_dict(data.get(name, {}))
                       for name, kind in SECTIONS.items()})
 
@@ -52,8 +57,18 @@ def parse_value(section: str, key: str, text: str) -> Any:
         raise ValueError(f"--set {section}.{key}={text}: {e}") from None
 
 
+def _check_sections(data: dict[str, Any]) -> None:
+    for section, values in data.items():
+        if section not in SECTIONS:
+            raise unknown_key_error("", section, SECTIONS)
+        if not isinstance(values, dict):
+            raise ValueError(f"[{section}] must be a section of key = value lines, but the "
+                             f"file sets {section} = {values!r}")
+
+
 def apply_overrides(data: dict[str, Any], overrides: typing.Iterable[str]) -> dict[str, Any]:
     """Apply ``section.key=value`` strings to a config dict (a new dict is returned)."""
+    _check_sections(data)
     out = {name: dict(values) for name, values in data.items()}
     for item in overrides:
         name, sep, text = item.partition("=")

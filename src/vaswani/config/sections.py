@@ -15,10 +15,14 @@ decided once, when the object is built (:meth:`ModelConfig.follows`), so everywh
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Literal
 
 from .base import ConfigBase
+
+MAX_BEAM = 128  # wider beams cost memory and time and rarely help
+MAX_NEW_TOKENS = 100_000
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ class ModelConfig(ConfigBase):
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
+        if self.max_len < 2:
+            raise ValueError(f"max_len ({self.max_len}) must be at least 2: a sequence needs "
+                             "a token and <eos>")
         if self.n_classes is not None and self.n_classes < 0:
             raise ValueError(f"n_classes ({self.n_classes}) must not be negative")
         for name in ["tgt_vocab_size", "n_kv_heads", "n_encoder_layers", "n_decoder_layers"]:
@@ -155,6 +162,10 @@ class DataConfig(ConfigBase):
     def validate(self) -> None:
         if not 0.0 <= self.valid_fraction < 1.0:
             raise ValueError(f"valid_fraction ({self.valid_fraction}) must be in [0, 1)")
+        if self.valid_fraction == 0 and not self.valid and not self.dataset:
+            raise ValueError("valid_fraction (0) with no [data] valid files leaves no validation "
+                             "data: nothing could be evaluated and no best model kept; give "
+                             "valid files or a valid_fraction above 0")
         for name in ("vocab_size", "max_tokens", "batch_size", "block_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
@@ -169,6 +180,8 @@ class TrainConfig(ConfigBase):
     SECTION = "train"
 
     max_steps: int = 1000  # optimizer steps
+    schedule_steps: int | None = None  # the LR schedule's length; None = max_steps (fixed when
+    # a run starts, so that resuming with a larger max_steps continues the same schedule)
     max_minutes: float = 0.0  # wall-clock budget: stop, evaluate and save when spent (0 = off)
     seed: int = 0
     lr: float = 5e-4  # peak learning rate
@@ -180,6 +193,8 @@ class TrainConfig(ConfigBase):
     beta2: float = 0.98
     label_smoothing: float = 0.0
     clip_norm: float = 1.0  # 0 disables clipping
+    max_skipped_steps: int = 10  # steps with a non-finite loss or gradient update nothing; more
+    # than this many in a row stop the run (the last checkpoint is kept)
     grad_accum: int = 1  # micro-batches per optimizer step
     bf16: bool = False  # autocast matmuls to bfloat16 (CPUs with AMX or AVX512-BF16, CUDA)
     compile: bool = False  # torch.compile the model
@@ -200,15 +215,36 @@ class TrainConfig(ConfigBase):
                 raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
         if self.lr <= 0:
             raise ValueError(f"lr ({self.lr}) must be positive")
+        if not 0.0 <= self.min_lr <= self.lr:
+            raise ValueError(f"min_lr ({self.min_lr}) must be in [0, lr ({self.lr})]")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be in [0, 1)")
+        for name in ("weight_decay", "clip_norm"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
+            raise ValueError(f"device ({self.device!r}) must be 'auto', 'cpu', 'cuda', "
+                             "'cuda:N' or 'mps'")
+        if self.best_metric != "valid_loss" and self.metric_examples == 0:
+            raise ValueError(f"best_metric ({self.best_metric!r}) is a task metric, but "
+                             "metric_examples (0) turns task metrics off; no best model "
+                             "would ever be kept")
         if self.max_minutes < 0:
             raise ValueError(f"max_minutes ({self.max_minutes}) must be >= 0")
-        for name in ("warmup", "patience", "eval_batches", "metric_examples"):
+        if self.schedule_steps is not None and self.schedule_steps <= 0:
+            raise ValueError(f"schedule_steps ({self.schedule_steps}) must be positive")
+        for name in ("warmup", "patience", "eval_batches", "metric_examples", "max_skipped_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
         if self.schedule == "noam" and self.warmup == 0:
             raise ValueError("warmup (0) must be positive for the noam schedule")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing ({self.label_smoothing}) must be in [0, 1)")
+
+
+    def follows(self) -> dict:
+        return {"schedule_steps": self.max_steps}
 
 
 @dataclass(frozen=True)
@@ -239,13 +275,16 @@ class DecodeConfig(ConfigBase):
         if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"need temperature ({self.temperature}) >= 0, top_k "
                              f"({self.top_k}) >= 0 and 0 < top_p ({self.top_p}) <= 1")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens ({self.max_new_tokens}) must be positive")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ValueError(f"max_new_tokens ({self.max_new_tokens}) must be in "
+                             f"[1, {MAX_NEW_TOKENS:,}]")
 
 
 def check_beam(beam: int, n_best: int, length_penalty: float) -> None:
     """The beam-search settings' one check (``[decode]`` and ``generation.beam_search``)."""
     if beam < 1 or not 1 <= n_best <= beam:
         raise ValueError(f"need beam ({beam}) >= 1 and 1 <= n_best ({n_best}) <= beam")
+    if beam > MAX_BEAM:
+        raise ValueError(f"beam ({beam}) must be at most {MAX_BEAM}")
     if length_penalty < 0:
         raise ValueError(f"length penalty alpha ({length_penalty}) must be >= 0")

@@ -14,6 +14,7 @@ wraps their ``tokenizer.json`` and records which ids play pad/bos/eos/unk beside
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -210,7 +211,8 @@ def train_tokenizer(kind: str, texts: Iterable[str], vocab_size: int) -> Tokeniz
 
 
 def save_tokenizers(directory: Path, source: Tokenizer, target: Tokenizer | None = None) -> None:
-    """Write ``directory/meta.json`` and one file per distinct tokenizer."""
+    """Write one file per distinct tokenizer, then ``directory/meta.json`` (which says which
+    file serves which side, with each file's sha256)."""
     directory.mkdir(parents=True, exist_ok=True)
     meta = {"source": {"kind": source.kind, "file": "source.json"}}
     source.save(directory / "source.json")
@@ -220,7 +222,13 @@ def save_tokenizers(directory: Path, source: Tokenizer, target: Tokenizer | None
         else:
             meta["target"] = {"kind": target.kind, "file": "target.json"}
             target.save(directory / "target.json")
+    files = sorted(p.name for p in directory.iterdir() if p.name != "meta.json")
+    meta["sha256"] = {name: _sha256(directory / name) for name in files}
     (directory / "meta.json").write_text(json.dumps(meta, indent=2))
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def load_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer | None]:
@@ -229,7 +237,17 @@ def load_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer | None]:
     meta_path = directory / "meta.json"
     if not meta_path.exists():
         raise FileNotFoundError(f"no tokenizer in {directory} (missing meta.json)")
-    meta = json.loads(meta_path.read_text())
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{meta_path} is damaged ({e})") from None
+    for name, digest in meta.get("sha256", {}).items():
+        path = directory / name
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing (listed in {meta_path})")
+        if _sha256(path) != digest:
+            raise ValueError(f"{path} is damaged: it does not match the checksum written with "
+                             "it; restore the run's tokenizer/ folder")
     loaded: dict[str, Tokenizer] = {}
     for side in ("source", "target"):
         entry = meta.get(side)

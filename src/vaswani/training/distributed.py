@@ -39,6 +39,14 @@ class Dist:
             dist.broadcast(t, src=0)
         return t
 
+    def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``t`` (same shape on all ranks), in rank order."""
+        if not self.enabled:
+            return [t]
+        out = [torch.empty_like(t) for _ in range(self.world)]
+        dist.all_gather(out, t)
+        return out
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()

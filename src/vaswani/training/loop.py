@@ -6,9 +6,14 @@ One optimizer step:
 2. count their targets and sum the count over ranks: ``N`` is the step's global token count;
 3. for each micro-batch, backward ``loss_sum * world / N`` (DDP averages gradients over ranks,
    hence ``* world``), syncing gradients only on the last one;
-4. clip, step the optimizer, step the LR schedule (once per optimizer step).
+4. set the learning rate of this step (schedules.py), clip, update, clear the gradients.
 
-So accumulation and data parallelism give the same update as one big batch.
+So accumulation and data parallelism give the same update as one big batch. A step whose
+loss or gradient norm is not finite updates nothing (it is counted and logged); more than
+``[train] max_skipped_steps`` of them in a row stop the run, keeping the last checkpoint.
+
+Stopping (Ctrl-C, SIGTERM, the time budget, early stopping) happens between steps, so a saved
+checkpoint always holds the state after a whole step: resuming from it is exact.
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ from ..models import build_model
 from ..tasks import TaskData, task_for
 from .distributed import Dist
 from .schedules import lr_factor
+from .state import Diverged, Stopped, StopRequest, all_finite, check_optimizer_state
+
+
+class _Abandoned(Exception):
+    """An evaluation cut short by a stop request."""
 
 
 def make_optimizer(model: nn.Module, cfg) -> torch.optim.AdamW:
@@ -46,46 +56,31 @@ def make_optimizer(model: nn.Module, cfg) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
 
 
-def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict, model: nn.Module,
-                          where: Path) -> None:
-    """A saved optimizer state must fit the parameters it is loaded into. PyTorch matches them
-    by position only, and the fused AdamW kernel does not check shapes: a mismatch (a model
-    changed between save and load) would corrupt memory instead of failing."""
-    names = {id(p): name for name, p in model.named_parameters()}
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    indices = [i for group in saved["param_groups"] for i in group["params"]]
-    if len(indices) != len(params):
-        raise ValueError(f"{where}: the saved optimizer state holds {len(indices)} parameters "
-                         f"but the model has {len(params)}; it belongs to another model")
-    for i, p in zip(indices, params, strict=True):
-        for key, value in saved["state"].get(i, {}).items():
-            if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
-                raise ValueError(f"{where}: the saved optimizer state's {key} for "
-                                 f"{names.get(id(p), i)} has shape {tuple(value.shape)}, the "
-                                 f"parameter {tuple(p.shape)}; it belongs to another model")
+def check_best_metric(cfg: RunConfig, metrics: tuple[str, ...]) -> None:
+    if cfg.train.best_metric not in metrics:
+        raise ValueError(f"best_metric ({cfg.train.best_metric!r}) must be one of "
+                         f"{list(metrics)} for this task")
 
 
 class Trainer:
     def __init__(self, cfg: RunConfig, data: TaskData, run_dir: Path, *, device: torch.device,
-                 dist: Dist | None = None, resume: bool = False, progress: bool = True) -> None:
+                 dist: Dist | None = None, resume: bool = False, progress: bool = True,
+                 stop: StopRequest | None = None) -> None:
         dist = dist or Dist()
         self.cfg, self.data, self.run_dir, self.device, self.dist = cfg, data, run_dir, device, dist
         t = cfg.train
+        self.task = task_for(cfg)
+        check_best_metric(cfg, self.task.metrics)
         torch.manual_seed(t.seed)  # same initial weights on every rank
         self.model = build_model(cfg.model).to(device)
         self.optimizer = make_optimizer(self.model, t)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, schedule=t.schedule, warmup=t.warmup,
-                                                max_steps=t.max_steps, min_ratio=t.min_lr / t.lr))
-        self.task = task_for(cfg)
         self.batches = self.task.batches(data, dist.rank, dist.world)
-        if t.best_metric not in self.task.metrics:
-            raise ValueError(f"best_metric ({t.best_metric!r}) must be one of "
-                             f"{list(self.task.metrics)} for this task")
+        self.stop = stop or StopRequest()
         self.step = 0
         self.elapsed = 0.0  # training seconds before this process (resumed runs)
         self.best: float | None = None
         self.bad_evals = 0
+        self.skipped = self.skipped_in_a_row = 0  # steps with a non-finite loss or gradient
         self.progress = progress and dist.is_main
         self._fit_start = time.perf_counter()
         torch.manual_seed(t.seed + dist.rank)  # dropout differs across ranks, as it should
@@ -100,18 +95,25 @@ class Trainer:
         if t.compile:
             self.train_model = torch.compile(self.train_model)
 
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based)."""
+        t = self.cfg.train
+        return t.lr * lr_factor(step, schedule=t.schedule, warmup=t.warmup,
+                                max_steps=t.schedule_steps, min_ratio=t.min_lr / t.lr)
+
     # --- state -------------------------------------------------------------------------
     def _state(self) -> dict:
         return {"step": self.step, "micro_batches": self.step * self.cfg.train.grad_accum,
                 "elapsed": round(self.elapsed + time.perf_counter() - self._fit_start, 1),
-                "best": self.best, "bad_evals": self.bad_evals,
+                "best": self.best, "bad_evals": self.bad_evals, "skipped_steps": self.skipped,
                 "best_metric": self.cfg.train.best_metric,
                 "data_fingerprint": self.data.fingerprint()}
 
     def _trainer_state(self) -> dict:
-        state = {"optimizer": self.optimizer.state_dict(),
-                 "scheduler": self.scheduler.state_dict(),
-                 "rng_cpu": torch.get_rng_state()}
+        """Optimizer and random-number state (every rank's: dropout differs per rank)."""
+        rng = torch.get_rng_state()
+        state = {"optimizer": self.optimizer.state_dict(), "rng_cpu": rng,
+                 "rng_cpu_ranks": self.dist.all_gather(rng)}
         if self.device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state(self.device)
         return state
@@ -124,27 +126,38 @@ class Trainer:
         check_optimizer_state(self.optimizer, trainer_state["optimizer"], self.model,
                               rundir.find_last(self.run_dir))
         self.optimizer.load_state_dict(trainer_state["optimizer"])
-        self.scheduler.load_state_dict(trainer_state["scheduler"])
-        if self.dist.is_main or not self.dist.enabled:
+        ranks = trainer_state.get("rng_cpu_ranks") or [trainer_state["rng_cpu"]]
+        if len(ranks) == self.dist.world:
+            torch.set_rng_state(ranks[self.dist.rank])
+        elif self.dist.is_main:  # a different number of processes: rank 0 continues its own
             torch.set_rng_state(trainer_state["rng_cpu"])
         if "rng_cuda" in trainer_state and self.device.type == "cuda":
             torch.cuda.set_rng_state(trainer_state["rng_cuda"], self.device)
         self.step, self.best, self.bad_evals = state["step"], state["best"], state["bad_evals"]
+        self.skipped = state.get("skipped_steps", 0)
         self.elapsed = state.get("elapsed", 0.0)
         self._trim_metrics(self.step)
 
     def _trim_metrics(self, step: int) -> None:
-        """Drop log lines written after the checkpoint we resume from."""
+        """Drop log lines written after the checkpoint we resume from (and any line cut
+        short by a kill)."""
         path = self.run_dir / rundir.METRICS
         if self.dist.is_main and path.exists():
-            lines = [ln for ln in path.read_text().splitlines()
-                     if ln.strip() and json.loads(ln)["step"] <= step]
-            rundir.atomic_write_text(path, "".join(ln + "\n" for ln in lines))
+            rows = [r for r in rundir.read_metrics(path) if r["step"] <= step]
+            rundir.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def save_last(self) -> None:
         if self.dist.is_main:
+            self._require_finite_weights()
             rundir.save_last(self.run_dir, self.model, self._trainer_state(), self._state())
+        else:
+            self._trainer_state()  # the collective gathering every rank's RNG state
         self.dist.barrier()
+
+    def _require_finite_weights(self) -> None:
+        if not all_finite(self.model):
+            raise Diverged(f"the weights are no longer finite at step {self.step}; the last "
+                           f"checkpoint in {self.run_dir} is kept (lower [train] lr?)")
 
     # --- one optimizer step -------------------------------------------------------------
     def train_step(self) -> tuple[float, int]:
@@ -154,7 +167,7 @@ class Trainer:
         micro = [self.to_device(self.batches.micro_batch(self.step * t.grad_accum + k))
                  for k in range(t.grad_accum)]
         loss_sum, total = self.accumulate(micro)
-        self.optimizer_step()
+        self.optimizer_step(finite_loss=math.isfinite(loss_sum))
         tokens = sum(self.task.tokens(b) for b in micro) * self.dist.world  # about, over ranks
         return loss_sum / total, tokens
 
@@ -184,12 +197,27 @@ class Trainer:
             loss_sum += loss.detach().double()
         return float(self.dist.all_sum(loss_sum).item()), total
 
-    def optimizer_step(self) -> None:
-        """Clip, update, advance the schedule by one optimizer step, clear gradients."""
-        if self.cfg.train.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.clip_norm)
-        self.optimizer.step()
-        self.scheduler.step()
+    def optimizer_step(self, finite_loss: bool = True) -> None:
+        """Set this step's learning rate, clip, update and clear the gradients. A non-finite
+        loss or gradient norm skips the update (the step still counts, and consumes its
+        batch, so batches stay a function of the step)."""
+        t = self.cfg.train
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(self.step)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                              t.clip_norm if t.clip_norm > 0 else math.inf)
+        if finite_loss and math.isfinite(float(norm)):
+            self.optimizer.step()
+            self.skipped_in_a_row = 0
+        else:
+            self.skipped += 1
+            self.skipped_in_a_row += 1
+            if self.skipped_in_a_row > t.max_skipped_steps:
+                raise Diverged(
+                    f"training diverged: the loss or gradients were not finite for "
+                    f"{self.skipped_in_a_row} steps in a row (up to step {self.step + 1}); the "
+                    f"last checkpoint in {self.run_dir} is kept. Lower [train] lr, or raise "
+                    "max_skipped_steps")
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
 
@@ -204,6 +232,8 @@ class Trainer:
         for i, batch in enumerate(self.batches.valid_batches()):
             if t.eval_batches and i >= t.eval_batches:
                 break
+            if self.stop.requested:
+                raise _Abandoned
             with autocast:
                 _, batch_nll, n = self.task.loss(model, self.to_device(batch), 0.0)
             nll += float(batch_nll)
@@ -212,23 +242,25 @@ class Trainer:
         if count:
             result["valid_loss"] = nll / count
             result["valid_ppl"] = perplexity(result["valid_loss"])
-        if t.metric_examples:
+        if t.metric_examples and not self.stop.requested:
             with autocast:
                 result.update(self.task.metric(model, self.data, self.batches,
                                                t.metric_examples, self.device))
         return result
 
     def _improved(self, value: float) -> bool:
-        lower_is_better = self.cfg.train.best_metric == "valid_loss"
-        if self.best is None or math.isnan(self.best):
+        if not math.isfinite(value):
+            return False  # a NaN or infinite score never replaces the best weights
+        if self.best is None or not math.isfinite(self.best):
             return True
+        lower_is_better = self.cfg.train.best_metric == "valid_loss"
         return value < self.best if lower_is_better else value > self.best
 
     # --- the loop -----------------------------------------------------------------------
     def fit(self) -> dict:
-        """Train to ``max_steps`` (or early stop); returns the last evaluation."""
+        """Train to ``max_steps`` (or early stop, or the time budget); returns the last
+        evaluation. Raises :class:`Stopped` after saving when asked to stop."""
         t = self.cfg.train
-        metrics_path = self.run_dir / rundir.METRICS
         interactive = sys.stderr.isatty()
         bar = tqdm(total=t.max_steps, initial=self.step, disable=not self.progress,
                    unit="step", dynamic_ncols=True,
@@ -237,64 +269,76 @@ class Trainer:
         tokens, clock = 0, time.perf_counter()
         started = self._fit_start = clock
         last_eval: dict = {}
-        stop = False
+        done = False
+        self.stop.polling = True
         try:
-            while self.step < t.max_steps and not stop:
-                lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
+            while self.step < t.max_steps and not done:
+                lr = self.lr_at(self.step)  # the rate this step uses
                 loss, n = self.train_step()
                 tokens += n
                 bar.update(1)
-                out_of_time = self._out_of_time(started)
+                out_of_time, stop = self._should_stop(started)
                 is_eval = (self.step % t.eval_every == 0 or self.step == t.max_steps
-                           or out_of_time)
-                if self.step % t.log_every == 0 or is_eval:
+                           or out_of_time) and not stop
+                if self.step % t.log_every == 0 or is_eval or stop:
                     elapsed = time.perf_counter() - clock
                     line = {"step": self.step, "loss": loss, "lr": lr,
                             "tokens_per_s": tokens / max(elapsed, 1e-9),
                             "elapsed": round(self.elapsed + time.perf_counter() - started, 1)}
+                    if self.skipped:
+                        line["skipped_steps"] = self.skipped
                     tokens, clock = 0, time.perf_counter()
                     bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}",
                                     tok_s=f"{line['tokens_per_s']:.0f}",
                                     refresh=interactive)  # a log file gets a line per 30 s
                     if is_eval:
-                        stop = self._eval_step(line) or out_of_time
+                        done = self._eval_step(line) or out_of_time
                         last_eval = {k: v for k, v in line.items() if k.startswith("valid")
                                      or k in self.task.metrics}
                     if self.dist.is_main:
-                        with metrics_path.open("a") as f:
-                            f.write(json.dumps(line) + "\n")
-                if self.step % t.save_every == 0 or stop or self.step == t.max_steps:
+                        rundir.append_metrics(self.run_dir / rundir.METRICS, line)
+                if is_eval and not stop:  # asked to stop during the evaluation?
+                    stop = self._should_stop(started)[1]
+                if self.step % t.save_every == 0 or done or stop or self.step == t.max_steps:
                     self.save_last()
-        except KeyboardInterrupt:
+                if stop:
+                    raise Stopped(self.run_dir, self.step)
+        finally:
+            self.stop.polling = False
             bar.close()
-            self.save_last()  # nothing lost: resume with --resume
-            raise
-        bar.close()
         return last_eval
 
-    def _out_of_time(self, started: float) -> bool:
-        """Whether [train] max_minutes is spent (decided on rank 0, shared with all ranks)."""
+    def _should_stop(self, started: float) -> tuple[bool, bool]:
+        """(time budget spent, stop requested), agreed by every rank: rank 0's clock decides
+        the budget; a stop request on any rank stops them all."""
         limit = self.cfg.train.max_minutes * 60
-        if not limit:
-            return False
-        flag = torch.tensor([float(self.elapsed + time.perf_counter() - started >= limit)],
-                            device=self.device)
-        return bool(self.dist.broadcast(flag).item())
+        spent = bool(limit) and self.elapsed + time.perf_counter() - started >= limit
+        flags = torch.tensor([float(spent and self.dist.is_main), float(self.stop.requested)],
+                             device=self.device)
+        if self.dist.enabled:
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        return bool(flags[0]), bool(flags[1])
 
     def _eval_step(self, line: dict) -> bool:
-        """Evaluate on rank 0, keep the best weights, decide early stopping (on every rank)."""
+        """Evaluate on rank 0, keep the best weights, decide early stopping (on every rank).
+        An evaluation cut short by a stop request records nothing."""
         t = self.cfg.train
         stop = torch.zeros(1, device=self.device)
         if self.dist.is_main:
-            result = self.evaluate()
-            line.update(result)
-            value = result.get(t.best_metric)
-            if value is not None and self._improved(value):
-                self.best, self.bad_evals = value, 0
-                rundir.save_weights(self.model, self.run_dir / rundir.BEST)
-            else:
-                self.bad_evals += 1
-            if t.patience and self.bad_evals >= t.patience:
-                stop[0] = 1
+            try:
+                result = self.evaluate()
+            except _Abandoned:
+                result = None
+            if result is not None:
+                line.update(result)
+                value = result.get(t.best_metric)
+                if value is not None and self._improved(value):
+                    self.best, self.bad_evals = value, 0
+                    self._require_finite_weights()
+                    rundir.save_weights(self.model, self.run_dir / rundir.BEST)
+                else:
+                    self.bad_evals += 1
+                if t.patience and self.bad_evals >= t.patience:
+                    stop[0] = 1
         self.dist.broadcast(stop)
         return bool(stop.item())

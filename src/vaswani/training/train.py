@@ -2,38 +2,36 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from .. import rundir
-from ..config import RunConfig, load_run_config
+from ..config import RunConfig, apply_overrides, load_run_config, load_toml
 from ..data.registry import default_cache
+from ..devices import resolve_device
 from ..tasks import Task, TaskData, task_for
 from ..viz.curves import plot_loss
 from .distributed import Dist, init, shutdown
-from .loop import Trainer
+from .loop import Trainer, check_best_metric
+from .state import StopRequest
 
 
 @dataclass(frozen=True)
 class Launch:
-    """Where and how this process trains (the CLI reads these from the environment)."""
+    """Where and how this process trains (the CLI reads these from the environment and
+    installs the signal handlers that set ``stop``)."""
 
     rank: int = 0
     world: int = 1
     local_rank: int = 0
     progress: bool = True
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        name = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device ({name!r}) asked for CUDA, but no CUDA device is available")
-    return torch.device(name)
+    stop: StopRequest = field(default_factory=StopRequest)
 
 
 def resolve_model(cfg: RunConfig, task: Task, data: TaskData) -> RunConfig:
@@ -51,13 +49,17 @@ def resolve_model(cfg: RunConfig, task: Task, data: TaskData) -> RunConfig:
 def train(config: str | None, overrides: list[str], out: str | None = None,
           resume: str | None = None, overwrite: bool = False, launch: Launch = Launch(),
           cache: Path | None = None) -> dict:
-    """Train and return a summary dict (also printed by the CLI)."""
+    """Train and return a summary dict (also printed by the CLI).
+
+    Everything that can be checked is checked before the run directory is touched; the
+    directory is locked for the life of the run; a start that fails before saving any
+    weights leaves nothing behind."""
     start = time.perf_counter()
     cache = default_cache() if cache is None else cache
     init_tokenizers = None
     if resume:
         run_dir = Path(resume)
-        cfg = rundir.read_config(run_dir, overrides)
+        cfg = _resumed_config(run_dir, overrides)
         rundir.find_last(run_dir)  # fail early if there is nothing to resume
     else:
         if config is None:
@@ -66,41 +68,119 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
         run_dir = Path(out) if out else Path("runs") / Path(config).stem
         if cfg.train.init_from:
             cfg, init_tokenizers = _from_pretrained(cfg)
+        # The schedule's length is fixed now: resuming with more steps continues it.
+        cfg = RunConfig(cfg.model, cfg.data, cfg.train.replace(
+            schedule_steps=cfg.train.schedule_steps), cfg.decode)
+    task = task_for(cfg)
+    check_best_metric(cfg, task.metrics)
     device = resolve_device(cfg.train.device, launch.local_rank)
     dist = init(launch.rank, launch.world, launch.local_rank, device)
-    task = task_for(cfg)
+    created = not run_dir.exists()
     try:
-        if resume:
-            data = _data_from_run(task, run_dir, cache)
-        else:
-            # Rank 0 trains the tokenizer and writes the run; the others then read it back.
+        with _lock(run_dir, dist):
+            try:
+                data, cfg = _start(task, cfg, run_dir, resume, overwrite, init_tokenizers,
+                                   cache, dist)
+                if dist.is_main:
+                    _announce(run_dir, cfg, task, data, device, dist)
+                trainer = Trainer(cfg, data, run_dir, device=device, dist=dist,
+                                  resume=bool(resume), progress=launch.progress,
+                                  stop=launch.stop)
+                result = trainer.fit()
+            except BaseException:
+                if dist.is_main and not resume:
+                    _clear_failed_start(run_dir, created)
+                raise
+            summary = {"run_dir": str(run_dir), "steps": trainer.step,
+                       "seconds": round(time.perf_counter() - start, 1), **result}
+            if trainer.skipped:
+                summary["skipped_steps"] = trainer.skipped
             if dist.is_main:
-                rundir.start(run_dir, overwrite)
-                data = task.load(cache, init_tokenizers)
-                rundir.write_run(run_dir, resolve_model(cfg, task, data), data.source_tokenizer,
-                                 data.target_tokenizer, data.labels)
-            dist.barrier()
-            if not dist.is_main:
-                data = _data_from_run(task, run_dir, cache)
-        cfg = resolve_model(cfg, task, data)
-        if dist.is_main:
-            _announce(run_dir, cfg, task, data, device, dist)
-        trainer = Trainer(cfg, data, run_dir, device=device, dist=dist, resume=bool(resume),
-                          progress=launch.progress)
-        result = trainer.fit()
-        summary = {"run_dir": str(run_dir), "steps": trainer.step,
-                   "seconds": round(time.perf_counter() - start, 1), **result}
-        if dist.is_main:
-            plot_loss(run_dir / rundir.METRICS, run_dir / rundir.LOSS_PLOT)
-            notes = data.report.summary()
-            if data.truncated:
-                notes += f"{'; ' if notes else ''}truncated {data.truncated} sequence(s) " \
-                         f"to max_len ({cfg.model.max_len})"
-            if notes:
-                summary["data_notes"] = notes
-        return summary
+                plot_loss(run_dir / rundir.METRICS, run_dir / rundir.LOSS_PLOT)
+                notes = data.report.summary()
+                if data.truncated:
+                    notes += f"{'; ' if notes else ''}truncated {data.truncated} sequence(s) " \
+                             f"to max_len ({cfg.model.max_len})"
+                if notes:
+                    summary["data_notes"] = notes
+            return summary
     finally:
         shutdown(dist)
+
+
+def _resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
+    """The run's config with ``--set`` overrides. A run written before ``schedule_steps``
+    existed keeps the schedule its ``max_steps`` gave it. Extending a cosine schedule that
+    has ended at a zero learning rate would change nothing, so it is refused."""
+    if not (run_dir / rundir.CONFIG).exists():
+        rundir.read_config(run_dir)  # the clear "not a run directory" error
+    data = load_toml(run_dir / rundir.CONFIG)
+    train_section = data.setdefault("train", {})
+    train_section.setdefault("schedule_steps", train_section.get("max_steps", 1000))
+    try:
+        cfg = RunConfig.from_dict(apply_overrides(data, overrides))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{run_dir / rundir.CONFIG}: {e}") from None
+    t = cfg.train
+    if t.max_steps > t.schedule_steps and t.schedule == "cosine":
+        if t.min_lr == 0:
+            raise ValueError(
+                f"train.max_steps ({t.max_steps}) goes past the end of this run's cosine "
+                f"schedule ({t.schedule_steps} steps), where the learning rate is min_lr (0): "
+                f"the extra steps would change nothing. Also --set train.schedule_steps="
+                f"{t.max_steps} to stretch the schedule over them (the rate rises again), "
+                "or set train.min_lr")
+        print(f"vaswani: steps {t.schedule_steps + 1}-{t.max_steps} run after the end of the "
+              f"cosine schedule, at min_lr ({t.min_lr:g}); --set train.schedule_steps="
+              f"{t.max_steps} would stretch the schedule instead", file=sys.stderr, flush=True)
+    return cfg
+
+
+@contextlib.contextmanager
+def _lock(run_dir: Path, dist: Dist):
+    """Rank 0 holds the run directory's lock; every rank learns whether it got it."""
+    with contextlib.ExitStack() as stack:
+        error = None
+        if dist.is_main:
+            try:
+                stack.enter_context(rundir.locked(run_dir))
+            except rundir.RunInUse as e:
+                error = e
+        failed = dist.broadcast(torch.tensor([float(error is not None)]))
+        if error is not None:
+            raise error
+        if bool(failed.item()):
+            raise rundir.RunInUse(f"{run_dir} is in use by another vaswani process")
+        yield
+
+
+def _start(task: Task, cfg: RunConfig, run_dir: Path, resume: str | None, overwrite: bool,
+           init_tokenizers, cache: Path, dist: Dist) -> tuple[TaskData, RunConfig]:
+    """The run's data, and its config completed from the data. A new run: rank 0 trains the
+    tokenizer and writes config.toml and tokenizer/; the other ranks then read them back."""
+    if resume:
+        data = _data_from_run(task, run_dir, cache)
+    else:
+        if dist.is_main:
+            rundir.start(run_dir, overwrite)
+            data = task.load(cache, init_tokenizers)
+            rundir.write_run(run_dir, resolve_model(cfg, task, data), data.source_tokenizer,
+                             data.target_tokenizer, data.labels)
+        dist.barrier()
+        if not dist.is_main:
+            data = _data_from_run(task, run_dir, cache)
+    return data, resolve_model(cfg, task, data)
+
+
+def _clear_failed_start(run_dir: Path, created: bool) -> None:
+    """After a failure: a start that saved no weights leaves nothing behind (a directory
+    this run created is removed; otherwise only vaswani's files)."""
+    if not run_dir.exists() or rundir.holds_run(run_dir):
+        return
+    if created:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:
+        rundir.remove_run_files(run_dir)
 
 
 def _from_pretrained(cfg: RunConfig):
