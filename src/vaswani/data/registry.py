@@ -9,9 +9,13 @@ is kept under ``CACHE/packages/``. The cache is ``--cache DIR``, else ``$VASWANI
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +45,28 @@ class Package:
         return f"{self.name}=={self.version}"
 
 
+def private_dir(parent: Path, prefix: str) -> Path:
+    """A new temporary folder ``parent/.PREFIX.PID.XXXX`` for building something that is
+    renamed into place when complete. Such folders left by processes that died (a kill -9)
+    are removed first."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for old in parent.glob(f".{prefix}.*"):
+        pid = old.name[len(prefix) + 2:].split(".")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f".{prefix}.{os.getpid()}.", dir=parent))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -56,10 +82,12 @@ def pip_download(package: Package, directory: Path) -> None:
     result = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
     if result.returncode != 0:
         tail = " ".join(result.stderr.strip().splitlines()[-2:])
+        if "No space left on device" in result.stderr:
+            raise OSError(errno.ENOSPC, f"the disk is full ({tail})")
         raise FetchError(
             f"could not download {package.spec} from the package index ({tail}). Check the "
             f"network or proxy settings, or fetch {package.filename} yourself and put it in "
-            f"{directory}")
+            f"{directory.parent}")
 
 
 def fetch(package: Package, cache: Path, *, download=pip_download) -> Path:
@@ -69,10 +97,24 @@ def fetch(package: Package, cache: Path, *, download=pip_download) -> Path:
     path = directory / package.filename
     if not path.exists():
         print(f"fetching {package.spec} into {directory}", file=sys.stderr, flush=True)
-        download(package, directory)
-        if not path.exists():
-            raise FetchError(f"pip did not produce {path}; is {package.spec} a pure-Python "
-                             "wheel on your package index?")
+        # Into a private folder first: a download cut short (a full disk, a kill) never
+        # leaves a partial wheel under the final name.
+        partial = private_dir(directory, "download")
+        try:
+            download(package, partial)
+            if not (partial / package.filename).exists():
+                raise FetchError(f"pip did not produce {package.filename}; is {package.spec} "
+                                 "a pure-Python wheel on your package index?")
+            os.replace(partial / package.filename, path)
+        except OSError as e:
+            if e.errno == errno.ENOSPC or "No space left" in str(e):
+                free = shutil.disk_usage(directory).free >> 20
+                raise FetchError(f"could not download {package.spec}: the disk holding "
+                                 f"{directory} is full ({free} MiB free); free some space and "
+                                 "run again") from None
+            raise
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
     digest = sha256_of(path)
     if digest != package.sha256:
         raise FetchError(f"{path} has sha256 {digest}, expected {package.sha256}: the file is "

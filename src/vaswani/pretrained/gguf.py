@@ -47,13 +47,36 @@ def unpermute(w: Tensor, n_heads: int) -> Tensor:
             .reshape(w.shape))
 
 
+class GGUFError(ValueError):
+    """A GGUF file that cannot be read as a LLaMA checkpoint; the message names the file."""
+
+
 def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Tensor], dict]:
-    """(config, Hugging Face-named fp32 state dict, tokenizer fields) of a LLaMA GGUF file."""
+    """(config, Hugging Face-named fp32 state dict, tokenizer fields) of a LLaMA GGUF file.
+    A damaged or incomplete file (random bytes, a truncated download, missing keys, wrong
+    tensor sizes) is a :class:`GGUFError` naming the file and what is wrong."""
+    try:
+        return _read_gguf(path)
+    except GGUFError:
+        raise
+    except Exception as e:  # the gguf reader's and numpy's own errors on a damaged file
+        raise GGUFError(f"{path} is not a readable GGUF file ({type(e).__name__}: "
+                        f"{str(e)[:120]})") from None
+
+
+def _required(reader, path: Path, key: str):
+    value = _field(reader, key)
+    if value is None:
+        raise GGUFError(f"{path} lacks the GGUF key {key!r}")
+    return value
+
+
+def _read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Tensor], dict]:
     gguf, reader = _reader(path)
-    arch = _field(reader, "general.architecture")
+    arch = _required(reader, path, "general.architecture")
     if arch != "llama":
         raise ValueError(f"{path}: architecture {arch!r} is not supported (llama)")
-    n_heads = int(_field(reader, "llama.attention.head_count"))
+    n_heads = int(_required(reader, path, "llama.attention.head_count"))
     n_kv = int(_field(reader, "llama.attention.head_count_kv", n_heads))
     state: dict[str, Tensor] = {}
     for t in reader.tensors:
@@ -62,25 +85,28 @@ def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Tensor], dict]:
         if t.name in _TOP:
             state[_TOP[t.name]] = w
             continue
-        _, block, kind, _ = t.name.split(".")
+        parts = t.name.split(".")
+        if len(parts) != 4 or parts[0] != "blk" or parts[2] not in _BLOCK:
+            raise GGUFError(f"{path} holds a tensor vaswani does not know: {t.name!r}")
+        _, block, kind, _ = parts
         if kind == "attn_q":
             w = unpermute(w, n_heads)
         elif kind == "attn_k":
             w = unpermute(w, n_kv)
         state[f"model.layers.{block}.{_BLOCK[kind]}.weight"] = w
-    tokens = _field(reader, "tokenizer.ggml.tokens")
+    tokens = _required(reader, path, "tokenizer.ggml.tokens")
     config = llama_config(
         vocab_size=int(_field(reader, "llama.vocab_size", len(tokens))),
-        d_model=int(_field(reader, "llama.embedding_length")), n_heads=n_heads, n_kv_heads=n_kv,
-        d_ff=int(_field(reader, "llama.feed_forward_length")),
-        n_layers=int(_field(reader, "llama.block_count")),
-        max_len=int(_field(reader, "llama.context_length")),
+        d_model=int(_required(reader, path, "llama.embedding_length")), n_heads=n_heads,
+        n_kv_heads=n_kv, d_ff=int(_required(reader, path, "llama.feed_forward_length")),
+        n_layers=int(_required(reader, path, "llama.block_count")),
+        max_len=int(_required(reader, path, "llama.context_length")),
         rope_base=float(_field(reader, "llama.rope.freq_base", 10000.0)),
-        norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
+        norm_eps=float(_required(reader, path, "llama.attention.layer_norm_rms_epsilon")),
         tie_embeddings="lm_head.weight" not in state,
         pad_id=int(_field(reader, "tokenizer.ggml.unknown_token_id", 0)))
     tokenizer = {
-        "model": _field(reader, "tokenizer.ggml.model"),
+        "model": _required(reader, path, "tokenizer.ggml.model"),
         "pre": _field(reader, "tokenizer.ggml.pre"),
         "tokens": tokens, "merges": _field(reader, "tokenizer.ggml.merges", []),
         "token_type": _field(reader, "tokenizer.ggml.token_type", []),

@@ -72,17 +72,17 @@ def resolve_source(source: str, kind: str, cache: Path) -> Path:
     return target / spec.member
 
 
-def _prepare_out(out: Path, overwrite: bool) -> None:
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out} is not empty; choose another --out or pass --overwrite")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-
-
 def _write_run(out: Path, config: ModelConfig, state: dict, tokenizer: PretrainedTokenizer,
-               decode: DecodeConfig, source: str) -> Path:
+               decode: DecodeConfig, source: str, overwrite: bool) -> Path:
+    """Check that the weights and the tokenizer fit the model, and only then touch ``out``
+    (locked): weights and tokenizer first, ``config.toml`` last, so that a kill part-way
+    leaves no run, and ``--overwrite`` removes only what vaswani writes."""
     model = build_model(config)
+    shapes = model.state_dict()
+    wrong = [f"{k} {tuple(v.shape)} (expected {tuple(shapes[k].shape)})"
+             for k, v in state.items() if k in shapes and v.shape != shapes[k].shape]
+    if wrong:
+        raise ValueError(f"the checkpoint does not fit its own config: {'; '.join(wrong[:3])}")
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"output_proj.weight"} if config.tie_embeddings else set()
     if set(missing) - tied or unexpected:
@@ -91,9 +91,11 @@ def _write_run(out: Path, config: ModelConfig, state: dict, tokenizer: Pretraine
     if tokenizer.vocab_size != config.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model "
                          f"{config.vocab_size}")
-    rundir.save_weights(model, out / rundir.BEST, metadata={"imported_from": source})
-    rundir.write_run(out, RunConfig(model=config, decode=decode), tokenizer, None, [],
-                     header=f"# Imported by `vaswani import` from {source}\n")
+    with rundir.locked(out):
+        rundir.start(out, overwrite)
+        rundir.save_weights(model, out / rundir.BEST, metadata={"imported_from": source})
+        rundir.write_run(out, RunConfig(model=config, decode=decode), tokenizer, None, [],
+                         header=f"# Imported by `vaswani import` from {source}\n")
     return out
 
 
@@ -104,20 +106,34 @@ def import_bert(source: str, out: Path, cache: Path, *, overwrite: bool = False)
     from .bert import config_from_hf, convert_state_dict
 
     folder = resolve_source(source, "bert", cache)
-    _prepare_out(out, overwrite)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder (a BERT checkpoint is a folder with "
+                         "config.json, model.safetensors and tokenizer.json)")
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         if not (folder / name).exists():
             raise FileNotFoundError(f"{folder} has no {name} (a BERT folder needs "
                                     "config.json, model.safetensors and tokenizer.json)")
-    config = config_from_hf(json.loads((folder / "config.json").read_text()))
-    hf_tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    try:
+        hf_config = json.loads((folder / "config.json").read_text())
+        hf_tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        weights = load_file(str(folder / "model.safetensors"))
+    except Exception as e:  # json's, tokenizers' and safetensors' own errors
+        raise ValueError(f"{folder} holds an unreadable BERT checkpoint ({type(e).__name__}: "
+                         f"{str(e)[:120]})") from None
+    try:
+        config = config_from_hf(hf_config)
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{folder / 'config.json'} lacks or garbles {e}") from None
     ids = {name: hf_tok.token_to_id(tok) for name, tok in
            (("pad", "[PAD]"), ("bos", "[CLS]"), ("eos", "[SEP]"), ("unk", "[UNK]"))}
     if None in ids.values():
         raise ValueError(f"{folder / 'tokenizer.json'} lacks one of [PAD] [CLS] [SEP] [UNK]")
     tokenizer = PretrainedTokenizer(hf_tok, ids)
-    state = convert_state_dict(load_file(str(folder / "model.safetensors")), config)
-    return _write_run(out, config, state, tokenizer, DecodeConfig(), source)
+    try:
+        state = convert_state_dict(weights, config)
+    except KeyError as e:
+        raise ValueError(f"{folder / 'model.safetensors'} lacks the BERT weight {e}") from None
+    return _write_run(out, config, state, tokenizer, DecodeConfig(), source, overwrite)
 
 
 def import_gguf(source: str, out: Path, cache: Path, *, overwrite: bool = False) -> Path:
@@ -125,7 +141,6 @@ def import_gguf(source: str, out: Path, cache: Path, *, overwrite: bool = False)
     from .llama import convert_state_dict
 
     path = resolve_source(source, "gguf", cache)
-    _prepare_out(out, overwrite)
     if path.is_dir():
         files = sorted(path.glob("*.gguf"))
         if len(files) != 1:
@@ -137,6 +152,9 @@ def import_gguf(source: str, out: Path, cache: Path, *, overwrite: bool = False)
     tokenizer = PretrainedTokenizer(build_tokenizer(fields),
                                     {"pad": config.pad_id, "bos": fields["bos"],
                                      "eos": fields["eos"], "unk": fields["unk"]})
-    state = convert_state_dict(hf_state, config)
+    try:
+        state = convert_state_dict(hf_state, config)
+    except KeyError as e:
+        raise ValueError(f"{path} lacks the tensor for {e}") from None
     decode = DecodeConfig(temperature=0.0, max_new_tokens=32)  # greedy by default
-    return _write_run(out, config, state, tokenizer, decode, source)
+    return _write_run(out, config, state, tokenizer, decode, source, overwrite)

@@ -153,6 +153,14 @@ class Task:
     def pad_id(self) -> int:
         return self.config.model.pad_id
 
+    def check_training_config(self) -> None:
+        """What training this task needs of the config, checked before a run directory is
+        touched (a ValueError naming the fields)."""
+        best = self.config.train.best_metric
+        if best not in self.metrics:
+            raise ValueError(f"best_metric ({best!r}) must be one of {list(self.metrics)} "
+                             "for this task")
+
     # --- 1. data -------------------------------------------------------------------------
     def load(self, cache: Path, tokenizers: tuple[Tokenizer, Tokenizer | None] | None = None,
              labels: list[str] | None = None) -> TaskData:

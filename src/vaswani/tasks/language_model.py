@@ -33,6 +33,13 @@ class LanguageModelling(Task):
     arch = "decoder"
     unit = "tokens"
 
+    def check_training_config(self):
+        super().check_training_config()
+        m, d = self.config.model, self.config.data
+        if d.block_size > m.max_len:
+            raise ValueError(f"[data] block_size ({d.block_size}) must be at most [model] "
+                             f"max_len ({m.max_len}): the model has no positions past it")
+
     # --- data ----------------------------------------------------------------------------
     def read(self, paths, report):
         return files.read_text(paths, report)

@@ -56,12 +56,6 @@ def make_optimizer(model: nn.Module, cfg) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
 
 
-def check_best_metric(cfg: RunConfig, metrics: tuple[str, ...]) -> None:
-    if cfg.train.best_metric not in metrics:
-        raise ValueError(f"best_metric ({cfg.train.best_metric!r}) must be one of "
-                         f"{list(metrics)} for this task")
-
-
 class Trainer:
     def __init__(self, cfg: RunConfig, data: TaskData, run_dir: Path, *, device: torch.device,
                  dist: Dist | None = None, resume: bool = False, progress: bool = True,
@@ -70,7 +64,7 @@ class Trainer:
         self.cfg, self.data, self.run_dir, self.device, self.dist = cfg, data, run_dir, device, dist
         t = cfg.train
         self.task = task_for(cfg)
-        check_best_metric(cfg, self.task.metrics)
+        self.task.check_training_config()
         torch.manual_seed(t.seed)  # same initial weights on every rank
         self.model = build_model(cfg.model).to(device)
         self.optimizer = make_optimizer(self.model, t)

@@ -18,7 +18,7 @@ from ..devices import resolve_device
 from ..tasks import Task, TaskData, task_for
 from ..viz.curves import plot_loss
 from .distributed import Dist, init, shutdown
-from .loop import Trainer, check_best_metric
+from .loop import Trainer
 from .state import StopRequest
 
 
@@ -60,7 +60,6 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
     if resume:
         run_dir = Path(resume)
         cfg = _resumed_config(run_dir, overrides)
-        rundir.find_last(run_dir)  # fail early if there is nothing to resume
     else:
         if config is None:
             raise ValueError("give a CONFIG.toml to train, or --resume RUN_DIR")
@@ -72,7 +71,7 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
         cfg = RunConfig(cfg.model, cfg.data, cfg.train.replace(
             schedule_steps=cfg.train.schedule_steps), cfg.decode)
     task = task_for(cfg)
-    check_best_metric(cfg, task.metrics)
+    task.check_training_config()
     device = resolve_device(cfg.train.device, launch.local_rank)
     dist = init(launch.rank, launch.world, launch.local_rank, device)
     created = not run_dir.exists()
@@ -159,6 +158,7 @@ def _start(task: Task, cfg: RunConfig, run_dir: Path, resume: str | None, overwr
     """The run's data, and its config completed from the data. A new run: rank 0 trains the
     tokenizer and writes config.toml and tokenizer/; the other ranks then read them back."""
     if resume:
+        rundir.find_last(run_dir)  # fail before reading data if there is nothing to resume
         data = _data_from_run(task, run_dir, cache)
     else:
         if dist.is_main:

@@ -1,0 +1,266 @@
+"""Bad inputs, as a new user or an adversary would give them: each is a one-line error (exit
+status 2, no traceback), and a bad training input touches no run directory."""
+
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.reliability.checkpoints import bert_folder, llama_gguf
+from tests.training.fixtures import config, reverse_task, text_file
+from vaswani.cli import main
+
+LEGACY = Path(__file__).resolve().parents[1] / "fixtures" / "legacy"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Scratch copies of small trained runs (one per family, with their data), and "fresh",
+    a translation run written by today's code (with checksums; the legacy ones have none)."""
+    from vaswani.training.train import Launch, train
+
+    base = tmp_path_factory.mktemp("bad-inputs")
+    shutil.copytree(LEGACY, base, dirs_exist_ok=True)
+    train(str(base / "translation.toml"), ["train.max_steps=2", "data.train=" +
+                                           str(base / "data" / "pairs.tsv")],
+          out=str(base / "fresh"), launch=Launch(progress=False))
+    return base
+
+
+def one_line_error(capsys, code: int = 2) -> str:
+    captured = capsys.readouterr()
+    lines = [x for x in captured.err.splitlines() if x.strip()]
+    assert "Traceback" not in captured.err, captured.err
+    assert lines and lines[-1].startswith("vaswani: error: "), captured.err
+    return lines[-1]
+
+
+INFERENCE = [  # (id, family, arguments after RUN_DIR, expected in the message)
+    ("beam-0", "translation", ["translate", "--beam", "0"], "need beam (0) >= 1"),
+    ("beam-huge", "translation", ["translate", "--beam", "100000"], "at most 128"),
+    ("n-best>beam", "translation", ["translate", "--beam", "2", "--n-best", "3"],
+     "n_best (3) <= beam"),
+    ("length-penalty-nan", "translation", ["translate", "--length-penalty", "nan"],
+     "must be a finite number"),
+    ("top-p", "lm", ["generate", "--prompt", "to", "--top-p", "1.5"], "top_p (1.5)"),
+    ("temperature", "lm", ["generate", "--prompt", "to", "--temperature", "-1"],
+     "temperature (-1.0) >= 0"),
+    ("max-new-tokens-0", "lm", ["generate", "--prompt", "to", "--max-new-tokens", "0"],
+     "max_new_tokens (0) must be in [1, 100,000]"),
+    ("max-new-tokens-huge", "lm", ["generate", "--prompt", "to", "--max-new-tokens",
+                                   "1000000000"], "max_new_tokens (1000000000)"),
+    ("translate-a-lm", "lm", ["translate"], "translate needs a translation model"),
+    ("generate-a-translator", "translation", ["generate", "--prompt", "x"],
+     "generate needs a lm model"),
+    ("classify-a-lm", "lm", ["classify"], "classify needs a classification model"),
+    ("embed-a-translator", "translation", ["embed"], "embed needs an encoder"),
+    ("head-out-of-range", "classifier", ["attention", "--text", "a", "--out", "a.png",
+                                         "--head", "9"], "head (9) must be in [0, 2)"),
+    ("device-foo", "translation", ["translate", "--device", "foo"], "device ('foo')"),
+    ("input-missing", "translation", ["translate", "--input", "nope.txt"],
+     "input file not found"),
+    ("evaluate-data-is-a-directory", "translation", ["evaluate", "--data", "data"],
+     "is a directory, not a data file"),
+]
+
+
+@pytest.mark.parametrize("name, family, args, message", INFERENCE,
+                         ids=[c[0] for c in INFERENCE])
+def test_bad_inference_inputs(runs, capsys, monkeypatch, name, family, args, message):
+    monkeypatch.chdir(runs)
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO("abc\n"))
+    assert main([args[0], family, *args[1:]]) == 2
+    assert message in one_line_error(capsys)
+
+
+def test_cuda_on_a_machine_without_it(runs, capsys, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: --device cuda is not an error here")
+    monkeypatch.chdir(runs)
+    assert main(["translate", "translation", "--device", "cuda"]) == 2
+    assert "this PyTorch sees no CUDA device" in one_line_error(capsys)
+
+
+def damaged_copy(runs: Path, tmp_path: Path, name: str, damage) -> Path:
+    run = tmp_path / name
+    shutil.copytree(runs / name, run)
+    damage(run)
+    return run
+
+
+def flip_a_weight_bit(run: Path) -> None:
+    path = run / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    header = struct.unpack("<Q", data[:8])[0]
+    data[8 + header + 17] ^= 0x04  # a bit inside the tensor data, not the header
+    path.write_bytes(bytes(data))
+
+
+def truncate_weights(run: Path) -> None:
+    path = run / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:300])
+
+
+def other_d_model(run: Path) -> None:
+    path = run / "config.toml"
+    path.write_text(path.read_text().replace("d_model = 8", "d_model = 16"))
+
+
+def flip_a_tokenizer_byte(run: Path) -> None:
+    path = run / "tokenizer" / "source.json"
+    path.write_text(path.read_text().replace('"a"', '"q"', 1))
+
+
+DAMAGE = [
+    ("bit-flipped-weights", flip_a_weight_bit, "is damaged: its tensors do not match"),
+    ("truncated-weights", truncate_weights, "is damaged or not a safetensors file"),
+    ("no-tokenizer", lambda run: shutil.rmtree(run / "tokenizer"), "missing meta.json"),
+    ("damaged-tokenizer", flip_a_tokenizer_byte, "source.json is damaged"),
+    ("config-edited-to-another-d_model", other_d_model,
+     "does not match the model built from the config"),
+]
+
+
+@pytest.mark.parametrize("name, damage, message", DAMAGE, ids=[c[0] for c in DAMAGE])
+def test_damaged_run_directories(runs, tmp_path, capsys, monkeypatch, name, damage, message):
+    run = damaged_copy(runs, tmp_path, "fresh", damage)
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO("abc\n"))
+    assert main(["translate", str(run)]) == 2
+    assert message in one_line_error(capsys)
+
+
+def test_a_damaged_trainer_state_refuses_resume(runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(runs)
+    run = damaged_copy(runs, tmp_path, "fresh", lambda run: None)
+    state = run / "last" / "trainer.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    state.write_bytes(bytes(data))
+    assert main(["train", "--resume", str(run), "--set", "train.max_steps=3"]) == 2
+    assert "trainer.pt is damaged" in one_line_error(capsys)
+
+
+GGUF = [
+    ("random-bytes", lambda p: p.write_bytes(bytes(range(256)) * 8), "not a readable GGUF"),
+    ("truncated", lambda p: p.write_bytes(llama_gguf(p).read_bytes()[:2000]),
+     "not a readable GGUF"),
+    ("missing-key", lambda p: llama_gguf(p, skip=("embedding_length",)),
+     "lacks the GGUF key 'llama.embedding_length'"),
+    ("wrong-tensor-size", lambda p: llama_gguf(p, wrong_shape="blk.0.ffn_up.weight"),
+     "does not fit its own config"),
+]
+
+
+@pytest.mark.parametrize("name, make, message", GGUF, ids=[c[0] for c in GGUF])
+def test_bad_gguf_files(tmp_path, capsys, name, make, message):
+    path = tmp_path / "m.gguf"
+    make(path)
+    out = tmp_path / "out"
+    assert main(["import", "gguf", str(path), "--out", str(out), "--cache",
+                 str(tmp_path / "cache")]) == 2
+    assert message in one_line_error(capsys)
+    assert not out.exists()
+
+
+def test_bad_bert_sources(tmp_path, capsys):
+    file = tmp_path / "file.txt"
+    file.write_text("x")
+    assert main(["import", "bert", str(file), "--out", str(tmp_path / "o")]) == 2
+    assert "is not a folder" in one_line_error(capsys)
+    folder = bert_folder(tmp_path / "bert")
+    (folder / "model.safetensors").write_bytes(b"not safetensors")
+    assert main(["import", "bert", str(folder), "--out", str(tmp_path / "o")]) == 2
+    assert "holds an unreadable BERT checkpoint" in one_line_error(capsys)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture()
+def train_files(tmp_path):
+    data = reverse_task(tmp_path / "pairs.tsv", n=60)
+    cfg = config(tmp_path / "c.toml", "encoder-decoder", data, train={"max_steps": 2})
+    return cfg, tmp_path
+
+
+TRAINING = [  # (id, extra arguments, expected in the message)
+    ("lr-inf", ["--set", "train.lr=inf"], "lr (inf) must be a finite number"),
+    ("lr-nan", ["--set", "train.lr=nan"], "lr (nan) must be a finite number"),
+    ("beta1", ["--set", "train.beta1=2"], "beta1 (2.0) must be in [0, 1)"),
+    ("weight-decay", ["--set", "train.weight_decay=-1"], "weight_decay (-1.0) must be >= 0"),
+    ("min-lr>lr", ["--set", "train.min_lr=1"], "min_lr (1.0) must be in [0, lr"),
+    ("device", ["--set", "train.device=foo"], "device ('foo') must be"),
+    ("best-metric", ["--set", "train.best_metric=accuracy"], "best_metric ('accuracy')"),
+    ("no-metric-examples", ["--set", "train.best_metric=bleu",
+                            "--set", "train.metric_examples=0"],
+     "metric_examples (0) turns task metrics off"),
+    ("max-len-1", ["--set", "model.max_len=1"], "max_len (1) must be at least 2"),
+    ("valid-fraction-0", ["--set", "data.valid_fraction=0"], "leaves no validation data"),
+    ("temperature-nan", ["--set", "decode.temperature=nan"], "temperature (nan)"),
+    ("length-penalty-nan", ["--set", "decode.length_penalty=nan"], "length_penalty (nan)"),
+    ("data-is-a-directory", ["--set", "data.train={dir}"], "is a directory, not a data file"),
+    ("cache-is-a-file", ["--cache", "{cfg}"], "is a file, not a directory"),
+]
+
+
+@pytest.mark.parametrize("name, extra, message", TRAINING, ids=[c[0] for c in TRAINING])
+def test_bad_training_inputs_touch_nothing(train_files, capsys, name, extra, message):
+    cfg, tmp = train_files
+    extra = [x.format(dir=tmp, cfg=cfg) for x in extra]
+    out = tmp / "run"
+    assert main(["train", str(cfg), "--out", str(out), "--no-progress", *extra]) == 2
+    assert message in one_line_error(capsys)
+    assert not out.exists()
+
+
+def test_bad_config_files(tmp_path, capsys):
+    cases = {
+        "a directory": (tmp_path, "is a directory, not a config file"),
+        "a number for a section": ("model = 5\n", "[model] must be a section"),
+        "not UTF-8": (b"[model]\narch = '\xff'\n", "not a UTF-8 text file"),
+        "bad syntax": ("[model\n", "invalid TOML"),
+    }
+    for name, (content, message) in cases.items():
+        if isinstance(content, Path):
+            path = content
+        else:
+            path = tmp_path / f"{name}.toml"
+            (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+        assert main(["train", str(path), "--out", str(tmp_path / "run")]) == 2, name
+        assert message in one_line_error(capsys), name
+
+
+def test_a_block_longer_than_the_model_is_refused(tmp_path, capsys):
+    cfg = config(tmp_path / "c.toml", "decoder", text_file(tmp_path / "t.txt"),
+                 data={"block_size": 128})
+    assert main(["train", str(cfg), "--out", str(tmp_path / "run")]) == 2
+    assert "block_size (128) must be at most [model] max_len (64)" in one_line_error(capsys)
+
+
+def test_a_read_only_cache(train_files, capsys, monkeypatch):
+    """A cache the user cannot write (as root, permissions are not enforced, so the denial is
+    simulated where the cache is created)."""
+    cfg, tmp = train_files
+    real_mkdir = Path.mkdir
+
+    def denied(self, *args, **kwargs):
+        if "ro-cache" in str(self):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", denied)
+    assert main(["data", "prepare", "copy", "--cache", str(tmp / "ro-cache")]) == 2
+    assert "Permission denied" in one_line_error(capsys)
+
+
+def test_extending_past_the_end_of_a_cosine_schedule(tmp_path, capsys):
+    data = reverse_task(tmp_path / "p.tsv", n=60)
+    cfg = config(tmp_path / "c.toml", "encoder-decoder", data,
+                 train={"max_steps": 2, "schedule": "cosine", "warmup": 1})
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--out", str(run), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--set", "train.max_steps=4"]) == 2
+    assert "--set train.schedule_steps=4 to stretch" in one_line_error(capsys)
+    assert main(["train", "--resume", str(run), "--no-progress", "--set", "train.max_steps=4",
+                 "--set", "train.schedule_steps=4"]) == 0
