@@ -99,14 +99,27 @@ def _data_prepare(args: argparse.Namespace) -> int:
 
 
 def _lines(path: str | None) -> list[str]:
-    """Input lines from a file or stdin, without their newlines (blank lines kept)."""
+    """Input lines from a file or stdin, without their newlines (blank lines kept). A line
+    that is not UTF-8 is an error naming it."""
     if path:
+        if Path(path).is_dir():
+            raise ValueError(f"--input {path} is a directory, not a file of lines")
         if not Path(path).is_file():
             raise FileNotFoundError(f"input file not found: {path}")
-        text = Path(path).read_text(encoding="utf-8")
+        raw, where = Path(path).read_bytes(), path
     else:
-        text = sys.stdin.read()
-    return text.splitlines()
+        stream = getattr(sys.stdin, "buffer", None)  # a text stream in tests (StringIO)
+        raw = stream.read() if stream is not None else sys.stdin.read().encode()
+        where = "<stdin>"
+    lines = []
+    for n, line in enumerate(raw.splitlines(), start=1):
+        try:
+            lines.append(line.decode("utf-8").removeprefix("\ufeff") if n == 1
+                         else line.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{where}:{n}: not valid UTF-8 (byte 0x{line[e.start]:02x} at "
+                             f"column {e.start + 1})") from None
+    return lines
 
 
 def _load(args: argparse.Namespace):

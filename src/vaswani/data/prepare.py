@@ -20,6 +20,7 @@ checksum, counts, file checksums) and a ``README.md``.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -245,6 +246,12 @@ def prepare(name: str, cache: Path, out: Path | None = None, *, download=None) -
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        free = shutil.disk_usage(out.parent).free >> 20
+        raise OSError(errno.ENOSPC, f"the disk holding {out.parent} is full ({free} MiB free) "
+                      f"while preparing {name}; nothing was kept") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

