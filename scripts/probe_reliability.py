@@ -96,7 +96,7 @@ class Probe:
         import re
 
         text = "vaswani " + " ".join(map(str, args))
-        text = re.sub(r"\S*vaswani-probe-[^/\s]*/?", "", text)
+        text = re.sub(r"\S*vaswani-probe-[^/\s]*/?", "", text).replace("  ", " DIR ")
         text = re.sub(r"-[a-z0-9_]{8}\b", "", text)  # mkdtemp suffixes
         if stdin is not None:
             shown = stdin if isinstance(stdin, str) else repr(stdin)
@@ -912,12 +912,21 @@ def markdown(after: list[dict], before: dict[str, dict] | None) -> str:
             lines.append("| fault or bad input | command | before | now |")
             lines.append("|---|---|---|---|")
         old = before.get(r["id"]) if before else None
-        old_text = f"{old['outcome']}: {old['detail']}" if old else "-"
+        old_text = f"{old['outcome']}: {_clean(old['detail'])}" if old else "-"
         command = "<br>".join(f"`{c}`" for c in r.get("commands", [])[:3])
         cell = lambda t: t.replace("|", "\\|").replace("\n", " ")[:180]  # noqa: E731
         lines.append(f"| {r['what']} | {cell(command)} | {cell(old_text)} | "
-                     f"**{r['outcome']}**: {cell(r['detail'])} |")
+                     f"**{r['outcome']}**: {cell(_clean(r['detail']))} |")
     return "\n".join(lines) + "\n"
+
+
+def _clean(detail: str) -> str:
+    """A detail as the report shows it: no scratch paths, no repeated outcome word."""
+    import re
+
+    detail = re.sub(r"/tmp/vaswani-probe-[^/\s]*/?", "", detail)
+    detail = re.sub(r"-[a-z0-9_]{8}\b", "", detail)
+    return detail.removeprefix("traceback: ")
 
 
 def main() -> None:
@@ -927,7 +936,16 @@ def main() -> None:
     parser.add_argument("--json", help="write the outcomes as JSON")
     parser.add_argument("--before", help="outcomes of an earlier checkout (JSON) to compare")
     parser.add_argument("--markdown", help="write the comparison table (docs/reliability.md)")
+    parser.add_argument("--from-json", metavar="NOW.json",
+                        help="with --markdown: render saved outcomes instead of running")
     args = parser.parse_args()
+    if args.from_json:
+        before = None
+        if args.before:
+            before = {r["id"]: r for r in json.loads(Path(args.before).read_text())["cases"]}
+        results = json.loads(Path(args.from_json).read_text())["cases"]
+        Path(args.markdown).write_text(markdown(results, before))
+        return
     results = []
     with tempfile.TemporaryDirectory(prefix="vaswani-probe-") as work:
         probe = Probe(Path(args.checkout).resolve(), Path(work))
