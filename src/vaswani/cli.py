@@ -86,6 +86,50 @@ def _data_list(args: argparse.Namespace) -> int:
         source = "generated" if spec.package is None else spec.package.spec
         print(f"{name:<13} {spec.task:<15} {spec.description} "
               f"[{'prepared' if ready else source}]")
+    from .data.encoded import catalogue, folder_size
+
+    root = cache / "encoded"
+    entries = catalogue(root) if root.exists() else []
+    if entries:
+        total = folder_size(root)
+        print(f"\nencoded datasets in {root} ({total / 2**20:,.1f} MiB; `vaswani data clean` "
+              "removes them):")
+        for e in entries:
+            unit = "tokens" if e["task"] == "lm" else "examples"
+            print(f"  {e['name']:<36} {e['examples']:>12,} {unit:<8}  "
+                  f"{e['bytes'] / 2**20:>9,.1f} MiB  {e['input']}")
+    return 0
+
+
+def _data_encode(args: argparse.Namespace) -> int:
+    from .config import RunConfig, load_run_config
+    from .tasks import task_for
+    from .training.train import _from_pretrained
+
+    cfg = load_run_config(args.config, args.set)
+    tokenizers = None
+    if cfg.train.init_from:
+        cfg, tokenizers = _from_pretrained(cfg)
+    cfg = RunConfig(cfg.model, cfg.data, cfg.train, cfg.decode)
+    data = task_for(cfg).load(cache_dir(args), tokenizers, progress=not args.no_progress)
+    counts = data.manifest["counts"]
+    from .data.encoded import folder_size
+
+    print(f"encoded {args.config} into {data.directory} "
+          f"({folder_size(data.directory) / 2**20:,.1f} MiB): {json.dumps(counts)}")
+    print(f"`vaswani train {args.config}` with the same settings maps these files.")
+    return 0
+
+
+def _data_clean(args: argparse.Namespace) -> int:
+    import shutil
+
+    from .data.encoded import folder_size
+
+    root = cache_dir(args) / "encoded"
+    freed = folder_size(root) if root.exists() else 0
+    shutil.rmtree(root, ignore_errors=True)
+    print(f"removed {root} ({freed / 2**20:,.1f} MiB); datasets are encoded again on first use")
     return 0
 
 
@@ -281,6 +325,23 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("name", metavar="NAME")
     q.add_argument("--out", metavar="DIR", help="where to write (default CACHE/datasets/NAME)")
     q.set_defaults(func=_data_prepare)
+    q = data_sub.add_parser(
+        "encode", help="read, tokenise and encode a config's data now (train does it on first "
+        "use)", parents=[cache],
+        description="Train the tokenizer (on at most [data] tokenizer_sample bytes) and encode "
+                    "the [data] of CONFIG.toml into memory-mapped token files under "
+                    "CACHE/encoded/, where `vaswani train` with the same settings (and every "
+                    "DDP process, and --resume) finds them.")
+    q.add_argument("config", metavar="CONFIG.toml")
+    q.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value (repeatable)")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    q.set_defaults(func=_data_encode)
+    q = data_sub.add_parser("clean", help="remove the encoded datasets from the cache",
+                            parents=[cache],
+                            description="Remove CACHE/encoded/ (encoded data and cached "
+                                        "tokenizers); prepared datasets and packages stay.")
+    q.set_defaults(func=_data_clean)
 
     def run_parser(name: str, help: str, description: str, parents=()) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=description, parents=list(parents))

@@ -1,5 +1,6 @@
 import random
 
+import pytest
 import torch
 
 from vaswani.data.batching import (
@@ -25,9 +26,38 @@ def test_token_budget_batches_cover_every_example_once_within_budget():
 
 
 def test_an_example_over_budget_gets_its_own_batch_and_min_size_holds():
-    assert token_budget_batches([5, 100, 5], max_tokens=20) == [[0, 2], [1]]
+    assert [b.tolist() for b in token_budget_batches([5, 100, 5], max_tokens=20)] == [[0, 2], [1]]
     batches = token_budget_batches([10] * 5, max_tokens=10, min_size=2)
     assert all(len(b) >= 2 for b in batches)
+
+
+def reference_token_budget_batches(lengths, max_tokens, min_size=1):
+    """The planner as first written (one Python step per example), kept as the reference."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches, current, longest = [], [], 0
+    for i in order:
+        longest_if_added = max(longest, lengths[i])
+        if current and len(current) >= min_size and \
+                (len(current) + 1) * longest_if_added > max_tokens:
+            batches.append(current)
+            current, longest_if_added = [], lengths[i]
+        current.append(i)
+        longest = longest_if_added
+    if current:
+        if batches and len(current) < min_size:
+            batches[-1].extend(current)
+        else:
+            batches.append(current)
+    return batches
+
+
+@pytest.mark.parametrize("min_size", [1, 2, 3])
+def test_the_bisecting_planner_equals_the_example_by_example_one(min_size):
+    rng = random.Random(min_size)
+    for n, budget in [(1, 5), (7, 30), (500, 400), (3000, 1000)]:
+        lengths = [rng.randint(1, 60) for _ in range(n)]
+        ours = [b.tolist() for b in token_budget_batches(lengths, budget, min_size)]
+        assert ours == reference_token_budget_batches(lengths, budget, min_size), (n, budget)
 
 
 def test_batch_plan_is_a_pure_function_of_the_index():

@@ -93,3 +93,21 @@ def test_classification_tsv_csv_jsonl(tmp_path):
 def test_classification_errors(tmp_path, name, content, message):
     with pytest.raises(DataError, match=message):
         read_classification([write(tmp_path, name, content)], "auto", ReadReport())
+
+
+@pytest.mark.parametrize("block", [1, 7, 100, 1 << 22])
+def test_text_read_in_blocks_equals_the_lines_joined(tmp_path, block):
+    """iter_text_pieces (blocks) gives read_text (lines joined by newlines) exactly: CRLF and
+    lone CR endings, a BOM, a file without a final newline, blank lines, and a line that is not
+    UTF-8 (reported with its number in both)."""
+    from vaswani.data.files import iter_text_pieces
+
+    files = [write(tmp_path, "a.txt", "first line\n\nsecond  \nlast"),
+             write(tmp_path, "b.txt", "\ufeffwin\r\ndows\r\n\r\n"),
+             write(tmp_path, "c.txt", "old\rmac\rend\n")]
+    bad = tmp_path / "d.txt"
+    bad.write_bytes(b"ok\nbad \xff\nfine\n")
+    paths = [str(f) for f in files] + [str(bad)]
+    lines, blocks = ReadReport(max_skip=3), ReadReport(max_skip=3)
+    assert "".join(iter_text_pieces(paths, blocks, block=block)) == read_text(paths, lines)
+    assert blocks.skipped == lines.skipped == [f"{bad}:2: invalid UTF-8 (byte 0xff at column 5)"]

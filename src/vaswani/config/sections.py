@@ -158,6 +158,8 @@ class DataConfig(ConfigBase):
     batch_size: int = 32  # language modelling: windows per batch
     block_size: int = 256  # language modelling: tokens per window
     max_skip: int = 0  # bad lines to skip (counted and reported) before failing
+    tokenizer_sample: int = 20_000_000  # bytes of training data the tokenizer learns from at
+    # most: a larger training set gives a seeded random sample of whole examples (or lines)
 
     def validate(self) -> None:
         if not 0.0 <= self.valid_fraction < 1.0:
@@ -166,7 +168,7 @@ class DataConfig(ConfigBase):
             raise ValueError("valid_fraction (0) with no [data] valid files leaves no validation "
                              "data: nothing could be evaluated and no best model kept; give "
                              "valid files or a valid_fraction above 0")
-        for name in ("vocab_size", "max_tokens", "batch_size", "block_size"):
+        for name in ("vocab_size", "max_tokens", "batch_size", "block_size", "tokenizer_sample"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
         if self.max_skip < 0:

@@ -14,39 +14,42 @@ the batch a single process would see.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 Batch = dict[str, Tensor]
 
 
-def token_budget_batches(lengths: list[int], max_tokens: int, min_size: int = 1) -> list[list[int]]:
+def token_budget_batches(lengths, max_tokens: int, min_size: int = 1) -> list[np.ndarray]:
     """Indices grouped into batches of similar length with ``len * longest <= max_tokens``.
 
-    A single example longer than the budget gets a batch of its own (it is not dropped).
-    Batches hold at least ``min_size`` examples when there are that many (one per DDP rank).
-    """
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in order:
-        longest_if_added = max(longest, lengths[i])
-        if current and len(current) >= min_size and \
-                (len(current) + 1) * longest_if_added > max_tokens:
-            batches.append(current)
-            current, longest_if_added = [], lengths[i]
-        current.append(i)
-        longest = longest_if_added
-    if current:
-        if batches and len(current) < min_size:
-            batches[-1].extend(current)
-        else:
-            batches.append(current)
-    return batches
+    Examples are sorted by (length, index); a batch takes the next examples while one more
+    would keep ``count * longest`` within the budget (the longest is the last added, since
+    lengths only grow), and at least ``min_size`` of them (one per DDP rank). A single
+    example longer than the budget gets a batch of its own (it is not dropped); a last batch
+    smaller than ``min_size`` joins the one before. One binary search per batch, so millions
+    of examples are planned in a second."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(lengths, kind="stable")  # ties keep index order
+    ordered = lengths[order]
+    n = len(order)
+    bounds = [0]
+    while bounds[-1] < n:
+        start = bounds[-1]
+        # first end e >= start + min_size with (e - start + 1) * ordered[e] > max_tokens:
+        # the product only grows with e, so it is found by bisection
+        end = bisect.bisect_right(range(start, n), max_tokens,
+                                  key=lambda e: (e - start + 1) * ordered[e]) + start
+        bounds.append(min(n, max(end, start + min_size, start + 1)))
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] < min_size:
+        bounds.pop(-2)  # the short last batch joins the one before
+    return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 @dataclass
@@ -78,34 +81,43 @@ def shard(items: list, rank: int, world: int) -> list:
     return items[rank::world]
 
 
-def pad(rows: list[list[int]], pad_id: int) -> Tensor:
-    """Right-pad lists of ids into a (B, L) tensor."""
+def pad(rows, pad_id: int) -> Tensor:
+    """Right-pad sequences of ids (lists or arrays) into a (B, L) long tensor."""
     width = max(len(r) for r in rows)
-    return torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], dtype=torch.long)
+    out = np.full((len(rows), width), pad_id, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return torch.from_numpy(out)
 
 
-def lm_windows(tokens: Tensor, i: int, seed: int, batch_size: int,
+def lm_windows(tokens, i: int, seed: int, batch_size: int,
                block_size: int) -> tuple[Tensor, Tensor]:
-    """Global batch ``i`` of a language model: (inputs, targets), each (batch_size, block)."""
-    n = tokens.numel()
+    """Global batch ``i`` of a language model: (inputs, targets), each (batch_size, block).
+    ``tokens``: the text's ids, a 1-D array (a memory map) or tensor."""
+    tokens = _array(tokens)
+    n = len(tokens)
     block = min(block_size, n - 1)
     if block < 1:
         raise ValueError(f"language-model data has {n} tokens; it needs at least 2")
     g = torch.Generator().manual_seed(seed * 100_003 + i)
-    starts = torch.randint(0, n - block, (batch_size,), generator=g)
-    offsets = torch.arange(block + 1)
-    windows = tokens[starts[:, None] + offsets]  # (batch_size, block + 1)
+    starts = torch.randint(0, n - block, (batch_size,), generator=g).numpy()
+    windows = tokens[starts[:, None] + np.arange(block + 1)]  # (batch_size, block + 1)
+    windows = torch.from_numpy(windows.astype(np.int64))
     return windows[:, :-1], windows[:, 1:]
 
 
-def lm_eval_windows(tokens: Tensor, block_size: int) -> list[tuple[Tensor, Tensor]]:
-    """Consecutive non-overlapping windows covering the whole validation text once."""
-    out = []
-    for start in range(0, tokens.numel() - 1, block_size):
-        chunk = tokens[start: start + block_size + 1]
+def lm_eval_windows(tokens, block_size: int) -> Iterator[tuple[Tensor, Tensor]]:
+    """Consecutive non-overlapping windows covering the whole validation text once, made as
+    they are asked for (a large validation text is never held as tensors at once)."""
+    tokens = _array(tokens)
+    for start in range(0, len(tokens) - 1, block_size):
+        chunk = torch.from_numpy(tokens[start: start + block_size + 1].astype(np.int64))
         if chunk.numel() >= 2:
-            out.append((chunk[None, :-1], chunk[None, 1:]))
-    return out
+            yield chunk[None, :-1], chunk[None, 1:]
+
+
+def _array(tokens) -> np.ndarray:
+    return tokens.numpy() if isinstance(tokens, Tensor) else tokens
 
 
 class BucketBatches:
@@ -113,7 +125,7 @@ class BucketBatches:
     ``micro_batch(i)`` is this rank's share of global batch ``i``, collated into tensors by the
     task's ``collate``; ``valid_batches()`` covers the validation examples once."""
 
-    def __init__(self, train: list, valid: list, *, lengths: Callable[[list], list[int]],
+    def __init__(self, train, valid, *, lengths: Callable[[object], np.ndarray],
                  collate: Callable[[list], Batch], max_tokens: int, seed: int, rank: int = 0,
                  world: int = 1) -> None:
         self.train, self.valid, self.collate = train, valid, collate
@@ -134,7 +146,7 @@ class WindowBatches:
     """A language model's batches: ``batch_size`` random windows of one long token tensor per
     global batch (this rank keeps its share); validation reads the text once, in order."""
 
-    def __init__(self, train: Tensor, valid: Tensor, *, batch_size: int, block_size: int,
+    def __init__(self, train, valid, *, batch_size: int, block_size: int,
                  seed: int, rank: int = 0, world: int = 1) -> None:
         self.train, self.valid = train, valid
         self.batch_size, self.block_size, self.seed = batch_size, block_size, seed
@@ -147,8 +159,7 @@ class WindowBatches:
 
     def valid_batches(self) -> Iterator[Batch]:
         windows = lm_eval_windows(self.valid, self.block_size)
-        for start in range(0, len(windows), self.batch_size):
-            group = windows[start: start + self.batch_size]
+        while group := list(itertools.islice(windows, self.batch_size)):
             width = group[0][0].size(1)  # the last window may be shorter: its own batch
             for chunk in ([w for w in group if w[0].size(1) == width],
                           [w for w in group if w[0].size(1) != width]):

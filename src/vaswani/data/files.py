@@ -13,13 +13,16 @@ Blank lines are not examples; they are ignored and counted. Any other bad line (
 count, empty field, invalid UTF-8, bad JSON, missing label) stops reading with a message
 naming ``file:line``, unless ``max_skip`` allows skipping it: then it is counted, and the
 report at the end of training lists the first few.
+
+Files are streamed line by line (``iter_*``), so a corpus larger than memory can be read; the
+``read_*`` functions collect the same examples into a list (or one string for text).
 """
 
 from __future__ import annotations
 
 import csv
 import glob
-import io
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -74,19 +77,33 @@ def expand(paths: list[str]) -> list[Path]:
     return out
 
 
+def _numbered(path: Path, report: ReadReport) -> Iterator[tuple[int, str | None]]:
+    """(line number, text) for every line of ``path``, read in a stream; ``None`` for a line
+    that is not UTF-8 (reported). Lines end at \\n, \\r\\n or \\r, as ``bytes.splitlines``."""
+    content = False
+    line_no = 0
+    with path.open("rb") as f:
+        for physical in f:
+            for line in physical.splitlines() or [b""]:
+                line_no += 1
+                content = content or bool(line.strip())
+                try:
+                    text = line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    report.bad_line(path, line_no, f"invalid UTF-8 (byte 0x{line[e.start]:02x} "
+                                                   f"at column {e.start + 1})")
+                    yield line_no, None
+                    continue
+                yield line_no, text.removeprefix("\ufeff") if line_no == 1 else text
+    if not content:
+        raise DataError(f"{path}: file is empty")
+
+
 def read_lines(path: Path, report: ReadReport) -> Iterator[tuple[int, str]]:
     """(line number, text without the newline) for each line that decodes as UTF-8."""
-    raw = path.read_bytes()
-    if not raw.strip():
-        raise DataError(f"{path}: file is empty")
-    for line_no, line in enumerate(raw.splitlines(), start=1):
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            report.bad_line(path, line_no, f"invalid UTF-8 (byte 0x{line[e.start]:02x} at "
-                                           f"column {e.start + 1})")
-            continue
-        yield line_no, text.removeprefix("\ufeff") if line_no == 1 else text
+    for line_no, text in _numbered(path, report):
+        if text is not None:
+            yield line_no, text
 
 
 def _columns(path: Path, report: ReadReport, n: int, what: str):
@@ -102,32 +119,34 @@ def _columns(path: Path, report: ReadReport, n: int, what: str):
         yield line_no, [c.strip() for c in cols]
 
 
-def read_translation(paths: list[str], report: ReadReport) -> list[tuple[str, str]]:
+def iter_translation(paths: list[str], report: ReadReport) -> Iterator[tuple[str, str]]:
     """Pairs from one TSV file, or from two aligned files."""
     files = expand(paths)
     if len(files) == 2:
-        return _read_aligned(files[0], files[1], report)
+        yield from _iter_aligned(files[0], files[1], report)
+        return
     if len(files) != 1:
         raise DataError(f"translation data is one TSV file or two aligned files, got {len(files)}")
-    pairs = []
     for line_no, (src, tgt) in _columns(files[0], report, 2, "source, target"):
         if not src or not tgt:
             report.bad_line(files[0], line_no, f"empty {'source' if not src else 'target'}")
             continue
-        pairs.append((src, tgt))
-    return pairs
+        yield src, tgt
 
 
-def _read_aligned(src_path: Path, tgt_path: Path, report: ReadReport) -> list[tuple[str, str]]:
-    src = dict(read_lines(src_path, report))
-    tgt = dict(read_lines(tgt_path, report))
-    n_src, n_tgt = max(src, default=0), max(tgt, default=0)
-    if n_src != n_tgt:
-        raise DataError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; "
-                        "aligned files need one line per example in each")
-    pairs = []
-    for line_no in range(1, n_src + 1):
-        s, t = src.get(line_no), tgt.get(line_no)
+def read_translation(paths: list[str], report: ReadReport) -> list[tuple[str, str]]:
+    return list(iter_translation(paths, report))
+
+
+def _iter_aligned(src_path: Path, tgt_path: Path, report: ReadReport):
+    counts = [0, 0]
+    for src, tgt in itertools.zip_longest(_numbered(src_path, report),
+                                          _numbered(tgt_path, report)):
+        counts[0] += src is not None
+        counts[1] += tgt is not None
+        if src is None or tgt is None:
+            continue  # one file is longer: counted, reported below
+        (line_no, s), (_, t) = src, tgt
         if s is None or t is None:  # that line was invalid UTF-8 in one file, already counted
             continue
         if not s.strip() and not t.strip():
@@ -137,29 +156,98 @@ def _read_aligned(src_path: Path, tgt_path: Path, report: ReadReport) -> list[tu
             which = src_path if not s.strip() else tgt_path
             report.bad_line(which, line_no, "empty line where the other file has text")
             continue
-        pairs.append((s.strip(), t.strip()))
-    return pairs
+        yield s.strip(), t.strip()
+    if counts[0] != counts[1]:
+        raise DataError(f"{src_path} has {counts[0]} lines but {tgt_path} has {counts[1]}; "
+                        "aligned files need one line per example in each")
+
+
+def iter_text(paths: list[str], report: ReadReport) -> Iterator[str]:
+    """The lines of the files, in order, without newlines: a language model's text is these
+    lines joined by newlines (files too are joined by a newline)."""
+    for path in expand(paths):
+        for _, text in read_lines(path, report):
+            yield text
+
+
+BLOCK = 1 << 20  # bytes read at a time by iter_text_pieces
+
+
+def iter_text_pieces(paths: list[str], report: ReadReport, block: int = BLOCK) -> Iterator[str]:
+    """Pieces of text whose concatenation is :func:`read_text` (the lines of the files
+    joined by newlines), read a block at a time: a corpus larger than memory streams through
+    at the speed of decoding. A block holding a line that is not UTF-8 is re-read line by line,
+    so the line is reported (or skipped) with its number, exactly as :func:`iter_text` does."""
+    joiner = ""  # files are joined by a newline, put before the next file's first piece
+    for path in expand(paths):
+        content, line_no, carry, tail = False, 0, b"", ""
+        with path.open("rb") as f:
+            while True:
+                raw = f.read(block)
+                data = carry + raw
+                if raw:
+                    end = data.rfind(b"\n") + 1  # whole lines only (\r\n stays together)
+                    if end == 0:
+                        carry = data
+                        continue
+                    data, carry = data[:end], data[end:]
+                elif not data:
+                    break
+                else:
+                    carry = b""
+                if line_no == 0 and data.startswith(b"\xef\xbb\xbf"):
+                    data = data[3:]
+                lines = data.count(b"\n")
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = "".join(t + "\n" for t in _decoded_lines(path, data, line_no, report))
+                content = content or bool(data.strip())
+                if "\r" in text:
+                    text = text.replace("\r\n", "\n").replace("\r", "\n")
+                line_no += lines
+                # the text so far minus its final newline, which belongs to the next line
+                piece, tail = tail + text[:-1] if text.endswith("\n") else tail + text, \
+                    "\n" if text.endswith("\n") else ""
+                if piece:
+                    yield joiner + piece
+                    joiner = ""
+                if not raw:
+                    break
+        if not content:
+            raise DataError(f"{path}: file is empty")
+        joiner = "\n"
+
+
+def _decoded_lines(path: Path, data: bytes, first: int, report: ReadReport) -> Iterator[str]:
+    """The lines of a block that holds invalid UTF-8: bad lines reported (or skipped)."""
+    for n, line in enumerate(data.splitlines(), start=first + 1):
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            report.bad_line(path, n, f"invalid UTF-8 (byte 0x{line[e.start]:02x} at column "
+                                     f"{e.start + 1})")
 
 
 def read_text(paths: list[str], report: ReadReport) -> str:
     """The files joined by newlines, for language modelling."""
-    parts = []
-    for path in expand(paths):
-        parts.append("\n".join(text for _, text in read_lines(path, report)))
-    return "\n".join(parts)
+    return "\n".join(iter_text(paths, report))
 
 
-def read_classification(paths: list[str], fmt: str, report: ReadReport) -> list[tuple[str, str]]:
+def iter_classification(paths: list[str], fmt: str, report: ReadReport
+                        ) -> Iterator[tuple[str, str]]:
     """(label, text) examples from TSV, CSV or JSONL files."""
-    examples: list[tuple[str, str]] = []
     for path in expand(paths):
         kind = fmt if fmt != "auto" else detect_format(path)
         reader = {"tsv": _classification_tsv, "csv": _classification_csv,
                   "jsonl": _classification_jsonl}.get(kind)
         if reader is None:
             raise DataError(f"{path}: classification data must be tsv, csv or jsonl, not {kind}")
-        examples.extend(reader(path, report))
-    return examples
+        yield from reader(path, report)
+
+
+def read_classification(paths: list[str], fmt: str, report: ReadReport) -> list[tuple[str, str]]:
+    return list(iter_classification(paths, fmt, report))
 
 
 def detect_format(path: Path) -> str:
@@ -187,9 +275,8 @@ def _classification_tsv(path: Path, report: ReadReport):
 
 
 def _classification_csv(path: Path, report: ReadReport):
-    lines = dict(read_lines(path, report))
-    body = "\n".join(lines.get(i, "") for i in range(1, max(lines, default=0) + 1))
-    reader = csv.DictReader(io.StringIO(body))
+    # An invalid UTF-8 line reads as an empty one, so csv's line numbers stay the file's.
+    reader = csv.DictReader(text or "" for _, text in _numbered(path, report))
     missing = {"label", "text"} - set(reader.fieldnames or [])
     if missing:
         raise DataError(f"{path}:1: CSV header {reader.fieldnames} lacks column(s) "

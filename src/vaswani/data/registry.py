@@ -47,12 +47,12 @@ class Package:
 
 def private_dir(parent: Path, prefix: str) -> Path:
     """A new temporary folder ``parent/.PREFIX.PID.XXXX`` for building something that is
-    renamed into place when complete. Such folders left by processes that died (a kill -9)
-    are removed first."""
+    renamed into place when complete. Such folders left in ``parent`` by processes that died
+    (a kill -9) are removed first."""
     parent.mkdir(parents=True, exist_ok=True)
-    for old in parent.glob(f".{prefix}.*"):
-        pid = old.name[len(prefix) + 2:].split(".")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+    for old in parent.glob(".*.*.*"):
+        pid = old.name.rsplit(".", 2)[1]
+        if old.is_dir() and pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f".{prefix}.{os.getpid()}.", dir=parent))
 

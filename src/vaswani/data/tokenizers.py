@@ -19,6 +19,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
+
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
 
@@ -50,6 +52,10 @@ class Tokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
+    def encode_arrays(self, texts: list[str]) -> list[np.ndarray]:
+        """Like :meth:`encode_batch`, as numpy arrays (what encoded datasets store)."""
+        return [np.asarray(ids, dtype=np.int64) for ids in self.encode_batch(texts)]
+
 
 class CharTokenizer(Tokenizer):
     """One id per character seen in training; lossless for text made of those characters.
@@ -76,6 +82,29 @@ class CharTokenizer(Tokenizer):
 
     def encode(self, text: str) -> list[int]:
         return [self.stoi.get(c, UNK_ID) for c in text]
+
+    def encode_arrays(self, texts: list[str]) -> list[np.ndarray]:
+        """Vectorised: code points -> ids through a lookup table (characters beyond the
+        table, or never seen, are <unk>)."""
+        table = self._table()
+        out = []
+        for text in texts:
+            points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+            ids = np.full(len(points), UNK_ID, dtype=np.int64)
+            inside = points < len(table)
+            ids[inside] = table[points[inside]]
+            out.append(ids)
+        return out
+
+    def _table(self) -> np.ndarray:
+        if getattr(self, "_lookup", None) is None:
+            top = max((ord(c) for c in self.stoi if len(c) == 1), default=0) + 1
+            table = np.full(top, UNK_ID, dtype=np.int64)
+            for c, i in self.stoi.items():
+                if len(c) == 1:
+                    table[ord(c)] = i
+            self._lookup = table
+        return self._lookup
 
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(self.itos[i] for i in ids if i >= len(SPECIALS))
@@ -132,6 +161,9 @@ class BPETokenizer(Tokenizer):
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.hf.encode_batch(texts)]
 
+    def encode_arrays(self, texts: list[str]) -> list[np.ndarray]:
+        return _fast_arrays(self.hf, texts, add_special_tokens=True)
+
     def decode(self, ids: Iterable[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
@@ -178,6 +210,9 @@ class PretrainedTokenizer(Tokenizer):
     def encode_with_specials(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.hf.encode_batch(texts, add_special_tokens=True)]
 
+    def encode_arrays(self, texts: list[str]) -> list[np.ndarray]:
+        return _fast_arrays(self.hf, texts, add_special_tokens=False)
+
     def decode(self, ids: Iterable[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
@@ -193,6 +228,13 @@ class PretrainedTokenizer(Tokenizer):
         from tokenizers import Tokenizer as HFTokenizer
 
         return cls(HFTokenizer.from_file(str(path)), json.loads(_specials_path(path).read_text()))
+
+
+def _fast_arrays(hf, texts: list[str], *, add_special_tokens: bool) -> list[np.ndarray]:
+    """Hugging Face batch encoding (parallel over texts, offsets not computed) as arrays."""
+    encode = getattr(hf, "encode_batch_fast", hf.encode_batch)
+    return [np.asarray(e.ids, dtype=np.int64)
+            for e in encode(texts, add_special_tokens=add_special_tokens)]
 
 
 def _specials_path(path: Path) -> Path:

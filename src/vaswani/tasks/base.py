@@ -8,9 +8,11 @@ vaswani has three, one per architecture (``TASKS`` in ``tasks/__init__.py``):
 
 Everything that differs between them lives in its task class, in the order a run meets it:
 
-1. data: :meth:`Task.read` a split's files into examples, :meth:`Task.hold_out` a validation
-   set when there are no validation files, :meth:`Task.train_tokenizers`, and
-   :meth:`Task.encode` the examples into token ids (the token layout: which specials go where);
+1. data: :meth:`Task.iter_examples` streams a split's files as examples (or, for text,
+   pieces of it), :meth:`Task.train_tokenizers_from` trains the tokenizers on (a sample of) the
+   training examples, :meth:`Task.encode_examples` writes their token ids (the token layout:
+   which specials go where); tasks/encode.py holds out the validation set and keeps the
+   encoded data in memory-mapped files, cached (:meth:`Task.load`);
 2. training: :meth:`Task.model_fields` (what the data decides in ``[model]``),
    :meth:`Task.batches` (global batch i -> this rank's share), :meth:`Task.loss`,
    :meth:`Task.count` (what the loss is normalised by), :meth:`Task.metric` (the validation
@@ -29,56 +31,63 @@ the source tokenizer when a run starts: nothing assumes that padding is id 0.
 from __future__ import annotations
 
 import hashlib
-import random
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ..config import DataConfig, RunConfig
 from ..data import prepare
-from ..data.files import DataError, ReadReport
-from ..data.tokenizers import Tokenizer, train_tokenizer
+from ..data.files import ReadReport
+from ..data.tokenizers import Tokenizer
 
 Batch = dict[str, Tensor]
 
 
 @dataclass
 class TaskData:
-    """A run's training and validation examples as token ids, with their tokenizers.
+    """A run's training and validation data as token ids (memory-mapped, see
+    data/encoded.py), with its tokenizers.
 
-    ``train``/``valid`` hold what the task's :meth:`Task.encode` made (lists of examples, or one
-    tensor of token ids for language modelling); ``raw_valid`` the validation examples as read
-    (for metrics that compare text)."""
+    ``train``/``valid``: an :class:`~vaswani.data.encoded.Split` whose item i is example i as a
+    tuple of arrays (translation: (source ids, target ids); classification: (ids, label)), or
+    one array of token ids for language modelling. ``raw_valid[:n]``: the first validation
+    examples as read (for metrics that compare text)."""
 
-    train: list | Tensor
-    valid: list | Tensor
+    train: object
+    valid: object
     source_tokenizer: Tokenizer
     target_tokenizer: Tokenizer | None = None
     labels: list[str] = field(default_factory=list)
-    raw_valid: list = field(default_factory=list)
+    raw_valid: object = field(default_factory=list)
     report: ReadReport = field(default_factory=ReadReport)
     truncated: int = 0
+    manifest: dict = field(default_factory=dict)  # of the encoded dataset
+    directory: Path | None = None  # where the encoded dataset lives
 
     def fingerprint(self) -> str:
-        """A hash of the training token ids: resuming on different data is caught."""
+        """A hash of the training token ids (from the encoded dataset's manifest): resuming
+        on different data is caught."""
+        return self.manifest["fingerprint"]
+
+    def legacy_fingerprint(self) -> str:
+        """The hash runs saved before encoded datasets recorded (over Python lists of ids),
+        so that they still resume. Reads all the training data: only asked when needed."""
         h = hashlib.sha256()
-        if isinstance(self.train, Tensor):
-            h.update(self.train.numpy().tobytes())
+        if isinstance(self.train, np.ndarray):
+            for start in range(0, len(self.train), 1 << 24):
+                h.update(np.asarray(self.train[start: start + (1 << 24)],
+                                    dtype=np.int64).tobytes())
         else:
             for a, b in self.train:
-                h.update(repr((a, b)).encode())
+                second = b.tolist() if isinstance(b, np.ndarray) else int(b)
+                h.update(repr((a.tolist(), second)).encode())
         return h.hexdigest()[:16]
-
-    def clip(self, ids: list[int], limit: int) -> list[int]:
-        """``ids`` cut to ``limit`` tokens; cuts are counted and reported."""
-        if len(ids) > limit:
-            self.truncated += 1
-            return ids[:limit]
-        return ids
 
 
 def split_files(cfg: DataConfig, split: str, cache: Path) -> list[str]:
@@ -91,15 +100,13 @@ def split_files(cfg: DataConfig, split: str, cache: Path) -> list[str]:
 
 
 def hold_out(examples: list, fraction: float, seed: int) -> tuple[list, list]:
-    """A deterministic (train, valid) split: shuffle by seed, hold out ``fraction``."""
-    order = list(range(len(examples)))
-    random.Random(seed).shuffle(order)
-    n_valid = max(1, round(len(examples) * fraction)) if fraction > 0 else 0
-    if n_valid >= len(examples):
-        raise DataError(f"only {len(examples)} examples: too few to hold out a validation set")
-    held = set(order[:n_valid])
-    return ([e for i, e in enumerate(examples) if i not in held],
-            [e for i, e in enumerate(examples) if i in held])
+    """A deterministic (train, valid) split of a list: shuffle by seed, hold out
+    ``fraction`` (the examples :func:`~vaswani.tasks.encode.held_out_mask` marks)."""
+    from .encode import held_out_mask
+
+    held = held_out_mask(len(examples), fraction, seed)
+    return ([e for e, h in zip(examples, held, strict=True) if not h],
+            [e for e, h in zip(examples, held, strict=True) if h])
 
 
 def encode_inputs(tokenizer: Tokenizer, texts: list[str], max_len: int, *, bos: bool = False,
@@ -162,56 +169,55 @@ class Task:
                              "for this task")
 
     # --- 1. data -------------------------------------------------------------------------
+    FIELDS: ClassVar[dict[str, str]] = {}  # encoded fields: "ragged", "labels" or "stream"
+
     def load(self, cache: Path, tokenizers: tuple[Tokenizer, Tokenizer | None] | None = None,
-             labels: list[str] | None = None) -> TaskData:
-        """Read the ``[data]`` files, hold out validation examples, train the tokenizers
-        (unless given, as when resuming) and encode everything."""
+             labels: list[str] | None = None, *, progress: bool = True) -> TaskData:
+        """The run's data: the ``[data]`` files read, a validation set held out, the
+        tokenizers trained (unless given, as when resuming), everything encoded into memory
+        maps, once: later calls with the same inputs map the same files (tasks/encode.py)."""
+        from .encode import load
+
+        return load(self, cache, tokenizers, labels, progress=progress)
+
+    def iter_examples(self, paths: list[str], report: ReadReport) -> Iterator:
+        """The examples (for text: the lines) of ``paths``, in a stream; bad lines are
+        reported with file:line."""
+        raise NotImplementedError
+
+    def read(self, paths: list[str], report: ReadReport):
+        """The examples of ``paths`` in memory (what ``vaswani evaluate`` scores)."""
+        return list(self.iter_examples(paths, report))
+
+    def example_bytes(self, example) -> int:
+        """About how many input bytes an example took (for the progress bar)."""
+        return sum(len(x) for x in example if isinstance(x, str)) + 2
+
+    def encoding_options(self) -> dict:
+        """What, beside the files and the tokenizer, decides the encoded data."""
         d = self.config.data
-        report = ReadReport(max_skip=d.max_skip)
-        kind = d.tokenizer
-        if d.dataset:
-            spec = prepare.lookup(d.dataset)
-            if spec.task != self.name:
-                raise ValueError(f"dataset {d.dataset!r} is for {spec.task}, but the model "
-                                 f"does {self.name}")
-            kind = spec.tokenizer or kind
-        train_files = split_files(d, "train", cache)
-        if not train_files:
-            raise ValueError("[data] needs train files (or a dataset name)")
-        train = self.read(train_files, report)
-        valid_files = split_files(d, "valid", cache)
-        if valid_files:
-            valid = self.read(valid_files, report)
-        else:
-            train, valid = self.hold_out(train)
-        if not train:
-            raise DataError(f"no training examples in {', '.join(train_files)}")
-        source, target = tokenizers or self.train_tokenizers(train, kind)
-        data = TaskData([], [], source, target, list(labels or []), valid, report)
-        self.encode(data, train, valid)
-        return data
+        return {"max_len": self.config.model.max_len, "valid_fraction": d.valid_fraction,
+                "split_seed": d.split_seed, "max_skip": d.max_skip, "format": d.format}
 
-    def read(self, paths: list[str], report: ReadReport) -> list:
-        """The examples in ``paths`` (bad lines are reported with file:line)."""
+    def train_tokenizers_from(self, inputs, kind: str) -> tuple[Tokenizer, Tokenizer | None]:
+        """(source, target) tokenizers trained on (a sample of) the training data;
+        ``inputs`` is a :class:`~vaswani.tasks.encode.Inputs`. Target is None for one-sided
+        tasks."""
         raise NotImplementedError
 
-    def hold_out(self, examples: list) -> tuple[list, list]:
-        """(train, valid) when the config names no validation files."""
-        d = self.config.data
-        return hold_out(examples, d.valid_fraction, d.split_seed)
-
-    def train_tokenizers(self, examples: list, kind: str) -> tuple[Tokenizer, Tokenizer | None]:
-        """(source, target) tokenizers trained on the training examples; target is None for
-        one-sided tasks."""
-        return train_tokenizer(kind, self.texts(examples), self.config.data.vocab_size), None
-
-    def texts(self, examples: list) -> list[str]:
-        """The text of each example (what a one-sided task's tokenizer is trained on)."""
+    def encode_examples(self, examples: list, tokenizers, writer, ctx: dict) -> None:
+        """Write a batch of examples' token ids (the token layout) to an encoded ``writer``;
+        ``ctx["truncated"]`` counts sequences cut to max_len."""
         raise NotImplementedError
 
-    def encode(self, data: TaskData, train: list, valid: list) -> None:
-        """Fill ``data.train`` and ``data.valid`` with the examples' token ids."""
-        raise NotImplementedError
+    def train_examples(self, inputs) -> Iterator:
+        """The training examples (not held out), sampled for the tokenizer as
+        ``[data] tokenizer_sample`` says."""
+        mask, keep = inputs.held_out, inputs.sampler()
+        report = ReadReport(max_skip=self.config.data.max_skip)
+        for i, example in enumerate(self.iter_examples(inputs.files["train"], report)):
+            if (mask is None or not mask[i]) and keep():
+                yield example
 
     # --- 2. training ---------------------------------------------------------------------
     def model_fields(self, data: TaskData) -> dict:

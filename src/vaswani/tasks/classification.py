@@ -19,20 +19,22 @@ import torch
 
 from ..data import files
 from ..data.batching import BucketBatches, pad
-from ..data.files import DataError
-from ..data.tokenizers import Tokenizer
+from ..data.files import DataError, ReadReport
+from ..data.tokenizers import Tokenizer, train_tokenizer
 from ..training.losses import smoothed_cross_entropy
 from .base import Batch, Task, as_batch, attention_map, token_labels
 
 
-def classifier_input(tok: Tokenizer, text: str, max_len: int) -> tuple[list[int], bool]:
-    """(ids, truncated) of a text for an encoder: <bos> text; a pretrained tokenizer adds its
-    own specials instead (BERT: [CLS] text [SEP], cut so that [SEP] stays)."""
+def classifier_inputs(tok: Tokenizer, texts: list[str], max_len: int
+                      ) -> list[tuple[list[int], bool]]:
+    """(ids, truncated) of each text for an encoder, encoded as one batch: <bos> text; a
+    pretrained tokenizer adds its own specials instead (BERT: [CLS] text [SEP], cut so that
+    [SEP] stays)."""
     if hasattr(tok, "encode_with_specials"):
-        ids = tok.encode_with_specials([text])[0]
-        return (ids, False) if len(ids) <= max_len else (ids[: max_len - 1] + ids[-1:], True)
-    ids = [tok.bos_id] + tok.encode(text)
-    return ids[:max_len], len(ids) > max_len
+        return [(ids, False) if len(ids) <= max_len else (ids[: max_len - 1] + ids[-1:], True)
+                for ids in tok.encode_with_specials(texts)]
+    return [(([tok.bos_id] + ids.tolist())[:max_len], len(ids) + 1 > max_len)
+            for ids in tok.encode_arrays(texts)]
 
 
 class Classification(Task):
@@ -41,27 +43,36 @@ class Classification(Task):
     metrics = ("valid_loss", "accuracy")
 
     # --- data ----------------------------------------------------------------------------
-    def read(self, paths, report):
-        return files.read_classification(paths, self.config.data.format, report)
+    FIELDS = {"ids": "ragged", "label": "labels"}
 
-    def texts(self, examples):
-        return [text for _, text in examples]
+    def iter_examples(self, paths, report):
+        return files.iter_classification(paths, self.config.data.format, report)
 
-    def encode(self, data, train, valid):
-        data.labels = data.labels or sorted({label for label, _ in train})
-        index = {label: i for i, label in enumerate(data.labels)}
-        unknown = sorted({label for label, _ in valid if label not in index})
+    def train_tokenizers_from(self, inputs, kind):
+        texts = (text for _, text in self.train_examples(inputs))
+        return train_tokenizer(kind, texts, self.config.data.vocab_size), None
+
+    def train_labels(self, inputs) -> list[str]:
+        """The sorted labels of the training examples (held-out ones excluded)."""
+        mask, seen = inputs.held_out, set()
+        report = ReadReport(max_skip=self.config.data.max_skip)
+        for i, (label, _) in enumerate(self.iter_examples(inputs.files["train"], report)):
+            if mask is None or not mask[i]:
+                seen.add(label)
+        return sorted(seen)
+
+    def encode_examples(self, examples, tokenizers, writer, ctx):
+        """<bos> + ids (a pretrained tokenizer's own specials instead), cut to max_len; the
+        label's index among the training labels."""
+        index = {label: i for i, label in enumerate(ctx["labels"])}
+        unknown = sorted({label for label, _ in examples if label not in index})
         if unknown:
             raise DataError(f"validation labels {unknown} never occur in the training data")
-        max_len = self.config.model.max_len
-
-        def example(label: str, text: str) -> tuple[list[int], int]:
-            ids, cut = classifier_input(data.source_tokenizer, text, max_len)
-            data.truncated += cut
-            return ids, index[label]
-
-        data.train = [example(label, text) for label, text in train]
-        data.valid = [example(label, text) for label, text in valid]
+        encoded = classifier_inputs(tokenizers[0], [text for _, text in examples],
+                                    self.config.model.max_len)
+        ctx["truncated"] += sum(cut for _, cut in encoded)
+        writer.add_sequences("ids", [ids for ids, _ in encoded])
+        writer.add_labels([index[label] for label, _ in examples])
 
     # --- training ------------------------------------------------------------------------
     def model_fields(self, data):
@@ -69,13 +80,13 @@ class Classification(Task):
 
     def batches(self, data, rank, world):
         return BucketBatches(data.train, data.valid,
-                             lengths=lambda examples: [len(ids) for ids, _ in examples],
+                             lengths=lambda split: split.lengths("ids"),
                              collate=self.collate, max_tokens=self.config.data.max_tokens,
                              seed=self.config.train.seed, rank=rank, world=world)
 
     def collate(self, examples: list) -> Batch:
         return {"ids": pad([ids for ids, _ in examples], self.pad_id),
-                "label": torch.tensor([label for _, label in examples])}
+                "label": torch.tensor([int(label) for _, label in examples])}
 
     def loss(self, model, batch, smoothing):
         return smoothed_cross_entropy(model(batch["ids"]), batch["label"], smoothing=smoothing)
@@ -99,7 +110,7 @@ class Classification(Task):
     def inputs(self, run, texts: list[str]) -> list[list[int]]:
         """Each text's ids, cut to max_len with one warning that counts the cuts."""
         limit = self.config.model.max_len
-        pairs = [classifier_input(run.source_tokenizer, t, limit) for t in texts]
+        pairs = classifier_inputs(run.source_tokenizer, texts, limit)
         cut = sum(c for _, c in pairs)
         if cut:
             warnings.warn(f"{cut} of {len(texts)} input(s) were longer than the model's max_len "

@@ -22,10 +22,12 @@ import torch
 from ..config import DecodeConfig
 from ..data import files
 from ..data.batching import WindowBatches, lm_eval_windows
-from ..data.files import DataError
+from ..data.files import DataError, ReadReport
+from ..data.tokenizers import train_tokenizer
 from ..generation import generate
 from ..training.losses import smoothed_cross_entropy
 from .base import Task, as_batch, attention_map, token_labels
+from .encode import text_chunks
 
 
 class LanguageModelling(Task):
@@ -41,22 +43,30 @@ class LanguageModelling(Task):
                              f"max_len ({m.max_len}): the model has no positions past it")
 
     # --- data ----------------------------------------------------------------------------
+    FIELDS = {"tokens": "stream"}
+
+    def iter_examples(self, paths, report):
+        return files.iter_text_pieces(paths, report)  # pieces of the text, read in blocks
+
     def read(self, paths, report):
         return files.read_text(paths, report)
 
-    def hold_out(self, text):
-        cut = int(len(text) * (1 - self.config.data.valid_fraction))
-        return text[:cut], text[cut:]
-
-    def texts(self, text):
-        return [text]
-
-    def encode(self, data, train, valid):
-        tok = data.source_tokenizer
-        data.train = torch.tensor(tok.encode(train), dtype=torch.long)
-        data.valid = torch.tensor(tok.encode(valid), dtype=torch.long)
-        if data.train.numel() < 2:
+    def load(self, cache, tokenizers=None, labels=None, *, progress=True):
+        data = super().load(cache, tokenizers, labels, progress=progress)
+        if len(data.train) < 2:
             raise DataError("the language-model training text is shorter than two tokens")
+        return data
+
+    def train_tokenizers_from(self, inputs, kind):
+        """On the training text (before the held-out tail), in chunks that tokenise as the
+        whole text does; a text larger than ``tokenizer_sample`` gives a seeded sample of its
+        chunks (whole lines, about 64 KB each) instead."""
+        keep = inputs.sampler()
+        pieces = self.iter_examples(inputs.files["train"], ReadReport(
+            max_skip=self.config.data.max_skip))
+        texts = (chunk for split, chunk in text_chunks(pieces, inputs.cut)
+                 if split == "train" and keep())
+        return train_tokenizer(kind, texts, self.config.data.vocab_size), None
 
     # --- training ------------------------------------------------------------------------
     def batches(self, data, rank, world):
@@ -131,3 +141,4 @@ class LanguageModelling(Task):
         _, weights = run.model.forward_with_attention(as_batch(ids, run.device))
         labels = token_labels(tok, ids)
         return {"self-attention": attention_map(weights["decoder"][:, 0], labels, labels)}
+

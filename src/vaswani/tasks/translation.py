@@ -13,6 +13,7 @@ match, sacreBLEU and chrF of greedy translations. Using a trained model: :meth:`
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..config import DecodeConfig
@@ -22,7 +23,7 @@ from ..data.tokenizers import train_tokenizer
 from ..evaluation.metrics import bleu_chrf, exact_match
 from ..generation import beam_decode, greedy_decode
 from ..training.losses import smoothed_cross_entropy
-from .base import Batch, Task, TaskData, as_batch, attention_map, encode_inputs, token_labels
+from .base import Batch, Task, as_batch, attention_map, encode_inputs, token_labels
 
 
 class Translation(Task):
@@ -31,29 +32,36 @@ class Translation(Task):
     metrics = ("valid_loss", "exact_match", "bleu", "chrf")
 
     # --- data ----------------------------------------------------------------------------
-    def read(self, paths, report):
-        return files.read_translation(paths, report)
+    FIELDS = {"src": "ragged", "tgt": "ragged"}
 
-    def train_tokenizers(self, pairs, kind):
+    def iter_examples(self, paths, report):
+        return files.iter_translation(paths, report)
+
+    def encoding_options(self):
+        return {**super().encoding_options(), "shared_vocab": self.config.data.shared_vocab}
+
+    def train_tokenizers_from(self, inputs, kind):
         d = self.config.data
         if d.shared_vocab:
-            shared = train_tokenizer(kind, [text for pair in pairs for text in pair],
-                                     d.vocab_size)
+            texts = (text for pair in self.train_examples(inputs) for text in pair)
+            shared = train_tokenizer(kind, texts, d.vocab_size)
             return shared, shared
-        return (train_tokenizer(kind, [s for s, _ in pairs], d.vocab_size),
-                train_tokenizer(kind, [t for _, t in pairs], d.vocab_size))
+        return (train_tokenizer(kind, (s for s, _ in self.train_examples(inputs)), d.vocab_size),
+                train_tokenizer(kind, (t for _, t in self.train_examples(inputs)), d.vocab_size))
 
-    def encode(self, data, train, valid):
-        data.train = [self.encode_pair(data, s, t) for s, t in train]
-        data.valid = [self.encode_pair(data, s, t) for s, t in valid]
-
-    def encode_pair(self, data: TaskData, src: str, tgt: str) -> tuple[list[int], list[int]]:
-        """(source ids + <eos>, <bos> + target ids + <eos>), each side cut to max_len."""
+    def encode_examples(self, pairs, tokenizers, writer, ctx):
+        """Source: ids + <eos>; target: <bos> + ids + <eos>; each side cut to max_len."""
+        s_tok, t_tok = tokenizers
         limit = self.config.model.max_len - 1
-        s_tok, t_tok = data.source_tokenizer, data.target_tokenizer
-        source = data.clip(s_tok.encode(src), limit) + [s_tok.eos_id]
-        target = [t_tok.bos_id] + data.clip(t_tok.encode(tgt), limit) + [t_tok.eos_id]
-        return source, target
+        sources, targets = [], []
+        src_ids = s_tok.encode_arrays([s for s, _ in pairs])
+        tgt_ids = t_tok.encode_arrays([t for _, t in pairs])
+        for s, t in zip(src_ids, tgt_ids, strict=True):
+            ctx["truncated"] += (len(s) > limit) + (len(t) > limit)
+            sources.append(np.concatenate([s[:limit], [s_tok.eos_id]]))
+            targets.append(np.concatenate([[t_tok.bos_id], t[:limit], [t_tok.eos_id]]))
+        writer.add_sequences("src", sources)
+        writer.add_sequences("tgt", targets)
 
     # --- training ------------------------------------------------------------------------
     def model_fields(self, data):
@@ -68,7 +76,8 @@ class Translation(Task):
 
     def batches(self, data, rank, world):
         return BucketBatches(data.train, data.valid,
-                             lengths=lambda pairs: [max(len(s), len(t)) for s, t in pairs],
+                             lengths=lambda split: np.maximum(split.lengths("src"),
+                                                              split.lengths("tgt")),
                              collate=self.collate, max_tokens=self.config.data.max_tokens,
                              seed=self.config.train.seed, rank=rank, world=world)
 

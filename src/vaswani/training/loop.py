@@ -101,7 +101,7 @@ class Trainer:
                 "elapsed": round(self.elapsed + time.perf_counter() - self._fit_start, 1),
                 "best": self.best, "bad_evals": self.bad_evals, "skipped_steps": self.skipped,
                 "best_metric": self.cfg.train.best_metric,
-                "data_fingerprint": self.data.fingerprint()}
+                "data_fingerprint": self.data.fingerprint(), "fingerprint_format": 2}
 
     def _trainer_state(self) -> dict:
         """Optimizer and random-number state (every rank's: dropout differs per rank)."""
@@ -114,7 +114,10 @@ class Trainer:
 
     def _restore(self) -> None:
         trainer_state, state = rundir.load_last(self.run_dir, self.model)
-        if state.get("data_fingerprint") != self.data.fingerprint():
+        recorded = state.get("data_fingerprint")
+        same = recorded == self.data.fingerprint() or (  # runs saved before encoded datasets
+            "fingerprint_format" not in state and recorded == self.data.legacy_fingerprint())
+        if not same:
             raise ValueError(f"the training data differs from the data {self.run_dir} was "
                              "trained on; resume with the same [data] files")
         check_optimizer_state(self.optimizer, trainer_state["optimizer"], self.model,

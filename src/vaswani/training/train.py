@@ -79,7 +79,7 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
         with _lock(run_dir, dist):
             try:
                 data, cfg = _start(task, cfg, run_dir, resume, overwrite, init_tokenizers,
-                                   cache, dist)
+                                   cache, dist, launch.progress)
                 if dist.is_main:
                     _announce(run_dir, cfg, task, data, device, dist)
                 trainer = Trainer(cfg, data, run_dir, device=device, dist=dist,
@@ -154,21 +154,28 @@ def _lock(run_dir: Path, dist: Dist):
 
 
 def _start(task: Task, cfg: RunConfig, run_dir: Path, resume: str | None, overwrite: bool,
-           init_tokenizers, cache: Path, dist: Dist) -> tuple[TaskData, RunConfig]:
+           init_tokenizers, cache: Path, dist: Dist, progress: bool
+           ) -> tuple[TaskData, RunConfig]:
     """The run's data, and its config completed from the data. A new run: rank 0 trains the
-    tokenizer and writes config.toml and tokenizer/; the other ranks then read them back."""
+    tokenizer, encodes the data (into the cache) and writes config.toml and tokenizer/; the
+    other ranks then read the tokenizer back and map the same encoded files."""
+    show = progress and dist.is_main
     if resume:
         rundir.find_last(run_dir)  # fail before reading data if there is nothing to resume
-        data = _data_from_run(task, run_dir, cache)
+        if dist.is_main:
+            data = _data_from_run(task, run_dir, cache, show)
+        dist.barrier()  # rank 0 encodes (if the cache lacks it); the others then map it
+        if not dist.is_main:
+            data = _data_from_run(task, run_dir, cache, False)
     else:
         if dist.is_main:
             rundir.start(run_dir, overwrite)
-            data = task.load(cache, init_tokenizers)
+            data = task.load(cache, init_tokenizers, progress=show)
             rundir.write_run(run_dir, resolve_model(cfg, task, data), data.source_tokenizer,
                              data.target_tokenizer, data.labels)
         dist.barrier()
         if not dist.is_main:
-            data = _data_from_run(task, run_dir, cache)
+            data = _data_from_run(task, run_dir, cache, False)
     return data, resolve_model(cfg, task, data)
 
 
@@ -203,10 +210,10 @@ def _from_pretrained(cfg: RunConfig):
     return RunConfig(model, cfg.data, cfg.train, cfg.decode), (source, target)
 
 
-def _data_from_run(task: Task, run_dir: Path, cache: Path) -> TaskData:
+def _data_from_run(task: Task, run_dir: Path, cache: Path, progress: bool) -> TaskData:
     """The data encoded with the tokenizers (and labels) saved in ``run_dir``."""
     source, target, labels = rundir.read_tokenizers(run_dir)
-    return task.load(cache, (source, target), labels)
+    return task.load(cache, (source, target), labels or None, progress=progress)
 
 
 def _announce(run_dir: Path, cfg: RunConfig, task: Task, data: TaskData, device: torch.device,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 
@@ -13,7 +12,9 @@ def plot_loss(metrics_path: Path, out_path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    from ..rundir import read_metrics
+
+    rows = [r for r in read_metrics(metrics_path) if "loss" in r]
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
