@@ -166,6 +166,11 @@ def _lines(path: str | None) -> list[str]:
     return lines
 
 
+def _controls(args: argparse.Namespace) -> dict:
+    return {"repetition_penalty": args.repetition_penalty,
+            "no_repeat_ngram_size": args.no_repeat_ngram_size, "min_length": args.min_length}
+
+
 def _load(args: argparse.Namespace):
     from .inference import load
 
@@ -176,7 +181,7 @@ def _translate(args: argparse.Namespace) -> int:
     run = _load(args)
     lines = _lines(args.input)
     results = run.translate(lines, beam=args.beam, n_best=args.n_best,
-                            length_penalty=args.length_penalty)
+                            length_penalty=args.length_penalty, **_controls(args))
     for line, r in zip(lines, results, strict=True):  # exactly one output line per input line
         if args.n_best > 1 and not line.strip():
             print()
@@ -196,7 +201,9 @@ def _generate(args: argparse.Namespace) -> int:
 
     stream(args.prompt)
     run.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, stream=stream)
+                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, stream=stream,
+                 stop=args.stop, presence_penalty=args.presence_penalty,
+                 frequency_penalty=args.frequency_penalty, **_controls(args))
     sys.stdout.write("\n")
     return 0
 
@@ -343,6 +350,15 @@ def build_parser() -> argparse.ArgumentParser:
                                         "tokenizers); prepared datasets and packages stay.")
     q.set_defaults(func=_data_clean)
 
+    def controls(p: argparse.ArgumentParser) -> None:
+        """The decoding controls translate and generate share (default: [decode])."""
+        p.add_argument("--repetition-penalty", type=float, metavar="P",
+                       help="> 1 discourages tokens already in the output (1 = off)")
+        p.add_argument("--no-repeat-ngram-size", type=int, metavar="N",
+                       help="never repeat an n-gram of N tokens (0 = off)")
+        p.add_argument("--min-length", type=int, metavar="N",
+                       help="generate at least N tokens before the end")
+
     def run_parser(name: str, help: str, description: str, parents=()) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=description, parents=list(parents))
         p.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by vaswani train")
@@ -358,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-best", type=int, default=1, metavar="K", help="hypotheses per line")
     p.add_argument("--length-penalty", type=float, metavar="ALPHA",
                    help="GNMT alpha: score = log P / ((5 + len) / 6) ** alpha")
+    controls(p)
     p.set_defaults(func=_translate)
 
     p = run_parser("generate", "continue a prompt with a language-model run",
@@ -368,6 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, metavar="K")
     p.add_argument("--top-p", type=float, metavar="P")
     p.add_argument("--seed", type=int, metavar="S", help="make sampling reproducible")
+    p.add_argument("--stop", action="append", metavar="TEXT",
+                   help="end the output where TEXT appears (repeatable)")
+    p.add_argument("--presence-penalty", type=float, metavar="X",
+                   help="OpenAI's: lower a generated token's score once, by X (-2..2)")
+    p.add_argument("--frequency-penalty", type=float, metavar="X",
+                   help="OpenAI's: lower a token's score by X per occurrence so far (-2..2)")
+    controls(p)
     p.set_defaults(func=_generate)
 
     p = run_parser("classify", "classify lines with an encoder run",

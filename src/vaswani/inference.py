@@ -54,23 +54,28 @@ class Run:
         return self.config.decode.replace(**{k: v for k, v in given.items() if v is not None})
 
     def translate(self, texts: list[str], *, beam: int | None = None, n_best: int = 1,
-                  length_penalty: float | None = None, batch_size: int = 64
+                  length_penalty: float | None = None, batch_size: int = 64, **controls
                   ) -> list[str] | list[list[tuple[str, float]]]:
         """Translate each text. ``beam=1`` is greedy. With ``n_best > 1``, each result is a
-        list of (translation, score), best first. Empty texts give empty results."""
+        list of (translation, score), best first. Empty texts give empty results.
+        ``controls``: any ``[decode]`` option (``no_repeat_ngram_size``,
+        ``repetition_penalty``, ``min_length``, ``max_len_a``, ...)."""
         task = self._require("translation", "translate")
-        decode = self.decode_options(beam=beam, n_best=n_best, length_penalty=length_penalty)
+        decode = self.decode_options(beam=beam, n_best=n_best, length_penalty=length_penalty,
+                                     **controls)
         results = task.translate(self, texts, decode, batch_size=batch_size)
         return results if n_best > 1 else [best[0][0] for best in results]
 
     def generate(self, prompt: str, *, max_new_tokens: int | None = None,
                  temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None,
-                 stream: Callable[[str], None] | None = None) -> str:
-        """Continue ``prompt``; ``stream(text)`` receives the new text as it is produced."""
+                 stream: Callable[[str], None] | None = None, **controls) -> str:
+        """Continue ``prompt``; ``stream(text)`` receives the new text as it is produced.
+        ``controls``: any ``[decode]`` option (``stop``, ``repetition_penalty``,
+        ``no_repeat_ngram_size``, ``min_length``, ``presence_penalty``, ...)."""
         task = self._require("lm", "generate")
         decode = self.decode_options(max_new_tokens=max_new_tokens, temperature=temperature,
-                                     top_k=top_k, top_p=top_p)
+                                     top_k=top_k, top_p=top_p, **controls)
         return task.generate(self, prompt, decode, seed=seed, stream=stream)
 
     def classify(self, texts: list[str], batch_size: int = 64) -> list[tuple[str, float]]:

@@ -268,6 +268,13 @@ class DecodeConfig(ConfigBase):
     temperature: float = 1.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the output (1 = off)
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from a generated token's score
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted per occurrence so far
+    no_repeat_ngram_size: int = 0  # forbid repeating any n-gram of this size (0 = off)
+    min_length: int = 0  # tokens to generate before <eos> may end the output
+    stop: list[str] = dataclasses.field(default_factory=list)  # language models: end the
+    # output where one of these strings appears (it is not included)
 
     def validate(self) -> None:
         if self.max_len_a < 0 or self.max_len_b < 0:
@@ -280,6 +287,16 @@ class DecodeConfig(ConfigBase):
         if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
             raise ValueError(f"max_new_tokens ({self.max_new_tokens}) must be in "
                              f"[1, {MAX_NEW_TOKENS:,}]")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty ({self.repetition_penalty}) must be positive")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be in [-2, 2]")
+        if self.no_repeat_ngram_size < 0 or self.min_length < 0:
+            raise ValueError(f"no_repeat_ngram_size ({self.no_repeat_ngram_size}) and "
+                             f"min_length ({self.min_length}) must be >= 0")
+        if any(not s for s in self.stop) or len(self.stop) > 8:
+            raise ValueError(f"stop ({list(self.stop)}) must be at most 8 non-empty strings")
 
 
 def check_beam(beam: int, n_best: int, length_penalty: float) -> None:

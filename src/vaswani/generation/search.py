@@ -16,6 +16,9 @@ import torch
 from torch import Tensor
 
 from ..config.sections import check_beam
+from .rules import Rules
+
+NO_RULES = Rules()
 
 
 def _blocked(logits: Tensor, blocked: tuple[int, ...]) -> Tensor:
@@ -61,20 +64,26 @@ def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0,
 @torch.inference_mode()
 def decode_loop(stepper, tokens: Tensor, limits: Tensor, choose: Callable[[Tensor], Tensor], *,
                 eos_id: int, pad_id: int, bos_id: int,
-                on_step: Callable[[Tensor], None] | None = None) -> list[list[int]]:
+                on_step: Callable[[Tensor], Tensor | None] | None = None,
+                rules: Rules = NO_RULES, history_start: int = 0) -> list[list[int]]:
     """Extend ``tokens`` (N, T0) one token at a time with ``choose(logits) -> (N,)`` until
     every row has produced ``<eos>`` or ``limits[i]`` new tokens. Returns the new tokens of
-    each row (without ``<eos>``). ``on_step`` sees each step's chosen tokens (for streaming).
+    each row (without ``<eos>``). ``on_step`` sees each step's chosen tokens (for streaming)
+    and may return a (N,) bool tensor of rows to end now (a stop string, a client gone).
+    ``rules`` (rules.py) see ``tokens[:, history_start:]`` as the sequence.
     """
     n_prefix = tokens.size(1)
     done = torch.zeros(tokens.size(0), dtype=torch.bool, device=tokens.device)
     for t in range(int(limits.max()) if limits.numel() else 0):
         logits = _blocked(stepper.logits(tokens), (pad_id, bos_id))
+        logits = rules.apply(logits, tokens[:, history_start:], tokens[:, n_prefix:],
+                             eos_id=eos_id, pad_id=pad_id)
         next_id = choose(logits).masked_fill(done, pad_id)
         tokens = torch.cat([tokens, next_id[:, None]], dim=1)
-        if on_step is not None:
-            on_step(next_id)
+        ended = on_step(next_id) if on_step is not None else None
         done |= (next_id == eos_id) | (t + 1 >= limits)
+        if ended is not None:
+            done |= ended
         if bool(done.all()):
             break
     return _strip(tokens[:, n_prefix:].tolist(), eos_id, pad_id)
@@ -87,8 +96,8 @@ def length_penalty(length: int, alpha: float) -> float:
 
 @torch.inference_mode()
 def beam_search(stepper, n_sentences: int, limits: Tensor, *, beam: int, bos_id: int,
-                eos_id: int, pad_id: int, alpha: float = 0.0,
-                n_best: int = 1) -> list[list[tuple[list[int], float]]]:
+                eos_id: int, pad_id: int, alpha: float = 0.0, n_best: int = 1,
+                rules: Rules = NO_RULES) -> list[list[tuple[list[int], float]]]:
     """Beam search over ``n_sentences`` at once; returns, per sentence, the ``n_best`` best
     finished hypotheses as (token ids without <eos>, normalised score), best first.
 
@@ -98,11 +107,14 @@ def beam_search(stepper, n_sentences: int, limits: Tensor, *, beam: int, bos_id:
     sentence is done when it has K finished hypotheses and no live one can still beat the
     worst of them: log-probabilities only fall as a hypothesis grows, and with alpha >= 0 the
     best it can reach is its score now divided by lp(limit). Sentences never affect one
-    another, so the output does not depend on what else is in the batch.
+    another, so the output does not depend on what else is in the batch. ``rules`` (rules.py)
+    adjust the log-probabilities; they keep them <= 0 (so the bound holds) unless a presence or
+    frequency penalty is negative, and then a sentence runs to its limit.
     """
     check_beam(beam, n_best, alpha)
     B, K = n_sentences, beam
     device = limits.device
+    bounded = rules.presence_penalty >= 0 and rules.frequency_penalty >= 0
     stepper.reorder(torch.arange(B, device=device).repeat_interleave(K))  # (B*K) rows
     tokens = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)
     scores = torch.full((B, K), float("-inf"), dtype=torch.float64, device=device)
@@ -112,6 +124,7 @@ def beam_search(stepper, n_sentences: int, limits: Tensor, *, beam: int, bos_id:
     for t in range(int(limits.max())):
         length = t + 1  # tokens each candidate will have generated
         logp = _blocked(stepper.logits(tokens), (pad_id, bos_id)).log_softmax(-1)  # (B*K, V)
+        logp = rules.apply(logp, tokens[:, 1:], tokens[:, 1:], eos_id=eos_id, pad_id=pad_id)
         V = logp.size(-1)
         candidates = (scores.reshape(B * K, 1) + logp).view(B, K * V)
         top_scores, top_index = candidates.topk(min(2 * K, K * V), dim=1)  # (B, 2K)
@@ -134,7 +147,7 @@ def beam_search(stepper, n_sentences: int, limits: Tensor, *, beam: int, bos_id:
                 finished[b].sort(key=lambda h: -h[0])
                 if length >= limit or not alive:
                     done[b] = True
-                elif len(finished[b]) >= K:
+                elif len(finished[b]) >= K and bounded:
                     bound = alive[0][2] / length_penalty(limit, alpha)
                     done[b] = finished[b][K - 1][0] >= bound
             if done[b]:

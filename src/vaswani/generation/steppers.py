@@ -47,16 +47,25 @@ class Seq2SeqStepper:
 
 
 class LMStepper:
-    """A DecoderLM continuing its prompt. Past ``max_len`` tokens the context is cropped to
-    the last half window (positions restart), as a model trained on windows expects."""
+    """A DecoderLM continuing its prompt(s). Past ``max_len`` tokens the context is cropped to
+    the last half window (positions restart), as a model trained on windows expects.
 
-    def __init__(self, model: DecoderLM, *, use_cache: bool = True) -> None:
+    ``pads`` (N,): prompts of different lengths batched together, each left-padded with that
+    many pad tokens: a row's positions start at its first real token and padded keys are
+    masked, so each row computes what it would alone (no sliding window then: the caller
+    keeps prompt + new tokens within ``max_len``)."""
+
+    def __init__(self, model: DecoderLM, *, use_cache: bool = True,
+                 pads: Tensor | None = None) -> None:
         self.model = model
         self.cache = model.new_cache() if use_cache else None
         self.offset = 0  # tokens cropped from the front of the context
+        self.pads = pads
 
     def logits(self, tokens: Tensor) -> Tensor:
         """tokens (N, T) -> next-token logits (N, V)."""
+        if self.pads is not None:
+            return self._padded_logits(tokens)
         max_len = self.model.config.max_len
         if tokens.size(1) - self.offset > max_len:  # slide the window
             self.offset = tokens.size(1) - max(1, max_len // 2)
@@ -68,6 +77,20 @@ class LMStepper:
         new = context[:, self.cache.length:]
         return self.model(new, cache=self.cache)[:, -1]
 
+    def _padded_logits(self, tokens: Tensor) -> Tensor:
+        T = tokens.size(1)
+        if T > self.model.config.max_len:
+            raise ValueError(f"a batched prompt and its continuation ({T} tokens) must fit in "
+                             f"max_len ({self.model.config.max_len})")
+        start = 0 if self.cache is None else self.cache.length
+        index = torch.arange(T, device=tokens.device)
+        keep = index[None, :] >= self.pads[:, None]  # (N, T): real tokens, cached and new
+        positions = (index[None, start:] - self.pads[:, None]).clamp(min=0)  # (N, T - start)
+        return self.model(tokens[:, start:], mask=keep, positions=positions,
+                          cache=self.cache)[:, -1]
+
     def reorder(self, rows: Tensor) -> None:
         if self.cache is not None:
             self.cache.reorder(rows)
+        if self.pads is not None:
+            self.pads = self.pads.index_select(0, rows)

@@ -197,6 +197,7 @@ def _tokenizers(task, root, inputs, names, kind, options):
 
 
 def _write(task, tmp: Path, inputs: Inputs, tokenizers, labels, options) -> dict:
+    start = time.perf_counter()
     dtype = encoded.token_dtype(max(t.vocab_size for t in tokenizers if t is not None))
     report = ReadReport(max_skip=task.config.data.max_skip)
     writers = {s: encoded.Writer(tmp, s, dtype) for s in ("train", "valid")}
@@ -218,7 +219,8 @@ def _write(task, tmp: Path, inputs: Inputs, tokenizers, labels, options) -> dict
             "tokenizer": {"kind": tokenizers[0].kind, "vocab_size": tokenizers[0].vocab_size},
             "options": options, "labels": labels, "truncated": ctx["truncated"],
             "counts": counts, "fingerprint": writers["train"].hash.hexdigest()[:16],
-            "report": {"skipped": report.skipped, "blank_lines": report.blank_lines}}
+            "report": {"skipped": report.skipped, "blank_lines": report.blank_lines},
+            "encode_seconds": round(time.perf_counter() - start, 2)}
 
 
 def write_examples(task, tmp: Path, inputs: Inputs, tokenizers, writers, ctx, report) -> None:

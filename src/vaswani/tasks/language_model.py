@@ -24,7 +24,7 @@ from ..data import files
 from ..data.batching import WindowBatches, lm_eval_windows
 from ..data.files import DataError, ReadReport
 from ..data.tokenizers import train_tokenizer
-from ..generation import generate
+from ..generation import Rules, generate
 from ..training.losses import smoothed_cross_entropy
 from .base import Task, as_batch, attention_map, token_labels
 from .encode import text_chunks
@@ -91,27 +91,25 @@ class LanguageModelling(Task):
     @torch.no_grad()
     def generate(self, run, prompt: str, decode: DecodeConfig, *, seed: int | None = None,
                  stream: Callable[[str], None] | None = None) -> str:
-        """Continue ``prompt``; ``stream(text)`` receives the new text as it is produced
-        (whole characters only: a byte-level token may end inside one)."""
+        """Continue ``prompt``; ``stream(text)`` receives the new text as it is produced. The
+        text ends at ``<eos>``, ``max_new_tokens`` or the first of ``decode.stop``."""
         tok = run.source_tokenizer
-        new: list[int] = []
-        printed = ""
+        text = TextStream(tok, decode.stop)
 
-        def on_token(i: int) -> None:
-            nonlocal printed
-            new.append(i)
-            text = tok.decode(new)
-            if stream is not None and not text.endswith("\ufffd"):  # wait for whole characters
-                stream(text[len(printed):])
-                printed = text
+        def on_token(i: int) -> bool:
+            piece = text.push(i)
+            if stream is not None and piece:
+                stream(piece)
+            return text.stopped
 
-        out = generate(run.model, tok.encode(prompt), bos_id=tok.bos_id, eos_id=tok.eos_id,
-                       max_new_tokens=decode.max_new_tokens, temperature=decode.temperature,
-                       top_k=decode.top_k, top_p=decode.top_p, seed=seed, on_token=on_token)
-        text = tok.decode(out)
-        if stream is not None and len(text) > len(printed):
-            stream(text[len(printed):])
-        return text
+        generate(run.model, tok.encode(prompt), bos_id=tok.bos_id, eos_id=tok.eos_id,
+                 max_new_tokens=decode.max_new_tokens, temperature=decode.temperature,
+                 top_k=decode.top_k, top_p=decode.top_p, seed=seed, on_token=on_token,
+                 rules=Rules.of(decode))
+        rest = text.finish()
+        if stream is not None and rest:
+            stream(rest)
+        return text.text
 
     @torch.no_grad()
     def score(self, run, text, *, beam=None):
@@ -142,3 +140,41 @@ class LanguageModelling(Task):
         labels = token_labels(tok, ids)
         return {"self-attention": attention_map(weights["decoder"][:, 0], labels, labels)}
 
+
+
+class TextStream:
+    """Text of generated tokens as they come: only whole characters (a byte-level token may
+    end inside one), cut before the first stop string, and holding back any text that could
+    still turn into a stop string. ``push(id)`` returns the new text to show; ``finish()``
+    the rest; ``text`` is the whole output; ``stopped`` says a stop string was met."""
+
+    def __init__(self, tokenizer, stop: list[str] | tuple[str, ...] = ()) -> None:
+        self.tokenizer, self.stop = tokenizer, list(stop)
+        self.ids: list[int] = []
+        self.shown = ""
+        self.text = ""
+        self.stopped = False
+
+    def push(self, token: int) -> str:
+        if self.stopped:
+            return ""
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        cuts = [text.find(s) for s in self.stop if s in text]
+        if cuts:
+            self.text, self.stopped = text[: min(cuts)], True
+            return self._show(self.text)
+        self.text = text
+        if text.endswith("\ufffd"):  # wait for the rest of the character
+            return ""
+        hold = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])),
+                   default=0)
+        return self._show(text[: len(text) - hold])
+
+    def finish(self) -> str:
+        return self._show(self.text)
+
+    def _show(self, text: str) -> str:
+        new = text[len(self.shown):] if text.startswith(self.shown) else ""
+        self.shown = text if text.startswith(self.shown) else self.shown
+        return new

@@ -21,7 +21,7 @@ from ..data import files
 from ..data.batching import BucketBatches, pad
 from ..data.tokenizers import train_tokenizer
 from ..evaluation.metrics import bleu_chrf, exact_match
-from ..generation import beam_decode, greedy_decode
+from ..generation import Rules, beam_decode, greedy_decode
 from ..training.losses import smoothed_cross_entropy
 from .base import Batch, Task, as_batch, attention_map, encode_inputs, token_labels
 
@@ -129,7 +129,7 @@ class Translation(Task):
         ids = dict(zip(todo, encoded, strict=True))
         order = sorted(todo, key=lambda i: len(ids[i]))  # similar lengths batch together
         common = dict(bos_id=target.bos_id, eos_id=target.eos_id, max_len_a=decode.max_len_a,
-                      max_len_b=decode.max_len_b)
+                      max_len_b=decode.max_len_b, rules=Rules.of(decode))
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
             src = pad([ids[i] for i in chunk], self.pad_id).to(run.device)

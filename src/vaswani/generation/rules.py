@@ -1,0 +1,86 @@
+"""Rules that adjust next-token scores before a token is chosen: the decoding controls.
+
+Each rule is a pure function of the scores and of the tokens so far, so greedy search,
+sampling and beam search (which reorders its hypotheses every step) all apply them the same
+way, and a sentence's output does not depend on what else is in the batch:
+
+* ``repetition_penalty`` (Keskar et al. 2019, as Hugging Face applies it): the score of a token
+  that already occurs in the sequence is divided by the penalty when positive and multiplied
+  by it when negative (1 = off);
+* ``presence_penalty`` / ``frequency_penalty`` (OpenAI's): subtract ``presence * [count > 0] +
+  frequency * count``, counting the tokens generated so far (0 = off);
+* ``no_repeat_ngram_size`` n: a token that would complete an n-gram already in the sequence is
+  forbidden (0 = off);
+* ``min_length``: ``<eos>`` is forbidden until that many tokens have been generated.
+
+Padding never counts as an occurrence. Shapes: N rows, V vocabulary, T and G tokens so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Rules:
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    no_repeat_ngram_size: int = 0
+    min_length: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self != Rules()
+
+    @classmethod
+    def of(cls, decode) -> Rules:
+        """The rules of a ``DecodeConfig``."""
+        return cls(decode.repetition_penalty, decode.presence_penalty, decode.frequency_penalty,
+                   decode.no_repeat_ngram_size, decode.min_length)
+
+    def apply(self, scores: Tensor, sequence: Tensor, generated: Tensor, *, eos_id: int,
+              pad_id: int) -> Tensor:
+        """scores (N, V) float; sequence (N, T): the tokens repetition looks at (a language
+        model's prompt and output; a translation's output); generated (N, G): the output so
+        far. Returns the adjusted scores (a new tensor when anything changes)."""
+        if not self.active:
+            return scores
+        scores = scores.clone()
+        real = sequence != pad_id
+        if self.repetition_penalty != 1.0 and sequence.numel():
+            seen = torch.zeros_like(scores, dtype=torch.bool)
+            seen.scatter_(1, sequence, real)
+            penalised = torch.where(scores > 0, scores / self.repetition_penalty,
+                                    scores * self.repetition_penalty)
+            scores = torch.where(seen, penalised, scores)
+        if (self.presence_penalty or self.frequency_penalty) and generated.numel():
+            counts = torch.zeros_like(scores)
+            counts.scatter_add_(1, generated, (generated != pad_id).to(scores.dtype))
+            scores -= self.presence_penalty * (counts > 0) + self.frequency_penalty * counts
+        if self.no_repeat_ngram_size:
+            n = self.no_repeat_ngram_size
+            for row, (tokens, mask) in enumerate(zip(sequence.tolist(), real.tolist(),
+                                                     strict=True)):
+                tokens = [t for t, keep in zip(tokens, mask, strict=True) if keep]
+                banned = banned_by_ngrams(tokens, n)
+                if banned:
+                    scores[row, list(banned)] = float("-inf")
+        if self.min_length and generated.size(1) < self.min_length and eos_id >= 0:
+            scores[:, eos_id] = float("-inf")
+        return scores
+
+
+def banned_by_ngrams(tokens: list[int], n: int) -> set[int]:
+    """The tokens that would end an n-gram already in ``tokens``: those that followed each
+    earlier occurrence of the last n-1 tokens."""
+    if len(tokens) < n - 1 or n < 1:
+        return set()
+    if n == 1:
+        return set(tokens)
+    tail = tuple(tokens[len(tokens) - n + 1:])
+    return {tokens[i + n - 1] for i in range(len(tokens) - n + 1)
+            if tuple(tokens[i: i + n - 1]) == tail}
