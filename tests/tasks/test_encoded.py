@@ -197,10 +197,21 @@ def test_the_tokenizer_learns_from_a_seeded_sample_of_a_large_text(tmp_path):
 
 
 LARGE_TEXT = r"""
-import json, random, resource, sys
+import json, random, sys, threading, time
 from pathlib import Path
 from vaswani.training.train import Launch, train
 out, size = Path(sys.argv[1]), int(sys.argv[2])
+# The process's own memory: anonymous resident pages (heap, tensors, Python objects), sampled
+# every 10 ms. Pages of memory-mapped files also count in RSS while they are cached, but the
+# kernel drops them under pressure: that is what lets the data exceed the memory.
+peak = [0]
+def sample():
+    while True:
+        for line in open("/proc/self/status"):
+            if line.startswith("RssAnon:"):
+                peak[0] = max(peak[0], int(line.split()[1]) * 1024)
+        time.sleep(0.01)
+threading.Thread(target=sample, daemon=True).start()
 rng = random.Random(0)
 words = "the king sent his servants to the city and they went out into all the world".split()
 block = "\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 14)))
@@ -228,13 +239,13 @@ eval_batches = 2
 summary = train(str(out / "c.toml"), [], out=str(out / "run"), cache=out / "cache",
                 launch=Launch(progress=False))
 print(json.dumps({"steps": summary["steps"], "text_bytes": (out / "big.txt").stat().st_size,
-                  "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                  "peak_bytes": peak[0]}))
 """
 
 
 def test_a_language_model_trains_on_a_text_larger_than_its_memory(tmp_path):
-    """A generated text over three times the process's peak resident memory is encoded and
-    trained on (the tokens are read through memory maps, the text in blocks)."""
+    """A generated text over three times the process's peak anonymous resident memory is
+    encoded and trained on (the tokens are read through memory maps, the text in blocks)."""
     import shutil
     import subprocess
     import sys
@@ -249,7 +260,7 @@ def test_a_language_model_trains_on_a_text_larger_than_its_memory(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     mib = {k: out[k] / 2**20 for k in ("text_bytes", "peak_bytes")}
-    summary = f"text {mib['text_bytes']:.0f} MiB, peak RSS {mib['peak_bytes']:.0f} MiB"
+    summary = f"text {mib['text_bytes']:.0f} MiB, peak anonymous RSS {mib['peak_bytes']:.0f} MiB"
     print(summary)
     assert out["steps"] == 5
     assert out["text_bytes"] > 3 * out["peak_bytes"], summary
