@@ -215,6 +215,35 @@ def _classify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from .serve.app import Limits, create_app
+    except ImportError as e:
+        raise ValueError(f"vaswani serve needs FastAPI and uvicorn ({e.name} is missing): "
+                         "pip install 'vaswani[serve]'") from None
+    from .inference import load
+
+    names = list(args.name or [])
+    if len(names) > len(args.run_dirs):
+        raise ValueError(f"{len(names)} --name for {len(args.run_dirs)} RUN_DIRs")
+    names += [Path(d).name for d in args.run_dirs[len(names):]]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two runs would be served under one name ({names}); give --name")
+    runs = {name: load(d, device=args.device) for name, d in zip(names, args.run_dirs,
+                                                                    strict=True)}
+    key = args.api_key or os.environ.get("VASWANI_API_KEY") or None
+    app = create_app(runs, api_key=key, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                     max_queue=args.max_queue, limits=Limits())
+    where = f"http://{args.host}:{args.port}"
+    print(f"vaswani serve: {', '.join(f'{n} ({r.task})' for n, r in runs.items())} on {where}"
+          f"{' (API key required)' if key else ''}; the page is at {where}/", file=sys.stderr,
+          flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
 def _import(args: argparse.Namespace) -> int:
     from .pretrained.importer import import_bert, import_gguf
 
@@ -262,6 +291,14 @@ def _attention(args: argparse.Namespace) -> int:
     from .viz.attention import plot_attention
 
     run = _load(args)
+    if args.out.lower().endswith((".html", ".htm")):
+        from .serve import standalone_explorer
+
+        view = run.attention_view(args.text, args.target)
+        Path(args.out).write_text(standalone_explorer(view, f"{run.run_dir}: {args.text}"),
+                                  encoding="utf-8")
+        print(f"wrote {args.out} (the attention explorer: open it in a browser, offline)")
+        return 0
     maps = run.attention(args.text, args.target)
     out = plot_attention(maps, Path(args.out), layer=args.layer,
                          head=None if args.all_heads else args.head)
@@ -408,6 +445,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32, metavar="N")
     p.set_defaults(func=_embed)
 
+    p = sub.add_parser(
+        "serve", help="serve runs over HTTP (OpenAI-compatible) with a page to use and look "
+        "inside them", description="Load RUN_DIRs and serve them over HTTP: /v1/completions and "
+        "/v1/chat/completions (decoders; OpenAI's API, streaming), /v1/embeddings and "
+        "/v1/classify (encoders), /v1/translate (encoder-decoders), /v1/attention (any), "
+        "/v1/models and /health, and at / a page to use each run and explore its attention. "
+        "Requests that arrive together are batched. Binds to 127.0.0.1 unless --host says "
+        "otherwise; with --api-key (or $VASWANI_API_KEY) every /v1 route needs "
+        "'Authorization: Bearer KEY'.")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--name", action="append", metavar="NAME",
+                   help="the model name of each RUN_DIR, in order (default: its folder name)")
+    p.add_argument("--api-key", metavar="KEY", help="require this bearer token")
+    p.add_argument("--max-batch", type=int, default=16, metavar="N",
+                   help="requests batched together at most (1 = no batching; default 16)")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, metavar="M",
+                   help="how long a request waits for others to batch with (default 5)")
+    p.add_argument("--max-queue", type=int, default=256, metavar="N",
+                   help="requests waiting per model before 503s (default 256)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=_serve)
+
     p = sub.add_parser("import", help="turn a pretrained checkpoint into a run directory",
                        parents=[cache],
                        description="Import a pretrained checkpoint into a run directory that "
@@ -438,7 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "for one layer: one head, or a grid of every head.")
     p.add_argument("--text", required=True, help="the input (source) text")
     p.add_argument("--target", help="translation to attend over (default: the model's own)")
-    p.add_argument("--out", required=True, metavar="FILE.png")
+    p.add_argument("--out", required=True, metavar="FILE.png|FILE.html",
+                   help="a PNG of one layer, or (.html) the interactive explorer of every "
+                        "layer and head as one file that works offline")
     p.add_argument("--layer", type=int, default=-1, help="layer index (default: the last)")
     p.add_argument("--head", type=int, default=0, help="head index (default 0)")
     p.add_argument("--all-heads", action="store_true", help="a grid of every head")

@@ -37,6 +37,7 @@ class Run:
         self.source_tokenizer, self.target_tokenizer = source_tokenizer, target_tokenizer
         self.labels, self.device = labels, device
         self.task_object: Task = task_for(config)
+        self.chat_template: str | None = rundir.read_chat_template(run_dir)
 
     @property
     def task(self) -> str:
@@ -99,6 +100,23 @@ class Run:
         """Every layer's and head's attention weights for one input: {kind: {"weights":
         (L, H, Tq, Tk), "queries": [...], "keys": [...]}}."""
         return self.task_object.attention(self, text, target)
+
+
+    def attention_view(self, text: str, target: str | None = None) -> dict:
+        """Everything the attention explorer shows for one input, as plain JSON-able data:
+        each kind's (layers, heads, queries, keys) weights rounded to 4 decimals, the token
+        labels, and each output token's (or class's) probability. A translator with no
+        ``target`` explains its own greedy translation."""
+        if self.task == "translation" and target is None:
+            target = self.translate([text], beam=1)[0]
+        maps = self.attention(text, target)
+        return {"task": self.task, "input": text, "target": target,
+                "attention": {kind: {"weights": m["weights"].numpy().round(4).tolist(),
+                                     "queries": m["queries"], "keys": m["keys"],
+                                     "layers": int(m["weights"].shape[0]),
+                                     "heads": int(m["weights"].shape[1])}
+                              for kind, m in maps.items()},
+                "probabilities": self.task_object.output_probabilities(self, text, target)}
 
 
 def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best") -> Run:

@@ -50,9 +50,11 @@ from .data.tokenizers import Tokenizer, load_tokenizers, save_tokenizers
 COMPLETE, LOCK = "COMPLETE", ".lock"
 CONFIG, TOKENIZER, BEST, LAST, METRICS, LOSS_PLOT = (
     "config.toml", "tokenizer", "model.safetensors", "last", "metrics.jsonl", "loss.png")
+CHAT_TEMPLATE = "chat_template.jinja"  # an imported chat model's own prompt format
 # Every name vaswani writes in a run directory (what --overwrite may remove).
 RUN_FILES = (CONFIG, TOKENIZER, BEST, BEST + ".tmp", LAST, "last.tmp", "last.old", METRICS,
-             LOSS_PLOT, LOSS_PLOT + ".tmp", "metrics.jsonl.tmp", "config.toml.tmp")
+             LOSS_PLOT, LOSS_PLOT + ".tmp", "metrics.jsonl.tmp", "config.toml.tmp",
+             CHAT_TEMPLATE, CHAT_TEMPLATE + ".tmp")
 
 
 class RunInUse(FileExistsError):
@@ -94,9 +96,12 @@ def locked(run_dir: Path):
 # --- the run's description: config and tokenizers -------------------------------------------
 
 def write_run(run_dir: Path, config: RunConfig, source: Tokenizer, target: Tokenizer | None,
-              labels: list[str], *, header: str = "") -> None:
-    """``config.toml`` (resolved) and ``tokenizer/`` (with the class labels, if any)."""
+              labels: list[str], *, header: str = "", chat_template: str | None = None) -> None:
+    """``config.toml`` (resolved, written last), ``tokenizer/`` (with the class labels, if
+    any) and an imported chat model's ``chat_template.jinja``."""
     save_tokenizers(run_dir / TOKENIZER, source, target)
+    if chat_template:
+        atomic_write_text(run_dir / CHAT_TEMPLATE, chat_template)
     if labels:
         meta_path = run_dir / TOKENIZER / "meta.json"
         meta = json.loads(meta_path.read_text())
@@ -128,6 +133,11 @@ def holds_run(run_dir: Path) -> bool:
     if (run_dir / BEST).exists():
         return True
     return any((run_dir / name / COMPLETE).exists() for name in (LAST, "last.tmp", "last.old"))
+
+
+def read_chat_template(run_dir: Path) -> str | None:
+    path = run_dir / CHAT_TEMPLATE
+    return path.read_text() if path.exists() else None
 
 
 def start(run_dir: Path, overwrite: bool) -> None:

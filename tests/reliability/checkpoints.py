@@ -30,9 +30,15 @@ def bert_folder(folder: Path) -> Path:
     return folder
 
 
-def llama_gguf(path: Path, *, skip: tuple[str, ...] = (), wrong_shape: str = "") -> Path:
+CHATML = ("{% for m in messages %}{{ '<s>' + m['role'] + ':' + m['content'] + '</s>' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<s>assistant:' }}{% endif %}")
+
+
+def llama_gguf(path: Path, *, skip: tuple[str, ...] = (), wrong_shape: str = "",
+               chat_template: str | None = None) -> Path:
     """A 1-layer LLaMA (d 16, 2 heads, 1 k/v head, vocabulary 30) as GGUF, fp32. ``skip``
-    leaves out metadata keys; ``wrong_shape`` names a tensor written with a wrong shape."""
+    leaves out metadata keys; ``wrong_shape`` names a tensor written with a wrong shape;
+    ``chat_template`` is stored as the checkpoint's (tokenizer.chat_template)."""
     import gguf
 
     tokens = ["<unk>", "<s>", "</s>"] + [f"{c}" for c in LETTERS]
@@ -60,6 +66,8 @@ def llama_gguf(path: Path, *, skip: tuple[str, ...] = (), wrong_shape: str = "")
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
+    if chat_template:
+        w.add_chat_template(chat_template)
     shapes = {"token_embd.weight": (v, d), "output_norm.weight": (d,),
               "blk.0.attn_q.weight": (d, d), "blk.0.attn_k.weight": (d // 2, d),
               "blk.0.attn_v.weight": (d // 2, d), "blk.0.attn_output.weight": (d, d),

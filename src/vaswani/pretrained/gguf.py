@@ -113,6 +113,7 @@ def _read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Tensor], dict]:
         "bos": int(_field(reader, "tokenizer.ggml.bos_token_id", 1)),
         "eos": int(_field(reader, "tokenizer.ggml.eos_token_id", 2)),
         "unk": int(_field(reader, "tokenizer.ggml.unknown_token_id", 0)),
+        "chat_template": _field(reader, "tokenizer.chat_template"),
     }
     return config, state, tokenizer
 

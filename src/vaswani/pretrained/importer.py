@@ -73,7 +73,8 @@ def resolve_source(source: str, kind: str, cache: Path) -> Path:
 
 
 def _write_run(out: Path, config: ModelConfig, state: dict, tokenizer: PretrainedTokenizer,
-               decode: DecodeConfig, source: str, overwrite: bool) -> Path:
+               decode: DecodeConfig, source: str, overwrite: bool,
+               chat_template: str | None = None) -> Path:
     """Check that the weights and the tokenizer fit the model, and only then touch ``out``
     (locked): weights and tokenizer first, ``config.toml`` last, so that a kill part-way
     leaves no run, and ``--overwrite`` removes only what vaswani writes."""
@@ -95,7 +96,8 @@ def _write_run(out: Path, config: ModelConfig, state: dict, tokenizer: Pretraine
         rundir.start(out, overwrite)
         rundir.save_weights(model, out / rundir.BEST, metadata={"imported_from": source})
         rundir.write_run(out, RunConfig(model=config, decode=decode), tokenizer, None, [],
-                         header=f"# Imported by `vaswani import` from {source}\n")
+                         header=f"# Imported by `vaswani import` from {source}\n",
+                         chat_template=chat_template)
     return out
 
 
@@ -157,4 +159,5 @@ def import_gguf(source: str, out: Path, cache: Path, *, overwrite: bool = False)
     except KeyError as e:
         raise ValueError(f"{path} lacks the tensor for {e}") from None
     decode = DecodeConfig(temperature=0.0, max_new_tokens=32)  # greedy by default
-    return _write_run(out, config, state, tokenizer, decode, source, overwrite)
+    return _write_run(out, config, state, tokenizer, decode, source, overwrite,
+                      fields.get("chat_template"))

@@ -138,6 +138,19 @@ def token_labels(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
     return [tokenizer.token(i) for i in ids]
 
 
+def next_token_probabilities(logits: Tensor, ids: list[int], labels: list[str],
+                             last: tuple[int, str] | None = None) -> list[dict]:
+    """For each position t of a teacher-forced (1, T, V) ``logits``, the probability it gave
+    the next token ``ids[t + 1]`` (``last``: (id, label) of what follows the final position),
+    labelled with that token."""
+    probs = logits[0].float().softmax(-1)
+    out = []
+    follow = list(zip(ids[1:], labels[1:], strict=True)) + ([last] if last else [])
+    for t, (i, label) in enumerate(follow):
+        out.append({"token": label, "p": round(float(probs[t, i]), 5)})
+    return out
+
+
 def attention_map(weights: Tensor, queries: list[str], keys: list[str]) -> dict:
     """One kind of attention of one input: (L, H, Tq, Tk) weights and the token labels."""
     return {"weights": weights.float().cpu(), "queries": queries, "keys": keys}
@@ -264,5 +277,10 @@ class Task:
 
     def attention(self, run, text: str, target: str | None = None) -> dict[str, dict]:
         """``vaswani attention``: {kind: attention_map(...)} for one input."""
+        raise NotImplementedError
+
+    def output_probabilities(self, run, text: str, target: str | None = None) -> list[dict]:
+        """What the model predicts for one input, for the attention explorer: each output
+        token (or class) with its probability, ``[{"token": str, "p": float | None}]``."""
         raise NotImplementedError
 

@@ -131,6 +131,26 @@ class Classification(Task):
         return out
 
     @torch.no_grad()
+    def probabilities(self, run, texts: list[str], *, batch_size: int = 64
+                      ) -> list[dict[str, float]]:
+        """Every class's probability, for each text."""
+        encoded = self.inputs(run, texts)
+        out = []
+        for start in range(0, len(texts), batch_size):
+            ids = pad(encoded[start:start + batch_size], self.pad_id).to(run.device)
+            for row in run.model(ids).float().softmax(-1).tolist():
+                out.append({label: round(p, 6) for label, p in zip(run.labels, row, strict=True)})
+        return out
+
+    def output_probabilities(self, run, text, target=None):
+        """The classes' probabilities (none for an encoder without a head)."""
+        if not run.labels:
+            return []
+        probs = self.probabilities(run, [text])[0]
+        return [{"token": label, "p": p} for label, p in sorted(probs.items(),
+                                                               key=lambda kv: -kv[1])]
+
+    @torch.no_grad()
     def embed(self, run, texts: list[str], *, batch_size: int = 32) -> torch.Tensor:
         """Sentence embeddings (N, D): the encoder's hidden states averaged over each text's
         tokens (padding excluded) and L2-normalised. Texts are batched by length."""

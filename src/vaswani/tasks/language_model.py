@@ -26,7 +26,7 @@ from ..data.files import DataError, ReadReport
 from ..data.tokenizers import train_tokenizer
 from ..generation import Rules, generate
 from ..training.losses import smoothed_cross_entropy
-from .base import Task, as_batch, attention_map, token_labels
+from .base import Task, as_batch, attention_map, next_token_probabilities, token_labels
 from .encode import text_chunks
 
 
@@ -140,6 +140,15 @@ class LanguageModelling(Task):
         labels = token_labels(tok, ids)
         return {"self-attention": attention_map(weights["decoder"][:, 0], labels, labels)}
 
+
+    @torch.no_grad()
+    def output_probabilities(self, run, text, target=None):
+        """Each token's probability given the tokens before it (the first has none)."""
+        tok = run.source_tokenizer
+        ids = tok.encode(text)[: self.config.model.max_len] or [tok.bos_id]
+        logits = run.model(as_batch(ids, run.device))
+        labels = token_labels(tok, ids)
+        return [{"token": labels[0], "p": None}, *next_token_probabilities(logits, ids, labels)]
 
 
 class TextStream:

@@ -23,7 +23,15 @@ from ..data.tokenizers import train_tokenizer
 from ..evaluation.metrics import bleu_chrf, exact_match
 from ..generation import Rules, beam_decode, greedy_decode
 from ..training.losses import smoothed_cross_entropy
-from .base import Batch, Task, as_batch, attention_map, encode_inputs, token_labels
+from .base import (
+    Batch,
+    Task,
+    as_batch,
+    attention_map,
+    encode_inputs,
+    next_token_probabilities,
+    token_labels,
+)
 
 
 class Translation(Task):
@@ -165,3 +173,17 @@ class Translation(Task):
                 "decoder self-attention": attention_map(weights["decoder"][:, 0], t, t),
                 "cross-attention": attention_map(weights["cross"][:, 0], t, s)}
 
+
+    @torch.no_grad()
+    def output_probabilities(self, run, text, target=None):
+        """Each target token's (and the final <eos>'s) probability under teacher forcing."""
+        source_tok, target_tok = run.source_tokenizer, run.target_tokenizer
+        max_len = self.config.model.max_len
+        if target is None:
+            target = self.translate(run, [text], run.config.decode.replace(beam=1, n_best=1))
+            target = target[0][0][0]
+        src_ids = encode_inputs(source_tok, [text], max_len, eos=True)[0]
+        tgt_ids = encode_inputs(target_tok, [target], max_len, bos=True)[0]
+        logits = run.model(as_batch(src_ids, run.device), as_batch(tgt_ids, run.device))
+        return next_token_probabilities(logits, tgt_ids, token_labels(target_tok, tgt_ids),
+                                        (target_tok.eos_id, target_tok.token(target_tok.eos_id)))

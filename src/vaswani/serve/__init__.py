@@ -1,0 +1,31 @@
+"""``vaswani serve``: an HTTP API (OpenAI-compatible where that fits) and a page to use and
+look inside loaded runs. The application is in app.py (FastAPI, served by uvicorn); model
+work and request batching in workers.py; the page in page/ (self-contained, offline)."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+__all__ = ["create_app", "standalone_explorer"]
+
+
+def create_app(*args, **kwargs):
+    """See :func:`vaswani.serve.app.create_app` (FastAPI is imported only when serving)."""
+    from .app import create_app as create
+
+    return create(*args, **kwargs)
+
+
+def standalone_explorer(view: dict, title: str) -> str:
+    """The attention explorer as one HTML file that works offline: the page's stylesheet and
+    script inlined, ``view`` (what /v1/attention answers) embedded as data."""
+    page = resources.files("vaswani.serve").joinpath("page")
+    html = page.joinpath("index.html").read_text(encoding="utf-8")
+    css = page.joinpath("style.css").read_text(encoding="utf-8")
+    js = page.joinpath("app.js").read_text(encoding="utf-8")
+    data = json.dumps({**view, "title": title}).replace("</", "<\\/")
+    html = html.replace('<link rel="stylesheet" href="/style.css">', f"<style>\n{css}</style>")
+    return html.replace('<script src="/app.js"></script>',
+                        f"<script>window.VASWANI_DATA = {data};</script>\n"
+                        f"<script>\n{js.replace('</', '<' + chr(92) + '/')}</script>")

@@ -1,0 +1,489 @@
+"""The HTTP API and the page: ``create_app(runs)`` -> a FastAPI application.
+
+Routes (JSON in and out; errors as ``{"error": {"message", "type", "param"}}`` with a 4xx or
+5xx status):
+
+    GET  /health, /v1/models
+    POST /v1/completions, /v1/chat/completions    decoder runs (OpenAI's; streaming as SSE)
+    POST /v1/embeddings                           encoder runs (OpenAI's; float or base64)
+    POST /v1/classify                             encoder runs with a classification head
+    POST /v1/translate                            encoder-decoder runs (beam, n-best)
+    POST /v1/attention                            any run: every layer's and head's weights
+    GET  /                                        the page (self-contained, works offline)
+
+Model work runs in one worker thread per run (workers.py), which batches requests that arrive
+together. With an API key, every /v1 route needs ``Authorization: Bearer KEY``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+
+import torch
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from ..generation import Rules, Sampling, generate, generate_batch
+from ..inference import Run
+from ..tasks.language_model import TextStream
+from . import chat, schemas
+from .workers import Busy, Job, Worker
+
+TASK_OF_ROUTE = {"completions": "lm", "chat": "lm", "translate": "translation",
+                 "classify": "classification", "embeddings": "classification"}
+WHAT = {"lm": "a language model (decoder)", "translation": "a translation model "
+        "(encoder-decoder)", "classification": "an encoder"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for; past these it gets a 400 that names the limit."""
+
+    max_input_chars: int = 20_000  # per text
+    max_items: int = schemas.MAX_ITEMS  # texts or prompts per request
+    max_tokens: int = 2048  # tokens generated per completion
+    max_n: int = 8  # completions per prompt
+    max_attention_tokens: int = 256  # tokens of the input (and target) of /v1/attention
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None):
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+class Server:
+    """The loaded runs, their workers and the limits."""
+
+    def __init__(self, runs: dict[str, Run], *, max_batch: int, max_wait_ms: float,
+                 max_queue: int, limits: Limits) -> None:
+        self.runs, self.limits = runs, limits
+        self.workers = {name: Worker(name, self._handlers(run), max_batch=max_batch,
+                                     max_wait_ms=max_wait_ms, max_queue=max_queue)
+                        for name, run in runs.items()}
+        self.started = int(time.time())
+
+    def run_for(self, name: str, route: str) -> Run:
+        if name not in self.runs:
+            raise ApiError(404, f"unknown model {name!r}; loaded: {', '.join(self.runs)}",
+                           "model", "not_found_error")
+        run = self.runs[name]
+        need = TASK_OF_ROUTE.get(route)
+        if need is not None and run.task != need:
+            raise ApiError(400, f"model {name!r} is {WHAT[run.task]}; /v1/{route} needs "
+                           f"{WHAT[need]}", "model")
+        return run
+
+    async def submit(self, name: str, kind: str, key: tuple, payload: dict, *,
+                     stream: bool = False) -> Job:
+        loop = asyncio.get_running_loop()
+        job = Job(kind, key, payload, loop=loop, future=loop.create_future(),
+                  events=asyncio.Queue() if stream else None)
+        try:
+            self.workers[name].submit(job)
+        except Busy as e:
+            raise ApiError(503, str(e), kind="server_busy") from None
+        return job
+
+    # --- model work (in the worker threads) --------------------------------------------
+    def _handlers(self, run: Run) -> dict:
+        task = run.task_object
+        return {
+            "translate": lambda jobs: _split(jobs, task.translate(
+                run, [t for j in jobs for t in j.payload["texts"]], jobs[0].payload["decode"])),
+            "classify": lambda jobs: _split(jobs, task.probabilities(
+                run, [t for j in jobs for t in j.payload["texts"]])),
+            "embed": lambda jobs: _split(jobs, list(task.embed(
+                run, [t for j in jobs for t in j.payload["texts"]]))),
+            "generate": lambda jobs: generate_jobs(run, jobs),
+            "attention": lambda jobs: [run.attention_view(**jobs[0].payload)],
+        }
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.stop()
+
+
+def _split(jobs: list[Job], results: list) -> list:
+    out, start = [], 0
+    for job in jobs:
+        n = len(job.payload["texts"])
+        out.append(results[start: start + n])
+        start += n
+    return out
+
+
+def generate_jobs(run: Run, jobs: list[Job]) -> list[dict]:
+    """Completions for every row of every job (a job has ``n`` rows per prompt), in one batch
+    when they fit in the model's context, else one row at a time (a sliding window)."""
+    tok = run.source_tokenizer
+    rows = [(j, i, row) for j in jobs for i, row in enumerate(j.payload["rows"])]
+    streams = [TextStream(tok, row["stop"]) for _, _, row in rows]
+    count = [0] * len(rows)
+    reason: list[str | None] = [None] * len(rows)
+    rules = jobs[0].payload["rules"]
+
+    def step(k: int, token: int) -> bool:
+        """Row k got ``token``; True when the row is finished."""
+        job, index, row = rows[k]
+        if reason[k] is not None:
+            return True
+        count[k] += 1
+        if token == tok.eos_id:
+            reason[k] = "stop"
+        else:
+            piece = streams[k].push(token)
+            if piece:
+                job.emit("text", (index, piece))
+            if streams[k].stopped:
+                reason[k] = "stop"
+        if reason[k] is None and count[k] >= row["max_new_tokens"]:
+            reason[k] = "length"
+        if job.cancelled:
+            reason[k] = reason[k] or "cancelled"
+        return reason[k] is not None
+
+    fits = all(len(row["ids"]) + row["max_new_tokens"] <= run.config.model.max_len
+               for _, _, row in rows)
+    if fits:
+        generate_batch(run.model, [row["ids"] for _, _, row in rows],
+                       max_new_tokens=[row["max_new_tokens"] for _, _, row in rows],
+                       sampling=[row["sampling"] for _, _, row in rows], bos_id=tok.bos_id,
+                       eos_id=tok.eos_id, rules=rules,
+                       on_step=lambda ids: torch.tensor([step(k, int(t)) for k, t in
+                                                         enumerate(ids.tolist())]))
+    else:
+        for k, (_, _, row) in enumerate(rows):
+            s = row["sampling"]
+            generate(run.model, row["ids"], max_new_tokens=row["max_new_tokens"],
+                     bos_id=tok.bos_id, eos_id=tok.eos_id, temperature=s.temperature,
+                     top_k=s.top_k, top_p=s.top_p, seed=s.seed, rules=rules,
+                     on_token=lambda t, k=k: step(k, t))
+    results: dict[int, dict] = {}
+    for k, (job, index, row) in enumerate(rows):
+        rest = streams[k].finish()
+        if rest:
+            job.emit("text", (index, rest))
+        result = results.setdefault(id(job), {"choices": [], "prompt_tokens": 0})
+        result["prompt_tokens"] += len(row["ids"])
+        result["choices"].append({"index": index, "text": streams[k].text,
+                                  "finish_reason": reason[k] or "length",
+                                  "completion_tokens": count[k]})
+    for job in jobs:
+        job.emit("end", results[id(job)])
+    return [results[id(job)] for job in jobs]
+
+
+# --- the application ------------------------------------------------------------------------
+
+def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: int = 16,
+               max_wait_ms: float = 5.0, max_queue: int = 256,
+               limits: Limits = Limits()) -> FastAPI:
+    server = Server(runs, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
+                    limits=limits)
+    app = FastAPI(title="vaswani", description=__doc__.split("\n\n")[0])
+    app.state.server = server
+    app.router.on_shutdown.append(server.close)
+
+    def authorised(request: Request) -> None:
+        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+            raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY",
+                           kind="authentication_error")
+
+    @app.exception_handler(ApiError)
+    async def api_error(request, e: ApiError):
+        return JSONResponse(error_body(e.message, e.kind, e.param), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(x) for x in first["loc"] if x != "body") or "body"
+        message = f"{where}: {first['msg']}" if where != "body" else first["msg"]
+        if first.get("type") == "json_invalid":
+            message, where = f"the body is not valid JSON ({first['msg']})", None
+        return JSONResponse(error_body(message, param=where), status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, e: HTTPException):
+        return JSONResponse(error_body(str(e.detail), "not_found_error" if e.status_code == 404
+                                       else "invalid_request_error"), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def crashed(request, e: Exception):
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}",
+                                       "server_error"), status_code=500)
+
+    guard = [Depends(authorised)]
+
+    @app.get("/health")
+    def health():
+        return {"status": "ok", "models": list(runs), "auth": bool(api_key),
+                "served": {n: {"batches": w.batches, "requests": w.jobs,
+                               "cancelled": w.cancelled, "waiting": w.queue.qsize()}
+                           for n, w in server.workers.items()}}
+
+    @app.get("/v1/models", dependencies=guard)
+    def models():
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": server.started, "owned_by": "vaswani",
+             "task": run.task, "arch": run.config.model.arch,
+             "chat": run.chat_template is not None, "labels": run.labels}
+            for name, run in runs.items()]}
+
+    @app.post("/v1/translate", dependencies=guard)
+    async def translate(body: schemas.TranslateRequest):
+        run = server.run_for(body.model, "translate")
+        texts = _texts(body.input, limits)
+        decode = _decode(run, beam=body.beam, n_best=body.n_best,
+                         length_penalty=body.length_penalty,
+                         no_repeat_ngram_size=body.no_repeat_ngram_size,
+                         repetition_penalty=body.repetition_penalty,
+                         min_length=body.min_length)
+        job = await server.submit(body.model, "translate", ("translate", decode),
+                                  {"texts": texts, "decode": decode})
+        results = await _result(job)
+        return {"object": "list", "model": body.model, "data": [
+            {"index": i, "translations": [{"text": t, "score": s} for t, s in hyps]}
+            for i, hyps in enumerate(results)]}
+
+    @app.post("/v1/classify", dependencies=guard)
+    async def classify(body: schemas.ClassifyRequest):
+        run = server.run_for(body.model, "classify")
+        if not run.labels:
+            raise ApiError(400, f"model {body.model!r} has no classification head (an "
+                           "imported encoder): use /v1/embeddings", "model")
+        job = await server.submit(body.model, "classify", ("classify",),
+                                  {"texts": _texts(body.input, limits)})
+        results = await _result(job)
+        return {"object": "list", "model": body.model, "data": [
+            {"index": i, "label": max(p, key=p.get), "probability": max(p.values()),
+             "probabilities": p} for i, p in enumerate(results)]}
+
+    @app.post("/v1/embeddings", dependencies=guard)
+    async def embeddings(body: schemas.EmbeddingRequest):
+        run = server.run_for(body.model, "embeddings")
+        texts = _texts(body.input, limits)
+        job = await server.submit(body.model, "embed", ("embed",), {"texts": texts})
+        vectors = await _result(job)
+        n_tokens = sum(len(run.source_tokenizer.encode(t)) for t in texts)
+        return {"object": "list", "model": body.model, "data": [
+            {"object": "embedding", "index": i, "embedding": _vector(v, body.encoding_format)}
+            for i, v in enumerate(vectors)],
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+
+    @app.post("/v1/completions", dependencies=guard)
+    async def completions(body: schemas.CompletionRequest, request: Request):
+        run = server.run_for(body.model, "completions")
+        prompts = _texts(body.prompt, limits, allow_empty=True)
+        jobs = [await _generation(server, run, body, body.model, p, body.max_tokens)
+                for p in prompts]
+        if body.stream:
+            if len(jobs) > 1:
+                raise ApiError(400, "stream with a list of prompts is not supported; send one "
+                               "prompt per request", "prompt")
+            return _sse(jobs[0], request, body.model, "text_completion", chat_mode=False)
+        results = [await _result(job) for job in jobs]
+        choices, usage = _choices(results, body.n, chat_mode=False)
+        return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
+                "created": int(time.time()), "model": body.model, "choices": choices,
+                "usage": usage}
+
+    @app.post("/v1/chat/completions", dependencies=guard)
+    async def chat_completions(body: schemas.ChatRequest, request: Request):
+        run = server.run_for(body.model, "chat")
+        if run.chat_template is None:
+            raise ApiError(400, f"model {body.model!r} has no chat template (a model trained "
+                           "with vaswani has none); use /v1/completions with a plain prompt",
+                           "model")
+        tok = run.source_tokenizer
+        try:
+            prompt = chat.render(run.chat_template, [m.model_dump() for m in body.messages],
+                                 bos_token=tok.token(tok.bos_id), eos_token=tok.token(tok.eos_id))
+        except chat.TemplateError as e:
+            raise ApiError(400, str(e), "messages") from None
+        _check_length(prompt, limits, "messages")
+        job = await _generation(server, run, body, body.model, prompt,
+                                body.max_completion_tokens or body.max_tokens)
+        if body.stream:
+            return _sse(job, request, body.model, "chat.completion.chunk", chat_mode=True)
+        choices, usage = _choices([await _result(job)], body.n, chat_mode=True)
+        return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
+                "created": int(time.time()), "model": body.model, "choices": choices,
+                "usage": usage}
+
+    @app.post("/v1/attention", dependencies=guard)
+    async def attention(body: schemas.AttentionRequest):
+        run = server.run_for(body.model, "attention")
+        for name, text in (("input", body.input), ("target", body.target)):
+            if text is None:
+                continue
+            _check_length(text, limits, name)
+            n = len(run.source_tokenizer.encode(text))
+            if n > limits.max_attention_tokens:
+                raise ApiError(400, f"{name} is {n} tokens; /v1/attention takes at most "
+                               f"{limits.max_attention_tokens}", name)
+        if not body.input.strip():
+            raise ApiError(400, "input is empty", "input")
+        job = await server.submit(body.model, "attention", ("attention", uuid.uuid4().hex),
+                                  {"text": body.input, "target": body.target})
+        return {"model": body.model, **(await _result(job))}
+
+    @app.get("/", response_class=HTMLResponse)
+    def page():
+        return _page_file("index.html")
+
+    @app.get("/app.js")
+    def script():
+        return Response(_page_file("app.js"), media_type="text/javascript")
+
+    @app.get("/style.css")
+    def style():
+        return Response(_page_file("style.css"), media_type="text/css")
+
+    return app
+
+
+def _page_file(name: str) -> str:
+    return resources.files("vaswani.serve").joinpath("page", name).read_text(encoding="utf-8")
+
+
+# --- request helpers -----------------------------------------------------------------------
+
+def _check_length(text: str, limits: Limits, param: str) -> None:
+    if len(text) > limits.max_input_chars:
+        raise ApiError(400, f"{param} is {len(text):,} characters; the limit is "
+                       f"{limits.max_input_chars:,}", param)
+
+
+def _texts(value: str | list[str], limits: Limits, *, allow_empty: bool = False) -> list[str]:
+    texts = [value] if isinstance(value, str) else list(value)
+    if not texts:
+        raise ApiError(400, "input is an empty list", "input")
+    if len(texts) > limits.max_items:
+        raise ApiError(400, f"input has {len(texts)} items; the limit is {limits.max_items}",
+                       "input")
+    for text in texts:
+        _check_length(text, limits, "input")
+        if not allow_empty and not text.strip():
+            raise ApiError(400, "input holds an empty text", "input")
+    return texts
+
+
+def _decode(run: Run, **given):
+    try:
+        return run.decode_options(**given)
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+
+
+async def _generation(server: Server, run: Run, body, name: str, prompt: str,
+                      max_tokens: int | None) -> Job:
+    limits = server.limits
+    if body.n > limits.max_n:
+        raise ApiError(400, f"n ({body.n}) is over the limit of {limits.max_n}", "n")
+    if max_tokens is not None and max_tokens > limits.max_tokens:
+        raise ApiError(400, f"max_tokens ({max_tokens}) is over the limit of "
+                       f"{limits.max_tokens}", "max_tokens")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    decode = _decode(run, max_new_tokens=max_tokens, temperature=body.temperature,
+                     top_p=body.top_p, top_k=body.top_k, stop=stop,
+                     presence_penalty=body.presence_penalty,
+                     frequency_penalty=body.frequency_penalty,
+                     repetition_penalty=body.repetition_penalty,
+                     no_repeat_ngram_size=body.no_repeat_ngram_size, min_length=body.min_tokens)
+    ids = run.source_tokenizer.encode(prompt)
+    rows = [{"ids": ids, "max_new_tokens": decode.max_new_tokens, "stop": list(decode.stop),
+             "sampling": Sampling(decode.temperature, decode.top_k, decode.top_p,
+                                  None if body.seed is None else body.seed + k)}
+            for k in range(body.n)]
+    rules = Rules.of(decode)
+    return await server.submit(name, "generate", ("generate", rules), {"rows": rows,
+                               "rules": rules}, stream=body.stream)
+
+
+async def _result(job: Job):
+    try:
+        return await job.future
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+
+
+def _vector(v: torch.Tensor, encoding: str):
+    if encoding == "base64":
+        return base64.b64encode(v.numpy().astype("<f4").tobytes()).decode()
+    return [round(float(x), 7) for x in v.tolist()]
+
+
+def _choices(results: list[dict], n: int, *, chat_mode: bool) -> tuple[list, dict]:
+    choices, prompt_tokens, completion_tokens = [], 0, 0
+    for p, result in enumerate(results):
+        prompt_tokens += result["prompt_tokens"]
+        for c in result["choices"]:
+            completion_tokens += c["completion_tokens"]
+            index = p * n + c["index"]
+            if chat_mode:
+                choices.append({"index": index, "finish_reason": c["finish_reason"],
+                                "message": {"role": "assistant", "content": c["text"]}})
+            else:
+                choices.append({"index": index, "text": c["text"], "logprobs": None,
+                                "finish_reason": c["finish_reason"]})
+    return choices, {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                     "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _sse(job: Job, request: Request, model: str, kind: str, *, chat_mode: bool):
+    """Server-sent events: one chunk per text piece, a last one with the finish reason, then
+    [DONE]. A client that goes away cancels the job's rows."""
+    ident = f"{'chatcmpl' if chat_mode else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    created = int(time.time())
+
+    def chunk(index: int, text: str | None, finish: str | None, first: bool = False) -> str:
+        if chat_mode:
+            delta = {"role": "assistant", "content": ""} if first else (
+                {"content": text} if text is not None else {})
+            choice = {"index": index, "delta": delta, "finish_reason": finish}
+        else:
+            choice = {"index": index, "text": text or "", "logprobs": None,
+                      "finish_reason": finish}
+        return "data: " + json.dumps({"id": ident, "object": kind, "created": created,
+                                      "model": model, "choices": [choice]}) + "\n\n"
+
+    async def events():
+        try:
+            if chat_mode:
+                for i in range(len(job.payload["rows"])):
+                    yield chunk(i, None, None, first=True)
+            while True:
+                try:
+                    kind_, value = await asyncio.wait_for(job.events.get(), timeout=1.0)
+                except TimeoutError:
+                    if await request.is_disconnected():
+                        job.cancelled = True
+                        return
+                    continue
+                if kind_ == "text":
+                    yield chunk(value[0], value[1], None)
+                else:
+                    for c in value["choices"]:
+                        yield chunk(c["index"], None if chat_mode else "", c["finish_reason"])
+                    yield "data: [DONE]\n\n"
+                    return
+        except asyncio.CancelledError:  # the client went away
+            job.cancelled = True
+            raise
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})

@@ -1,0 +1,120 @@
+"""Model work off the event loop, with requests that arrive together batched.
+
+Each loaded run has one :class:`Worker`: a thread that takes jobs from a bounded queue (a full
+queue is a 503 for the caller), waits up to ``max_wait_ms`` for more jobs of the same kind and
+settings (up to ``max_batch`` of them), runs them as one batch, and hands each job its result
+back on the event loop. Every kind of batch computes for each job what the job would get alone
+(translation, classification and embeddings are padding-invariant; generation uses left
+padding with per-row positions, see generation/decode.py ``generate_batch``).
+
+A streaming job receives its events (text pieces, then its end) through an ``asyncio.Queue``;
+``job.cancelled`` (the client went away) ends its rows at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+class Busy(Exception):
+    """The queue is full; the client should try again later."""
+
+
+@dataclass
+class Job:
+    """One request's work: ``key`` says which jobs may share a batch; ``run(jobs)`` computes
+    results for a list of compatible jobs (in order). A streaming job's ``events`` queue gets
+    ("text", str) items and one ("end", info) item."""
+
+    kind: str
+    key: tuple
+    payload: dict
+    future: asyncio.Future | None = None
+    events: asyncio.Queue | None = None
+    cancelled: bool = False
+    loop: asyncio.AbstractEventLoop | None = None
+    submitted: float = field(default_factory=time.perf_counter)
+
+    def emit(self, kind: str, value) -> None:
+        """Send a streaming event (from the worker thread)."""
+        if self.events is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+
+class Worker:
+    def __init__(self, name: str, handlers: dict[str, Callable[[list[Job]], list]], *,
+                 max_batch: int = 16, max_wait_ms: float = 5.0, max_queue: int = 256) -> None:
+        self.name, self.handlers = name, handlers
+        self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000
+        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.batches = self.jobs = self.cancelled = 0  # served so far (for /health)
+        self.thread = threading.Thread(target=self._loop, name=f"vaswani-{name}", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        try:
+            self.queue.put_nowait(job)
+        except queue.Full:
+            raise Busy(f"model {self.name!r} has {self.queue.qsize()} requests waiting; "
+                       "try again shortly") from None
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        held: Job | None = None
+        while True:
+            job = held or self.queue.get()
+            held = None
+            if job is None:
+                return
+            batch = [job]
+            deadline = time.perf_counter() + self.max_wait
+            while len(batch) < self.max_batch:
+                wait = deadline - time.perf_counter()
+                try:
+                    nxt = self.queue.get(timeout=wait) if wait > 0 else self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None or nxt.key != job.key:  # not batchable with these: next round
+                    held = nxt
+                    if nxt is None:
+                        self.queue.put(None)
+                        held = None
+                    break
+                batch.append(nxt)
+            batch = [j for j in batch if not j.cancelled]
+            if batch:
+                self._run(batch)
+
+    def _run(self, batch: list[Job]) -> None:
+        try:
+            results = self.handlers[batch[0].kind](batch)
+        except Exception as e:  # one bad batch must not stop the worker
+            traceback.print_exc()
+            results = [e] * len(batch)
+        self.batches += 1
+        self.jobs += len(batch)
+        self.cancelled += sum(job.cancelled for job in batch)
+        for job, result in zip(batch, results, strict=True):
+            if job.future is not None and job.loop is not None:
+                job.loop.call_soon_threadsafe(_settle, job.future, result)
+
+
+def _settle(future: asyncio.Future, result) -> None:
+    if future.done():
+        return
+    if isinstance(result, Exception):
+        future.set_exception(result)
+    else:
+        future.set_result(result)

@@ -1,0 +1,206 @@
+"""Every endpoint and error path of vaswani serve, through FastAPI's test client."""
+
+import base64
+import math
+
+import numpy as np
+import pytest
+import torch
+
+
+def test_health_and_models(client):
+    assert client.get("/health").json()["status"] == "ok"
+    models = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+    assert {k: m["task"] for k, m in models.items()} == {
+        "copy": "translation", "lm": "lm", "clf": "classification", "bert": "classification",
+        "llama": "lm"}
+    assert models["llama"]["chat"] and not models["lm"]["chat"]
+    assert models["clf"]["labels"] == ["neg", "pos"] and models["bert"]["labels"] == []
+
+
+def test_translate_equals_the_python_api(client, served):
+    body = {"model": "copy", "input": ["abcdef", "jihgf"], "beam": 3, "n_best": 2}
+    data = client.post("/v1/translate", json=body).json()["data"]
+    expected = served["copy"].translate(["abcdef", "jihgf"], beam=3, n_best=2)
+    for got, want in zip(data, expected, strict=True):
+        assert [t["text"] for t in got["translations"]] == [t for t, _ in want]
+        assert [t["score"] for t in got["translations"]] == pytest.approx([s for _, s in want])
+    one = client.post("/v1/translate", json={"model": "copy", "input": "abcdefg"}).json()
+    assert one["data"][0]["translations"][0]["text"] == "abcdefg"
+
+
+def test_completions_equal_run_generate(client, served):
+    body = {"model": "lm", "prompt": "to be", "max_tokens": 10, "temperature": 0}
+    choice = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert choice["text"] == served["lm"].generate("to be", max_new_tokens=10, temperature=0)
+    assert choice["finish_reason"] in ("length", "stop")
+    several = client.post("/v1/completions", json={**body, "prompt": ["to", "or not"], "n": 2,
+                                                   "temperature": 0.9, "seed": 4}).json()
+    assert [c["index"] for c in several["choices"]] == [0, 1, 2, 3]
+    assert several["usage"]["completion_tokens"] > 0
+    seeded = served["lm"].generate("or not", max_new_tokens=10, temperature=0.9, seed=5)
+    assert several["choices"][3]["text"] == seeded  # prompt 1, second choice: seed 4 + 1
+
+
+def test_stop_strings_and_decoding_controls(client, served):
+    body = {"model": "lm", "prompt": "to be", "max_tokens": 30, "temperature": 0}
+    full = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    word = full.split()[1]
+    cut = client.post("/v1/completions", json={**body, "stop": [word]}).json()["choices"][0]
+    assert cut["finish_reason"] == "stop" and word not in cut["text"]
+    assert full.startswith(cut["text"])
+    blocked = client.post("/v1/completions", json={**body, "no_repeat_ngram_size": 1}).json()
+    words = blocked["choices"][0]["text"]
+    assert words == served["lm"].generate("to be", max_new_tokens=30, temperature=0,
+                                          no_repeat_ngram_size=1)
+
+
+def test_streamed_completion_joins_to_the_whole(client):
+    body = {"model": "lm", "prompt": "to be", "max_tokens": 12, "temperature": 0}
+    whole = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    import json
+
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_chat_uses_the_checkpoints_template_and_refuses_without_one(client, served):
+    messages = [{"role": "user", "content": "abc"}]
+    data = client.post("/v1/chat/completions", json={"model": "llama", "messages": messages,
+                                                     "max_tokens": 5, "temperature": 0}).json()
+    answer = data["choices"][0]["message"]
+    prompt = "<s>user:abc</s><s>assistant:"
+    assert answer == {"role": "assistant",
+                      "content": served["llama"].generate(prompt, max_new_tokens=5,
+                                                          temperature=0)}
+    refused = client.post("/v1/chat/completions", json={"model": "lm", "messages": messages})
+    assert refused.status_code == 400 and "no chat template" in refused.json()["error"]["message"]
+
+
+def test_embeddings_float_and_base64_equal_run_embed(client, served):
+    texts = ["abc def", "ghi"]
+    expected = served["bert"].embed(texts)
+    floats = client.post("/v1/embeddings", json={"model": "bert", "input": texts}).json()
+    assert torch.allclose(torch.tensor([d["embedding"] for d in floats["data"]]), expected,
+                          atol=1e-6)
+    packed = client.post("/v1/embeddings", json={"model": "bert", "input": texts,
+                                                 "encoding_format": "base64"}).json()
+    vectors = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4")
+               for d in packed["data"]]
+    assert torch.allclose(torch.tensor(np.stack(vectors)), expected, atol=0)
+
+
+def test_classify_gives_every_class(client, served):
+    data = client.post("/v1/classify", json={"model": "clf", "input": ["a good b"]}).json()
+    row = data["data"][0]
+    assert set(row["probabilities"]) == {"neg", "pos"}
+    assert math.isclose(sum(row["probabilities"].values()), 1, abs_tol=1e-5)
+    assert (row["label"], pytest.approx(row["probability"], abs=1e-5)) == \
+        served["clf"].classify(["a good b"])[0]
+    headless = client.post("/v1/classify", json={"model": "bert", "input": "x"})
+    assert headless.status_code == 400 and "no classification head" in headless.text
+
+
+@pytest.mark.parametrize("model, body", [
+    ("copy", {"input": "abcde"}), ("copy", {"input": "abc", "target": "abd"}),
+    ("lm", {"input": "to be or"}), ("clf", {"input": "a good b"})])
+def test_attention_holds_the_models_weights(client, served, model, body):
+    """Rows sum to 1, masked (future) positions are 0, and the weights are those the model's
+    written-out attention returns."""
+    data = client.post("/v1/attention", json={"model": model, **body}).json()
+    run = served[model]
+    maps = run.attention(body["input"], data["target"])
+    for kind, a in data["attention"].items():
+        w = torch.tensor(a["weights"])  # (L, H, Tq, Tk)
+        assert w.shape == maps[kind]["weights"].shape
+        assert torch.allclose(w, maps[kind]["weights"], atol=6e-5)
+        assert torch.allclose(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-3)
+        if kind in ("decoder self-attention",) or (model == "lm"):
+            assert torch.all(w.triu(1) == 0)  # causal: nothing after the query
+        assert a["queries"] == maps[kind]["queries"] and a["keys"] == maps[kind]["keys"]
+    assert all(p["p"] is None or 0 <= p["p"] <= 1 for p in data["probabilities"])
+
+
+BAD = [  # (request, status, words in the message)
+    (("post", "/v1/translate", {"model": "nope", "input": "x"}), 404, "unknown model 'nope'"),
+    (("post", "/v1/completions", {"model": "copy", "prompt": "x"}), 400,
+     "/v1/completions needs a language model"),
+    (("post", "/v1/translate", {"model": "copy"}), 422, "input: Field required"),
+    (("post", "/v1/translate", {"model": "copy", "input": 5}), 422, "input"),
+    (("post", "/v1/translate", {"model": "copy", "input": []}), 400, "empty list"),
+    (("post", "/v1/translate", {"model": "copy", "input": "  "}), 400, "empty text"),
+    (("post", "/v1/translate", {"model": "copy", "input": "a" * 20_001}), 400,
+     "20,001 characters; the limit is 20,000"),
+    (("post", "/v1/translate", {"model": "copy", "input": ["a"] * 65}), 400,
+     "65 items; the limit is 64"),
+    (("post", "/v1/translate", {"model": "copy", "input": "a", "beam": 500}), 400,
+     "beam (500) must be at most 128"),
+    (("post", "/v1/completions", {"model": "lm", "prompt": "a", "n": 9}), 400,
+     "n (9) is over the limit of 8"),
+    (("post", "/v1/completions", {"model": "lm", "prompt": "a", "max_tokens": 5000}), 400,
+     "max_tokens (5000) is over the limit of 2048"),
+    (("post", "/v1/completions", {"model": "lm", "prompt": "a", "temperature": 3}), 422,
+     "temperature"),
+    (("post", "/v1/completions", {"model": "lm", "prompt": ["a", "b"], "stream": True}), 400,
+     "stream with a list of prompts"),
+    (("post", "/v1/attention", {"model": "lm", "input": "to " * 300}), 400,
+     "/v1/attention takes at most 256"),
+    (("get", "/v1/nothing", None), 404, "Not Found"),
+]
+
+
+@pytest.mark.parametrize("request_, status, words", BAD, ids=[b[2] for b in BAD])
+def test_bad_requests_get_a_4xx_that_says_what_was_wrong(client, request_, status, words):
+    method, path, body = request_
+    response = client.request(method.upper(), path, json=body)
+    assert response.status_code == status, response.text
+    assert words in response.json()["error"]["message"]
+
+
+def test_malformed_json_and_the_server_stays_up(client):
+    response = client.post("/v1/translate", content=b'{"model": "copy", "input": ',
+                           headers={"content-type": "application/json"})
+    assert response.status_code == 422 and "not valid JSON" in response.json()["error"]["message"]
+    assert client.get("/health").status_code == 200
+
+
+def test_an_api_key_guards_every_v1_route(served):
+    from fastapi.testclient import TestClient
+
+    from vaswani.serve import create_app
+
+    with TestClient(create_app(served, api_key="s3cret")) as c:
+        assert c.get("/health").json()["auth"] is True
+        assert c.get("/v1/models").status_code == 401
+        bad = c.post("/v1/translate", json={"model": "copy", "input": "abc"},
+                     headers={"Authorization": "Bearer wrong"})
+        assert bad.status_code == 401 and "API key" in bad.json()["error"]["message"]
+        ok = c.post("/v1/translate", json={"model": "copy", "input": "abc"},
+                    headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert c.get("/").status_code == 200  # the page itself is public; it asks for the key
+
+
+def test_a_full_queue_answers_503(client, monkeypatch):
+    from vaswani.serve import workers
+
+    def full(self, job):
+        raise workers.Busy("model 'copy' has 256 requests waiting; try again shortly")
+
+    monkeypatch.setattr(workers.Worker, "submit", full)
+    response = client.post("/v1/translate", json={"model": "copy", "input": "abc"})
+    assert response.status_code == 503 and "try again" in response.json()["error"]["message"]
+
+
+def test_the_page_and_its_files_are_served_and_local(client):
+    page = client.get("/").text
+    assert "<script src=\"/app.js\"></script>" in page and "http://" not in page \
+        and "https://" not in page
+    for path in ("/app.js", "/style.css"):
+        text = client.get(path).text
+        assert "http://" not in text.replace('http://www.w3.org/2000/svg', "")
+        assert "https://" not in text
