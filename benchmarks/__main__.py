@@ -1,8 +1,10 @@
 """All benchmarks in a row: ``python -m benchmarks [--quick] [--out DIR]`` (``make bench``).
 
 Writes DIR/bench-train-step.json, bench-generation.json, bench-scaling-fp32.json,
-bench-scaling-bf16.json and scaling-*.png (DIR defaults to docs/results), and prints a
-markdown table for each. ``--quick`` (about two minutes) runs fewer steps and lengths.
+bench-scaling-bf16.json, scaling-*.png and bench-serve.json (DIR defaults to docs/results),
+and prints a markdown table for each. ``--quick`` runs fewer steps, lengths and requests.
+``python -m benchmarks.data`` (data at scale, gigabytes of scratch space, an hour or more) runs
+on its own.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def main() -> None:
     for dtype in ("fp32", "bf16"):
         runs.append(["scaling", "--dtype", dtype, "--json", out / f"bench-scaling-{dtype}.json",
                      "--plot", out / f"scaling-{dtype}.png"])
+    runs.append(["serve", "--json", out / "bench-serve.json"])
     for name, *rest in runs:
         cmd = [sys.executable, "-m", f"benchmarks.{name}", *quick, *map(str, rest)]
         print(f"\n$ python -m benchmarks.{name} {' '.join(quick + list(map(str, rest)))}",

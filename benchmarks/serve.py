@@ -1,0 +1,259 @@
+"""Serving: requests per second and latency of ``vaswani serve`` under concurrent clients, with
+request batching on and off.
+
+    python -m benchmarks.serve [--quick] [--json OUT.json] [--work DIR]
+
+1. Translation: an encoder-decoder of the bible-en-es preset's size (3+3 layers, d_model 256,
+   shared BPE vocabulary of 8000, learnt from sentences of a made-up language; weights after
+   one training step, so effectively random) serves ``POST /v1/translate`` with beam 4 to 1,
+   8 and 32 clients, each sending one sentence of 12-30 words at a time, as soon as its
+   previous one is answered.
+   Random weights never choose </s>, so every hypothesis runs to the length cap
+   (1.5 * source + 10 tokens): a worst case, alike on both sides. Batching off is the same
+   server with ``--max-batch 1``; on is ``--max-batch 32 --max-wait-ms 5``.
+2. Streaming generation: a decoder of the shakespeare-char preset's size streams
+   ``POST /v1/completions`` (``stream: true``, 120 tokens after a 6-character prompt, within
+   its 128-token context; ``min_tokens`` keeps random weights from ending early; temperature
+   0.8) to 1, 8 and 32 clients; tokens per second over all clients, and the time to the first
+   token. Batching off and on as above.
+
+Each server is a separate ``vaswani serve`` process (as a user runs it) on 127.0.0.1; the
+clients are threads in this process. The two settings alternate (off, on, off, on) and the
+better of two rounds is kept, so a change in the machine's load hits both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from .common import ROOT, report
+
+VASWANI = [sys.executable, "-m", "vaswani"]
+SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["the", "and", "of"]
+_lexicon = random.Random(7)
+WORDS = ["".join(_lexicon.choice(SYLLABLES) for _ in range(_lexicon.randint(1, 4)))
+         for _ in range(30000)]  # a made-up language, rich enough for a vocabulary of 8000
+WEIGHTS = [1 / (rank + 10) for rank in range(len(WORDS))]  # Zipf-like word frequencies
+
+
+def sentence(rng: random.Random, low: int = 12, high: int = 30) -> str:
+    words = rng.choices(WORDS, WEIGHTS, k=rng.randint(low, high))
+    return " ".join(words).capitalize() + "."
+
+
+def make_runs(work: Path) -> dict[str, Path]:
+    """Train the two runs one step each (a real run directory: config, tokenizer, weights),
+    unless ``work`` holds them already."""
+    rng = random.Random(0)
+    pairs = work / "pairs.tsv"
+    pairs.write_text("".join(f"{sentence(rng)}\t{sentence(rng)}\n" for _ in range(20000)))
+    valid = work / "valid.tsv"  # small: the one evaluation is not what is measured
+    valid.write_text("".join(f"{sentence(rng)}\t{sentence(rng)}\n" for _ in range(100)))
+    text = work / "text.txt"
+    text.write_text("".join(sentence(rng) + "\n" for _ in range(4000)))
+    runs = {"translator": work / "translator", "lm": work / "lm"}
+    if all((run / "model.safetensors").exists() for run in runs.values()):
+        return runs  # made by an earlier call with this --work
+    common = ["--set", "train.max_steps=1", "--set", "train.eval_every=1", "--set",
+              "train.bf16=false", "--set", "train.max_minutes=0", "--overwrite", "--no-progress",
+              "--cache", str(work / "cache")]
+    train([*VASWANI, "train", str(ROOT / "configs" / "bible-en-es.toml"),
+           "--out", str(runs["translator"]), "--set", "data.dataset=",
+           "--set", f"data.train={pairs}", "--set", f"data.valid={valid}",
+           "--set", "train.best_metric=valid_loss", "--set", "train.metric_examples=0", *common])
+    train([*VASWANI, "train", str(ROOT / "configs" / "shakespeare-char.toml"),
+           "--out", str(runs["lm"]), "--set", "data.dataset=",
+           "--set", f"data.train={text}", "--set", f"data.valid={text}", *common])
+    return runs
+
+
+def train(command: list[str]) -> None:
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``vaswani serve RUN`` in a child process, on a free port of 127.0.0.1."""
+
+    def __init__(self, run: Path, name: str, max_batch: int) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [*VASWANI, "serve", str(run), "--name", name, "--port", str(self.port),
+             "--max-batch", str(max_batch), "--max-wait-ms", "5", "--log-level", "warning"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def __enter__(self) -> Server:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            if self.process.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"vaswani serve did not start: {self.process.stderr.read()}")
+            time.sleep(0.2)
+
+    def __exit__(self, *exc) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+
+
+def load(url: str, clients: int, per_client: int, request) -> dict:
+    """``clients`` threads each make ``per_client`` requests back to back; requests/s over the
+    whole, latency percentiles per request."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def client(c: int) -> None:
+        with httpx.Client(base_url=url, timeout=600) as http:
+            for i in range(per_client):
+                start = time.perf_counter()
+                request(http, c * per_client + i)
+                with lock:
+                    latencies.append(time.perf_counter() - start)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
+    wall = time.perf_counter() - start
+    latencies.sort()
+    return {"requests": len(latencies), "seconds": round(wall, 2),
+            "requests_per_s": round(len(latencies) / wall, 2),
+            "p50_s": round(statistics.median(latencies), 3),
+            "p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 3)}
+
+
+def translate_request(sentences: list[str]):
+    def request(http: httpx.Client, i: int) -> None:
+        r = http.post("/v1/translate", json={"model": "bible", "input": sentences[i],
+                                             "beam": 4})
+        r.raise_for_status()
+    return request
+
+
+def stream_request(http: httpx.Client, i: int, tokens: int, first: dict[int, float],
+                   ended: list[str]) -> None:
+    """Stream one completion; note when its first piece came and why it ended."""
+    start, finish = time.perf_counter(), None
+    body = {"model": "lm", "prompt": "ROMEO:", "max_tokens": tokens, "min_tokens": tokens,
+            "temperature": 0.8, "seed": i, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                if choice["text"] and i not in first:
+                    first[i] = time.perf_counter() - start
+                finish = choice.get("finish_reason") or finish
+    ended.append(finish)
+
+
+def stream(url: str, clients: int, tokens: int) -> dict:
+    """Each client streams one completion of ``tokens`` tokens (after a warm-up)."""
+    first: dict[int, float] = {}
+    ended: list[str] = []
+    with httpx.Client(base_url=url, timeout=600,
+                      limits=httpx.Limits(max_connections=64)) as http:
+        stream_request(http, 0, 4, {}, [])  # warm-up
+        start = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            list(pool.map(lambda i: stream_request(http, i, tokens, first, ended),
+                          range(clients)))
+        wall = time.perf_counter() - start
+    # min_tokens = max_tokens: every completion is exactly `tokens` tokens long
+    assert ended == ["length"] * clients, ended
+    return {"tokens": tokens * clients, "seconds": round(wall, 2),
+            "tokens_per_s": round(tokens * clients / wall, 1),
+            "first_token_s": round(statistics.median(first.values()), 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests (~3 minutes)")
+    parser.add_argument("--json", metavar="OUT.json")
+    parser.add_argument("--work", metavar="DIR", help="where the runs go (default: a temp dir)")
+    parser.add_argument("--parts", default="translation,streaming",
+                        help="which to measure (comma-separated; the other part of an existing "
+                             "--json file is kept)")
+    args = parser.parse_args()
+    work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-serve-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"training the two runs one step each in {work} ...", flush=True)
+    runs = make_runs(work)
+    rng = random.Random(1)
+    sentences = [sentence(rng) for _ in range(4096)]
+    rounds = 1 if args.quick else 2
+    parts = set(args.parts.split(","))
+    results: dict = {"translation": {}, "streaming": {}}
+    if args.json and Path(args.json).exists():
+        kept = json.loads(Path(args.json).read_text())
+        results.update({k: kept[k] for k in results if k not in parts and k in kept})
+
+    for clients in (1, 8, 32) if "translation" in parts else ():
+        per_client = max(2, (16 if args.quick else 32) // clients)
+        best: dict[str, dict] = {}
+        for _ in range(rounds):
+            for setting, max_batch in (("off", 1), ("on", 32)):
+                with Server(runs["translator"], "bible", max_batch) as server:
+                    load(server.url, 1, 1, translate_request(sentences))  # warm-up
+                    out = load(server.url, clients, per_client, translate_request(sentences))
+                if setting not in best or out["requests_per_s"] > best[setting]["requests_per_s"]:
+                    best[setting] = out
+                print(f"translation, {clients} clients, batching {setting}: {out}", flush=True)
+        best["speedup"] = round(best["on"]["requests_per_s"] / best["off"]["requests_per_s"], 2)
+        results["translation"][str(clients)] = best
+
+    tokens = 60 if args.quick else 120
+    for clients in (1, 8, 32) if "streaming" in parts else ():
+        best = {}
+        for _ in range(rounds):
+            for setting, max_batch in (("off", 1), ("on", 32)):
+                with Server(runs["lm"], "lm", max_batch) as server:
+                    out = stream(server.url, clients, tokens)
+                if setting not in best or out["tokens_per_s"] > best[setting]["tokens_per_s"]:
+                    best[setting] = out
+                print(f"streaming, {clients} clients, batching {setting}: {out}", flush=True)
+        best["speedup"] = round(best["on"]["tokens_per_s"] / best["off"]["tokens_per_s"], 2)
+        results["streaming"][str(clients)] = best
+
+    rows = []
+    for clients, r in results["translation"].items():
+        for setting in ("off", "on"):
+            x = r[setting]
+            rows.append((f"translate beam 4, {clients} clients, batching {setting}",
+                         f"{x['requests_per_s']} req/s, p50 {x['p50_s']} s, p99 {x['p99_s']} s"))
+        rows.append((f"translate, {clients} clients: batching on / off", f"{r['speedup']}x"))
+    for clients, r in results["streaming"].items():
+        for setting in ("off", "on"):
+            x = r[setting]
+            rows.append((f"stream {x['tokens'] // int(clients)} tokens, {clients} clients, "
+                         f"batching {setting}",
+                         f"{x['tokens_per_s']} tokens/s, first token {x['first_token_s']} s"))
+        rows.append((f"stream, {clients} clients: batching on / off", f"{r['speedup']}x"))
+    report("Serving (vaswani serve, CPU)", rows, results, args.json)
+
+
+if __name__ == "__main__":
+    main()
