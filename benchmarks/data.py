@@ -260,7 +260,10 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     wanted = [tuple(s.split(":")) for s in args.sizes] if args.sizes else \
         [(k, s) for k, sizes in SIZES.items() for s in sizes]
-    results = []
+    results = []  # rows of an earlier call with other --sizes are kept
+    if Path(args.json).exists():
+        results = [r for r in json.loads(Path(args.json).read_text())
+                   if (r["corpus"], r["size"]) not in wanted]
     for kind, size in wanted:
         amount = SIZES[kind][size]
         corpus = lm_corpus(work, amount) if kind.startswith("lm") else pair_corpus(work, amount)
