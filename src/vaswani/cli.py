@@ -172,16 +172,29 @@ def _controls(args: argparse.Namespace) -> dict:
 
 
 def _load(args: argparse.Namespace):
+    if getattr(args, "engine", "vaswani") == "ct2":
+        from .export.ct2 import Engine
+
+        return Engine(args.run_dir, device=args.device)
     from .inference import load
 
     return load(args.run_dir, device=args.device)
 
 
+def _ct2_controls(args: argparse.Namespace) -> dict:
+    """The decoding controls CTranslate2 has (the others are refused by name)."""
+    for name in ("stop", "presence_penalty", "frequency_penalty"):
+        if getattr(args, name, None):
+            raise ValueError(f"--{name.replace('_', '-')} is not available with --engine ct2")
+    return {k: v for k, v in _controls(args).items() if v is not None}
+
+
 def _translate(args: argparse.Namespace) -> int:
     run = _load(args)
     lines = _lines(args.input)
+    controls = _ct2_controls(args) if args.engine == "ct2" else _controls(args)
     results = run.translate(lines, beam=args.beam, n_best=args.n_best,
-                            length_penalty=args.length_penalty, **_controls(args))
+                            length_penalty=args.length_penalty, **controls)
     for line, r in zip(lines, results, strict=True):  # exactly one output line per input line
         if args.n_best > 1 and not line.strip():
             print()
@@ -200,6 +213,12 @@ def _generate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     stream(args.prompt)
+    if args.engine == "ct2":
+        stream(run.generate(args.prompt, max_new_tokens=args.max_new_tokens,
+                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            seed=args.seed, **_ct2_controls(args)))
+        sys.stdout.write("\n")
+        return 0
     run.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, stream=stream,
                  stop=args.stop, presence_penalty=args.presence_penalty,
@@ -250,6 +269,17 @@ def _import(args: argparse.Namespace) -> int:
     do = import_bert if args.format == "bert" else import_gguf
     out = do(args.source, Path(args.out), cache_dir(args), overwrite=args.overwrite)
     print(f"imported {args.source} into {out}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .export import export
+
+    out = export(args.run_dir, args.format, args.out, quantize=args.quantize,
+                 overwrite=args.overwrite)
+    use = {"ct2": f"vaswani translate {out} --engine ct2   (or generate ... --engine ct2)"}
+    print(f"exported {args.run_dir} to {out} ({args.format}"
+          f"{', ' + args.quantize if args.quantize else ''}); use it with: {use[args.format]}")
     return 0
 
 
@@ -389,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def controls(p: argparse.ArgumentParser) -> None:
         """The decoding controls translate and generate share (default: [decode])."""
+        p.add_argument("--engine", choices=["vaswani", "ct2"], default="vaswani",
+                       help="ct2: RUN_DIR is a folder written by `vaswani export --format ct2`"
+                            ", run by CTranslate2 with the run's tokenizer (default vaswani)")
         p.add_argument("--repetition-penalty", type=float, metavar="P",
                        help="> 1 discourages tokens already in the output (1 = off)")
         p.add_argument("--no-repeat-ngram-size", type=int, metavar="N",
@@ -485,6 +518,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty RUN_DIR")
     p.set_defaults(func=_import)
 
+    p = sub.add_parser("export", help="write a run for another engine (CTranslate2)",
+                       description="Export RUN_DIR to --out DIR. ct2: a CTranslate2 model "
+                                   "(translators and language models), written through "
+                                   "CTranslate2's spec API; --quantize int8 stores int8 weights. "
+                                   "A run option with no exact counterpart in the format is "
+                                   "refused by name. DIR also keeps the run's config.toml and "
+                                   "tokenizer/ (under vaswani/), so `vaswani translate DIR "
+                                   "--engine ct2` runs it.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by vaswani train")
+    p.add_argument("--format", required=True, choices=["ct2"])
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--quantize", choices=["int8"], help="store int8 weights (ct2)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty DIR")
+    p.set_defaults(func=_export)
+
     p = run_parser("evaluate", "score a run on a data file (one JSON object)",
                    "translation: sacreBLEU and chrF with signatures; language model: loss, "
                    "perplexity, bits per token and per character; classifier: accuracy, "
@@ -518,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, FetchError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError, FetchError, ImportError) as e:
         print(f"vaswani: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # permissions, a full disk, a path that is not a directory ...
