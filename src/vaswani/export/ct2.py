@@ -116,7 +116,11 @@ def _layers(stack_spec, sd: dict, prefix: str, c, *, cross: bool) -> None:
 
 
 def vocabulary(tokenizer) -> list[str]:
-    tokens = [tokenizer.token(i) for i in range(tokenizer.vocab_size)]
+    """Every id's token string: the ``tokenizers`` model's own names where there is one (a
+    byte-level BPE shows several ids alike once decoded), else vaswani's."""
+    hf = getattr(tokenizer, "hf", None)
+    tokens = [hf.id_to_token(i) if hf is not None else tokenizer.token(i)
+              for i in range(tokenizer.vocab_size)]
     if len(set(tokens)) != len(tokens):
         raise refuse("ct2", "tokenizer", "with repeated token strings", "CTranslate2 names "
                      "every token by a unique string")
@@ -161,11 +165,12 @@ def build_spec(run):
         spec.register_vocabulary(vocabulary(run.source_tokenizer))
         specials = run.source_tokenizer
     spec.config.layer_norm_epsilon = c.norm_eps
-    spec.config.unk_token = specials.token(specials.unk_id)
-    spec.config.bos_token = specials.token(specials.bos_id)
-    spec.config.eos_token = specials.token(specials.eos_id)
+    names = vocabulary(specials)
+    spec.config.unk_token = names[specials.unk_id]
+    spec.config.bos_token = names[specials.bos_id]
+    spec.config.eos_token = names[specials.eos_id]
     if c.arch == "encoder-decoder":
-        spec.config.decoder_start_token = specials.token(specials.bos_id)
+        spec.config.decoder_start_token = names[specials.bos_id]
     return spec
 
 
@@ -211,7 +216,8 @@ class Engine:
         self.config = rundir.read_config(folder / SOURCE)
         self.source, target, _ = rundir.read_tokenizers(folder / SOURCE)
         self.target = target or self.source
-        self.index = {self.target.token(i): i for i in range(self.target.vocab_size)}
+        self.source_tokens = vocabulary(self.source)
+        self.index = {t: i for i, t in enumerate(vocabulary(self.target))}
         engine = (ctranslate2.Translator if self.config.model.arch == "encoder-decoder"
                   else ctranslate2.Generator)
         self.model = engine(str(folder), device=device, compute_type=compute_type)
@@ -238,7 +244,7 @@ class Engine:
         for start in range(0, len(todo), batch_size):
             chunk, batch = todo[start:start + batch_size], ids[start:start + batch_size]
             out = self.model.translate_batch(
-                [[self.source.token(i) for i in x] for x in batch], beam_size=beam,
+                [[self.source_tokens[i] for i in x] for x in batch], beam_size=beam,
                 num_hypotheses=n_best, return_scores=True,
                 length_penalty=d.length_penalty if length_penalty is None else length_penalty,
                 max_decoding_length=int(d.max_len_a * max(map(len, batch)) + d.max_len_b),
@@ -266,11 +272,11 @@ class Engine:
         start = self.source.encode(prompt) or [self.source.bos_id]
         greedy = temperature == 0
         out = self.model.generate_batch(
-            [[self.source.token(i) for i in start]],
+            [[self.source_tokens[i] for i in start]],
             max_length=max_new_tokens or d.max_new_tokens, include_prompt_in_result=False,
             sampling_topk=1 if greedy else (top_k or d.top_k or 0),
             sampling_topp=1.0 if greedy else (top_p or d.top_p or 1.0),
             sampling_temperature=1.0 if greedy else temperature,
             repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-            min_length=min_length, end_token=self.source.token(self.source.eos_id))
+            min_length=min_length, end_token=self.source_tokens[self.source.eos_id])
         return self._text(out[0].sequences[0])
