@@ -1,4 +1,5 @@
-"""Every ```python block in the README runs as written."""
+"""Every ```python block in the README runs as written. (Blocks fenced ```py need a
+running `vaswani serve`; tests/serve/test_live.py makes the same client calls.)"""
 
 import re
 from pathlib import Path
