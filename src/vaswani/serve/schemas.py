@@ -29,8 +29,9 @@ class Controls(BaseModel):
     min_tokens: int | None = Field(default=None, ge=0)
 
 
-class CompletionRequest(Request, Controls):
-    prompt: str | list[str]
+class Generation(Request, Controls):
+    """The fields completions and chat share (OpenAI's)."""
+
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
@@ -40,6 +41,10 @@ class CompletionRequest(Request, Controls):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     stream: bool = False
+
+
+class CompletionRequest(Generation):
+    prompt: str | list[str]
 
 
 class Message(BaseModel):
@@ -47,18 +52,9 @@ class Message(BaseModel):
     content: str
 
 
-class ChatRequest(Request, Controls):
+class ChatRequest(Generation):
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int = Field(default=1, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    stream: bool = False
 
 
 class EmbeddingRequest(Request):

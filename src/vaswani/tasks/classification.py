@@ -118,29 +118,27 @@ class Classification(Task):
         return [ids for ids, _ in pairs]
 
     @torch.no_grad()
+    def _softmax(self, run, texts: list[str], batch_size: int):
+        """The classes' probabilities, one (batch, classes) tensor per batch of texts."""
+        encoded = self.inputs(run, texts)
+        for start in range(0, len(texts), batch_size):
+            ids = pad(encoded[start:start + batch_size], self.pad_id).to(run.device)
+            yield run.model(ids).float().softmax(-1)
+
     def classify(self, run, texts: list[str], *, batch_size: int = 64
                  ) -> list[tuple[str, float]]:
         """(label, probability) of the most likely class for each text."""
-        encoded = self.inputs(run, texts)
         out = []
-        for start in range(0, len(texts), batch_size):
-            ids = pad(encoded[start:start + batch_size], self.pad_id).to(run.device)
-            probs = run.model(ids).float().softmax(-1)
+        for probs in self._softmax(run, texts, batch_size):
             p, k = probs.max(-1)
             out.extend((run.labels[int(i)], float(q)) for i, q in zip(k, p, strict=True))
         return out
 
-    @torch.no_grad()
     def probabilities(self, run, texts: list[str], *, batch_size: int = 64
                       ) -> list[dict[str, float]]:
         """Every class's probability, for each text."""
-        encoded = self.inputs(run, texts)
-        out = []
-        for start in range(0, len(texts), batch_size):
-            ids = pad(encoded[start:start + batch_size], self.pad_id).to(run.device)
-            for row in run.model(ids).float().softmax(-1).tolist():
-                out.append({label: round(p, 6) for label, p in zip(run.labels, row, strict=True)})
-        return out
+        return [{label: round(p, 6) for label, p in zip(run.labels, row, strict=True)}
+                for probs in self._softmax(run, texts, batch_size) for row in probs.tolist()]
 
     def output_probabilities(self, run, text, target=None):
         """The classes' probabilities (none for an encoder without a head)."""
