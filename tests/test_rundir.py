@@ -51,3 +51,58 @@ def test_tied_and_compiled_names_load_back(tmp_path):
     from safetensors.torch import save_file
     save_file({f"_orig_mod.{k}": v for k, v in stored.items()}, str(tmp_path / "c.safetensors"))
     rundir.load_weights(build_model(model.config), tmp_path / "c.safetensors")
+
+
+# --- checkpoint averaging --------------------------------------------------------------------
+
+def _checkpoint(run_dir, step, tensors):
+    folder = run_dir / rundir.CHECKPOINTS
+    folder.mkdir(exist_ok=True)
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(folder / f"step-{step:06d}.safetensors"))
+
+
+def test_the_average_of_identical_checkpoints_is_the_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    tensors = {"w": torch.randn(7, 5), "b": torch.randn(5) * 1e-3, "h": torch.randn(3).half()}
+    for step in (100, 200, 300):
+        _checkpoint(tmp_path, step, tensors)
+    path, used = rundir.write_average(tmp_path)
+    assert len(used) == 3
+    averaged = load_file(str(path))
+    for name, t in tensors.items():
+        assert averaged[name].dtype == t.dtype
+        assert torch.equal(averaged[name], t), name  # bit for bit
+
+
+def test_averaging_is_exact_arithmetic_on_the_saved_tensors(tmp_path):
+    torch.manual_seed(1)
+    saved = [{"w": torch.randn(4, 6), "b": torch.randn(6)} for _ in range(4)]
+    for step, tensors in zip((10, 20, 30, 40), saved):
+        _checkpoint(tmp_path, step, tensors)
+    path, used = rundir.write_average(tmp_path, last=3)  # the newest three: 20, 30, 40
+    assert [p.stem for p in used] == ["step-000020", "step-000030", "step-000040"]
+    averaged = rundir.read_weights(path)  # its checksum holds
+    for name in ("w", "b"):
+        exact = sum(s[name].double() for s in saved[1:]) / 3
+        assert torch.equal(averaged[name], exact.float())
+    with pytest.raises(ValueError, match="holds only 4 checkpoints"):
+        rundir.write_average(tmp_path, last=5)
+
+
+def test_averaging_refuses_checkpoints_of_different_models(tmp_path):
+    _checkpoint(tmp_path, 1, {"w": torch.zeros(2, 2)})
+    _checkpoint(tmp_path, 2, {"w": torch.zeros(3, 2)})
+    with pytest.raises(ValueError, match=r"w has shape \(3, 2\)"):
+        rundir.write_average(tmp_path)
+    with pytest.raises(FileNotFoundError, match="keep_checkpoints"):
+        rundir.write_average(tmp_path / "elsewhere")
+
+
+def test_kept_checkpoints_are_bounded(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    for step in range(1, 8):
+        rundir.save_checkpoint(tmp_path, model, step * 100, keep=3)
+    assert [p.stem for p in rundir.list_checkpoints(tmp_path)] == [
+        "step-000500", "step-000600", "step-000700"]

@@ -178,7 +178,7 @@ def _load(args: argparse.Namespace):
         return Engine(args.run_dir, device=args.device)
     from .inference import load
 
-    return load(args.run_dir, device=args.device)
+    return load(args.run_dir, device=args.device, weights=args.weights)
 
 
 def _ct2_controls(args: argparse.Namespace) -> dict:
@@ -269,6 +269,17 @@ def _import(args: argparse.Namespace) -> int:
     do = import_bert if args.format == "bert" else import_gguf
     out = do(args.source, Path(args.out), cache_dir(args), overwrite=args.overwrite)
     print(f"imported {args.source} into {out}")
+    return 0
+
+
+def _average(args: argparse.Namespace) -> int:
+    from . import rundir
+
+    run_dir = Path(args.run_dir)
+    rundir.read_config(run_dir)  # the clear "not a run directory" error
+    path, paths = rundir.write_average(run_dir, args.last)
+    print(f"vaswani average: {len(paths)} checkpoints ({paths[0].stem} .. {paths[-1].stem}) "
+          f"-> {path}; use it with --weights averaged", file=sys.stderr)
     return 0
 
 
@@ -433,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=description, parents=list(parents))
         p.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by vaswani train")
         p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+        p.add_argument("--weights", choices=["best", "last", "averaged"], default="best",
+                       help="best (model.safetensors, default), last (the latest checkpoint) "
+                            "or averaged (averaged.safetensors, from vaswani average)")
         return p
 
     p = run_parser("translate", "translate lines with an encoder-decoder run",
@@ -532,6 +546,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantize", choices=["int8"], help="store int8 weights (ct2)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty DIR")
     p.set_defaults(func=_export)
+
+    p = sub.add_parser("average", help="average a run's last checkpoints (as the paper does)",
+                       description="Average the weights of the last N checkpoints kept in "
+                                   "RUN_DIR/checkpoints/ (train with [train] keep_checkpoints "
+                                   "= N) into RUN_DIR/averaged.safetensors; use them with "
+                                   "--weights averaged.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by vaswani train")
+    p.add_argument("--last", type=int, default=0, metavar="N",
+                   help="average the newest N checkpoints (default: every kept one)")
+    p.set_defaults(func=_average)
 
     p = run_parser("evaluate", "score a run on a data file (one JSON object)",
                    "translation: sacreBLEU and chrF with signatures; language model: loss, "

@@ -8,6 +8,9 @@ command (and ``vaswani.load``) reads. The only module that knows the layout of `
         model.safetensors
         trainer.pt       optimizer, scheduler and RNG state (tensors and numbers only)
         state.json       step, batches consumed, best metric, data fingerprint
+    checkpoints/         with [train] keep_checkpoints = N: the weights of the last N
+        step-000500.safetensors ...   checkpoints (one per save_every steps)
+    averaged.safetensors their average (`vaswani average`, and at the end of training)
     metrics.jsonl        one JSON object per log line
     loss.png             the loss curves, drawn when training ends
 
@@ -51,10 +54,11 @@ COMPLETE, LOCK = "COMPLETE", ".lock"
 CONFIG, TOKENIZER, BEST, LAST, METRICS, LOSS_PLOT = (
     "config.toml", "tokenizer", "model.safetensors", "last", "metrics.jsonl", "loss.png")
 CHAT_TEMPLATE = "chat_template.jinja"  # an imported chat model's own prompt format
+CHECKPOINTS, AVERAGED = "checkpoints", "averaged.safetensors"
 # Every name vaswani writes in a run directory (what --overwrite may remove).
 RUN_FILES = (CONFIG, TOKENIZER, BEST, BEST + ".tmp", LAST, "last.tmp", "last.old", METRICS,
              LOSS_PLOT, LOSS_PLOT + ".tmp", "metrics.jsonl.tmp", "config.toml.tmp",
-             CHAT_TEMPLATE, CHAT_TEMPLATE + ".tmp")
+             CHAT_TEMPLATE, CHAT_TEMPLATE + ".tmp", CHECKPOINTS, AVERAGED, AVERAGED + ".tmp")
 
 
 class RunInUse(FileExistsError):
@@ -202,14 +206,23 @@ def append_metrics(path: Path, row: dict) -> None:
         os.fsync(f.fileno())
 
 
+WEIGHTS = ("best", "last", "averaged")
+
+
 def weights_path(run_dir: Path, which: str = "best") -> Path:
     """``"best"``: model.safetensors (the latest checkpoint's when no best exists yet);
-    ``"last"``: the latest checkpoint's."""
+    ``"last"``: the latest checkpoint's; ``"averaged"``: averaged.safetensors."""
     if which == "best" and (run_dir / BEST).exists():
         return run_dir / BEST
     if which in ("best", "last"):
         return find_last(run_dir) / BEST
-    raise ValueError(f"weights ({which!r}) must be 'best' or 'last'")
+    if which == "averaged":
+        if not (run_dir / AVERAGED).exists():
+            raise FileNotFoundError(f"{run_dir} has no {AVERAGED}: train with [train] "
+                                    "keep_checkpoints = N, then `vaswani average "
+                                    f"{run_dir}`")
+        return run_dir / AVERAGED
+    raise ValueError(f"weights ({which!r}) must be one of {', '.join(WEIGHTS)}")
 
 
 # --- crash-safe writes -----------------------------------------------------------------------
@@ -381,6 +394,71 @@ def save_last(run_dir: Path, model: nn.Module, trainer_state: dict, state: dict)
     os.replace(tmp, last)
     _fsync_dir(run_dir)
     shutil.rmtree(old, ignore_errors=True)
+
+
+# --- checkpoint averaging ----------------------------------------------------------------------
+
+def save_checkpoint(run_dir: Path, model: nn.Module, step: int, keep: int) -> None:
+    """Keep this step's weights in ``checkpoints/`` and delete all but the newest ``keep``
+    (disk stays bounded at ``keep`` copies of the weights)."""
+    folder = run_dir / CHECKPOINTS
+    folder.mkdir(exist_ok=True)
+    save_weights(model, folder / f"step-{step:06d}.safetensors", {"step": str(step)})
+    for old in list_checkpoints(run_dir)[:-keep]:
+        old.unlink()
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """The kept checkpoints, oldest first."""
+    folder = run_dir / CHECKPOINTS
+    if not folder.is_dir():
+        return []
+    return sorted(folder.glob("step-*.safetensors"),
+                  key=lambda p: int(p.stem.split("-")[1]))
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of the checkpoints' tensors, summed in float64 and cast back to
+    each tensor's dtype (so averaging N copies of one checkpoint gives that checkpoint)."""
+    if not paths:
+        raise ValueError("no checkpoints to average")
+    total: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    for path in paths:
+        tensors = read_weights(path)
+        if total and tensors.keys() != total.keys():
+            raise ValueError(f"{path} holds other tensors than {paths[0]}: the checkpoints "
+                             "are not of one model")
+        for name, t in tensors.items():
+            if name in total and t.shape != total[name].shape:
+                raise ValueError(f"{path}: {name} has shape {tuple(t.shape)}, not "
+                                 f"{tuple(total[name].shape)} as in {paths[0]}")
+            total[name] = total.get(name, 0) + t.double()
+            dtypes[name] = t.dtype
+    return {name: (t / len(paths)).to(dtypes[name]) for name, t in total.items()}
+
+
+def write_average(run_dir: Path, last: int = 0) -> tuple[Path, list[Path]]:
+    """Average the newest ``last`` kept checkpoints (0 = all) into averaged.safetensors;
+    returns its path and the checkpoints averaged."""
+    paths = list_checkpoints(run_dir)
+    if not paths:
+        raise FileNotFoundError(f"{run_dir / CHECKPOINTS} holds no checkpoints; train with "
+                                "[train] keep_checkpoints = N (e.g. --set "
+                                "train.keep_checkpoints=5) to keep the last N")
+    if last < 0:
+        raise ValueError(f"--last ({last}) must be >= 0")
+    if last:
+        if last > len(paths):
+            raise ValueError(f"--last {last}: {run_dir / CHECKPOINTS} holds only "
+                             f"{len(paths)} checkpoints")
+        paths = paths[-last:]
+    tensors = average_checkpoints(paths)
+    metadata = {"sha256": tensors_sha256(tensors),
+                "averaged": ",".join(p.stem for p in paths)}
+    out = run_dir / AVERAGED
+    atomic_write(out, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+    return out, paths
 
 
 def find_last(run_dir: Path) -> Path:

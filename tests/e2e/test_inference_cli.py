@@ -160,3 +160,26 @@ def test_clear_errors_for_bad_run_directories(copy_run, tmp_path, capsys, monkey
     assert "no complete checkpoint" in capsys.readouterr().err
     assert main(["evaluate", str(copy_run[0])]) == 2
     assert "names no [data] test files" in capsys.readouterr().err
+
+
+def test_average_command_and_averaged_weights(copy_run, tmp_path, capsys, monkeypatch):
+    from vaswani import rundir
+
+    run = tmp_path / "run"
+    shutil.copytree(copy_run[0], run)
+    monkeypatch.setattr("sys.stdin", io.StringIO("abc\n"))
+    assert main(["translate", str(run), "--weights", "averaged"]) == 2
+    assert "has no averaged.safetensors" in capsys.readouterr().err
+    assert main(["average", str(run)]) == 2
+    assert "keep_checkpoints" in capsys.readouterr().err
+    # two copies of the best weights: their average is the best weights, so translations agree
+    for step in (100, 200):
+        rundir.save_checkpoint(run, vaswani.load(run).model, step, keep=5)
+    assert main(["average", str(run), "--last", "2"]) == 0
+    assert "2 checkpoints (step-000100 .. step-000200)" in capsys.readouterr().err
+    outputs = {}
+    for weights in ("best", "averaged"):
+        monkeypatch.setattr("sys.stdin", io.StringIO("abcdefg\nhij\n"))
+        assert main(["translate", str(run), "--weights", weights]) == 0
+        outputs[weights] = capsys.readouterr().out
+    assert outputs["averaged"] == outputs["best"] == "abcdefg\nhij\n"

@@ -224,3 +224,22 @@ def test_an_optimizer_state_of_another_model_is_refused_not_loaded():
     with pytest.raises(ValueError, match=r"here: the saved optimizer state's exp_avg for "
                                          r"decoder.layers.0.feed_forward.linear1.weight"):
         check_optimizer_state(other_opt, opt.state_dict(), other, Path("here"))
+
+
+def test_keep_checkpoints_writes_the_average_at_the_end(tmp_path):
+    from vaswani import load, rundir
+
+    data = reverse_task(tmp_path / "pairs.tsv")
+    cfg = config(tmp_path / "c.toml", "encoder-decoder", data,
+                 train={"max_steps": 30, "save_every": 10, "keep_checkpoints": 2})
+    summary = train(str(cfg), [], out=str(tmp_path / "run"), launch=Launch(progress=False))
+    run_dir = tmp_path / "run"
+    assert "2 checkpoints" in summary["averaged"]
+    kept = rundir.list_checkpoints(run_dir)
+    assert [p.stem for p in kept] == ["step-000020", "step-000030"]
+    a, b = (load_file(str(p)) for p in kept)
+    averaged = load_file(str(run_dir / rundir.AVERAGED))
+    for name in averaged:
+        assert torch.equal(averaged[name], ((a[name].double() + b[name].double()) / 2).float())
+    run = load(run_dir, weights="averaged")  # loads into the model
+    assert run.translate(["abc"])

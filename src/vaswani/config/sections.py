@@ -208,6 +208,8 @@ class TrainConfig(ConfigBase):
     eval_batches: int = 50  # 0 = the whole validation set
     metric_examples: int = 200  # examples decoded for the task metric (0 = off)
     save_every: int = 200
+    keep_checkpoints: int = 0  # keep the weights of the last N checkpoints (checkpoints/) and
+    # write their average (averaged.safetensors) when training ends; 0 = off
     best_metric: str = "valid_loss"  # or a task metric: exact_match, bleu, accuracy
     patience: int = 0  # early stopping: evaluations without improvement (0 = off)
 
@@ -236,7 +238,8 @@ class TrainConfig(ConfigBase):
             raise ValueError(f"max_minutes ({self.max_minutes}) must be >= 0")
         if self.schedule_steps is not None and self.schedule_steps <= 0:
             raise ValueError(f"schedule_steps ({self.schedule_steps}) must be positive")
-        for name in ("warmup", "patience", "eval_batches", "metric_examples", "max_skipped_steps"):
+        for name in ("warmup", "patience", "eval_batches", "metric_examples", "max_skipped_steps",
+                     "keep_checkpoints"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
         if self.schedule == "noam" and self.warmup == 0:

@@ -298,6 +298,9 @@ class Trainer:
                     stop = self._should_stop(started)[1]
                 if self.step % t.save_every == 0 or done or stop or self.step == t.max_steps:
                     self.save_last()
+                    if t.keep_checkpoints and self.dist.is_main:
+                        rundir.save_checkpoint(self.run_dir, self.model, self.step,
+                                               t.keep_checkpoints)
                 if stop:
                     raise Stopped(self.run_dir, self.step)
         finally:

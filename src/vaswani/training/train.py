@@ -96,6 +96,9 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
                 summary["skipped_steps"] = trainer.skipped
             if dist.is_main:
                 plot_loss(run_dir / rundir.METRICS, run_dir / rundir.LOSS_PLOT)
+                if cfg.train.keep_checkpoints:
+                    path, averaged = rundir.write_average(run_dir)
+                    summary["averaged"] = f"{path} ({len(averaged)} checkpoints)"
                 notes = data.report.summary()
                 if data.truncated:
                     notes += f"{'; ' if notes else ''}truncated {data.truncated} sequence(s) " \
