@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --quiet --upgrade pip
 	# torch first and pinned: the CPU wheel; an unpinned torch pulls gigabytes of CUDA packages.
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[serve,test]'
+	$(PIP) install --quiet -e '.[serve,export,test]'
 	touch $@
 
 demo: $(VENV)/.installed

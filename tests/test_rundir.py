@@ -79,7 +79,7 @@ def test_the_average_of_identical_checkpoints_is_the_checkpoint(tmp_path):
 def test_averaging_is_exact_arithmetic_on_the_saved_tensors(tmp_path):
     torch.manual_seed(1)
     saved = [{"w": torch.randn(4, 6), "b": torch.randn(6)} for _ in range(4)]
-    for step, tensors in zip((10, 20, 30, 40), saved):
+    for step, tensors in zip((10, 20, 30, 40), saved, strict=True):
         _checkpoint(tmp_path, step, tensors)
     path, used = rundir.write_average(tmp_path, last=3)  # the newest three: 20, 30, 40
     assert [p.stem for p in used] == ["step-000020", "step-000030", "step-000040"]

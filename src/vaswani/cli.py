@@ -288,7 +288,11 @@ def _export(args: argparse.Namespace) -> int:
 
     out = export(args.run_dir, args.format, args.out, quantize=args.quantize,
                  overwrite=args.overwrite)
-    use = {"ct2": f"vaswani translate {out} --engine ct2   (or generate ... --engine ct2)"}
+    use = {"ct2": f"vaswani translate {out} --engine ct2   (or generate ... --engine ct2)",
+           "hf": f"transformers' AutoModel*.from_pretrained({str(out)!r}) and "
+                 f"AutoTokenizer.from_pretrained({str(out)!r})",
+           "onnx": f"onnxruntime.InferenceSession(...) on {out}/*.onnx (inputs and outputs in "
+                   f"{out}/onnx_export.json)"}
     print(f"exported {args.run_dir} to {out} ({args.format}"
           f"{', ' + args.quantize if args.quantize else ''}); use it with: {use[args.format]}")
     return 0
@@ -314,7 +318,17 @@ def _embed(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     run = _load(args)
     data = cfg_split(run, args.split, cache_dir(args)) if args.data is None else [args.data]
-    print(json.dumps(run.evaluate(data, beam=args.beam)))
+    outputs: list[str] | None = [] if args.save_outputs else None
+    if outputs is not None and run.task == "lm":
+        raise ValueError("--save-outputs: a language model's evaluation scores the text and "
+                         "produces no outputs")
+    result = run.evaluate(data, beam=args.beam, outputs=outputs)
+    if outputs is not None:
+        from .rundir import atomic_write_text
+
+        atomic_write_text(Path(args.save_outputs), "".join(f"{o}\n" for o in outputs))
+        result["outputs"] = args.save_outputs
+    print(json.dumps(result))
     return 0
 
 
@@ -532,8 +546,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty RUN_DIR")
     p.set_defaults(func=_import)
 
-    p = sub.add_parser("export", help="write a run for another engine (CTranslate2)",
-                       description="Export RUN_DIR to --out DIR. ct2: a CTranslate2 model "
+    p = sub.add_parser("export", help="write a run for another engine (HF, ONNX, CTranslate2)",
+                       description="Export RUN_DIR to --out DIR. hf: a Hugging Face "
+                                   "transformers folder (encoders as BERT, language models as "
+                                   "LLaMA or GPT-2). onnx: the forward pass(es) as ONNX graphs, "
+                                   "checked with ONNX Runtime. ct2: a CTranslate2 model "
                                    "(translators and language models), written through "
                                    "CTranslate2's spec API; --quantize int8 stores int8 weights. "
                                    "A run option with no exact counterpart in the format is "
@@ -541,7 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "tokenizer/ (under vaswani/), so `vaswani translate DIR "
                                    "--engine ct2` runs it.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by vaswani train")
-    p.add_argument("--format", required=True, choices=["ct2"])
+    p.add_argument("--format", required=True, choices=["hf", "onnx", "ct2"])
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--quantize", choices=["int8"], help="store int8 weights (ct2)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty DIR")
@@ -565,6 +582,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=["valid", "test"], default="test",
                    help="without --data: the run's [data] valid or test files (default test)")
     p.add_argument("--beam", type=int, help="translation beam size (default from [decode])")
+    p.add_argument("--save-outputs", metavar="FILE",
+                   help="write the model's output per example, one per line, in order "
+                        "(translations, or predicted labels)")
     p.set_defaults(func=_evaluate)
 
     p = run_parser("attention", "draw attention heatmaps for one input",

@@ -92,9 +92,12 @@ class Run:
                              "embed needs an encoder (e.g. an imported BERT)")
         return self.task_object.embed(self, texts, batch_size=batch_size)
 
-    def evaluate(self, paths: list[str], *, beam: int | None = None) -> dict:
-        """The task's scores on data files in the format the run trained on."""
-        return self.task_object.evaluate(self, paths, beam=beam)
+    def evaluate(self, paths: list[str], *, beam: int | None = None,
+                 outputs: list[str] | None = None) -> dict:
+        """The task's scores on data files in the format the run trained on. ``outputs``, a
+        list, receives what the model produced for each example (translations, predicted
+        labels), in order."""
+        return self.task_object.evaluate(self, paths, beam=beam, outputs=outputs)
 
     def attention(self, text: str, target: str | None = None) -> dict[str, dict]:
         """Every layer's and head's attention weights for one input: {kind: {"weights":

@@ -77,6 +77,11 @@ def test_evaluate_translation_matches_sacrebleu_called_directly(copy_run, tmp_pa
     assert result["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
     assert result["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert result["sentences"] == 4
+    saved = tmp_path / "hyps.txt"
+    assert main(["evaluate", str(run_dir), "--data", str(data), "--save-outputs",
+                 str(saved)]) == 0
+    assert read_json_line(capsys.readouterr().out)["outputs"] == str(saved)
+    assert saved.read_text().splitlines() == hyps
 
 
 def test_attention_draws_a_png(copy_run, tmp_path, capsys):
@@ -116,6 +121,13 @@ def test_evaluate_language_model(small_runs, capsys):
     assert r["task"] == "lm" and r["perplexity"] == pytest.approx(2.718281828 ** r["loss"])
     assert r["bits_per_token"] == pytest.approx(r["loss"] / 0.6931471805599453)
     assert 0 < r["bits_per_char"] < r["bits_per_token"]
+    max_len = vaswani.load(run_dir).config.model.max_len
+    n_tokens = len(vaswani.load(run_dir).source_tokenizer.encode(data.read_text()))
+    assert r["windows"]["length"] == max_len
+    assert r["windows"]["count"] == -(-(n_tokens - 1) // max_len)  # every token scored once
+    assert r["tokens"] == n_tokens - 1
+    assert main(["evaluate", str(run_dir), "--split", "test", "--save-outputs", "x"]) == 2
+    assert "produces no outputs" in capsys.readouterr().err
 
 
 def test_classify_and_evaluate_classifier(small_runs, tmp_path, capsys):

@@ -5,6 +5,10 @@ weights in the target's own layout:
 
     ct2.py   CTranslate2 (translators and language models; ``quantize="int8"`` as CTranslate2
              quantizes), written through its spec API as its own converters do
+    hf.py    Hugging Face transformers (encoders as BERT, language models as LLaMA or GPT-2),
+             loadable with ``AutoModel*.from_pretrained`` and ``AutoTokenizer``
+    onnx.py  ONNX (every family's forward pass, dynamic batch and length), checked with
+             ONNX Runtime
 
 A run option with no exact counterpart in the target format is an :class:`ExportError` that
 names the option and its value, never a silent approximation. Every export folder keeps a copy
@@ -17,7 +21,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-FORMATS = ("ct2",)
+FORMATS = ("hf", "onnx", "ct2")
 SOURCE = "vaswani"  # the folder, inside an export, that holds the run's config and tokenizer
 
 
@@ -43,16 +47,23 @@ def export(run_dir: str | Path, fmt: str, out: str | Path, *, quantize: str | No
         raise ExportError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     if quantize not in (None, "int8"):
         raise ExportError(f"unknown quantization {quantize!r}; the choice is int8")
+    if quantize and fmt != "ct2":
+        raise ExportError(f"--quantize {quantize} is for --format ct2 (CTranslate2 quantizes "
+                          f"its own weights); {fmt} exports float32")
     run_dir, out = Path(run_dir), Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} exists and is not empty; pass --overwrite to replace it")
     run = load(run_dir)
-    from . import ct2
+    from . import ct2, hf, onnx
+
+    writer = {"ct2": lambda dest: ct2.write(run, dest, quantize=quantize),
+              "hf": lambda dest: hf.write(run, dest),
+              "onnx": lambda dest: onnx.write(run, dest)}[fmt]
 
     tmp = out.with_name(out.name + ".tmp-export")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        ct2.write(run, tmp, quantize=quantize)
+        writer(tmp)
         shutil.copytree(run_dir / rundir.TOKENIZER, tmp / SOURCE / rundir.TOKENIZER)
         shutil.copy2(run_dir / rundir.CONFIG, tmp / SOURCE / rundir.CONFIG)
         if out.exists():

@@ -198,8 +198,8 @@ class Engine:
     alpha``, which vaswani's own beam search uses); with ``length_penalty=0`` both are the raw
     log-probability."""
 
-    def __init__(self, folder: str | Path, *, device: str = "cpu", compute_type: str = "default"
-                 ) -> None:
+    def __init__(self, folder: str | Path, *, device: str = "cpu", compute_type: str = "default",
+                 threads: int = 0) -> None:
         try:
             import ctranslate2
         except ImportError:
@@ -220,7 +220,8 @@ class Engine:
         self.index = {t: i for i, t in enumerate(vocabulary(self.target))}
         engine = (ctranslate2.Translator if self.config.model.arch == "encoder-decoder"
                   else ctranslate2.Generator)
-        self.model = engine(str(folder), device=device, compute_type=compute_type)
+        self.model = engine(str(folder), device=device, compute_type=compute_type,
+                            intra_threads=threads)  # 0: CTranslate2's default
 
     def _text(self, tokens: list[str]) -> str:
         return self.target.decode([self.index[t] for t in tokens])

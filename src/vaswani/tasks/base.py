@@ -264,15 +264,19 @@ class Task:
         return {}
 
     # --- 3. use --------------------------------------------------------------------------
-    def evaluate(self, run, paths: list[str], *, beam: int | None = None) -> dict:
-        """``vaswani evaluate``: the task's scores on the examples in ``paths``."""
+    def evaluate(self, run, paths: list[str], *, beam: int | None = None,
+                 outputs: list[str] | None = None) -> dict:
+        """``vaswani evaluate``: the task's scores on the examples in ``paths``; ``outputs``
+        (a list) receives the model's output for each example where the task has one."""
         report = ReadReport(max_skip=self.config.data.max_skip)
-        result = {"task": self.name, **self.score(run, self.read(paths, report), beam=beam)}
+        result = {"task": self.name, **self.score(run, self.read(paths, report), beam=beam,
+                                                  outputs=outputs)}
         if report.summary():
             result["data_notes"] = report.summary()
         return result
 
-    def score(self, run, examples: list, *, beam: int | None = None) -> dict:
+    def score(self, run, examples: list, *, beam: int | None = None,
+              outputs: list[str] | None = None) -> dict:
         raise NotImplementedError
 
     def attention(self, run, text: str, target: str | None = None) -> dict[str, dict]:

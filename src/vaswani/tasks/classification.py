@@ -164,7 +164,7 @@ class Classification(Task):
             out[chunk] = run.model.sentence_embeddings(hidden, mask).float().cpu()
         return out
 
-    def score(self, run, examples, *, beam=None):
+    def score(self, run, examples, *, beam=None, outputs=None):
         """Accuracy, macro-F1 and the confusion matrix (rows: true label, columns: predicted
         label, in the order of ``labels``)."""
         labels = run.labels
@@ -173,6 +173,8 @@ class Classification(Task):
         if unknown:
             raise DataError(f"labels {unknown} are not among the model's labels {labels}")
         predicted = [label for label, _ in self.classify(run, [t for _, t in examples])]
+        if outputs is not None:
+            outputs.extend(predicted)
         confusion = [[0] * len(labels) for _ in labels]
         for (truth, _), guess in zip(examples, predicted, strict=True):
             confusion[index[truth]][index[guess]] += 1

@@ -112,15 +112,18 @@ class LanguageModelling(Task):
         return text.text
 
     @torch.no_grad()
-    def score(self, run, text, *, beam=None):
+    def score(self, run, text, *, beam=None, outputs=None):
         """Loss (nats per token), perplexity, bits per token and per character over the whole
-        text, read in consecutive windows of the model's ``max_len``."""
+        text, read in consecutive windows of the model's ``max_len`` (the result says so:
+        ``windows``). There are no outputs to keep."""
         tok = run.source_tokenizer
         ids = torch.tensor(tok.encode(text), dtype=torch.long)
         if ids.numel() < 2:
             raise DataError("the evaluation text is shorter than two tokens")
         nll = count = 0.0
+        windows = 0
         for x, y in lm_eval_windows(ids, self.config.model.max_len):
+            windows += 1
             x, y = x.to(run.device), y.to(run.device)
             logits = run.model(x, mask=torch.ones_like(x, dtype=torch.bool))
             _, batch_nll, n = smoothed_cross_entropy(logits.flatten(0, 1), y.flatten())
@@ -130,7 +133,11 @@ class LanguageModelling(Task):
         loss = nll / count
         return {"tokens": int(count), "loss": loss, "perplexity": math.exp(min(loss, 50.0)),
                 "bits_per_token": loss / math.log(2),
-                "bits_per_char": nll / max(1, chars) / math.log(2)}
+                "bits_per_char": nll / max(1, chars) / math.log(2),
+                "windows": {"count": windows, "length": self.config.model.max_len,
+                            "scored": "consecutive, non-overlapping windows over the whole "
+                                      "text: every token after the first scored once, with "
+                                      "the window's earlier tokens as its context"}}
 
     @torch.no_grad()
     def attention(self, run, text, target=None):

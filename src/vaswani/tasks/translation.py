@@ -150,10 +150,12 @@ class Translation(Task):
                 results[i] = [(target.decode(h), score) for h, score in hyps]
         return results
 
-    def score(self, run, pairs, *, beam=None):
+    def score(self, run, pairs, *, beam=None, outputs=None):
         decode = run.config.decode if beam is None else run.config.decode.replace(beam=beam)
         hyps = [best[0][0] for best in self.translate(run, [s for s, _ in pairs],
                                                       decode.replace(n_best=1))]
+        if outputs is not None:
+            outputs.extend(hyps)
         return {"sentences": len(pairs), "beam": decode.beam,
                 **bleu_chrf(hyps, [t for _, t in pairs])}
 

@@ -14,6 +14,11 @@ loss or gradient norm is not finite updates nothing (it is counted and logged); 
 
 Stopping (Ctrl-C, SIGTERM, the time budget, early stopping) happens between steps, so a saved
 checkpoint always holds the state after a whole step: resuming from it is exact.
+
+A time budget shapes the schedule: a cosine schedule is planned over ``max_steps``, but the
+budget may end the run long before. So, past the warm-up, the steps the budget reaches are
+estimated from the speed so far (every log line; rank 0's estimate, shared) and the cosine
+decays over that many instead: the rate reaches its floor as the budget ends.
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from .. import rundir
 from ..config import RunConfig
@@ -35,6 +39,7 @@ from ..evaluation.metrics import perplexity
 from ..models import build_model
 from ..tasks import TaskData, task_for
 from .distributed import Dist
+from .progress import Progress
 from .schedules import lr_factor
 from .state import Diverged, Stopped, StopRequest, all_finite, check_optimizer_state
 
@@ -75,7 +80,8 @@ class Trainer:
         self.best: float | None = None
         self.bad_evals = 0
         self.skipped = self.skipped_in_a_row = 0  # steps with a non-finite loss or gradient
-        self.progress = progress and dist.is_main
+        self.planned_steps: int | None = None  # the schedule's length as the budget allows
+        self.progress = progress and dist.is_main  # a bar; without it, a line now and then
         self._fit_start = time.perf_counter()
         torch.manual_seed(t.seed + dist.rank)  # dropout differs across ranks, as it should
         if resume:
@@ -93,7 +99,25 @@ class Trainer:
         """The learning rate of optimizer step ``step`` (0-based)."""
         t = self.cfg.train
         return t.lr * lr_factor(step, schedule=t.schedule, warmup=t.warmup,
-                                max_steps=t.schedule_steps, min_ratio=t.min_lr / t.lr)
+                                max_steps=self.planned_steps or t.schedule_steps,
+                                min_ratio=t.min_lr / t.lr)
+
+    def replan(self, elapsed: float) -> None:
+        """With a time budget and a cosine schedule: decay over the steps the budget reaches
+        at the speed so far (never more than planned; rank 0 decides for every rank)."""
+        t = self.cfg.train
+        if not (t.max_minutes and t.schedule == "cosine") or self.step < max(t.warmup, 20):
+            return
+        estimate = self.step * t.max_minutes * 60 / max(elapsed, 1e-9)
+        planned = torch.tensor([float(min(t.schedule_steps, max(self.step + 1, estimate)))],
+                               device=self.device)
+        planned = int(self.dist.broadcast(planned).item())
+        if planned < t.schedule_steps and self.planned_steps is None and self.dist.is_main:
+            print(f"vaswani train: at this speed the {t.max_minutes:g}-minute budget reaches "
+                  f"about {planned:,} of {t.schedule_steps:,} steps; the cosine schedule now "
+                  "decays over the steps the budget reaches (re-estimated as training goes)",
+                  file=sys.stderr, flush=True)
+        self.planned_steps = planned if planned < t.schedule_steps else None
 
     # --- state -------------------------------------------------------------------------
     def _state(self) -> dict:
@@ -101,7 +125,8 @@ class Trainer:
                 "elapsed": round(self.elapsed + time.perf_counter() - self._fit_start, 1),
                 "best": self.best, "bad_evals": self.bad_evals, "skipped_steps": self.skipped,
                 "best_metric": self.cfg.train.best_metric,
-                "data_fingerprint": self.data.fingerprint(), "fingerprint_format": 2}
+                "data_fingerprint": self.data.fingerprint(), "fingerprint_format": 2,
+                "planned_steps": self.planned_steps}
 
     def _trainer_state(self) -> dict:
         """Optimizer and random-number state (every rank's: dropout differs per rank)."""
@@ -133,6 +158,7 @@ class Trainer:
         self.step, self.best, self.bad_evals = state["step"], state["best"], state["bad_evals"]
         self.skipped = state.get("skipped_steps", 0)
         self.elapsed = state.get("elapsed", 0.0)
+        self.planned_steps = state.get("planned_steps")
         self._trim_metrics(self.step)
 
     def _trim_metrics(self, step: int) -> None:
@@ -258,11 +284,9 @@ class Trainer:
         """Train to ``max_steps`` (or early stop, or the time budget); returns the last
         evaluation. Raises :class:`Stopped` after saving when asked to stop."""
         t = self.cfg.train
-        interactive = sys.stderr.isatty()
-        bar = tqdm(total=t.max_steps, initial=self.step, disable=not self.progress,
-                   unit="step", dynamic_ncols=True,
-                   desc=f"train ({t.max_minutes:g}-minute budget)" if t.max_minutes else "train",
-                   mininterval=0.5 if interactive else 30.0)
+        bar = Progress(max_steps=t.max_steps, budget_s=t.max_minutes * 60,
+                       start_step=self.step, start_elapsed=self.elapsed,
+                       bar=self.progress, lines=self.dist.is_main)
         tokens, clock = 0, time.perf_counter()
         started = self._fit_start = clock
         last_eval: dict = {}
@@ -273,7 +297,7 @@ class Trainer:
                 lr = self.lr_at(self.step)  # the rate this step uses
                 loss, n = self.train_step()
                 tokens += n
-                bar.update(1)
+                bar.update(self.step, self.elapsed + time.perf_counter() - started)
                 out_of_time, stop = self._should_stop(started)
                 is_eval = (self.step % t.eval_every == 0 or self.step == t.max_steps
                            or out_of_time) and not stop
@@ -285,9 +309,11 @@ class Trainer:
                     if self.skipped:
                         line["skipped_steps"] = self.skipped
                     tokens, clock = 0, time.perf_counter()
-                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}",
-                                    tok_s=f"{line['tokens_per_s']:.0f}",
-                                    refresh=interactive)  # a log file gets a line per 30 s
+                    self.replan(line["elapsed"])
+                    if self.planned_steps:
+                        line["schedule_steps"] = self.planned_steps
+                    bar.update(self.step, line["elapsed"], loss=f"{loss:.4f}", lr=f"{lr:.2e}",
+                               tok_s=f"{line['tokens_per_s']:.0f}")
                     if is_eval:
                         done = self._eval_step(line) or out_of_time
                         last_eval = {k: v for k, v in line.items() if k.startswith("valid")

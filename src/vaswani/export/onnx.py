@@ -1,0 +1,214 @@
+"""ONNX: each family's forward pass as ONNX graphs with dynamic batch and length, exported with
+``torch.onnx`` and checked with ONNX Runtime against vaswani on the export's own sample before
+the folder is written.
+
+    encoder (classifier)   model.onnx    input_ids, attention_mask -> logits (B, C)
+                                         (hidden states (B, S, D) for a run without a head)
+    decoder (LM)           model.onnx    input_ids, attention_mask -> logits (B, T, V)
+    encoder-decoder        encoder.onnx  input_ids, attention_mask -> memory (B, S, D)
+                           decoder.onnx  decoder_input_ids, memory, attention_mask
+                                         -> logits (B, T, V), teacher-forced
+
+The translator's decoder is the whole teacher-forced pass (no KV cache): exact, and enough for
+scoring and for greedy or beam search that re-runs the prefix (:class:`Translator`). Masks are
+booleans, True = real token, as everywhere in vaswani. The folder also holds
+``onnx_export.json``: the inputs and outputs, and the largest difference measured against
+vaswani at export time.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from . import refuse
+
+TOLERANCE = 1e-4  # the largest |ONNX Runtime - vaswani| accepted at export time (fp32)
+
+
+class _Classifier(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        if self.model.head is None:
+            return self.model.encode(input_ids, mask=attention_mask)
+        return self.model(input_ids, mask=attention_mask)
+
+
+class _LanguageModel(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.model(input_ids, mask=attention_mask)
+
+
+class _Encoder(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.model.encode(input_ids, src_mask=attention_mask)
+
+
+class _Decoder(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, decoder_input_ids: Tensor, memory: Tensor,
+                attention_mask: Tensor) -> Tensor:
+        return self.model.decode(decoder_input_ids, memory, src_mask=attention_mask)
+
+
+def check(config) -> None:
+    if config.positional == "rope" and config.arch == "encoder-decoder":
+        raise refuse("onnx", "positional", config.positional, "vaswani builds no rotary "
+                     "translator")  # (the config validation refuses it first, kept for clarity)
+
+
+def _sample(run, length: int = 7, batch: int = 2) -> tuple[Tensor, Tensor]:
+    """A padded sample batch: the second row shorter than the first."""
+    pad = run.config.model.pad_id
+    low = 4 if run.config.model.vocab_size > 8 else 0
+    ids = torch.randint(low, run.config.model.vocab_size, (batch, length),
+                        generator=torch.Generator().manual_seed(0))
+    ids[1:, length - 2:] = pad
+    return ids, ids != pad
+
+
+def _export(module: nn.Module, args: tuple, path: Path, names: list[str], outputs: list[str],
+            axes: dict) -> None:
+    import warnings
+
+    with warnings.catch_warnings():  # the tracer's notes on Python-side checks it records
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, str(path), input_names=names, output_names=outputs,
+                          dynamic_axes=axes, opset_version=17, dynamo=False)
+
+
+def _run(path: Path, feeds: dict[str, Tensor]) -> list:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {k: v.numpy() for k, v in feeds.items()})
+
+
+def write(run, out: Path) -> None:
+    """Export ``run``'s forward pass(es) to ``out`` and check them with ONNX Runtime."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        raise ImportError("the onnx format needs onnx and onnxruntime: pip install "
+                          "'vaswani[export]'") from None
+    c = run.config.model
+    check(c)
+    model = run.model.float().eval().cpu()
+    out.mkdir(parents=True)
+    ids, keep = _sample(run)
+    seq = {0: "batch", 1: "length"}
+    worst = 0.0
+    with torch.no_grad():
+        if c.arch == "encoder-decoder":
+            bos = (run.target_tokenizer or run.source_tokenizer).bos_id
+            tgt = torch.cat([torch.full((ids.size(0), 1), bos), ids[:, :4]], 1)
+            tgt[1:, 3:] = c.pad_id
+            _export(_Encoder(model), (ids, keep), out / "encoder.onnx",
+                    ["input_ids", "attention_mask"], ["memory"],
+                    {"input_ids": seq, "attention_mask": seq, "memory": seq})
+            memory = model.encode(ids, src_mask=keep)
+            _export(_Decoder(model), (tgt, memory, keep), out / "decoder.onnx",
+                    ["decoder_input_ids", "memory", "attention_mask"], ["logits"],
+                    {"decoder_input_ids": {0: "batch", 1: "target_length"},
+                     "memory": seq, "attention_mask": seq,
+                     "logits": {0: "batch", 1: "target_length"}})
+            got = _run(out / "encoder.onnx", {"input_ids": ids, "attention_mask": keep})[0]
+            worst = max(worst, float((torch.from_numpy(got) - memory)[keep].abs().max()))
+            logits = model.decode(tgt, memory, src_mask=keep)
+            got = _run(out / "decoder.onnx", {"decoder_input_ids": tgt, "memory": memory,
+                                              "attention_mask": keep})[0]
+            real = tgt != c.pad_id
+            worst = max(worst, float((torch.from_numpy(got) - logits)[real].abs().max()))
+            files = {"encoder.onnx": "input_ids, attention_mask -> memory",
+                     "decoder.onnx": "decoder_input_ids, memory, attention_mask -> logits"}
+        else:
+            wrapper = _Classifier(model) if c.arch == "encoder" else _LanguageModel(model)
+            output = "logits" if c.arch == "decoder" or model.head is not None else "hidden"
+            axes = {"input_ids": seq, "attention_mask": seq}
+            axes[output] = {0: "batch"} if output == "logits" and c.arch == "encoder" else seq
+            _export(wrapper, (ids, keep), out / "model.onnx", ["input_ids", "attention_mask"],
+                    [output], axes)
+            expected = wrapper(ids, keep)
+            got = torch.from_numpy(_run(out / "model.onnx",
+                                        {"input_ids": ids, "attention_mask": keep})[0])
+            diff = (got - expected).abs()
+            worst = float(diff.max() if diff.dim() == 2 and c.arch == "encoder"
+                          else diff[keep].max())
+            files = {"model.onnx": f"input_ids, attention_mask -> {output}"}
+    if not worst <= TOLERANCE:
+        raise RuntimeError(f"onnx export: ONNX Runtime differs from vaswani by {worst:.2e} "
+                           f"(> {TOLERANCE:g}) on the check batch; the export is not exact")
+    (out / "onnx_export.json").write_text(json.dumps(
+        {"arch": c.arch, "files": files, "masks": "bool, True = real token",
+         "max_abs_difference": worst, "opset": 17}, indent=2) + "\n")
+
+
+class Translator:
+    """Greedy translation with an ONNX export of an encoder-decoder run and ONNX Runtime,
+    with the run's tokenizer (kept under ``vaswani/`` in the export)."""
+
+    def __init__(self, folder: str | Path) -> None:
+        import onnxruntime
+
+        from .. import rundir
+
+        folder = Path(folder)
+        source = folder / "vaswani"
+        self.config = rundir.read_config(source)
+        self.source, self.target, _ = rundir.read_tokenizers(source)
+        self.target = self.target or self.source
+        opts = onnxruntime.SessionOptions()
+        self.encoder = onnxruntime.InferenceSession(str(folder / "encoder.onnx"), opts,
+                                                    providers=["CPUExecutionProvider"])
+        self.decoder = onnxruntime.InferenceSession(str(folder / "decoder.onnx"), opts,
+                                                    providers=["CPUExecutionProvider"])
+
+    def translate(self, texts: list[str], max_len: int = 0) -> list[str]:
+        import numpy as np
+
+        c, d = self.config.model, self.config.decode
+        rows = [self.source.encode(t)[: c.max_len - 1] + [self.source.eos_id] for t in texts]
+        width = max(map(len, rows))
+        ids = np.full((len(rows), width), c.pad_id, dtype=np.int64)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = r
+        keep = ids != c.pad_id
+        memory = self.encoder.run(None, {"input_ids": ids, "attention_mask": keep})[0]
+        limit = [min(c.max_len - 1, max_len or int(d.max_len_a * len(r) + d.max_len_b))
+                 for r in rows]
+        out = np.full((len(rows), 1), self.target.bos_id, dtype=np.int64)
+        done = np.zeros(len(rows), dtype=bool)
+        for step in range(max(limit)):
+            logits = self.decoder.run(None, {"decoder_input_ids": out, "memory": memory,
+                                             "attention_mask": keep})[0][:, -1]
+            logits[:, [c.pad_id, self.target.bos_id]] = -np.inf
+            nxt = logits.argmax(-1)
+            nxt[done] = c.pad_id
+            nxt[~done & (step >= np.array(limit))] = self.target.eos_id
+            done |= nxt == self.target.eos_id
+            out = np.concatenate([out, nxt[:, None]], 1)
+            if done.all():
+                break
+        texts_out = []
+        for row in out[:, 1:].tolist():
+            end = row.index(self.target.eos_id) if self.target.eos_id in row else len(row)
+            texts_out.append(self.target.decode(row[:end]))
+        return texts_out

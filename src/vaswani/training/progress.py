@@ -1,0 +1,82 @@
+"""What a person watching training sees: a progress bar against what ends the run, or, with
+``--no-progress`` (or on rank > 0 never), a plain line every so often.
+
+With a time budget (``[train] max_minutes``) the bar fills with the budget's seconds and its
+ETA is the time left; with steps only it fills with steps. Either way the postfix shows the
+step, the loss, the learning rate and tokens/s.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from tqdm import tqdm
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+class Progress:
+    """``update(step, elapsed, **stats)`` after every step; ``close()`` at the end.
+
+    ``bar``: draw a tqdm bar (interactive use); otherwise, if ``lines``, print one line every
+    ``every`` seconds (logs, ``--no-progress``)."""
+
+    def __init__(self, *, max_steps: int, budget_s: float, start_step: int, start_elapsed: float,
+                 bar: bool, lines: bool, every: float = 60.0, stream=None) -> None:
+        self.max_steps, self.budget = max_steps, budget_s
+        self.lines, self.every = lines and not bar, every
+        self.stream = stream or sys.stderr
+        self._last_line = time.perf_counter()
+        self._start = (start_step, start_elapsed)
+        interactive = self.stream.isatty() if hasattr(self.stream, "isatty") else False
+        if budget_s:
+            self.bar = tqdm(total=round(budget_s), initial=min(round(start_elapsed),
+                                                                round(budget_s)),
+                            disable=not bar, unit="s", dynamic_ncols=True, file=self.stream,
+                            desc=f"train ({budget_s / 60:g}-minute budget)",
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} elapsed, "
+                                       "{remaining} left{postfix}",
+                            mininterval=0.5 if interactive else 30.0)
+        else:
+            self.bar = tqdm(total=max_steps, initial=start_step, disable=not bar, unit="step",
+                            dynamic_ncols=True, desc="train", file=self.stream,
+                            mininterval=0.5 if interactive else 30.0)
+        self._interactive = interactive
+
+    def update(self, step: int, elapsed: float, **stats) -> None:
+        """``elapsed``: training seconds so far (earlier processes of a resumed run included)."""
+        if self.budget:
+            self.bar.update(min(round(elapsed), round(self.budget)) - self.bar.n)
+        else:
+            self.bar.update(step - self.bar.n)
+        if stats:
+            shown = {"step": f"{step}" if self.budget else None, **stats}
+            self.bar.set_postfix({k: v for k, v in shown.items() if v is not None},
+                                 refresh=self._interactive)
+        if self.lines and stats and time.perf_counter() - self._last_line >= self.every:
+            self._last_line = time.perf_counter()
+            print(self.line(step, elapsed, **stats), file=self.stream, flush=True)
+
+    def eta(self, step: int, elapsed: float) -> float:
+        """Seconds left: to the budget's end, or to max_steps at this process's speed."""
+        done_steps, done_s = step - self._start[0], elapsed - self._start[1]
+        by_steps = (self.max_steps - step) * done_s / done_steps if done_steps > 0 else float("inf")
+        if self.budget:
+            return min(max(0.0, self.budget - elapsed), by_steps)
+        return by_steps
+
+    def line(self, step: int, elapsed: float, **stats) -> str:
+        left = self.eta(step, elapsed)
+        where = (f"{elapsed / 60:.1f} of {self.budget / 60:g} min, step {step}" if self.budget
+                 else f"step {step}/{self.max_steps} ({100 * step / self.max_steps:.0f}%)")
+        extra = "".join(f", {k} {v}" for k, v in stats.items())
+        eta = "?" if left == float("inf") else _clock(left)
+        return f"vaswani train: {where}{extra}, {_clock(elapsed)} elapsed, ETA {eta}"
+
+    def close(self) -> None:
+        self.bar.close()
