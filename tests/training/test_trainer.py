@@ -144,11 +144,24 @@ def run_losses(tmp_path, name, **train_options):
     return losses(tmp_path / name)
 
 
-def test_bf16_autocast_tracks_fp32(tmp_path):
+def test_bf16_autocast_tracks_fp32(tmp_path, monkeypatch):
+    monkeypatch.setattr("vaswani.devices.bf16_is_fast", lambda device: True)  # even emulated
     fp32 = run_losses(tmp_path, "fp32")
     bf16 = run_losses(tmp_path, "bf16", bf16=True)
+    assert "bf16 = true" in (tmp_path / "bf16/config.toml").read_text()
     for step in fp32:
         assert bf16[step] == pytest.approx(fp32[step], rel=0.02)
+    assert any(bf16[step] != fp32[step] for step in fp32)  # bf16 did run
+
+
+def test_bf16_without_native_support_trains_in_fp32_and_says_so(tmp_path, monkeypatch,
+                                                                 capsys):
+    monkeypatch.setattr("vaswani.devices.bf16_is_fast", lambda device: False)
+    fp32 = run_losses(tmp_path, "fp32")
+    asked = run_losses(tmp_path, "asked", bf16=True)
+    assert "has no native bfloat16" in capsys.readouterr().err
+    assert "bf16 = false" in (tmp_path / "asked/config.toml").read_text()
+    assert asked == fp32
 
 
 def test_compiled_training_matches_eager(tmp_path):

@@ -73,6 +73,7 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
     task = task_for(cfg)
     task.check_training_config()
     device = resolve_device(cfg.train.device, launch.local_rank)
+    cfg = _native_precision(cfg, device, launch.rank)
     dist = init(launch.rank, launch.world, launch.local_rank, device)
     created = not run_dir.exists()
     try:
@@ -108,6 +109,22 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
             return summary
     finally:
         shutdown(dist)
+
+
+def _native_precision(cfg: RunConfig, device: torch.device, rank: int) -> RunConfig:
+    """``[train] bf16`` where the device has no native bf16 (an AVX2 CPU): PyTorch would
+    emulate it, tens of times slower than float32, so the run trains in float32 and says so
+    (config.toml records bf16 = false)."""
+    from ..devices import bf16_is_fast
+
+    if not cfg.train.bf16 or bf16_is_fast(device):
+        return cfg
+    if rank == 0:
+        print(f"vaswani train: [train] bf16 = true, but this {device.type.upper()} has no native "
+              "bfloat16 (AVX512-BF16 or AMX on a CPU), where it would run tens of times slower "
+              "than float32: training in float32 (--set train.bf16=false says so quietly)",
+              file=sys.stderr, flush=True)
+    return RunConfig(cfg.model, cfg.data, cfg.train.replace(bf16=False), cfg.decode)
 
 
 def _resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
