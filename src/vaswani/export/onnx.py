@@ -29,43 +29,32 @@ from . import refuse
 TOLERANCE = 1e-4  # the largest |ONNX Runtime - vaswani| accepted at export time (fp32)
 
 
-class _Classifier(nn.Module):
-    def __init__(self, model):
+class _Graph(nn.Module):
+    """One exported graph: ``fn(model, *inputs)`` as a module (what the exporter traces)."""
+
+    def __init__(self, model, fn):
         super().__init__()
-        self.model = model
+        self.model, self.fn = model, fn
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        if self.model.head is None:
-            return self.model.encode(input_ids, mask=attention_mask)
-        return self.model(input_ids, mask=attention_mask)
+    def forward(self, *inputs: Tensor) -> Tensor:
+        return self.fn(self.model, *inputs)
 
 
-class _LanguageModel(nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.model(input_ids, mask=attention_mask)
+def _classify(model, ids: Tensor, keep: Tensor) -> Tensor:
+    """Class logits; a run without a head gives its hidden states."""
+    return model.encode(ids, mask=keep) if model.head is None else model(ids, mask=keep)
 
 
-class _Encoder(nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.model.encode(input_ids, src_mask=attention_mask)
+def _lm(model, ids: Tensor, keep: Tensor) -> Tensor:
+    return model(ids, mask=keep)
 
 
-class _Decoder(nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
+def _encode(model, ids: Tensor, keep: Tensor) -> Tensor:
+    return model.encode(ids, src_mask=keep)
 
-    def forward(self, decoder_input_ids: Tensor, memory: Tensor,
-                attention_mask: Tensor) -> Tensor:
-        return self.model.decode(decoder_input_ids, memory, src_mask=attention_mask)
+
+def _decode(model, tgt: Tensor, memory: Tensor, keep: Tensor) -> Tensor:
+    return model.decode(tgt, memory, src_mask=keep)
 
 
 def check(config) -> None:
@@ -121,11 +110,11 @@ def write(run, out: Path) -> None:
             bos = (run.target_tokenizer or run.source_tokenizer).bos_id
             tgt = torch.cat([torch.full((ids.size(0), 1), bos), ids[:, :4]], 1)
             tgt[1:, 3:] = c.pad_id
-            _export(_Encoder(model), (ids, keep), out / "encoder.onnx",
+            _export(_Graph(model, _encode), (ids, keep), out / "encoder.onnx",
                     ["input_ids", "attention_mask"], ["memory"],
                     {"input_ids": seq, "attention_mask": seq, "memory": seq})
             memory = model.encode(ids, src_mask=keep)
-            _export(_Decoder(model), (tgt, memory, keep), out / "decoder.onnx",
+            _export(_Graph(model, _decode), (tgt, memory, keep), out / "decoder.onnx",
                     ["decoder_input_ids", "memory", "attention_mask"], ["logits"],
                     {"decoder_input_ids": {0: "batch", 1: "target_length"},
                      "memory": seq, "attention_mask": seq,
@@ -140,7 +129,7 @@ def write(run, out: Path) -> None:
             files = {"encoder.onnx": "input_ids, attention_mask -> memory",
                      "decoder.onnx": "decoder_input_ids, memory, attention_mask -> logits"}
         else:
-            wrapper = _Classifier(model) if c.arch == "encoder" else _LanguageModel(model)
+            wrapper = _Graph(model, _classify if c.arch == "encoder" else _lm)
             output = "logits" if c.arch == "decoder" or model.head is not None else "hidden"
             axes = {"input_ids": seq, "attention_mask": seq}
             axes[output] = {0: "batch"} if output == "logits" and c.arch == "encoder" else seq
