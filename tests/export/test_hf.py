@@ -143,3 +143,30 @@ def test_quantize_is_refused_outside_ct2(exported, tmp_path, capsys):
                  "--quantize", "int8"]) == 2
     assert "--quantize int8 is for --format ct2" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_an_imported_bert_goes_back_to_the_same_weights(tmp_path):
+    """Import (HF -> vaswani) then export (vaswani -> HF) gives back the original BERT: every
+    tensor equal, the same hidden states, the same tokenizer template ([CLS] ... [SEP])."""
+    from safetensors.torch import load_file
+
+    from tests.reliability.checkpoints import bert_folder
+    from vaswani.pretrained.importer import import_bert
+
+    original = bert_folder(tmp_path / "bert")
+    run_dir = import_bert(str(original), tmp_path / "run", tmp_path / "cache")
+    export(run_dir, "hf", tmp_path / "back")
+    before = load_file(str(original / "model.safetensors"))
+    after = load_file(str(tmp_path / "back/model.safetensors"))
+    shared = [k for k in before if not k.startswith("pooler.")]
+    assert sorted(shared) == sorted(after)
+    for name in shared:
+        assert torch.equal(before[name], after[name]), name
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")
+    assert tok("abc")["input_ids"] == [2, 4, 5, 6, 3]
+    model = transformers.AutoModel.from_pretrained(tmp_path / "back").eval()
+    reference = transformers.BertModel.from_pretrained(original).eval()
+    ids = torch.tensor([tok("hello world")["input_ids"]])
+    with torch.no_grad():
+        assert torch.allclose(model(ids).last_hidden_state, reference(ids).last_hidden_state,
+                              atol=1e-6)
