@@ -122,3 +122,11 @@ def test_a_refused_export_leaves_out_as_it_was(small_runs, tmp_path, capsys):
     assert main(["export", str(small_runs["decoder"][0]), "--format", "ct2", "--out",
                  str(out)]) == 2
     assert "not empty; pass --overwrite" in capsys.readouterr().err
+
+
+def test_output_length_is_capped_at_max_len_like_vaswanis(copy_export):
+    """A source near max_len: the length rule (max_len_a * source + max_len_b) would pass the
+    position table; both engines stop at max_len instead of failing."""
+    run, engine = copy_export
+    long = ["abcdefghij" * 3, "jihgfedcba" * 2]
+    assert engine.translate(long, beam=4) == run.translate(long, beam=4)

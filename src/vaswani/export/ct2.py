@@ -248,7 +248,9 @@ class Engine:
                 [[self.source_tokens[i] for i in x] for x in batch], beam_size=beam,
                 num_hypotheses=n_best, return_scores=True,
                 length_penalty=d.length_penalty if length_penalty is None else length_penalty,
-                max_decoding_length=int(d.max_len_a * max(map(len, batch)) + d.max_len_b),
+                # capped like vaswani's own search: past max_len there are no positions
+                max_decoding_length=min(int(d.max_len_a * max(map(len, batch)) + d.max_len_b),
+                                        self.config.model.max_len - 1),
                 repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
                 min_decoding_length=min_length)
             for i, r in zip(chunk, out, strict=True):
