@@ -77,3 +77,23 @@ def test_language_model_and_classifier_graphs_match_vaswani(small_runs, tmp_path
     diff = np.abs(got - expected)
     assert (diff.max() if arch == "encoder" else diff[keep.numpy()].max()) < 1e-4
     assert (tmp_path / arch / "onnx_export.json").exists()
+
+
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder"])
+def test_rotary_positions_are_refused_by_name(tmp_path, arch):
+    """They do not trace exactly (ONNX Runtime differed by more than 1 when allowed)."""
+    from vaswani.config import ModelConfig, RunConfig
+    from vaswani.data.tokenizers import CharTokenizer
+    from vaswani.export import ExportError
+    from vaswani.export.onnx import write
+    from vaswani.inference import Run
+    from vaswani.models import build_model
+
+    tok = CharTokenizer("abcdefghij")
+    config = ModelConfig(arch=arch, vocab_size=tok.vocab_size, d_model=16, n_heads=2,
+                         d_ff=32, n_layers=1, positional="rope", norm_first=True)
+    run = Run(tmp_path, RunConfig.from_dict({"model": config.to_dict()}), build_model(config),
+              tok, None, [], torch.device("cpu"))
+    with pytest.raises(ExportError, match=r"\[model\] positional = 'rope' has no counterpart"):
+        write(run, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
