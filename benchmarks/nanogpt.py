@@ -172,14 +172,16 @@ def train_nanogpt(checkout: Path, work: Path, minutes: float, ms: float, ids: li
                   window: int, round_: int) -> dict:
     iters = max(1, int(minutes * 60_000 / ms))
     out_dir = f"out-round{round_}"
-    print(f"nanoGPT: {iters:,} iterations ({ms:.1f} ms each in calibration)", flush=True)
+    print(f"nanoGPT: {iters:,} iterations (planned at {ms:.1f} ms each)", flush=True)
     seconds, log = run_nanogpt(work, iters, out_dir, work / f"round{round_}.log")
     model, ckpt = load_nanogpt(checkout, work / out_dir / "ckpt.pt")
     score = nats_per_char(nanogpt_logits(model), ids, window)
     params = sum(p.numel() for p in model.parameters())
     train_s = sum(float(ms) for _, ms in ITER_TIME.findall(log)) / 1000
     return {"wall_s": round(seconds, 1), "train_s": round(train_s, 1),
-            "steps": int(ckpt["iter_num"]), "characters_seen": int(ckpt["iter_num"]) * 12 * 64,
+            "steps": int(ckpt["iter_num"]),
+            "characters_seen": int(ckpt["iter_num"]) * ckpt["config"]["batch_size"]
+            * ckpt["config"]["block_size"],
             "parameters": params,
             "eval": score, "nanogpt_own_val_loss": float(ckpt["best_val_loss"])}
 
@@ -187,6 +189,7 @@ def train_nanogpt(checkout: Path, work: Path, minutes: float, ms: float, ids: li
 def train_vaswani(work: Path, minutes: float, sets: list[str], ids: list[int], window: int,
                   valid_path: Path, round_: int) -> dict:
     import vaswani
+    from vaswani import rundir
     run_dir = work / f"vaswani-round{round_}"
     cmd = [sys.executable, "-m", "vaswani", "train", "configs/shakespeare-char.toml",
            "--out", str(run_dir), "--overwrite", "--no-progress",
@@ -203,8 +206,7 @@ def train_vaswani(work: Path, minutes: float, sets: list[str], ids: list[int], w
     score = nats_per_char(vaswani_logits(run.model), ids, window)
     own = run.evaluate([str(valid_path)])  # = vaswani evaluate RUN --split valid
     d = run.config.data
-    metrics = (run_dir / "metrics.jsonl").read_text().splitlines()
-    train_s = max(json.loads(line).get("elapsed", 0) for line in metrics)
+    train_s = max(m.get("elapsed", 0) for m in rundir.read_metrics(run_dir / rundir.METRICS))
     return {"wall_s": round(seconds, 1), "train_s": train_s,
             "steps": int(summary["steps"]),
             "characters_seen": int(summary["steps"]) * d.batch_size * d.block_size,
