@@ -134,11 +134,15 @@ def _data_clean(args: argparse.Namespace) -> int:
 
 
 def _data_prepare(args: argparse.Namespace) -> int:
-    from .data.prepare import prepare
+    from .data.prepare import is_prepared, lookup, prepare
 
-    out = prepare(args.name, cache_dir(args), Path(args.out) if args.out else None)
+    out = Path(args.out) if args.out else cache_dir(args) / "datasets" / args.name
+    done = not args.force and is_prepared(lookup(args.name), out)
+    if not done:
+        prepare(args.name, cache_dir(args), out, force=True)
     manifest = json.loads((out / "manifest.json").read_text())
-    print(f"prepared {args.name} in {out}: {json.dumps(manifest['counts'])}")
+    what = "already prepared (--force to redo)" if done else "prepared"
+    print(f"{what} {args.name} in {out}: {json.dumps(manifest['counts'])}")
     return 0
 
 
@@ -423,6 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "list`).")
     q.add_argument("name", metavar="NAME")
     q.add_argument("--out", metavar="DIR", help="where to write (default CACHE/datasets/NAME)")
+    q.add_argument("--force", action="store_true",
+                   help="prepare again even if DIR already holds it, intact")
     q.set_defaults(func=_data_prepare)
     q = data_sub.add_parser(
         "encode", help="read, tokenise and encode a config's data now (train does it on first "

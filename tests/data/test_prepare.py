@@ -90,3 +90,25 @@ def test_download_failure_says_what_to_do(tmp_path):
 def test_unknown_dataset_names_the_known_ones(tmp_path):
     with pytest.raises(ValueError, match="unknown dataset 'bibel'.*bible-en-es"):
         prep.prepare("bibel", tmp_path)
+
+
+def test_an_intact_prepared_dataset_is_left_alone_and_a_damaged_one_redone(fake_cache):
+    out = prep.prepare("bible-en-es", fake_cache, download=no_network)
+    train = out / "train.tsv"
+    stamp = train.stat().st_mtime_ns
+    assert prep.is_prepared(prep.lookup("bible-en-es"), out)
+    assert prep.prepare("bible-en-es", fake_cache, download=no_network) == out
+    assert train.stat().st_mtime_ns == stamp  # not rewritten: encoded copies stay valid
+
+    prep.prepare("bible-en-es", fake_cache, download=no_network, force=True)
+    assert train.stat().st_mtime_ns != stamp
+
+    train.write_text("damaged\tdañado\n")
+    assert not prep.is_prepared(prep.lookup("bible-en-es"), out)
+    prep.prepare("bible-en-es", fake_cache, download=no_network)
+    assert len(train.read_text().splitlines()) == 12
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["converter_version"] = prep.CONVERTER_VERSION - 1  # made by older converters
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert not prep.is_prepared(prep.lookup("bible-en-es"), out)

