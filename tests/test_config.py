@@ -103,7 +103,8 @@ def test_literal_values_are_checked_after_set():
         RunConfig.from_dict(apply_overrides({}, ["train.schedule=linear"]))
 
 
-@pytest.mark.parametrize("name", ["copy-task", "bible-en-es", "shakespeare-char", "bbc-news"])
+@pytest.mark.parametrize("name", [
+    "copy-task", "bible-en-es", "bible-en-es-demo", "shakespeare-char", "bbc-news"])
 def test_presets_load_and_build(name):
     from pathlib import Path
 
