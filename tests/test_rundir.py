@@ -7,32 +7,32 @@ import torch
 from safetensors.torch import load_file
 from torch.testing import assert_close
 
-from vaswani import rundir
+from vaswani import atomic, checkpoint, rundir
 
 
 def test_a_kill_between_renames_leaves_a_loadable_checkpoint(tmp_path):
     model = torch.nn.Linear(3, 2)
-    rundir.save_last(tmp_path, model, {"x": torch.ones(1)}, {"step": 1})
+    checkpoint.save_last(tmp_path, model, {"x": torch.ones(1)}, {"step": 1})
     # Simulate a kill after `last` was moved aside and before `last.tmp` took its place.
     os.replace(tmp_path / "last", tmp_path / "last.old")
-    assert rundir.find_last(tmp_path) == tmp_path / "last.old"
-    rundir.save_last(tmp_path, model, {"x": torch.ones(1)}, {"step": 2})
+    assert checkpoint.find_last(tmp_path) == tmp_path / "last.old"
+    checkpoint.save_last(tmp_path, model, {"x": torch.ones(1)}, {"step": 2})
     (tmp_path / "last.tmp").mkdir()  # an incomplete write is never chosen
-    assert rundir.find_last(tmp_path) == tmp_path / "last"
-    _, state = rundir.load_last(tmp_path, model)
+    assert checkpoint.find_last(tmp_path) == tmp_path / "last"
+    _, state = checkpoint.load_last(tmp_path, model)
     assert state["step"] == 2
 
 
 def test_a_failed_write_keeps_the_previous_file(tmp_path):
     path = tmp_path / "f.json"
-    rundir.atomic_write_text(path, "old")
+    atomic.atomic_write_text(path, "old")
 
     def explode(tmp):
         tmp.write_text("half")
         raise OSError("disk full")
 
     with pytest.raises(OSError):
-        rundir.atomic_write(path, explode)
+        atomic.atomic_write(path, explode)
     assert path.read_text() == "old"
 
 
@@ -41,16 +41,16 @@ def test_tied_and_compiled_names_load_back(tmp_path):
 
     model = build_model(ModelConfig(arch="decoder", vocab_size=11, d_model=8, n_heads=2,
                                     d_ff=16, n_layers=1))
-    rundir.save_weights(model, tmp_path / "m.safetensors")
+    checkpoint.save_weights(model, tmp_path / "m.safetensors")
     stored = load_file(str(tmp_path / "m.safetensors"))
     assert "output_proj.weight" not in stored  # tied to embed.token.weight, stored once
     other = build_model(model.config)
-    rundir.load_weights(other, tmp_path / "m.safetensors")
+    checkpoint.load_weights(other, tmp_path / "m.safetensors")
     assert other.output_proj.weight is other.embed.token.weight
     assert_close(other.output_proj.weight, model.output_proj.weight)
     from safetensors.torch import save_file
     save_file({f"_orig_mod.{k}": v for k, v in stored.items()}, str(tmp_path / "c.safetensors"))
-    rundir.load_weights(build_model(model.config), tmp_path / "c.safetensors")
+    checkpoint.load_weights(build_model(model.config), tmp_path / "c.safetensors")
 
 
 # --- checkpoint averaging --------------------------------------------------------------------
@@ -68,7 +68,7 @@ def test_the_average_of_identical_checkpoints_is_the_checkpoint(tmp_path):
     tensors = {"w": torch.randn(7, 5), "b": torch.randn(5) * 1e-3, "h": torch.randn(3).half()}
     for step in (100, 200, 300):
         _checkpoint(tmp_path, step, tensors)
-    path, used = rundir.write_average(tmp_path)
+    path, used = checkpoint.write_average(tmp_path)
     assert len(used) == 3
     averaged = load_file(str(path))
     for name, t in tensors.items():
@@ -81,28 +81,28 @@ def test_averaging_is_exact_arithmetic_on_the_saved_tensors(tmp_path):
     saved = [{"w": torch.randn(4, 6), "b": torch.randn(6)} for _ in range(4)]
     for step, tensors in zip((10, 20, 30, 40), saved, strict=True):
         _checkpoint(tmp_path, step, tensors)
-    path, used = rundir.write_average(tmp_path, last=3)  # the newest three: 20, 30, 40
+    path, used = checkpoint.write_average(tmp_path, last=3)  # the newest three: 20, 30, 40
     assert [p.stem for p in used] == ["step-000020", "step-000030", "step-000040"]
-    averaged = rundir.read_weights(path)  # its checksum holds
+    averaged = checkpoint.read_weights(path)  # its checksum holds
     for name in ("w", "b"):
         exact = sum(s[name].double() for s in saved[1:]) / 3
         assert torch.equal(averaged[name], exact.float())
     with pytest.raises(ValueError, match="holds only 4 checkpoints"):
-        rundir.write_average(tmp_path, last=5)
+        checkpoint.write_average(tmp_path, last=5)
 
 
 def test_averaging_refuses_checkpoints_of_different_models(tmp_path):
     _checkpoint(tmp_path, 1, {"w": torch.zeros(2, 2)})
     _checkpoint(tmp_path, 2, {"w": torch.zeros(3, 2)})
     with pytest.raises(ValueError, match=r"w has shape \(3, 2\)"):
-        rundir.write_average(tmp_path)
+        checkpoint.write_average(tmp_path)
     with pytest.raises(FileNotFoundError, match="keep_checkpoints"):
-        rundir.write_average(tmp_path / "elsewhere")
+        checkpoint.write_average(tmp_path / "elsewhere")
 
 
 def test_kept_checkpoints_are_bounded(tmp_path):
     model = torch.nn.Linear(3, 2)
     for step in range(1, 8):
-        rundir.save_checkpoint(tmp_path, model, step * 100, keep=3)
-    assert [p.stem for p in rundir.list_checkpoints(tmp_path)] == [
+        checkpoint.save_checkpoint(tmp_path, model, step * 100, keep=3)
+    assert [p.stem for p in checkpoint.list_checkpoints(tmp_path)] == [
         "step-000500", "step-000600", "step-000700"]

@@ -277,11 +277,11 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _average(args: argparse.Namespace) -> int:
-    from . import rundir
+    from . import checkpoint, rundir
 
     run_dir = Path(args.run_dir)
     rundir.read_config(run_dir)  # the clear "not a run directory" error
-    path, paths = rundir.write_average(run_dir, args.last)
+    path, paths = checkpoint.write_average(run_dir, args.last)
     print(f"vaswani average: {len(paths)} checkpoints ({paths[0].stem} .. {paths[-1].stem}) "
           f"-> {path}; use it with --weights averaged", file=sys.stderr)
     return 0
@@ -328,7 +328,7 @@ def _evaluate(args: argparse.Namespace) -> int:
                          "produces no outputs")
     result = run.evaluate(data, beam=args.beam, outputs=outputs)
     if outputs is not None:
-        from .rundir import atomic_write_text
+        from .atomic import atomic_write_text
 
         atomic_write_text(Path(args.save_outputs), "".join(f"{o}\n" for o in outputs))
         result["outputs"] = args.save_outputs

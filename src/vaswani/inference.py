@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from . import rundir
+from . import checkpoint, rundir
 from .config import DecodeConfig, RunConfig
 from .data.tokenizers import Tokenizer
 from .devices import resolve_device
@@ -136,6 +136,6 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best") -> 
                              f"{tok.vocab_size} tokens but the model expects {expected}: "
                              "the tokenizer does not belong to this model")
     model = build_model(config.model)
-    rundir.load_weights(model, rundir.weights_path(run_dir, weights))
+    checkpoint.load_weights(model, checkpoint.weights_path(run_dir, weights))
     model.to(dev).eval()
     return Run(run_dir, config, model, source, target, labels, dev)

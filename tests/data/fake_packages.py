@@ -88,8 +88,8 @@ def pin(cache: Path, monkeypatch) -> Path:
     (what another process that shares the cache does)."""
     import dataclasses
 
+    from vaswani.atomic import file_sha256 as sha256_of
     from vaswani.data import prepare
-    from vaswani.data.registry import sha256_of
 
     for name in MAKERS:
         spec = prepare.DATASETS[name]

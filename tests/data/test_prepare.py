@@ -3,8 +3,9 @@ import json
 import pytest
 
 from tests.data.fake_packages import MAKERS, PLAY, install
+from vaswani.atomic import file_sha256 as sha256_of
 from vaswani.data import prepare as prep
-from vaswani.data.registry import FetchError, Package, fetch, sha256_of
+from vaswani.data.registry import FetchError, Package, fetch
 
 
 @pytest.fixture

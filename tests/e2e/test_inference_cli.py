@@ -175,7 +175,7 @@ def test_clear_errors_for_bad_run_directories(copy_run, tmp_path, capsys, monkey
 
 
 def test_average_command_and_averaged_weights(copy_run, tmp_path, capsys, monkeypatch):
-    from vaswani import rundir
+    from vaswani import checkpoint
 
     run = tmp_path / "run"
     shutil.copytree(copy_run[0], run)
@@ -186,7 +186,7 @@ def test_average_command_and_averaged_weights(copy_run, tmp_path, capsys, monkey
     assert "keep_checkpoints" in capsys.readouterr().err
     # two copies of the best weights: their average is the best weights, so translations agree
     for step in (100, 200):
-        rundir.save_checkpoint(run, vaswani.load(run).model, step, keep=5)
+        checkpoint.save_checkpoint(run, vaswani.load(run).model, step, keep=5)
     assert main(["average", str(run), "--last", "2"]) == 0
     assert "2 checkpoints (step-000100 .. step-000200)" in capsys.readouterr().err
     outputs = {}

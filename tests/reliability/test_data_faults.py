@@ -41,13 +41,13 @@ prepare.prepare("bible-en-es", cache)
 IMPORT_SLOWLY = r"""
 import sys, time
 from pathlib import Path
-from vaswani import rundir
+from vaswani import atomic, rundir
 from vaswani.cli import main
-atomic = rundir.atomic_write
+atomic = atomic.atomic_write
 def slow(path, write):
     atomic(path, write)
     time.sleep(0.3)
-rundir.atomic_write = slow
+atomic.atomic_write = slow
 print("started", flush=True)
 sys.exit(main(["import", "bert", sys.argv[1], "--out", sys.argv[2], "--cache", sys.argv[3]]))
 """

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.training.fixtures import config, reverse_task
-from vaswani import rundir
+from vaswani import atomic, checkpoint, rundir
 from vaswani.cli import main
 from vaswani.training.train import Launch, train
 
@@ -112,7 +112,7 @@ def test_kill_9_at_random_moments_always_leaves_a_resumable_run(setup, tmp_path)
         time.sleep(rng.uniform(0, 0.1))
         proc.kill()
         proc.wait()
-        rundir.find_last(run)  # a complete checkpoint exists
+        checkpoint.find_last(run)  # a complete checkpoint exists
         train(None, [], resume=str(run), launch=Launch(progress=False))
         assert_same_run(straight, run)
 
@@ -180,7 +180,7 @@ def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(setup, tmp_path,
 
 
 def test_the_disk_full_message_names_the_cause(tmp_path):
-    error = rundir.write_error(tmp_path / "x", OSError(errno.ENOSPC, "No space left on device"))
+    error = atomic.write_error(tmp_path / "x", OSError(errno.ENOSPC, "No space left on device"))
     assert "the disk is full" in str(error) and "intact" in str(error)
 
 

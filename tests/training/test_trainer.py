@@ -240,7 +240,7 @@ def test_an_optimizer_state_of_another_model_is_refused_not_loaded():
 
 
 def test_keep_checkpoints_writes_the_average_at_the_end(tmp_path):
-    from vaswani import load, rundir
+    from vaswani import checkpoint, load, rundir
 
     data = reverse_task(tmp_path / "pairs.tsv")
     cfg = config(tmp_path / "c.toml", "encoder-decoder", data,
@@ -248,7 +248,7 @@ def test_keep_checkpoints_writes_the_average_at_the_end(tmp_path):
     summary = train(str(cfg), [], out=str(tmp_path / "run"), launch=Launch(progress=False))
     run_dir = tmp_path / "run"
     assert "2 checkpoints" in summary["averaged"]
-    kept = rundir.list_checkpoints(run_dir)
+    kept = checkpoint.list_checkpoints(run_dir)
     assert [p.stem for p in kept] == ["step-000020", "step-000030"]
     a, b = (load_file(str(p)) for p in kept)
     averaged = load_file(str(run_dir / rundir.AVERAGED))

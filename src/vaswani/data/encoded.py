@@ -14,7 +14,7 @@ token ids ever sit in Python lists. Layout of one encoded dataset, ``CACHE/encod
     valid.raw.jsonl       the validation examples as read (for metrics that compare text)
 
 A dataset is built in a private temporary folder and renamed into place when complete, so an
-encoding cut short is never taken for a finished one (data/registry.py ``private_dir``).
+encoding cut short is never taken for a finished one (atomic.py ``building``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .registry import private_dir
+from ..atomic import building, file_sha256
 
 FORMAT = 1
 FLUSH_TOKENS = 1 << 20  # buffered token ids per field before a write
@@ -225,24 +225,17 @@ def lookup(directory: Path, inputs: dict[str, list[dict]]) -> dict | None:
 
 
 def build(directory: Path, write) -> dict:
-    """Run ``write(tmp_dir) -> manifest`` in a private folder beside ``directory`` and rename
-    it into place; returns the manifest."""
-    tmp = private_dir(directory.parent, directory.name)
-    try:
+    """Run ``write(tmp_dir) -> manifest`` in a private folder beside ``directory`` that is
+    renamed into place when complete (``manifest.json`` written last); returns the manifest."""
+    with building(directory) as tmp:
         manifest = write(tmp)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
-        shutil.rmtree(directory, ignore_errors=True)
-        os.replace(tmp, directory)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return manifest
 
 
 def sha256_files(stats: list[dict]) -> list[dict]:
     """The stats with each file's sha256 (for the manifest: provenance of the data)."""
-    from .registry import sha256_of
-
-    return [{**s, "sha256": sha256_of(Path(s["path"]))} for s in stats]
+    return [{**s, "sha256": file_sha256(Path(s["path"]))} for s in stats]
 
 
 def folder_size(path: Path) -> int:

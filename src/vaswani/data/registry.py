@@ -10,15 +10,15 @@ is kept under ``CACHE/packages/``. The cache is ``--cache DIR``, else ``$VASWANI
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..atomic import file_sha256, private_dir
 
 
 def default_cache() -> Path:
@@ -43,36 +43,6 @@ class Package:
     @property
     def spec(self) -> str:
         return f"{self.name}=={self.version}"
-
-
-def private_dir(parent: Path, prefix: str) -> Path:
-    """A new temporary folder ``parent/.PREFIX.PID.XXXX`` for building something that is
-    renamed into place when complete. Such folders left in ``parent`` by processes that died
-    (a kill -9) are removed first."""
-    parent.mkdir(parents=True, exist_ok=True)
-    for old in parent.glob(".*.*.*"):
-        pid = old.name.rsplit(".", 2)[1]
-        if old.is_dir() and pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f".{prefix}.{os.getpid()}.", dir=parent))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def pip_download(package: Package, directory: Path) -> None:
@@ -115,7 +85,7 @@ def fetch(package: Package, cache: Path, *, download=pip_download) -> Path:
             raise
         finally:
             shutil.rmtree(partial, ignore_errors=True)
-    digest = sha256_of(path)
+    digest = file_sha256(path)
     if digest != package.sha256:
         raise FetchError(f"{path} has sha256 {digest}, expected {package.sha256}: the file is "
                          "corrupt or not the published release. Delete it and run again.")

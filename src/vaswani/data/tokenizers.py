@@ -14,12 +14,13 @@ wraps their ``tokenizer.json`` and records which ids play pad/bos/eos/unk beside
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+
+from ..atomic import atomic_write_text, file_sha256
 
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
@@ -265,12 +266,8 @@ def save_tokenizers(directory: Path, source: Tokenizer, target: Tokenizer | None
             meta["target"] = {"kind": target.kind, "file": "target.json"}
             target.save(directory / "target.json")
     files = sorted(p.name for p in directory.iterdir() if p.name != "meta.json")
-    meta["sha256"] = {name: _sha256(directory / name) for name in files}
-    (directory / "meta.json").write_text(json.dumps(meta, indent=2))
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    meta["sha256"] = {name: file_sha256(directory / name) for name in files}
+    atomic_write_text(directory / "meta.json", json.dumps(meta, indent=2))
 
 
 def load_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer | None]:
@@ -287,7 +284,7 @@ def load_tokenizers(directory: Path) -> tuple[Tokenizer, Tokenizer | None]:
         path = directory / name
         if not path.exists():
             raise FileNotFoundError(f"{path} is missing (listed in {meta_path})")
-        if _sha256(path) != digest:
+        if file_sha256(path) != digest:
             raise ValueError(f"{path} is damaged: it does not match the checksum written with "
                              "it; restore the run's tokenizer/ folder")
     loaded: dict[str, Tokenizer] = {}

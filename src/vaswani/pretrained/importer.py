@@ -15,7 +15,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import rundir
+from .. import checkpoint, rundir
 from ..config import DecodeConfig, ModelConfig, RunConfig
 from ..data.registry import Package, fetch
 from ..data.tokenizers import PretrainedTokenizer
@@ -94,7 +94,7 @@ def _write_run(out: Path, config: ModelConfig, state: dict, tokenizer: Pretraine
                          f"{config.vocab_size}")
     with rundir.locked(out):
         rundir.start(out, overwrite)
-        rundir.save_weights(model, out / rundir.BEST, metadata={"imported_from": source})
+        checkpoint.save_weights(model, out / rundir.BEST, metadata={"imported_from": source})
         rundir.write_run(out, RunConfig(model=config, decode=decode), tokenizer, None, [],
                          header=f"# Imported by `vaswani import` from {source}\n",
                          chat_template=chat_template)

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .. import rundir
+from .. import atomic, checkpoint, rundir
 from ..config import RunConfig
 from ..evaluation.metrics import perplexity
 from ..models import build_model
@@ -87,7 +87,7 @@ class Trainer:
         if resume:
             self._restore()
         elif t.init_from:  # fine-tuning: pretrained body, freshly initialised head
-            rundir.load_weights(self.model, Path(t.init_from) / rundir.BEST, fresh=("head.",))
+            checkpoint.load_weights(self.model, Path(t.init_from) / rundir.BEST, fresh=("head.",))
         self.train_model: nn.Module = self.model
         if dist.enabled:
             ids = [device.index] if device.type == "cuda" else None
@@ -138,7 +138,7 @@ class Trainer:
         return state
 
     def _restore(self) -> None:
-        trainer_state, state = rundir.load_last(self.run_dir, self.model)
+        trainer_state, state = checkpoint.load_last(self.run_dir, self.model)
         recorded = state.get("data_fingerprint")
         same = recorded == self.data.fingerprint() or (  # runs saved before encoded datasets
             "fingerprint_format" not in state and recorded == self.data.legacy_fingerprint())
@@ -146,7 +146,7 @@ class Trainer:
             raise ValueError(f"the training data differs from the data {self.run_dir} was "
                              "trained on; resume with the same [data] files")
         check_optimizer_state(self.optimizer, trainer_state["optimizer"], self.model,
-                              rundir.find_last(self.run_dir))
+                              checkpoint.find_last(self.run_dir))
         self.optimizer.load_state_dict(trainer_state["optimizer"])
         ranks = trainer_state.get("rng_cpu_ranks") or [trainer_state["rng_cpu"]]
         if len(ranks) == self.dist.world:
@@ -167,12 +167,12 @@ class Trainer:
         path = self.run_dir / rundir.METRICS
         if self.dist.is_main and path.exists():
             rows = [r for r in rundir.read_metrics(path) if r["step"] <= step]
-            rundir.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+            atomic.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def save_last(self) -> None:
         if self.dist.is_main:
             self._require_finite_weights()
-            rundir.save_last(self.run_dir, self.model, self._trainer_state(), self._state())
+            checkpoint.save_last(self.run_dir, self.model, self._trainer_state(), self._state())
         else:
             self._trainer_state()  # the collective gathering every rank's RNG state
         self.dist.barrier()
@@ -325,7 +325,7 @@ class Trainer:
                 if self.step % t.save_every == 0 or done or stop or self.step == t.max_steps:
                     self.save_last()
                     if t.keep_checkpoints and self.dist.is_main:
-                        rundir.save_checkpoint(self.run_dir, self.model, self.step,
+                        checkpoint.save_checkpoint(self.run_dir, self.model, self.step,
                                                t.keep_checkpoints)
                 if stop:
                     raise Stopped(self.run_dir, self.step)
@@ -361,7 +361,7 @@ class Trainer:
                 if value is not None and self._improved(value):
                     self.best, self.bad_evals = value, 0
                     self._require_finite_weights()
-                    rundir.save_weights(self.model, self.run_dir / rundir.BEST)
+                    checkpoint.save_weights(self.model, self.run_dir / rundir.BEST)
                 else:
                     self.bad_evals += 1
                 if t.patience and self.bad_evals >= t.patience:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .. import rundir
+from .. import checkpoint, rundir
 from ..config import RunConfig, apply_overrides, load_run_config, load_toml
 from ..data.registry import default_cache
 from ..devices import resolve_device
@@ -98,7 +98,7 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
             if dist.is_main:
                 plot_loss(run_dir / rundir.METRICS, run_dir / rundir.LOSS_PLOT)
                 if cfg.train.keep_checkpoints:
-                    path, averaged = rundir.write_average(run_dir)
+                    path, averaged = checkpoint.write_average(run_dir)
                     summary["averaged"] = f"{path} ({len(averaged)} checkpoints)"
                 notes = data.report.summary()
                 if data.truncated:
@@ -181,7 +181,7 @@ def _start(task: Task, cfg: RunConfig, run_dir: Path, resume: str | None, overwr
     other ranks then read the tokenizer back and map the same encoded files."""
     show = progress and dist.is_main
     if resume:
-        rundir.find_last(run_dir)  # fail before reading data if there is nothing to resume
+        checkpoint.find_last(run_dir)  # fail before reading data if there is nothing to resume
         if dist.is_main:
             data = _data_from_run(task, run_dir, cache, show)
         dist.barrier()  # rank 0 encodes (if the cache lacks it); the others then map it

@@ -1,0 +1,119 @@
+"""Crash-safe writes: the one module through which vaswani writes a file or a folder that
+something later trusts (run directories, weights, tokenizers, datasets, encoded data,
+downloads, exports).
+
+The rule everywhere: nothing incomplete ever sits under its final name.
+
+* a file is written to ``NAME.tmp``, fsync'ed and renamed over ``NAME`` (:func:`atomic_write`);
+  a kill at any moment leaves the previous version readable, and a failed write (a full disk)
+  is a :class:`WriteError` that says so, with the previous version intact;
+* a folder is built in a private temporary folder beside its final place and renamed into
+  place when complete (:func:`building`); private folders left behind by processes that died
+  (a kill -9) are removed by the next one;
+* :func:`file_sha256` is the one checksum of a file's bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+
+class WriteError(OSError):
+    """A file could not be written; the previous version of it is intact."""
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """Call ``write(tmp_path)``, fsync the result and rename it to ``path``. If anything
+    fails, the temporary file is removed, ``path`` is untouched, and the error says why."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+    except Exception as e:  # OSError, and torch's and safetensors' own error types
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise write_error(path, e) from e
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def write_error(path: Path, cause: BaseException) -> WriteError:
+    """A one-line :class:`WriteError` for ``path``, saying when the disk is full."""
+    reason = str(cause).strip().splitlines()[0][:160] if str(cause).strip() else type(cause)
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = None
+    full = getattr(cause, "errno", None) == errno.ENOSPC or "space" in str(cause).lower() or (
+        free is not None and free < 1 << 20)
+    hint = (f"; the disk is full ({(free or 0) >> 20} MiB free)" if full else "")
+    return WriteError(f"could not write {path} ({reason}){hint}; the previous version of "
+                      "the file, if any, is intact")
+
+
+def private_dir(parent: Path, prefix: str) -> Path:
+    """A new temporary folder ``parent/.PREFIX.PID.XXXX`` for building something that is
+    renamed into place when complete. Such folders left in ``parent`` by processes that died
+    are removed first."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for old in parent.glob(".*.*.*"):
+        pid = old.name.rsplit(".", 2)[1]
+        if old.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f".{prefix}.{os.getpid()}.", dir=parent))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def building(final: Path) -> Iterator[Path]:
+    """Build a folder: yields a private folder beside ``final``; when the block ends without
+    an error it replaces ``final`` (renamed into place), otherwise it is removed and
+    ``final`` is left as it was."""
+    tmp = private_dir(final.parent, final.name)
+    try:
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

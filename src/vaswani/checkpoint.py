@@ -1,0 +1,252 @@
+"""Weights and checkpoints in a run directory (layout: rundir.py): safetensors with their own
+checksums, the ``last/`` state that resumes a run exactly, the kept checkpoints and their
+average.
+
+Damage is detected, not loaded: every weights file carries the sha256 of its tensors in its own
+header and ``last/state.json`` that of ``trainer.pt``; a mismatch (a bit flip, a partial copy)
+is an error naming the file. Nothing is unpickled: weights are safetensors, ``trainer.pt`` is
+read with ``torch.load(weights_only=True)``.
+
+``last/`` is replaced as a whole: the new state is written to ``last.tmp/`` and swapped in by
+two renames; :func:`find_last` also finds a complete ``last.tmp/`` or ``last.old/`` if a kill
+fell between them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .atomic import atomic_write, atomic_write_text, file_sha256, fsync_dir
+from .rundir import AVERAGED, BEST, CHECKPOINTS, COMPLETE, LAST
+
+WEIGHTS = ("best", "last", "averaged")
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside DDP and/or torch.compile wrappers."""
+    while True:
+        if hasattr(model, "module"):  # DistributedDataParallel
+            model = model.module
+        elif hasattr(model, "_orig_mod"):  # torch.compile
+            model = model._orig_mod
+        else:
+            return model
+
+
+def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """State dict with each shared (tied) tensor stored once, under its first name."""
+    seen: dict[int, str] = {}
+    out = {}
+    for name, t in unwrap(model).state_dict().items():
+        key = t.untyped_storage().data_ptr()
+        if key in seen:
+            continue
+        seen[key] = name
+        out[name] = t.detach().contiguous().cpu()
+    return out
+
+
+def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over the tensors' names, dtypes, shapes and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+# --- one weights file ----------------------------------------------------------------------
+
+def write_tensors(path: Path, tensors: dict[str, torch.Tensor],
+                  metadata: dict[str, str] | None = None) -> None:
+    """Safetensors, with the sha256 of the tensors in the file's own metadata."""
+    metadata = {**(metadata or {}), "sha256": tensors_sha256(tensors)}
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
+def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
+    write_tensors(path, model_tensors(model), metadata)
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file, checked against the sha256 it was written with (files
+    written before checksums existed are read unchecked)."""
+    if not path.exists():
+        raise FileNotFoundError(f"no weights at {path}")
+    try:
+        with safe_open(str(path), "pt") as f:
+            recorded = (f.metadata() or {}).get("sha256")
+        tensors = load_file(str(path))
+    except Exception as e:  # safetensors' own error types: a truncated or garbled file
+        raise ValueError(f"{path} is damaged or not a safetensors file ({str(e)[:120]}); "
+                         "restore it, or load the other weights (best or last)") from None
+    if recorded is not None and tensors_sha256(tensors) != recorded:
+        raise ValueError(f"{path} is damaged: its tensors do not match the checksum written "
+                         "with them (a bit flip or a partial copy); restore it, or load the "
+                         "other weights (best or last)")
+    return tensors
+
+
+def load_weights(model: nn.Module, path: Path, *, fresh: tuple[str, ...] = ()) -> None:
+    """Load safetensors weights; names from compiled models (``_orig_mod.``) are accepted and
+    tied weights that were stored once are restored to every name. Parameters whose names
+    start with one of ``fresh`` are not loaded and keep their initial values (a new head)."""
+    tensors = {k.replace("_orig_mod.", ""): v for k, v in read_weights(path).items()}
+    if fresh:
+        tensors = {k: v for k, v in tensors.items() if not k.startswith(fresh)}
+    target = unwrap(model)
+    expected = target.state_dict()
+    wrong = [f"{k} {tuple(v.shape)} (the model's: {tuple(expected[k].shape)})"
+             for k, v in tensors.items() if k in expected and v.shape != expected[k].shape]
+    if wrong:
+        raise ValueError(f"{path} does not match the model built from the config: "
+                         f"{'; '.join(wrong[:3])}{' ...' if len(wrong) > 3 else ''} (was "
+                         "config.toml edited?)")
+    missing, unexpected = target.load_state_dict(tensors, strict=False)
+    tied = {name for name in missing if _is_tied(target, name, tensors)}
+    missing = [m for m in missing if m not in tied and not (fresh and m.startswith(fresh))]
+    if missing or unexpected:
+        raise ValueError(f"{path} does not match the model: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+
+
+def _is_tied(model: nn.Module, name: str, stored: dict) -> bool:
+    state = model.state_dict()
+    ptr = state[name].untyped_storage().data_ptr()
+    return any(state[k].untyped_storage().data_ptr() == ptr for k in stored if k in state)
+
+
+def weights_path(run_dir: Path, which: str = "best") -> Path:
+    """``"best"``: model.safetensors (the latest checkpoint's when no best exists yet);
+    ``"last"``: the latest checkpoint's; ``"averaged"``: averaged.safetensors."""
+    if which == "best" and (run_dir / BEST).exists():
+        return run_dir / BEST
+    if which in ("best", "last"):
+        return find_last(run_dir) / BEST
+    if which == "averaged":
+        if not (run_dir / AVERAGED).exists():
+            raise FileNotFoundError(f"{run_dir} has no {AVERAGED}: train with [train] "
+                                    "keep_checkpoints = N, then `vaswani average "
+                                    f"{run_dir}`")
+        return run_dir / AVERAGED
+    raise ValueError(f"weights ({which!r}) must be one of {', '.join(WEIGHTS)}")
+
+
+# --- last/: the state a run resumes from ------------------------------------------------------
+
+def save_last(run_dir: Path, model: nn.Module, trainer_state: dict, state: dict) -> None:
+    """Write ``last/`` as a whole: build ``last.tmp/``, then swap it in. If a write fails,
+    ``last.tmp/`` is removed and ``last/`` is left as it was."""
+    tmp, last, old = run_dir / "last.tmp", run_dir / LAST, run_dir / "last.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        save_weights(model, tmp / BEST)
+        atomic_write(tmp / "trainer.pt", lambda p: torch.save(trainer_state, p))
+        state = {**state, "trainer_sha256": file_sha256(tmp / "trainer.pt")}
+        atomic_write_text(tmp / "state.json", json.dumps(state, indent=2))
+        atomic_write_text(tmp / COMPLETE, "")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    if last.exists():
+        os.replace(last, old)
+    os.replace(tmp, last)
+    fsync_dir(run_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def find_last(run_dir: Path) -> Path:
+    """The newest complete ``last`` directory, surviving a kill in the middle of a swap (a
+    complete ``last.tmp/`` is newer than ``last/``, which is newer than ``last.old/``)."""
+    for name in ("last.tmp", LAST, "last.old"):
+        candidate = run_dir / name
+        if (candidate / COMPLETE).exists():
+            return candidate
+    raise FileNotFoundError(f"{run_dir} has no complete checkpoint (last/) to resume from")
+
+
+def load_last(run_dir: Path, model: nn.Module) -> tuple[dict, dict]:
+    """Load ``last`` weights into ``model``; return (trainer_state, state)."""
+    last = find_last(run_dir)
+    load_weights(model, last / BEST)
+    state = json.loads((last / "state.json").read_text())
+    recorded = state.get("trainer_sha256")
+    if recorded is not None and file_sha256(last / "trainer.pt") != recorded:
+        raise ValueError(f"{last / 'trainer.pt'} is damaged: it does not match the checksum "
+                         "written with it; the run cannot be resumed exactly from it")
+    trainer_state = torch.load(last / "trainer.pt", weights_only=True)
+    return trainer_state, state
+
+
+# --- kept checkpoints and their average -------------------------------------------------------
+
+def save_checkpoint(run_dir: Path, model: nn.Module, step: int, keep: int) -> None:
+    """Keep this step's weights in ``checkpoints/`` and delete all but the newest ``keep``
+    (disk stays bounded at ``keep`` copies of the weights)."""
+    folder = run_dir / CHECKPOINTS
+    folder.mkdir(exist_ok=True)
+    save_weights(model, folder / f"step-{step:06d}.safetensors", {"step": str(step)})
+    for old in list_checkpoints(run_dir)[:-keep]:
+        old.unlink()
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """The kept checkpoints, oldest first."""
+    folder = run_dir / CHECKPOINTS
+    if not folder.is_dir():
+        return []
+    return sorted(folder.glob("step-*.safetensors"),
+                  key=lambda p: int(p.stem.split("-")[1]))
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of the checkpoints' tensors, summed in float64 and cast back to
+    each tensor's dtype (so averaging N copies of one checkpoint gives that checkpoint)."""
+    if not paths:
+        raise ValueError("no checkpoints to average")
+    total: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    for path in paths:
+        tensors = read_weights(path)
+        if total and tensors.keys() != total.keys():
+            raise ValueError(f"{path} holds other tensors than {paths[0]}: the checkpoints "
+                             "are not of one model")
+        for name, t in tensors.items():
+            if name in total and t.shape != total[name].shape:
+                raise ValueError(f"{path}: {name} has shape {tuple(t.shape)}, not "
+                                 f"{tuple(total[name].shape)} as in {paths[0]}")
+            total[name] = total.get(name, 0) + t.double()
+            dtypes[name] = t.dtype
+    return {name: (t / len(paths)).to(dtypes[name]) for name, t in total.items()}
+
+
+def write_average(run_dir: Path, last: int = 0) -> tuple[Path, list[Path]]:
+    """Average the newest ``last`` kept checkpoints (0 = all) into averaged.safetensors;
+    returns its path and the checkpoints averaged."""
+    paths = list_checkpoints(run_dir)
+    if not paths:
+        raise FileNotFoundError(f"{run_dir / CHECKPOINTS} holds no checkpoints; train with "
+                                "[train] keep_checkpoints = N (e.g. --set "
+                                "train.keep_checkpoints=5) to keep the last N")
+    if last < 0:
+        raise ValueError(f"--last ({last}) must be >= 0")
+    if last:
+        if last > len(paths):
+            raise ValueError(f"--last {last}: {run_dir / CHECKPOINTS} holds only "
+                             f"{len(paths)} checkpoints")
+        paths = paths[-last:]
+    out = run_dir / AVERAGED
+    write_tensors(out, average_checkpoints(paths), {"averaged": ",".join(p.stem for p in paths)})
+    return out, paths
