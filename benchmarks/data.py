@@ -165,9 +165,9 @@ def raw_encode_seconds(kind: str, corpus: Path, directory: Path) -> float:
     """Seconds ``tokenizers``' own batch encoding (encode_batch_fast) takes on the texts the
     encoding pass encoded, in the same batches; reading the file is not counted."""
     sys.path.insert(0, str(ROOT / "src"))
+    from vaswani.data.encode import BATCH, CHUNKS_PER_BATCH, text_chunks
     from vaswani.data.files import ReadReport, iter_text_pieces
     from vaswani.data.tokenizers import load_tokenizers
-    from vaswani.tasks.encode import BATCH, CHUNKS_PER_BATCH, text_chunks
 
     run = next(Path(directory.parent / "tokenizers").glob("*/tokenizer"), None)
     tok, _ = load_tokenizers(run)

@@ -41,7 +41,7 @@ def main() -> None:
 
     import vaswani
     from vaswani.cli import cfg_split
-    from vaswani.data.files import ReadReport, read_translation
+    from vaswani.data.files import ReadReport, iter_translation
     from vaswani.data.registry import default_cache
     from vaswani.devices import bf16_is_fast
     from vaswani.evaluation.metrics import bleu_chrf
@@ -50,7 +50,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     run = vaswani.load(args.run_dir)
-    pairs = read_translation(cfg_split(run, "test", default_cache()), ReadReport())
+    pairs = list(iter_translation(cfg_split(run, "test", default_cache()), ReadReport()))
     if args.limit:
         pairs = pairs[:args.limit]
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
@@ -72,10 +72,8 @@ def main() -> None:
         engines[f"CTranslate2 {name}"] = (
             lambda texts, e=engine: e.translate(texts, beam=beam, batch_size=32))
     if args.onnx:
-        from vaswani.export.onnx import Translator
-
         export(args.run_dir, "onnx", tmp / "onnx")
-        onnx = Translator(tmp / "onnx")
+        onnx = OnnxTranslator(tmp / "onnx")
         engines["ONNX Runtime fp32 (greedy)"] = lambda texts: onnx.translate(texts)
 
     results, rows = {}, []
@@ -111,6 +109,60 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
         print(f"\nwrote {args.json}")
+
+
+
+class OnnxTranslator:
+    """Greedy translation with an ONNX export of an encoder-decoder run and ONNX Runtime,
+    with the run's tokenizer (kept under ``vaswani/`` in the export)."""
+
+    def __init__(self, folder: str | Path) -> None:
+        import onnxruntime
+
+        from vaswani import rundir
+
+        folder = Path(folder)
+        source = folder / "vaswani"
+        self.config = rundir.read_config(source)
+        self.source, self.target, _ = rundir.read_tokenizers(source)
+        self.target = self.target or self.source
+        opts = onnxruntime.SessionOptions()
+        self.encoder = onnxruntime.InferenceSession(str(folder / "encoder.onnx"), opts,
+                                                    providers=["CPUExecutionProvider"])
+        self.decoder = onnxruntime.InferenceSession(str(folder / "decoder.onnx"), opts,
+                                                    providers=["CPUExecutionProvider"])
+
+    def translate(self, texts: list[str], max_len: int = 0) -> list[str]:
+        import numpy as np
+
+        c, d = self.config.model, self.config.decode
+        rows = [self.source.encode(t)[: c.max_len - 1] + [self.source.eos_id] for t in texts]
+        width = max(map(len, rows))
+        ids = np.full((len(rows), width), c.pad_id, dtype=np.int64)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = r
+        keep = ids != c.pad_id
+        memory = self.encoder.run(None, {"input_ids": ids, "attention_mask": keep})[0]
+        limit = [min(c.max_len - 1, max_len or int(d.max_len_a * len(r) + d.max_len_b))
+                 for r in rows]
+        out = np.full((len(rows), 1), self.target.bos_id, dtype=np.int64)
+        done = np.zeros(len(rows), dtype=bool)
+        for step in range(max(limit)):
+            logits = self.decoder.run(None, {"decoder_input_ids": out, "memory": memory,
+                                             "attention_mask": keep})[0][:, -1]
+            logits[:, [c.pad_id, self.target.bos_id]] = -np.inf
+            nxt = logits.argmax(-1)
+            nxt[done] = c.pad_id
+            nxt[~done & (step >= np.array(limit))] = self.target.eos_id
+            done |= nxt == self.target.eos_id
+            out = np.concatenate([out, nxt[:, None]], 1)
+            if done.all():
+                break
+        texts_out = []
+        for row in out[:, 1:].tolist():
+            end = row.index(self.target.eos_id) if self.target.eos_id in row else len(row)
+            texts_out.append(self.target.decode(row[:end]))
+        return texts_out
 
 
 if __name__ == "__main__":

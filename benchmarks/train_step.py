@@ -24,8 +24,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from vaswani import ModelConfig, build_model
+from vaswani.models.losses import smoothed_cross_entropy
 from vaswani.training.loop import make_optimizer
-from vaswani.training.losses import smoothed_cross_entropy
 
 from .baselines import NaiveTransformer, TorchTransformer
 from .common import report

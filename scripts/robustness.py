@@ -62,12 +62,12 @@ def main() -> None:
 
     import vaswani
     from vaswani.cli import cfg_split
-    from vaswani.data.files import ReadReport, read_translation
+    from vaswani.data.files import ReadReport, iter_translation
     from vaswani.data.registry import default_cache
     from vaswani.evaluation.metrics import bleu_chrf
 
     run = vaswani.load(args.run_dir, weights=args.weights)
-    pairs = read_translation(cfg_split(run, "test", default_cache()), ReadReport())
+    pairs = list(iter_translation(cfg_split(run, "test", default_cache()), ReadReport()))
     if args.limit:
         pairs = pairs[:args.limit]
     results = {}

@@ -338,7 +338,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def cfg_split(run, split: str, cache: Path) -> list[str]:
     """The files of a run's valid or test split, from its [data] config."""
-    from .tasks import split_files
+    from .data.prepare import split_files
 
     files = split_files(run.config.data, split, cache)
     if not files:

@@ -3,6 +3,7 @@ import random
 import pytest
 import torch
 
+from tests.tasks.reference_data import split
 from vaswani.data.batching import (
     BatchPlan,
     lm_eval_windows,
@@ -10,7 +11,6 @@ from vaswani.data.batching import (
     shard,
     token_budget_batches,
 )
-from vaswani.tasks.base import hold_out as split
 
 
 def test_token_budget_batches_cover_every_example_once_within_budget():

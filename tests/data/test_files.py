@@ -3,10 +3,18 @@ import pytest
 from vaswani.data.files import (
     DataError,
     ReadReport,
-    read_classification,
+    iter_classification,
+    iter_translation,
     read_text,
-    read_translation,
 )
+
+
+def read_translation(paths, report):
+    return list(iter_translation(paths, report))
+
+
+def read_classification(paths, fmt, report):
+    return list(iter_classification(paths, fmt, report))
 
 
 def write(tmp_path, name, content: bytes | str):

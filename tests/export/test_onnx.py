@@ -12,7 +12,7 @@ from vaswani.export import export
 
 ort = pytest.importorskip("onnxruntime", reason="vaswani[export] is not installed")
 pytest.importorskip("onnx", reason="vaswani[export] is not installed")
-from vaswani.export.onnx import Translator  # noqa: E402
+from benchmarks.export import OnnxTranslator as Translator  # noqa: E402
 
 STRINGS = ["abcdefghij", "jihgfedcba", "aabbcc", "j", "abcabcabcabcabc"]
 

@@ -10,10 +10,10 @@ from vaswani.generation import (
     Seq2SeqStepper,
     beam_decode,
     beam_search,
+    decode_loop,
     generate,
     greedy_decode,
     length_penalty,
-    sample_decode,
     sample_next,
 )
 
@@ -157,6 +157,18 @@ def test_wide_beam_finds_the_exhaustive_optimum(alpha):
     narrow = beam_search(Seq2SeqStepper(m, src), 1, torch.tensor([limit]), beam=2, bos_id=BOS,
                          eos_id=EOS, pad_id=PAD, alpha=alpha)[0]
     assert narrow[0][1] <= best_score + 1e-12
+
+
+def sample_decode(model, src, *, bos_id, eos_id, top_k, seed):
+    """Sampling a translation per sentence (as greedy_decode does, with sample_next)."""
+    stepper = Seq2SeqStepper(model, src)
+    generator = torch.Generator().manual_seed(seed)
+    start = torch.full((src.size(0), 1), bos_id, dtype=torch.long)
+    limits = (stepper.source_lengths().float() * 1.5 + 10).long().clamp(
+        max=model.config.max_len - 1)
+    return decode_loop(stepper, start, limits,
+                       lambda logits: sample_next(logits, top_k=top_k, generator=generator),
+                       eos_id=eos_id, pad_id=model.config.pad_id, bos_id=bos_id)
 
 
 def test_top_k_one_sampling_equals_greedy():

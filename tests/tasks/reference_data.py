@@ -28,8 +28,9 @@ def reference(cfg, kind: str, task: str):
     """(train, valid, tokenizers, labels) as the old code built them."""
     d, max_len = cfg.data, cfg.model.max_len
     report = ReadReport(max_skip=d.max_skip)
-    read = {"translation": files.read_translation, "lm": files.read_text,
-            "classification": lambda p, r: files.read_classification(p, d.format, r)}[task]
+    read = {"translation": lambda p, r: list(files.iter_translation(p, r)),
+            "lm": files.read_text,
+            "classification": lambda p, r: list(files.iter_classification(p, d.format, r))}[task]
     train = read(list(d.train), report)
     if d.valid:
         valid = read(list(d.valid), report)

@@ -14,10 +14,10 @@ from tests.data.test_batching import reference_token_budget_batches
 from tests.tasks.reference_data import fingerprint, reference
 from tests.training.fixtures import config
 from vaswani.config import load_run_config
-from vaswani.data import encoded
+from vaswani.data import encode, encoded
 from vaswani.data.batching import BatchPlan, lm_windows
 from vaswani.data.files import DataError
-from vaswani.tasks import encode, task_for
+from vaswani.tasks import task_for
 
 WORDS = ["the", "king", "sent", "servants", "to", "city", "ñandú", "día", "go", "and"]
 

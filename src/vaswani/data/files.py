@@ -134,9 +134,6 @@ def iter_translation(paths: list[str], report: ReadReport) -> Iterator[tuple[str
         yield src, tgt
 
 
-def read_translation(paths: list[str], report: ReadReport) -> list[tuple[str, str]]:
-    return list(iter_translation(paths, report))
-
 
 def _iter_aligned(src_path: Path, tgt_path: Path, report: ReadReport):
     counts = [0, 0]
@@ -245,9 +242,6 @@ def iter_classification(paths: list[str], fmt: str, report: ReadReport
             raise DataError(f"{path}: classification data must be tsv, csv or jsonl, not {kind}")
         yield from reader(path, report)
 
-
-def read_classification(paths: list[str], fmt: str, report: ReadReport) -> list[tuple[str, str]]:
-    return list(iter_classification(paths, fmt, report))
 
 
 def detect_format(path: Path) -> str:

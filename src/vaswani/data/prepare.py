@@ -310,3 +310,12 @@ def prepared_files(name: str, cache: Path) -> dict[str, Path]:
     if not (directory / "manifest.json").exists():
         prepare(name, cache)
     return {split: directory / f for split, f in spec.files.items()}
+
+
+def split_files(cfg, split: str, cache: Path) -> list[str]:
+    """The files of a split of ``[data]`` (a ``DataConfig``): its ``train/valid/test`` files,
+    or those of a registry dataset (prepared on first use) when ``dataset`` names one."""
+    if cfg.dataset:
+        files = prepared_files(cfg.dataset, cache)
+        return [str(files[split])] if split in files else []
+    return list(getattr(cfg, split))

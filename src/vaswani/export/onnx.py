@@ -10,7 +10,8 @@ the folder is written.
                                          -> logits (B, T, V), teacher-forced
 
 The translator's decoder is the whole teacher-forced pass (no KV cache): exact, and enough for
-scoring and for greedy or beam search that re-runs the prefix (:class:`Translator`). Masks are
+scoring and for greedy or beam search that re-runs the prefix (benchmarks/export.py has a greedy
+translator written with ONNX Runtime alone). Masks are
 booleans, True = real token, as everywhere in vaswani. The folder also holds
 ``onnx_export.json``: the inputs and outputs, and the largest difference measured against
 vaswani at export time.
@@ -151,56 +152,3 @@ def write(run, out: Path) -> None:
     (out / "onnx_export.json").write_text(json.dumps(
         {"arch": c.arch, "files": files, "masks": "bool, True = real token",
          "max_abs_difference": worst, "opset": 17}, indent=2) + "\n")
-
-
-class Translator:
-    """Greedy translation with an ONNX export of an encoder-decoder run and ONNX Runtime,
-    with the run's tokenizer (kept under ``vaswani/`` in the export)."""
-
-    def __init__(self, folder: str | Path) -> None:
-        import onnxruntime
-
-        from .. import rundir
-
-        folder = Path(folder)
-        source = folder / "vaswani"
-        self.config = rundir.read_config(source)
-        self.source, self.target, _ = rundir.read_tokenizers(source)
-        self.target = self.target or self.source
-        opts = onnxruntime.SessionOptions()
-        self.encoder = onnxruntime.InferenceSession(str(folder / "encoder.onnx"), opts,
-                                                    providers=["CPUExecutionProvider"])
-        self.decoder = onnxruntime.InferenceSession(str(folder / "decoder.onnx"), opts,
-                                                    providers=["CPUExecutionProvider"])
-
-    def translate(self, texts: list[str], max_len: int = 0) -> list[str]:
-        import numpy as np
-
-        c, d = self.config.model, self.config.decode
-        rows = [self.source.encode(t)[: c.max_len - 1] + [self.source.eos_id] for t in texts]
-        width = max(map(len, rows))
-        ids = np.full((len(rows), width), c.pad_id, dtype=np.int64)
-        for i, r in enumerate(rows):
-            ids[i, :len(r)] = r
-        keep = ids != c.pad_id
-        memory = self.encoder.run(None, {"input_ids": ids, "attention_mask": keep})[0]
-        limit = [min(c.max_len - 1, max_len or int(d.max_len_a * len(r) + d.max_len_b))
-                 for r in rows]
-        out = np.full((len(rows), 1), self.target.bos_id, dtype=np.int64)
-        done = np.zeros(len(rows), dtype=bool)
-        for step in range(max(limit)):
-            logits = self.decoder.run(None, {"decoder_input_ids": out, "memory": memory,
-                                             "attention_mask": keep})[0][:, -1]
-            logits[:, [c.pad_id, self.target.bos_id]] = -np.inf
-            nxt = logits.argmax(-1)
-            nxt[done] = c.pad_id
-            nxt[~done & (step >= np.array(limit))] = self.target.eos_id
-            done |= nxt == self.target.eos_id
-            out = np.concatenate([out, nxt[:, None]], 1)
-            if done.all():
-                break
-        texts_out = []
-        for row in out[:, 1:].tolist():
-            end = row.index(self.target.eos_id) if self.target.eos_id in row else len(row)
-            texts_out.append(self.target.decode(row[:end]))
-        return texts_out

@@ -51,21 +51,6 @@ def beam_decode(model: EncoderDecoder, src: Tensor, *, beam: int, bos_id: int, e
 
 
 @torch.no_grad()
-def sample_decode(model: EncoderDecoder, src: Tensor, *, bos_id: int, eos_id: int,
-                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                  seed: int | None = None, max_len_a: float = 1.5,
-                  max_len_b: int = 10) -> list[list[int]]:
-    """Sample a translation per sentence (temperature / top-k / top-p, seedable)."""
-    stepper = Seq2SeqStepper(model, src)
-    generator = None if seed is None else torch.Generator(src.device).manual_seed(seed)
-    start = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)
-    return decode_loop(stepper, start, _limits(stepper, max_len_a, max_len_b),
-                       lambda logits: sample_next(logits, temperature=temperature, top_k=top_k,
-                                                  top_p=top_p, generator=generator),
-                       eos_id=eos_id, pad_id=model.config.pad_id, bos_id=bos_id)
-
-
-@torch.no_grad()
 def generate(model: DecoderLM, prompt: list[int], *, max_new_tokens: int, bos_id: int,
              eos_id: int | None = None, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, seed: int | None = None, use_cache: bool = True,

@@ -4,7 +4,7 @@ classification (see ``tasks/base.py``). ``task_for(config)`` gives the task of a
 from __future__ import annotations
 
 from ..config import RunConfig
-from .base import Task, TaskData, split_files
+from .base import Task, TaskData
 from .classification import Classification
 from .language_model import LanguageModelling
 from .translation import Translation
@@ -19,4 +19,4 @@ def task_for(config: RunConfig) -> Task:
 
 
 __all__ = ["TASKS", "Classification", "LanguageModelling", "Task", "TaskData", "Translation",
-           "split_files", "task_for"]
+           "task_for"]

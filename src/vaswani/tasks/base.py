@@ -11,8 +11,8 @@ Everything that differs between them lives in its task class, in the order a run
 1. data: :meth:`Task.iter_examples` streams a split's files as examples (or, for text,
    pieces of it), :meth:`Task.train_tokenizers_from` trains the tokenizers on (a sample of) the
    training examples, :meth:`Task.encode_examples` writes their token ids (the token layout:
-   which specials go where); tasks/encode.py holds out the validation set and keeps the
-   encoded data in memory-mapped files, cached (:meth:`Task.load`);
+   which specials go where); data/encode.py holds out the validation set and keeps the
+   encoded data in memory-mapped files, cached (:meth:`Task.load`, data/encode.py);
 2. training: :meth:`Task.model_fields` (what the data decides in ``[model]``),
    :meth:`Task.batches` (global batch i -> this rank's share), :meth:`Task.loss`,
    :meth:`Task.count` (what the loss is normalised by), :meth:`Task.metric` (the validation
@@ -30,83 +30,21 @@ the source tokenizer when a run starts: nothing assumes that padding is id 0.
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..config import DataConfig, RunConfig
-from ..data import prepare
+from ..config import RunConfig
+from ..data import encode
+from ..data.encode import TaskData
 from ..data.files import ReadReport
 from ..data.tokenizers import Tokenizer
 
 Batch = dict[str, Tensor]
-
-
-@dataclass
-class TaskData:
-    """A run's training and validation data as token ids (memory-mapped, see
-    data/encoded.py), with its tokenizers.
-
-    ``train``/``valid``: an :class:`~vaswani.data.encoded.Split` whose item i is example i as a
-    tuple of arrays (translation: (source ids, target ids); classification: (ids, label)), or
-    one array of token ids for language modelling. ``raw_valid[:n]``: the first validation
-    examples as read (for metrics that compare text)."""
-
-    train: object
-    valid: object
-    source_tokenizer: Tokenizer
-    target_tokenizer: Tokenizer | None = None
-    labels: list[str] = field(default_factory=list)
-    raw_valid: object = field(default_factory=list)
-    report: ReadReport = field(default_factory=ReadReport)
-    truncated: int = 0
-    manifest: dict = field(default_factory=dict)  # of the encoded dataset
-    directory: Path | None = None  # where the encoded dataset lives
-
-    def fingerprint(self) -> str:
-        """A hash of the training token ids (from the encoded dataset's manifest): resuming
-        on different data is caught."""
-        return self.manifest["fingerprint"]
-
-    def legacy_fingerprint(self) -> str:
-        """The hash runs saved before encoded datasets recorded (over Python lists of ids),
-        so that they still resume. Reads all the training data: only asked when needed."""
-        h = hashlib.sha256()
-        if isinstance(self.train, np.ndarray):
-            for start in range(0, len(self.train), 1 << 24):
-                h.update(np.asarray(self.train[start: start + (1 << 24)],
-                                    dtype=np.int64).tobytes())
-        else:
-            for a, b in self.train:
-                second = b.tolist() if isinstance(b, np.ndarray) else int(b)
-                h.update(repr((a.tolist(), second)).encode())
-        return h.hexdigest()[:16]
-
-
-def split_files(cfg: DataConfig, split: str, cache: Path) -> list[str]:
-    """The files of a split: ``[data] train/valid/test``, or those of a registry dataset
-    (prepared on first use) when ``dataset`` names one."""
-    if cfg.dataset:
-        files = prepare.prepared_files(cfg.dataset, cache)
-        return [str(files[split])] if split in files else []
-    return list(getattr(cfg, split))
-
-
-def hold_out(examples: list, fraction: float, seed: int) -> tuple[list, list]:
-    """A deterministic (train, valid) split of a list: shuffle by seed, hold out
-    ``fraction`` (the examples :func:`~vaswani.tasks.encode.held_out_mask` marks)."""
-    from .encode import held_out_mask
-
-    held = held_out_mask(len(examples), fraction, seed)
-    return ([e for e, h in zip(examples, held, strict=True) if not h],
-            [e for e, h in zip(examples, held, strict=True) if h])
 
 
 def encode_inputs(tokenizer: Tokenizer, texts: list[str], max_len: int, *, bos: bool = False,
@@ -188,10 +126,8 @@ class Task:
              labels: list[str] | None = None, *, progress: bool = True) -> TaskData:
         """The run's data: the ``[data]`` files read, a validation set held out, the
         tokenizers trained (unless given, as when resuming), everything encoded into memory
-        maps, once: later calls with the same inputs map the same files (tasks/encode.py)."""
-        from .encode import load
-
-        return load(self, cache, tokenizers, labels, progress=progress)
+        maps, once: later calls with the same inputs map the same files (data/encode.py)."""
+        return encode.load(self, cache, tokenizers, labels, progress=progress)
 
     def iter_examples(self, paths: list[str], report: ReadReport) -> Iterator:
         """The examples (for text: the lines) of ``paths``, in a stream; bad lines are
@@ -214,9 +150,13 @@ class Task:
 
     def train_tokenizers_from(self, inputs, kind: str) -> tuple[Tokenizer, Tokenizer | None]:
         """(source, target) tokenizers trained on (a sample of) the training data;
-        ``inputs`` is a :class:`~vaswani.tasks.encode.Inputs`. Target is None for one-sided
+        ``inputs`` is a :class:`~vaswani.data.encode.Inputs`. Target is None for one-sided
         tasks."""
         raise NotImplementedError
+
+    def train_labels(self, inputs) -> list[str]:
+        """The class labels the training examples name (tasks without labels: none)."""
+        return []
 
     def encode_examples(self, examples: list, tokenizers, writer, ctx: dict) -> None:
         """Write a batch of examples' token ids (the token layout) to an encoded ``writer``;

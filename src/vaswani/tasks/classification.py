@@ -21,7 +21,7 @@ from ..data import files
 from ..data.batching import BucketBatches, pad
 from ..data.files import DataError, ReadReport
 from ..data.tokenizers import Tokenizer, train_tokenizer
-from ..training.losses import smoothed_cross_entropy
+from ..models.losses import smoothed_cross_entropy
 from .base import Batch, Task, as_batch, attention_map, token_labels
 
 

@@ -22,12 +22,12 @@ import torch
 from ..config import DecodeConfig
 from ..data import files
 from ..data.batching import WindowBatches, lm_eval_windows
+from ..data.encode import text_chunks
 from ..data.files import DataError, ReadReport
 from ..data.tokenizers import train_tokenizer
 from ..generation import Rules, generate
-from ..training.losses import smoothed_cross_entropy
+from ..models.losses import smoothed_cross_entropy
 from .base import Task, as_batch, attention_map, next_token_probabilities, token_labels
-from .encode import text_chunks
 
 
 class LanguageModelling(Task):

@@ -22,7 +22,7 @@ from ..data.batching import BucketBatches, pad
 from ..data.tokenizers import train_tokenizer
 from ..evaluation.metrics import bleu_chrf, exact_match
 from ..generation import Rules, beam_decode, greedy_decode
-from ..training.losses import smoothed_cross_entropy
+from ..models.losses import smoothed_cross_entropy
 from .base import (
     Batch,
     Task,

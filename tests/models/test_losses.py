@@ -3,8 +3,8 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from vaswani.training import losses
-from vaswani.training.losses import reference_smoothed_cross_entropy, smoothed_cross_entropy
+from vaswani.models import losses
+from vaswani.models.losses import reference_smoothed_cross_entropy, smoothed_cross_entropy
 
 PAD = 0
 BOTH = pytest.mark.parametrize("loss_fn", [smoothed_cross_entropy,

@@ -1,12 +1,12 @@
-"""Encoding a task's ``[data]`` once, into the memory-mapped files of data/encoded.py, and
-finding it again: later runs, ``--resume`` and every DDP rank map the same files.
+"""Encoding a task's ``[data]`` once, into the memory-mapped files of encoded.py, and finding
+it again: later runs, ``--resume`` and every DDP rank map the same files.
 
 Two kinds of data:
 
 * examples (translation pairs, labelled texts): read in a stream; when there are no
-  validation files the examples are counted and a validation set is held out by seed (the
-  same examples :func:`~vaswani.tasks.base.hold_out` picks); then encoded in batches with the
-  tokenizer's batch encoding (on all cores), each batch's examples sent to their split;
+  validation files the examples are counted and a validation set is held out by seed
+  (:func:`held_out_mask`); then encoded in batches with the tokenizer's batch encoding (on all
+  cores), each batch's examples sent to their split;
 * text (language modelling): the files' lines joined by newlines; the last ``valid_fraction``
   of the characters is held out; the text is encoded in chunks that end only before a
   newline that follows a visible character, where a byte-level BPE cannot join across, so
@@ -17,6 +17,9 @@ the files): a larger training set gives a seeded random sample of whole examples
 It is cached too, keyed by the inputs and the tokenizer options; the encoded data is keyed by
 the inputs, the tokenizer's checksum and the task's options. An input file whose size or
 modification time changed makes an entry stale: that is reported and the entry rebuilt.
+
+What a task is to this module (the token layout, which fields it stores) is the
+:class:`Encodable` protocol below; tasks/base.py ``Task`` implements it.
 """
 
 from __future__ import annotations
@@ -25,36 +28,89 @@ import hashlib
 import json
 import random
 import re
+import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from tqdm import tqdm
 
-from ..data import encoded
-from ..data.files import DataError, ReadReport, expand
-from ..data.tokenizers import Tokenizer, load_tokenizers, save_tokenizers
+from . import encoded, prepare
+from .files import DataError, ReadReport, expand
+from .tokenizers import Tokenizer, load_tokenizers, save_tokenizers
 
 BATCH = 2048  # examples per encode_batch call
 CHUNK_CHARS = 1 << 16  # about this many characters per text chunk (one encode_batch item)
 CHUNKS_PER_BATCH = 16  # text chunks per encode_batch call (spread over the cores)
 
 
-class Progress:
+def progress_bar(what: str, total: int, enabled: bool) -> tqdm:
     """A progress bar over input bytes, in MB/s (stderr; a line per 30 s into a log file)."""
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1 << 20, desc=what,
+                disable=not enabled, file=sys.stderr,
+                mininterval=0.5 if sys.stderr.isatty() else 30)
 
-    def __init__(self, what: str, total: int, enabled: bool) -> None:
-        self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1 << 20,
-                        desc=what, disable=not enabled, file=sys.stderr,
-                        mininterval=0.5 if sys.stderr.isatty() else 30)
 
-    def add(self, n: int) -> None:
-        self.bar.update(n)
+class Encodable(Protocol):
+    """What encoding needs of a task (tasks/base.py ``Task`` documents each method)."""
 
-    def close(self) -> None:
-        self.bar.close()
+    config: object  # the run's RunConfig
+    name: str  # "translation", "lm", ...: what a registry dataset is for
+    FIELDS: dict[str, str]  # the encoded fields: "ragged", "labels" or "stream"
+
+    def iter_examples(self, paths: list[str], report: ReadReport) -> Iterator: ...
+    def example_bytes(self, example) -> int: ...
+    def encoding_options(self) -> dict: ...
+    def train_tokenizers_from(self, inputs: Inputs, kind: str) -> tuple: ...
+    def train_labels(self, inputs: Inputs) -> list[str]: ...
+    def encode_examples(self, examples: list, tokenizers, writer, ctx: dict) -> None: ...
+
+
+@dataclass
+class TaskData:
+    """A run's training and validation data as token ids (memory-mapped), with its
+    tokenizers.
+
+    ``train``/``valid``: an :class:`~vaswani.data.encoded.Split` whose item i is example i as a
+    tuple of arrays (translation: (source ids, target ids); classification: (ids, label)), or
+    one array of token ids for language modelling. ``raw_valid[:n]``: the first validation
+    examples as read (for metrics that compare text)."""
+
+    train: object
+    valid: object
+    source_tokenizer: Tokenizer
+    target_tokenizer: Tokenizer | None = None
+    labels: list[str] = field(default_factory=list)
+    raw_valid: object = field(default_factory=list)
+    report: ReadReport = field(default_factory=ReadReport)
+    truncated: int = 0
+    manifest: dict = field(default_factory=dict)  # of the encoded dataset
+    directory: Path | None = None  # where the encoded dataset lives
+
+    def fingerprint(self) -> str:
+        """A hash of the training token ids (from the encoded dataset's manifest): resuming
+        on different data is caught."""
+        return self.manifest["fingerprint"]
+
+    def legacy_fingerprint(self) -> str:
+        """The hash runs saved before encoded datasets recorded (over Python lists of ids),
+        so that they still resume. Reads all the training data: only asked when needed."""
+        h = hashlib.sha256()
+        if isinstance(self.train, np.ndarray):
+            for start in range(0, len(self.train), 1 << 24):
+                h.update(np.asarray(self.train[start: start + (1 << 24)],
+                                    dtype=np.int64).tobytes())
+        else:
+            for a, b in self.train:
+                second = b.tolist() if isinstance(b, np.ndarray) else int(b)
+                h.update(repr((a.tolist(), second)).encode())
+        return h.hexdigest()[:16]
 
 
 class Inputs:
@@ -103,7 +159,8 @@ class Inputs:
 
 
 def held_out_mask(n: int, fraction: float, seed: int) -> np.ndarray:
-    """True for the examples :func:`~vaswani.tasks.base.hold_out` would hold out."""
+    """True for the ``round(n * fraction)`` (at least one) examples held out for validation:
+    the first ones of a shuffle of range(n) by ``seed``."""
     order = list(range(n))
     random.Random(seed).shuffle(order)
     n_valid = max(1, round(n * fraction)) if fraction > 0 else 0
@@ -114,22 +171,20 @@ def held_out_mask(n: int, fraction: float, seed: int) -> np.ndarray:
     return mask
 
 
-def load(task, cache: Path, tokenizers=None, labels=None, *, progress: bool = True):
-    """The task's data (a :class:`~vaswani.tasks.base.TaskData` over memory maps), encoding
-    it first unless an unchanged encoding is in ``cache``."""
-    from .base import TaskData, split_files
-
+def load(task: Encodable, cache: Path, tokenizers=None, labels=None, *,
+         progress: bool = True) -> TaskData:
+    """The task's data over memory maps, encoding it first unless an unchanged encoding is
+    in ``cache``. ``tokenizers`` (and ``labels``) given: those of a run being resumed or
+    fine-tuned; otherwise they are trained (or found in the cache)."""
     d = task.config.data
     kind = d.tokenizer
     if d.dataset:
-        from ..data import prepare
-
         spec = prepare.lookup(d.dataset)
         if spec.task != task.name:
             raise ValueError(f"dataset {d.dataset!r} is for {spec.task}, but the model does "
                              f"{task.name}")
         kind = spec.tokenizer or kind
-    files = {split: [str(p) for p in expand(split_files(d, split, cache))]
+    files = {split: [str(p) for p in expand(prepare.split_files(d, split, cache))]
              for split in ("train", "valid")}
     if not files["train"]:
         raise ValueError("[data] needs train files (or a dataset name)")
@@ -139,8 +194,8 @@ def load(task, cache: Path, tokenizers=None, labels=None, *, progress: bool = Tr
     names = {split: [f["path"] for f in v] for split, v in inputs.stats.items()}
     if tokenizers is None:
         tokenizers, labels = _tokenizers(task, root, inputs, names, kind, options)
-    elif labels is None and task.name == "classification":
-        labels = task.train_labels(inputs)  # fine-tuning: a new head for these labels
+    elif labels is None:
+        labels = task.train_labels(inputs)  # fine-tuning a classifier: a head for these labels
     key = encoded.key_of({"task": task.name, "inputs": names, "labels": labels or [],
                           "tokenizer": _checksum(tokenizers, root), "options": options})
     directory = root / f"{task.name}-{key}"
@@ -162,9 +217,6 @@ def load(task, cache: Path, tokenizers=None, labels=None, *, progress: bool = Tr
 
 def _checksum(tokenizers: tuple[Tokenizer, Tokenizer | None], root: Path) -> str:
     """A checksum of the tokenizer(s), from their files as saved."""
-    import shutil
-    import tempfile
-
     root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".checksum.", dir=root))
     try:
@@ -186,7 +238,7 @@ def _tokenizers(task, root, inputs, names, kind, options):
         def write(tmp: Path) -> dict:
             tokenizers = task.train_tokenizers_from(inputs, kind)
             save_tokenizers(tmp / "tokenizer", *tokenizers)
-            labels = task.train_labels(inputs) if task.name == "classification" else []
+            labels = task.train_labels(inputs)
             return {"format": encoded.FORMAT, "inputs": inputs.stats, "labels": labels}
         start = time.perf_counter()
         encoded.build(directory, write)
@@ -230,7 +282,7 @@ def write_examples(task, tmp: Path, inputs: Inputs, tokenizers, writers, ctx, re
         for split, paths in inputs.files.items():
             if not paths:
                 continue
-            bar = Progress(f"encoding {split}", inputs.size(split), inputs.progress)
+            bar = progress_bar(f"encoding {split}", inputs.size(split), inputs.progress)
             index, batch = 0, []
             for example in task.iter_examples(paths, report):
                 batch.append(example)
@@ -258,14 +310,14 @@ def _send(task, batch, index, split, mask, writers, raw, tokenizers, ctx, bar) -
             writers[name].examples += len(examples)
             if name == "valid":
                 raw.writelines(json.dumps(list(e), ensure_ascii=False) + "\n" for e in examples)
-    bar.add(sum(task.example_bytes(e) for e in batch))
+    bar.update(sum(task.example_bytes(e) for e in batch))
     return index + len(batch)
 
 
 SEAM = re.compile(r"\S\n")  # a visible character, then a newline: a safe place to cut
 
 
-def text_chunks(pieces, cut: int | None, bar: Progress | None = None):
+def text_chunks(pieces, cut: int | None, bar: tqdm | None = None):
     """("train" or "valid", chunk) of the text made of ``pieces``: characters before ``cut``
     are train, the rest valid (``cut`` None: all train). Chunks hold about CHUNK_CHARS
     characters and end only just before a newline that follows a visible character (or where
@@ -273,7 +325,7 @@ def text_chunks(pieces, cut: int | None, bar: Progress | None = None):
     split, position, buffer = "train", 0, ""
     for piece in pieces:
         if bar is not None:
-            bar.add(len(piece))
+            bar.update(len(piece))
         if cut is not None and split == "train" and position + len(piece) >= cut:
             head, piece = piece[: cut - position], piece[cut - position:]
             yield from _cut(split, buffer + head, final=True)
@@ -309,7 +361,7 @@ def write_text(task, inputs: Inputs, tokenizer: Tokenizer, writers, report) -> N
     else:
         sources = [("train", inputs.files["train"], cut)]
     for split, paths, split_cut in sources:
-        bar = Progress(f"encoding {split}", inputs.size(split), inputs.progress)
+        bar = progress_bar(f"encoding {split}", inputs.size(split), inputs.progress)
         chunks: list[tuple[str, str]] = []
         for where, chunk in text_chunks(task.iter_examples(paths, report), split_cut, bar):
             where = where if split_cut is not None else split
