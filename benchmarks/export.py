@@ -46,7 +46,7 @@ def main() -> None:
     from vaswani.devices import bf16_is_fast
     from vaswani.evaluation.metrics import bleu_chrf
     from vaswani.export import export
-    from vaswani.export.ct2 import Engine
+    from vaswani.inference.ct2 import CT2Translator
 
     torch.set_num_threads(args.threads)
     run = vaswani.load(args.run_dir)
@@ -67,7 +67,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="vaswani-export-bench-"))
     for name, quantize in [("fp32", None), ("int8", "int8")]:
         export(args.run_dir, "ct2", tmp / name, quantize=quantize)
-        engine = Engine(tmp / name, compute_type="int8" if quantize else "float32",
+        engine = CT2Translator(tmp / name, compute_type="int8" if quantize else "float32",
                         threads=args.threads)
         engines[f"CTranslate2 {name}"] = (
             lambda texts, e=engine: e.translate(texts, beam=beam, batch_size=32))

@@ -176,29 +176,17 @@ def _controls(args: argparse.Namespace) -> dict:
 
 
 def _load(args: argparse.Namespace):
-    if getattr(args, "engine", "vaswani") == "ct2":
-        from .export.ct2 import Engine
-
-        return Engine(args.run_dir, device=args.device)
     from .inference import load
 
-    return load(args.run_dir, device=args.device, weights=args.weights)
-
-
-def _ct2_controls(args: argparse.Namespace) -> dict:
-    """The decoding controls CTranslate2 has (the others are refused by name)."""
-    for name in ("stop", "presence_penalty", "frequency_penalty"):
-        if getattr(args, name, None):
-            raise ValueError(f"--{name.replace('_', '-')} is not available with --engine ct2")
-    return {k: v for k, v in _controls(args).items() if v is not None}
+    return load(args.run_dir, device=args.device, weights=args.weights,
+                engine=getattr(args, "engine", "vaswani"))
 
 
 def _translate(args: argparse.Namespace) -> int:
     run = _load(args)
     lines = _lines(args.input)
-    controls = _ct2_controls(args) if args.engine == "ct2" else _controls(args)
     results = run.translate(lines, beam=args.beam, n_best=args.n_best,
-                            length_penalty=args.length_penalty, **controls)
+                            length_penalty=args.length_penalty, **_controls(args))
     for line, r in zip(lines, results, strict=True):  # exactly one output line per input line
         if args.n_best > 1 and not line.strip():
             print()
@@ -217,12 +205,6 @@ def _generate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     stream(args.prompt)
-    if args.engine == "ct2":
-        stream(run.generate(args.prompt, max_new_tokens=args.max_new_tokens,
-                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            seed=args.seed, **_ct2_controls(args)))
-        sys.stdout.write("\n")
-        return 0
     run.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, stream=stream,
                  stop=args.stop, presence_penalty=args.presence_penalty,
@@ -260,7 +242,7 @@ def _serve(args: argparse.Namespace) -> int:
     app = create_app(runs, api_key=key, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                      max_queue=args.max_queue, limits=Limits())
     where = f"http://{args.host}:{args.port}"
-    print(f"vaswani serve: {', '.join(f'{n} ({r.task})' for n, r in runs.items())} on {where}"
+    print(f"vaswani serve: {', '.join(f'{n} ({r.task.name})' for n, r in runs.items())} on {where}"
           f"{' (API key required)' if key else ''}; the page is at {where}/", file=sys.stderr,
           flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
@@ -323,7 +305,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     run = _load(args)
     data = cfg_split(run, args.split, cache_dir(args)) if args.data is None else [args.data]
     outputs: list[str] | None = [] if args.save_outputs else None
-    if outputs is not None and run.task == "lm":
+    if outputs is not None and not run.produces_outputs:
         raise ValueError("--save-outputs: a language model's evaluation scores the text and "
                          "produces no outputs")
     result = run.evaluate(data, beam=args.beam, outputs=outputs)

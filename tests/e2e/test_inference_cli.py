@@ -44,12 +44,12 @@ def test_translate_from_stdin_subprocess(copy_run):
 
 def test_python_api_load_translate(copy_run):
     run = vaswani.load(copy_run[0])
-    assert run.task == "translation"
+    assert isinstance(run, vaswani.Translator) and run.task.name == "translation"
     assert run.translate(["abcdef", ""]) == ["abcdef", ""]
     assert run.translate(["abcdef"], beam=1) == ["abcdef"]
     nbest = run.translate(["abcdef"], beam=3, n_best=3)[0]
     assert nbest[0][0] == "abcdef" and nbest[0][1] >= nbest[1][1] >= nbest[2][1]
-    with pytest.raises(ValueError, match="generate needs a lm model"):
+    with pytest.raises(ValueError, match="generate needs a language model"):
         run.generate("abc")
 
 

@@ -9,7 +9,8 @@ from vaswani.cli import main
 from vaswani.export import ExportError, export
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="vaswani[export] is not installed")
-from vaswani.export.ct2 import Engine, check  # noqa: E402
+from vaswani.export.ct2 import check  # noqa: E402
+from vaswani.inference.ct2 import load as Engine  # noqa: E402
 
 STRINGS = ["abcdefghij", "jihgfedcba", "aabbcc", "j", "abcabcabcabcabc", "hgfedcbaabcdefgh"]
 

@@ -106,7 +106,7 @@ def test_batched_generation_equals_one_prompt_at_a_time(positional):
 
 def test_text_stream_stops_at_a_stop_string_and_holds_back_its_start():
     from vaswani.data.tokenizers import CharTokenizer
-    from vaswani.tasks.language_model import TextStream
+    from vaswani.inference.language_model import TextStream
 
     tok = CharTokenizer("abc\n")
     stream = TextStream(tok, ["\n\n", "cab"])

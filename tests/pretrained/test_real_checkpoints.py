@@ -158,7 +158,7 @@ def test_fine_tuning_starts_from_the_imported_encoder(minilm, tmp_path):
     c = run.config.model
     assert (c.d_model, c.n_layers, c.n_classes, c.vocab_size) == (384, 6, 2, 30522)
     assert run.source_tokenizer.kind == "pretrained"
-    ids = run.task_object.inputs(run, ["good a b"])[0]
+    ids = run.inputs(["good a b"])[0]
     assert ids[0] == 101 and ids[-1] == 102  # [CLS] ... [SEP]
     # the body moved only a little from the imported weights (6 small steps), the head is new
     before = load_file(str(base.run_dir / "model.safetensors"))

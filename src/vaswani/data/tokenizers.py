@@ -242,6 +242,14 @@ def _specials_path(path: Path) -> Path:
     return path.with_name(path.stem + ".specials.json")
 
 
+def token_strings(tokenizer: Tokenizer) -> list[str]:
+    """Every id's token string: the ``tokenizers`` model's own names where there is one (a
+    byte-level BPE shows several ids alike once decoded), else vaswani's labels."""
+    hf = getattr(tokenizer, "hf", None)
+    return [hf.id_to_token(i) if hf is not None else tokenizer.token(i)
+            for i in range(tokenizer.vocab_size)]
+
+
 KINDS = {"char": CharTokenizer, "bpe": BPETokenizer, "pretrained": PretrainedTokenizer}
 
 

@@ -17,7 +17,7 @@ The mapping, vaswani -> CTranslate2 (per layer):
 Positions: vaswani's own sinusoidal table (or the learned one) is written as the position
 encodings, so both engines add the same vectors; RoPE maps to CTranslate2's rotary embeddings
 (rotate-half layout: ``rotary_interleave=False``). The vocabulary is the tokenizer's token
-strings; :class:`Engine` passes token strings in and maps them back to ids, so vaswani's
+strings; inference/ct2.py passes token strings in and maps them back to ids, so vaswani's
 tokenizer stays the one that splits and joins text.
 """
 
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ..data.tokenizers import token_strings
 from . import refuse
 
 ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "swiglu": "SWISH"}
@@ -116,11 +117,9 @@ def _layers(stack_spec, sd: dict, prefix: str, c, *, cross: bool) -> None:
 
 
 def vocabulary(tokenizer) -> list[str]:
-    """Every id's token string: the ``tokenizers`` model's own names where there is one (a
-    byte-level BPE shows several ids alike once decoded), else vaswani's."""
-    hf = getattr(tokenizer, "hf", None)
-    tokens = [hf.id_to_token(i) if hf is not None else tokenizer.token(i)
-              for i in range(tokenizer.vocab_size)]
+    """Every id's token string (CTranslate2 names tokens by string), refused if two ids share
+    one."""
+    tokens = token_strings(tokenizer)
     if len(set(tokens)) != len(tokens):
         raise refuse("ct2", "tokenizer", "with repeated token strings", "CTranslate2 names "
                      "every token by a unique string")
@@ -185,101 +184,3 @@ def write(run, out: Path, *, quantize: str | None = None) -> None:
     spec.optimize(quantization=quantize or "float32")
     out.mkdir(parents=True)
     spec.save(str(out))
-
-
-class Engine:
-    """A CTranslate2 export (a folder written by ``vaswani export --format ct2``) used with
-    the run's own tokenizer and ``[decode]`` defaults, which the export keeps under
-    ``vaswani/``: ``vaswani translate DIR --engine ct2`` and ``vaswani generate DIR --engine
-    ct2`` run on it.
-
-    Beam scores are CTranslate2's: the sum of the tokens' log-probabilities (``<eos>``
-    included) divided by ``length ** length_penalty`` (not GNMT's ``((5 + length) / 6) **
-    alpha``, which vaswani's own beam search uses); with ``length_penalty=0`` both are the raw
-    log-probability."""
-
-    def __init__(self, folder: str | Path, *, device: str = "cpu", compute_type: str = "default",
-                 threads: int = 0) -> None:
-        try:
-            import ctranslate2
-        except ImportError:
-            raise ImportError("--engine ct2 needs CTranslate2: pip install 'vaswani[export]'") \
-                from None
-        from .. import rundir
-        from . import SOURCE
-
-        folder = Path(folder)
-        if not (folder / "model.bin").exists() or not (folder / SOURCE).is_dir():
-            raise FileNotFoundError(f"{folder} is not a CTranslate2 export of a vaswani run (no "
-                                    f"model.bin and {SOURCE}/); make one with `vaswani export "
-                                    "RUN_DIR --format ct2 --out DIR`")
-        self.config = rundir.read_config(folder / SOURCE)
-        self.source, target, _ = rundir.read_tokenizers(folder / SOURCE)
-        self.target = target or self.source
-        self.source_tokens = vocabulary(self.source)
-        self.index = {t: i for i, t in enumerate(vocabulary(self.target))}
-        engine = (ctranslate2.Translator if self.config.model.arch == "encoder-decoder"
-                  else ctranslate2.Generator)
-        self.model = engine(str(folder), device=device, compute_type=compute_type,
-                            intra_threads=threads)  # 0: CTranslate2's default
-
-    def _text(self, tokens: list[str]) -> str:
-        return self.target.decode([self.index[t] for t in tokens])
-
-    def translate(self, texts: list[str], *, beam: int | None = None, n_best: int = 1,
-                  length_penalty: float | None = None, repetition_penalty: float = 1.0,
-                  no_repeat_ngram_size: int = 0, min_length: int = 0,
-                  batch_size: int = 64) -> list[str] | list[list[tuple[str, float]]]:
-        """Like ``Run.translate``: each text's translation, or with ``n_best > 1`` its
-        ``n_best`` best (translation, score), best first."""
-        from ..tasks.base import encode_inputs
-
-        if self.config.model.arch != "encoder-decoder":
-            raise ValueError("this export is a language model; use generate")
-        d = self.config.decode
-        beam = beam or d.beam
-        results = [[("", 0.0)] * n_best for _ in texts]
-        todo = [i for i, t in enumerate(texts) if t.strip()]
-        ids = encode_inputs(self.source, [texts[i] for i in todo], self.config.model.max_len,
-                            eos=True)
-        for start in range(0, len(todo), batch_size):
-            chunk, batch = todo[start:start + batch_size], ids[start:start + batch_size]
-            out = self.model.translate_batch(
-                [[self.source_tokens[i] for i in x] for x in batch], beam_size=beam,
-                num_hypotheses=n_best, return_scores=True,
-                length_penalty=d.length_penalty if length_penalty is None else length_penalty,
-                # capped like vaswani's own search: past max_len there are no positions
-                max_decoding_length=min(int(d.max_len_a * max(map(len, batch)) + d.max_len_b),
-                                        self.config.model.max_len - 1),
-                repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-                min_decoding_length=min_length)
-            for i, r in zip(chunk, out, strict=True):
-                results[i] = [(self._text(h), s) for h, s in zip(r.hypotheses, r.scores,
-                                                                  strict=True)]
-        return results if n_best > 1 else [best[0][0] for best in results]
-
-    def generate(self, prompt: str, *, max_new_tokens: int | None = None,
-                 temperature: float | None = None, top_k: int | None = None,
-                 top_p: float | None = None, seed: int | None = None,
-                 repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
-                 min_length: int = 0) -> str:
-        """Like ``Run.generate``: the continuation of ``prompt`` (greedy at temperature 0)."""
-        import ctranslate2
-
-        if self.config.model.arch != "decoder":
-            raise ValueError("this export is a translator; use translate")
-        d = self.config.decode
-        temperature = d.temperature if temperature is None else temperature
-        if seed is not None:
-            ctranslate2.set_random_seed(seed)
-        start = self.source.encode(prompt) or [self.source.bos_id]
-        greedy = temperature == 0
-        out = self.model.generate_batch(
-            [[self.source_tokens[i] for i in start]],
-            max_length=max_new_tokens or d.max_new_tokens, include_prompt_in_result=False,
-            sampling_topk=1 if greedy else (top_k or d.top_k or 0),
-            sampling_topp=1.0 if greedy else (top_p or d.top_p or 1.0),
-            sampling_temperature=1.0 if greedy else temperature,
-            repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-            min_length=min_length, end_token=self.source_tokens[self.source.eos_id])
-        return self._text(out[0].sequences[0])

@@ -33,14 +33,14 @@ from starlette.exceptions import HTTPException
 
 from ..generation import Rules, Sampling, generate, generate_batch
 from ..inference import Run
-from ..tasks.language_model import TextStream
+from ..inference.base import owner_of
+from ..inference.language_model import TextStream
 from . import chat, schemas
 from .workers import Busy, Job, Worker
 
-TASK_OF_ROUTE = {"completions": "lm", "chat": "lm", "translate": "translation",
-                 "classify": "classification", "embeddings": "classification"}
-WHAT = {"lm": "a language model (decoder)", "translation": "a translation model "
-        "(encoder-decoder)", "classification": "an encoder"}
+# What each route asks of a run: the method of the use class that serves it.
+METHOD_OF_ROUTE = {"completions": "generate", "chat": "generate", "translate": "translate",
+                   "classify": "classify", "embeddings": "embed"}
 
 
 @dataclass(frozen=True)
@@ -81,10 +81,10 @@ class Server:
             raise ApiError(404, f"unknown model {name!r}; loaded: {', '.join(self.runs)}",
                            "model", "not_found_error")
         run = self.runs[name]
-        need = TASK_OF_ROUTE.get(route)
-        if need is not None and run.task != need:
-            raise ApiError(400, f"model {name!r} is {WHAT[run.task]}; /v1/{route} needs "
-                           f"{WHAT[need]}", "model")
+        method = METHOD_OF_ROUTE.get(route)
+        if method is not None and not callable(getattr(type(run), method, None)):
+            raise ApiError(400, f"model {name!r} is {run.describes}; /v1/{route} needs "
+                           f"{owner_of(method).describes}", "model")
         return run
 
     async def submit(self, name: str, kind: str, key: tuple, payload: dict, *,
@@ -100,14 +100,13 @@ class Server:
 
     # --- model work (in the worker threads) --------------------------------------------
     def _handlers(self, run: Run) -> dict:
-        task = run.task_object
         return {
-            "translate": lambda jobs: _split(jobs, task.translate(
-                run, [t for j in jobs for t in j.payload["texts"]], jobs[0].payload["decode"])),
-            "classify": lambda jobs: _split(jobs, task.probabilities(
-                run, [t for j in jobs for t in j.payload["texts"]])),
-            "embed": lambda jobs: _split(jobs, list(task.embed(
-                run, [t for j in jobs for t in j.payload["texts"]]))),
+            "translate": lambda jobs: _split(jobs, run.translations(
+                [t for j in jobs for t in j.payload["texts"]], jobs[0].payload["decode"])),
+            "classify": lambda jobs: _split(jobs, run.probabilities(
+                [t for j in jobs for t in j.payload["texts"]])),
+            "embed": lambda jobs: _split(jobs, list(run.embed(
+                [t for j in jobs for t in j.payload["texts"]]))),
             "generate": lambda jobs: generate_jobs(run, jobs),
             "attention": lambda jobs: [run.attention_view(**jobs[0].payload)],
         }
@@ -239,7 +238,8 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
     def models():
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": server.started, "owned_by": "vaswani",
-             "task": run.task, "arch": run.config.model.arch,
+             "task": run.task.name, "arch": run.config.model.arch, "action": run.action,
+             "summary": run.summary, "target": run.takes_target,
              "chat": run.chat_template is not None, "labels": run.labels}
             for name, run in runs.items()]}
 

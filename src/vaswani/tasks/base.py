@@ -1,28 +1,33 @@
-"""A task: what one family of model learns from, and how it is trained and used.
+"""A task: what one kind of model learns from, and how it is trained.
 
-vaswani has three, one per architecture (``TASKS`` in ``tasks/__init__.py``):
+vaswani has three, one per model architecture, each in its own file:
 
-    encoder-decoder -> Translation         tasks/translation.py
-    decoder         -> LanguageModelling   tasks/language_model.py
-    encoder         -> Classification      tasks/classification.py
+    translation      encoder-decoder   tasks/translation.py
+    lm               decoder           tasks/language_model.py
+    classification   encoder           tasks/classification.py
 
-Everything that differs between them lives in its task class, in the order a run meets it:
+A task registers itself by being defined: a subclass names itself (``name``) and the
+architecture it trains (``arch``); ``default_for_arch = True`` makes it the task a config with
+that ``[model] arch`` gets, and any other task is chosen with ``[data] task = "NAME"``. Every
+module in this folder is imported by ``tasks/__init__.py``, so a new task is one new file.
+Using a trained model (translating, generating, classifying) is not a task's business: that is
+the use classes' in inference/.
+
+Everything that differs between tasks in data and training lives in its class, in the order a
+run meets it:
 
 1. data: :meth:`Task.iter_examples` streams a split's files as examples (or, for text,
    pieces of it), :meth:`Task.train_tokenizers_from` trains the tokenizers on (a sample of) the
    training examples, :meth:`Task.encode_examples` writes their token ids (the token layout:
    which specials go where); data/encode.py holds out the validation set and keeps the
-   encoded data in memory-mapped files, cached (:meth:`Task.load`, data/encode.py);
+   encoded data in memory-mapped files, cached (:meth:`Task.load`);
 2. training: :meth:`Task.model_fields` (what the data decides in ``[model]``),
-   :meth:`Task.batches` (global batch i -> this rank's share), :meth:`Task.loss`,
-   :meth:`Task.count` (what the loss is normalised by), :meth:`Task.metric` (the validation
-   metric named by ``[train] best_metric``);
-3. use: :meth:`Task.evaluate` (``vaswani evaluate``), :meth:`Task.attention` (``vaswani
-   attention``), and each task's own entry point (``translate``, ``generate``, ``classify``)
-   that :class:`vaswani.Run` forwards to.
+   :meth:`Task.batches` (global batch i -> this rank's share), :meth:`Task.loss` (the shape of
+   a recipe's loss step: the forward pass and the loss of one batch), :meth:`Task.count`
+   (what the loss is normalised by), :meth:`Task.metric` (the validation metric named by
+   ``[train] best_metric``).
 
-The training loop, the CLI and ``Run`` ask the task and never test which task it is. A fourth
-task is one new file here and one line in ``TASKS``.
+The training loop and the CLI ask the task and never test which task it is.
 
 Special token ids (pad, bos, eos) come from the tokenizers, and ``[model] pad_id`` is set from
 the source tokenizer when a run starts: nothing assumes that padding is id 0.
@@ -30,7 +35,6 @@ the source tokenizer when a run starts: nothing assumes that padding is id 0.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -47,51 +51,22 @@ from ..data.tokenizers import Tokenizer
 Batch = dict[str, Tensor]
 
 
-def encode_inputs(tokenizer: Tokenizer, texts: list[str], max_len: int, *, bos: bool = False,
-                  eos: bool = False) -> list[list[int]]:
-    """Token ids per text (with ``bos``/``eos`` if asked), cut to ``max_len`` with a warning
-    that names the limit."""
-    limit = max_len - int(bos) - int(eos)
-    out, cut = [], []
-    for i, ids in enumerate(tokenizer.encode_batch(texts)):
-        if len(ids) > limit:
-            cut.append((i, len(ids)))
-            ids = ids[:limit]
-        out.append(([tokenizer.bos_id] if bos else []) + ids + ([tokenizer.eos_id] if eos else []))
-    if cut:
-        i, n = max(cut, key=lambda c: c[1])
-        warnings.warn(f"{len(cut)} of {len(texts)} input(s) were longer than the model's "
-                      f"max_len ({max_len} tokens) and were truncated (the longest, input "
-                      f"{i + 1}, had {n})", stacklevel=3)
-    return out
-
-
-def as_batch(ids: list[int], device: torch.device) -> Tensor:
-    """One sequence of ids as a (1, T) batch."""
-    return torch.tensor([ids], dtype=torch.long, device=device)
-
-
-def token_labels(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
-    """A readable label per token id (for attention plots)."""
-    return [tokenizer.token(i) for i in ids]
-
-
-def next_token_probabilities(logits: Tensor, ids: list[int], labels: list[str],
-                             last: tuple[int, str] | None = None) -> list[dict]:
-    """For each position t of a teacher-forced (1, T, V) ``logits``, the probability it gave
-    the next token ``ids[t + 1]`` (``last``: (id, label) of what follows the final position),
-    labelled with that token."""
-    probs = logits[0].float().softmax(-1)
-    out = []
-    follow = list(zip(ids[1:], labels[1:], strict=True)) + ([last] if last else [])
-    for t, (i, label) in enumerate(follow):
-        out.append({"token": label, "p": round(float(probs[t, i]), 5)})
-    return out
-
-
-def attention_map(weights: Tensor, queries: list[str], keys: list[str]) -> dict:
-    """One kind of attention of one input: (L, H, Tq, Tk) weights and the token labels."""
-    return {"weights": weights.float().cpu(), "queries": queries, "keys": keys}
+def task_for(config: RunConfig) -> Task:
+    """The task of a run: ``[data] task``, else the task of its ``[model] arch``; built with
+    the run's config."""
+    name = config.data.task
+    if not name:
+        if config.model.arch not in Task.for_arch:
+            raise ValueError(f"no task trains [model] arch {config.model.arch!r}")
+        return Task.for_arch[config.model.arch](config)
+    if name not in Task.registry:
+        raise ValueError(f"[data] task ({name!r}) must be one of "
+                         f"{', '.join(sorted(Task.registry))}")
+    task = Task.registry[name]
+    if task.arch != config.model.arch:
+        raise ValueError(f"[data] task {name!r} trains [model] arch {task.arch!r}, not "
+                         f"{config.model.arch!r}")
+    return task(config)
 
 
 class Task:
@@ -100,9 +75,20 @@ class Task:
     the data decides: vocabulary sizes and ``pad_id``)."""
 
     name: ClassVar[str]  # "translation", "lm", "classification": what a registry dataset is for
-    arch: ClassVar[str]  # the model architecture that serves it
+    arch: ClassVar[str]  # the model architecture it trains ([model] arch)
+    default_for_arch: ClassVar[bool] = False  # the task a config with that arch gets
     metrics: ClassVar[tuple[str, ...]] = ("valid_loss",)  # what [train] best_metric may name
     unit: ClassVar[str] = "examples"  # what len(TaskData.train) counts
+
+    registry: ClassVar[dict[str, type[Task]]] = {}  # name -> task
+    for_arch: ClassVar[dict[str, type[Task]]] = {}  # arch -> its default task
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            Task.registry[cls.name] = cls
+            if cls.__dict__.get("default_for_arch"):
+                Task.for_arch[cls.arch] = cls
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -202,29 +188,3 @@ class Task:
         """The task's validation metrics on up to ``n_examples`` examples (``batches``: what
         :meth:`batches` returned for this run)."""
         return {}
-
-    # --- 3. use --------------------------------------------------------------------------
-    def evaluate(self, run, paths: list[str], *, beam: int | None = None,
-                 outputs: list[str] | None = None) -> dict:
-        """``vaswani evaluate``: the task's scores on the examples in ``paths``; ``outputs``
-        (a list) receives the model's output for each example where the task has one."""
-        report = ReadReport(max_skip=self.config.data.max_skip)
-        result = {"task": self.name, **self.score(run, self.read(paths, report), beam=beam,
-                                                  outputs=outputs)}
-        if report.summary():
-            result["data_notes"] = report.summary()
-        return result
-
-    def score(self, run, examples: list, *, beam: int | None = None,
-              outputs: list[str] | None = None) -> dict:
-        raise NotImplementedError
-
-    def attention(self, run, text: str, target: str | None = None) -> dict[str, dict]:
-        """``vaswani attention``: {kind: attention_map(...)} for one input."""
-        raise NotImplementedError
-
-    def output_probabilities(self, run, text: str, target: str | None = None) -> list[dict]:
-        """What the model predicts for one input, for the attention explorer: each output
-        token (or class) with its probability, ``[{"token": str, "p": float | None}]``."""
-        raise NotImplementedError
-

@@ -7,13 +7,10 @@ The labels are the sorted distinct training labels. Token layout: ``<bos> + toke
 its own specials instead (BERT: ``[CLS] tokens [SEP]``). The loss is averaged over examples;
 the validation metric is accuracy.
 
-Using a trained model: :meth:`classify`, :meth:`embed`, :meth:`score` (accuracy, macro-F1,
-confusion matrix), :meth:`attention`.
+A trained encoder is used through inference/encoder.py.
 """
 
 from __future__ import annotations
-
-import warnings
 
 import torch
 
@@ -22,7 +19,7 @@ from ..data.batching import BucketBatches, pad
 from ..data.files import DataError, ReadReport
 from ..data.tokenizers import Tokenizer, train_tokenizer
 from ..models.losses import smoothed_cross_entropy
-from .base import Batch, Task, as_batch, attention_map, token_labels
+from .base import Batch, Task
 
 
 def classifier_inputs(tok: Tokenizer, texts: list[str], max_len: int
@@ -40,6 +37,7 @@ def classifier_inputs(tok: Tokenizer, texts: list[str], max_len: int
 class Classification(Task):
     name = "classification"
     arch = "encoder"
+    default_for_arch = True
     metrics = ("valid_loss", "accuracy")
 
     # --- data ----------------------------------------------------------------------------
@@ -105,92 +103,3 @@ class Classification(Task):
             correct += int((model(ids).argmax(-1) == label).sum())
             total += label.numel()
         return {"accuracy": correct / max(1, total)}
-
-    # --- use -----------------------------------------------------------------------------
-    def inputs(self, run, texts: list[str]) -> list[list[int]]:
-        """Each text's ids, cut to max_len with one warning that counts the cuts."""
-        limit = self.config.model.max_len
-        pairs = classifier_inputs(run.source_tokenizer, texts, limit)
-        cut = sum(c for _, c in pairs)
-        if cut:
-            warnings.warn(f"{cut} of {len(texts)} input(s) were longer than the model's max_len "
-                          f"({limit} tokens) and were truncated", stacklevel=3)
-        return [ids for ids, _ in pairs]
-
-    @torch.no_grad()
-    def _softmax(self, run, texts: list[str], batch_size: int):
-        """The classes' probabilities, one (batch, classes) tensor per batch of texts."""
-        encoded = self.inputs(run, texts)
-        for start in range(0, len(texts), batch_size):
-            ids = pad(encoded[start:start + batch_size], self.pad_id).to(run.device)
-            yield run.model(ids).float().softmax(-1)
-
-    def classify(self, run, texts: list[str], *, batch_size: int = 64
-                 ) -> list[tuple[str, float]]:
-        """(label, probability) of the most likely class for each text."""
-        out = []
-        for probs in self._softmax(run, texts, batch_size):
-            p, k = probs.max(-1)
-            out.extend((run.labels[int(i)], float(q)) for i, q in zip(k, p, strict=True))
-        return out
-
-    def probabilities(self, run, texts: list[str], *, batch_size: int = 64
-                      ) -> list[dict[str, float]]:
-        """Every class's probability, for each text."""
-        return [{label: round(p, 6) for label, p in zip(run.labels, row, strict=True)}
-                for probs in self._softmax(run, texts, batch_size) for row in probs.tolist()]
-
-    def output_probabilities(self, run, text, target=None):
-        """The classes' probabilities (none for an encoder without a head)."""
-        if not run.labels:
-            return []
-        probs = self.probabilities(run, [text])[0]
-        return [{"token": label, "p": p} for label, p in sorted(probs.items(),
-                                                               key=lambda kv: -kv[1])]
-
-    @torch.no_grad()
-    def embed(self, run, texts: list[str], *, batch_size: int = 32) -> torch.Tensor:
-        """Sentence embeddings (N, D): the encoder's hidden states averaged over each text's
-        tokens (padding excluded) and L2-normalised. Texts are batched by length."""
-        encoded = self.inputs(run, texts)
-        out = torch.zeros(len(texts), self.config.model.d_model)
-        order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
-        for start in range(0, len(order), batch_size):
-            chunk = order[start:start + batch_size]
-            ids = pad([encoded[i] for i in chunk], self.pad_id).to(run.device)
-            lengths = torch.tensor([len(encoded[i]) for i in chunk], device=run.device)
-            mask = torch.arange(ids.size(1), device=run.device) < lengths[:, None]
-            hidden = run.model.encode(ids, mask=mask)
-            out[chunk] = run.model.sentence_embeddings(hidden, mask).float().cpu()
-        return out
-
-    def score(self, run, examples, *, beam=None, outputs=None):
-        """Accuracy, macro-F1 and the confusion matrix (rows: true label, columns: predicted
-        label, in the order of ``labels``)."""
-        labels = run.labels
-        index = {label: i for i, label in enumerate(labels)}
-        unknown = sorted({label for label, _ in examples if label not in index})
-        if unknown:
-            raise DataError(f"labels {unknown} are not among the model's labels {labels}")
-        predicted = [label for label, _ in self.classify(run, [t for _, t in examples])]
-        if outputs is not None:
-            outputs.extend(predicted)
-        confusion = [[0] * len(labels) for _ in labels]
-        for (truth, _), guess in zip(examples, predicted, strict=True):
-            confusion[index[truth]][index[guess]] += 1
-        f1s = []
-        for k in range(len(labels)):
-            tp = confusion[k][k]
-            fp = sum(confusion[r][k] for r in range(len(labels))) - tp
-            fn = sum(confusion[k]) - tp
-            f1s.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
-        correct = sum(confusion[k][k] for k in range(len(labels)))
-        return {"examples": len(examples), "accuracy": correct / max(1, len(examples)),
-                "macro_f1": sum(f1s) / len(f1s), "labels": labels, "confusion": confusion}
-
-    @torch.no_grad()
-    def attention(self, run, text, target=None):
-        ids = self.inputs(run, [text])[0]
-        _, weights = run.model.encode_with_attention(as_batch(ids, run.device))
-        labels = token_labels(run.source_tokenizer, ids)
-        return {"self-attention": attention_map(weights["encoder"][:, 0], labels, labels)}

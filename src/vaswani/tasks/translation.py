@@ -7,8 +7,8 @@ forcing). Each side is cut to the model's ``max_len``. One tokenizer serves both
 ``[data] shared_vocab`` (the default), else one each.
 
 The loss is averaged over the non-padding target tokens; the validation metrics are exact
-match, sacreBLEU and chrF of greedy translations. Using a trained model: :meth:`translate`
-(greedy or beam search), :meth:`score` (sacreBLEU/chrF of beam output), :meth:`attention`.
+match, sacreBLEU and chrF of greedy translations. A trained translator is used through
+inference/translator.py.
 """
 
 from __future__ import annotations
@@ -16,27 +16,19 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..config import DecodeConfig
 from ..data import files
 from ..data.batching import BucketBatches, pad
 from ..data.tokenizers import train_tokenizer
 from ..evaluation.metrics import bleu_chrf, exact_match
-from ..generation import Rules, beam_decode, greedy_decode
+from ..generation import greedy_decode
 from ..models.losses import smoothed_cross_entropy
-from .base import (
-    Batch,
-    Task,
-    as_batch,
-    attention_map,
-    encode_inputs,
-    next_token_probabilities,
-    token_labels,
-)
+from .base import Batch, Task
 
 
 class Translation(Task):
     name = "translation"
     arch = "encoder-decoder"
+    default_for_arch = True
     metrics = ("valid_loss", "exact_match", "bleu", "chrf")
 
     # --- data ----------------------------------------------------------------------------
@@ -122,70 +114,3 @@ class Translation(Task):
         scores = bleu_chrf(hyps, refs)
         return {"exact_match": exact_match(hyps, refs), "bleu": scores["bleu"],
                 "chrf": scores["chrf"]}
-
-    # --- use -----------------------------------------------------------------------------
-    @torch.no_grad()
-    def translate(self, run, texts: list[str], decode: DecodeConfig, *, batch_size: int = 64
-                  ) -> list[list[tuple[str, float]]]:
-        """The ``decode.n_best`` best (translation, score) of each text, best first; greedy
-        when ``decode.beam == 1`` (score 0). An empty text gives ("", 0.0)."""
-        source, target = run.source_tokenizer, run.target_tokenizer
-        results = [[("", 0.0)] * decode.n_best for _ in texts]
-        todo = [i for i, t in enumerate(texts) if t.strip()]
-        encoded = encode_inputs(source, [texts[i] for i in todo], self.config.model.max_len,
-                                eos=True)
-        ids = dict(zip(todo, encoded, strict=True))
-        order = sorted(todo, key=lambda i: len(ids[i]))  # similar lengths batch together
-        common = dict(bos_id=target.bos_id, eos_id=target.eos_id, max_len_a=decode.max_len_a,
-                      max_len_b=decode.max_len_b, rules=Rules.of(decode))
-        for start in range(0, len(order), batch_size):
-            chunk = order[start:start + batch_size]
-            src = pad([ids[i] for i in chunk], self.pad_id).to(run.device)
-            if decode.beam == 1 and decode.n_best == 1:
-                outs = [[(o, 0.0)] for o in greedy_decode(run.model, src, **common)]
-            else:
-                outs = beam_decode(run.model, src, beam=decode.beam, n_best=decode.n_best,
-                                   alpha=decode.length_penalty, **common)
-            for i, hyps in zip(chunk, outs, strict=True):
-                results[i] = [(target.decode(h), score) for h, score in hyps]
-        return results
-
-    def score(self, run, pairs, *, beam=None, outputs=None):
-        decode = run.config.decode if beam is None else run.config.decode.replace(beam=beam)
-        hyps = [best[0][0] for best in self.translate(run, [s for s, _ in pairs],
-                                                      decode.replace(n_best=1))]
-        if outputs is not None:
-            outputs.extend(hyps)
-        return {"sentences": len(pairs), "beam": decode.beam,
-                **bleu_chrf(hyps, [t for _, t in pairs])}
-
-    @torch.no_grad()
-    def attention(self, run, text, target=None):
-        source_tok, target_tok = run.source_tokenizer, run.target_tokenizer
-        max_len = self.config.model.max_len
-        src_ids = encode_inputs(source_tok, [text], max_len, eos=True)[0]
-        if target is None:  # the model's own greedy translation
-            target = self.translate(run, [text], run.config.decode.replace(beam=1, n_best=1))
-            target = target[0][0][0]
-        tgt_ids = encode_inputs(target_tok, [target], max_len, bos=True)[0]
-        _, weights = run.model.forward_with_attention(as_batch(src_ids, run.device),
-                                                      as_batch(tgt_ids, run.device))
-        s, t = token_labels(source_tok, src_ids), token_labels(target_tok, tgt_ids)
-        return {"encoder self-attention": attention_map(weights["encoder"][:, 0], s, s),
-                "decoder self-attention": attention_map(weights["decoder"][:, 0], t, t),
-                "cross-attention": attention_map(weights["cross"][:, 0], t, s)}
-
-
-    @torch.no_grad()
-    def output_probabilities(self, run, text, target=None):
-        """Each target token's (and the final <eos>'s) probability under teacher forcing."""
-        source_tok, target_tok = run.source_tokenizer, run.target_tokenizer
-        max_len = self.config.model.max_len
-        if target is None:
-            target = self.translate(run, [text], run.config.decode.replace(beam=1, n_best=1))
-            target = target[0][0][0]
-        src_ids = encode_inputs(source_tok, [text], max_len, eos=True)[0]
-        tgt_ids = encode_inputs(target_tok, [target], max_len, bos=True)[0]
-        logits = run.model(as_batch(src_ids, run.device), as_batch(tgt_ids, run.device))
-        return next_token_probabilities(logits, tgt_ids, token_labels(target_tok, tgt_ids),
-                                        (target_tok.eos_id, target_tok.token(target_tok.eos_id)))

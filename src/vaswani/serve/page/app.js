@@ -39,19 +39,19 @@ async function loadModels() {
   chooseModel();
 }
 
+// Each model says what it does (its "action": the route the page calls), in a line for the
+// page ("summary"), and whether the explorer can be given an output ("target").
+const BUTTON = { translate: "Translate", generate: "Generate", classify: "Classify", embed: "Compare" };
+
 function chooseModel() {
   state.model = state.models.find((m) => m.id === $("model").value) || state.models[0];
   if (!state.model) return;
-  const task = state.model.task;
-  const embedder = task === "classification" && !state.model.labels.length;
-  $("task").textContent = { translation: "translation: type English, get Spanish (or what it was trained on)",
-    lm: "language model: continues your text", classification: embedder
-      ? "sentence encoder: compares two texts" : "classifier: labels your text" }[task];
-  document.querySelectorAll("[data-task]").forEach((el) => { el.hidden = el.dataset.task !== task; });
-  $("input2").hidden = $("input2-label").hidden = !embedder;
-  $("target-label").hidden = task !== "translation";
-  $("go").textContent = { translation: "Translate", lm: "Generate",
-    classification: embedder ? "Compare" : "Classify" }[task];
+  const action = state.model.action;
+  $("task").textContent = state.model.summary;
+  document.querySelectorAll("[data-action]").forEach((el) => { el.hidden = el.dataset.action !== action; });
+  $("input2").hidden = $("input2-label").hidden = action !== "embed";
+  $("target-label").hidden = !state.model.target;
+  $("go").textContent = BUTTON[action] || "Run";
   $("output").replaceChildren();
 }
 
@@ -80,13 +80,14 @@ function bars(probabilities) {
 async function run() {
   const model = state.model.id, text = $("input").value, out = $("output");
   out.replaceChildren();
-  if (state.model.task === "translation") {
+  const action = state.model.action;
+  if (action === "translate") {
     const data = await api("/v1/translate", { model, input: text,
       beam: +$("beam").value, n_best: +$("nbest").value });
     out.append(...data.data[0].translations.map((t) => result(t.text, t.score)));
-  } else if (state.model.task === "lm") {
+  } else if (action === "generate") {
     await stream(model, text, out);
-  } else if (state.model.labels.length) {
+  } else if (action === "classify") {
     const data = await api("/v1/classify", { model, input: text });
     out.append(...bars(data.data[0].probabilities));
   } else {

@@ -1,0 +1,43 @@
+"""Using a trained run from Python: ``vaswani.load(RUN_DIR)``.
+
+    >>> run = vaswani.load("runs/copy")           # a Translator: the run's task decides
+    >>> run.translate(["abcde"], beam=4)
+    ['abcde']
+
+The class depends on the run's task: :class:`Translator` (``translate``), :class:`LanguageModel`
+(``generate``) or :class:`Encoder` (``classify``, ``embed``); every run can ``evaluate``,
+``attention`` and ``attention_view`` (base.py). Decoding options left out come from the run's
+``[decode]`` section and are checked there, so a bad value fails with the field named. Inputs
+longer than the model's ``max_len`` are truncated with a warning naming the limit.
+``load(DIR, engine="ct2")`` runs a CTranslate2 export of a run (ct2.py) with the same methods.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .base import Run, WrongModel
+from .base import load as _load_run
+from .encoder import Encoder
+from .language_model import LanguageModel
+from .translator import Translator
+
+ENGINES = ("vaswani", "ct2")
+
+
+def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
+         engine: str = "vaswani"):
+    """Load a run directory written by ``vaswani train`` (or ``vaswani import``) as the class
+    of its task. ``weights``: ``"best"`` (model.safetensors), ``"last"`` (the latest
+    checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``).
+    ``engine="ct2"``: ``run_dir`` is a CTranslate2 export, run by CTranslate2."""
+    if engine == "ct2":
+        from .ct2 import load as load_ct2
+
+        return load_ct2(run_dir, device=device)
+    if engine != "vaswani":
+        raise ValueError(f"engine ({engine!r}) must be one of {', '.join(ENGINES)}")
+    return _load_run(run_dir, device=device, weights=weights)
+
+
+__all__ = ["Encoder", "LanguageModel", "Run", "Translator", "WrongModel", "load"]

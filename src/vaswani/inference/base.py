@@ -1,0 +1,201 @@
+"""A trained run, loaded for use: :func:`load` and the :class:`Run` every family's use class
+builds on.
+
+``vaswani.load(RUN_DIR)`` reads the run directory (config, tokenizers, weights), builds the
+model and returns the use class of the run's task: :class:`~vaswani.inference.Translator`
+(translation), :class:`~vaswani.inference.LanguageModel` (language modelling) or
+:class:`~vaswani.inference.Encoder` (classification and sentence embeddings). What every run
+can do is here (decoding options, evaluation, attention); what a family does is in its class.
+
+A use class registers itself for its task by naming it (``task_name = "translation"``), so a
+new task's use class is picked up by being defined; nothing here lists the families. Asking a
+run for another family's work (``generate`` on a translator) is a :class:`WrongModel` error
+that says which kind of run the method needs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from .. import checkpoint, rundir
+from ..config import DecodeConfig, RunConfig
+from ..data.files import ReadReport
+from ..data.tokenizers import Tokenizer
+from ..devices import resolve_device
+from ..models import build_model
+from ..tasks import Task, task_for
+
+
+class WrongModel(ValueError, AttributeError):
+    """A run was asked for what its family does not do (``generate`` on a translator). A
+    ValueError for the CLI's one-line errors, an AttributeError for ``hasattr``."""
+
+
+class Run:
+    """A trained model with its tokenizers, labels, decoding settings and device."""
+
+    registry: ClassVar[dict[str, type[Run]]] = {}  # task name -> the class that uses its runs
+    task_name: ClassVar[str] = ""  # set by a use class: the task whose runs it uses
+    describes: ClassVar[str] = "a run"  # for messages: "a translation model (encoder-decoder)"
+    action: ClassVar[str] = ""  # what the page and the server do with it: "translate", ...
+    summary: ClassVar[str] = ""  # one line for the page
+    takes_target: ClassVar[bool] = False  # the attention explorer can be given an output
+    produces_outputs: ClassVar[bool] = True  # evaluation yields an output per example
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "task_name" in cls.__dict__:
+            Run.registry[cls.task_name] = cls
+
+    def __init__(self, run_dir: Path, config: RunConfig, model: torch.nn.Module,
+                 source_tokenizer: Tokenizer, target_tokenizer: Tokenizer | None,
+                 labels: list[str], device: torch.device) -> None:
+        self.run_dir, self.config, self.model = run_dir, config, model
+        self.source_tokenizer, self.target_tokenizer = source_tokenizer, target_tokenizer
+        self.labels, self.device = labels, device
+        self.task: Task = task_for(config)
+        self.chat_template: str | None = rundir.read_chat_template(run_dir)
+
+    def __getattr__(self, name: str):
+        """Only reached for a name this class lacks: another family's method is a clear
+        error naming the kind of run it needs."""
+        owner = None if name.startswith("_") else owner_of(name)
+        if owner is not None:
+            raise WrongModel(f"{self.run_dir} holds {self.describes}; {name} needs "
+                             f"{owner.describes}")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def decode_options(self, **given) -> DecodeConfig:
+        """The run's ``[decode]`` with the options given (None = keep), checked."""
+        return self.config.decode.replace(**{k: v for k, v in given.items() if v is not None})
+
+    # --- what every run does -------------------------------------------------------------
+    def evaluate(self, paths: list[str], *, beam: int | None = None,
+                 outputs: list[str] | None = None) -> dict:
+        """The task's scores on data files in the format the run trained on. ``outputs``, a
+        list, receives what the model produced for each example (translations, predicted
+        labels), in order."""
+        report = ReadReport(max_skip=self.config.data.max_skip)
+        result = {"task": self.task.name, **self.score(self.task.read(paths, report),
+                                                       beam=beam, outputs=outputs)}
+        if report.summary():
+            result["data_notes"] = report.summary()
+        return result
+
+    def score(self, examples, *, beam: int | None = None,
+              outputs: list[str] | None = None) -> dict:
+        """The family's scores on examples as the task reads them."""
+        raise NotImplementedError
+
+    def attention(self, text: str, target: str | None = None) -> dict[str, dict]:
+        """Every layer's and head's attention weights for one input: {kind: {"weights":
+        (L, H, Tq, Tk), "queries": [...], "keys": [...]}}."""
+        raise NotImplementedError
+
+    def output_probabilities(self, text: str, target: str | None = None) -> list[dict]:
+        """What the model predicts for one input, for the attention explorer: each output
+        token (or class) with its probability, ``[{"token": str, "p": float | None}]``."""
+        raise NotImplementedError
+
+    def explained_target(self, text: str, target: str | None) -> str | None:
+        """The output the explorer explains: ``target`` as given (a translator without one
+        explains its own greedy translation)."""
+        return target
+
+    def attention_view(self, text: str, target: str | None = None) -> dict:
+        """Everything the attention explorer shows for one input, as plain JSON-able data:
+        each kind's (layers, heads, queries, keys) weights rounded to 4 decimals, the token
+        labels, and each output token's (or class's) probability."""
+        target = self.explained_target(text, target)
+        maps = self.attention(text, target)
+        return {"task": self.task.name, "input": text, "target": target,
+                "attention": {kind: {"weights": m["weights"].numpy().round(4).tolist(),
+                                     "queries": m["queries"], "keys": m["keys"],
+                                     "layers": int(m["weights"].shape[0]),
+                                     "heads": int(m["weights"].shape[1])}
+                              for kind, m in maps.items()},
+                "probabilities": self.output_probabilities(text, target)}
+
+
+def owner_of(method: str) -> type[Run] | None:
+    """The use class that has ``method`` (``"translate"`` -> Translator), if any."""
+    owners = [cls for cls in Run.registry.values() if callable(getattr(cls, method, None))]
+    return owners[0] if owners else None
+
+
+def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best") -> Run:
+    """Load a run directory written by ``vaswani train`` (or ``vaswani import``) as the use
+    class of its task. ``weights``: ``"best"`` (model.safetensors), ``"last"`` (the latest
+    checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``)."""
+    run_dir = Path(run_dir)
+    dev = resolve_device(device)
+    config = rundir.read_config(run_dir)
+    task = task_for(config)
+    if task.name not in Run.registry:
+        raise ValueError(f"{run_dir} holds a {task.name} run, and no class is registered to "
+                         "use it (a use class sets task_name)")
+    source, target, labels = rundir.read_tokenizers(run_dir)
+    for name, tok, expected in [("source", source, config.model.vocab_size),
+                                ("target", target, config.model.tgt_vocab_size)]:
+        if tok is not None and tok.vocab_size != expected:
+            raise ValueError(f"the {name} tokenizer in {run_dir / rundir.TOKENIZER} has "
+                             f"{tok.vocab_size} tokens but the model expects {expected}: "
+                             "the tokenizer does not belong to this model")
+    model = build_model(config.model)
+    checkpoint.load_weights(model, checkpoint.weights_path(run_dir, weights))
+    model.to(dev).eval()
+    return Run.registry[task.name](run_dir, config, model, source, target, labels, dev)
+
+
+# --- helpers the use classes share --------------------------------------------------------------
+
+def encode_inputs(tokenizer: Tokenizer, texts: list[str], max_len: int, *, bos: bool = False,
+                  eos: bool = False) -> list[list[int]]:
+    """Token ids per text (with ``bos``/``eos`` if asked), cut to ``max_len`` with a warning
+    that names the limit."""
+    limit = max_len - int(bos) - int(eos)
+    out, cut = [], []
+    for i, ids in enumerate(tokenizer.encode_batch(texts)):
+        if len(ids) > limit:
+            cut.append((i, len(ids)))
+            ids = ids[:limit]
+        out.append(([tokenizer.bos_id] if bos else []) + ids + ([tokenizer.eos_id] if eos else []))
+    if cut:
+        i, n = max(cut, key=lambda c: c[1])
+        warnings.warn(f"{len(cut)} of {len(texts)} input(s) were longer than the model's "
+                      f"max_len ({max_len} tokens) and were truncated (the longest, input "
+                      f"{i + 1}, had {n})", stacklevel=3)
+    return out
+
+
+def as_batch(ids: list[int], device: torch.device) -> Tensor:
+    """One sequence of ids as a (1, T) batch."""
+    return torch.tensor([ids], dtype=torch.long, device=device)
+
+
+def token_labels(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
+    """A readable label per token id (for attention plots)."""
+    return [tokenizer.token(i) for i in ids]
+
+
+def next_token_probabilities(logits: Tensor, ids: list[int], labels: list[str],
+                             last: tuple[int, str] | None = None) -> list[dict]:
+    """For each position t of a teacher-forced (1, T, V) ``logits``, the probability it gave
+    the next token ``ids[t + 1]`` (``last``: (id, label) of what follows the final position),
+    labelled with that token."""
+    probs = logits[0].float().softmax(-1)
+    out = []
+    follow = list(zip(ids[1:], labels[1:], strict=True)) + ([last] if last else [])
+    for t, (i, label) in enumerate(follow):
+        out.append({"token": label, "p": round(float(probs[t, i]), 5)})
+    return out
+
+
+def attention_map(weights: Tensor, queries: list[str], keys: list[str]) -> dict:
+    """One kind of attention of one input: (L, H, Tq, Tk) weights and the token labels."""
+    return {"weights": weights.float().cpu(), "queries": queries, "keys": keys}

@@ -1,0 +1,144 @@
+"""Using a language-model run (decoder): continue a prompt (greedy or sampled, streamed),
+score a text (perplexity, bits per character), and look at its attention."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from ..config import DecodeConfig
+from ..data.batching import lm_eval_windows
+from ..data.files import DataError
+from ..generation import Rules, generate
+from ..models.losses import smoothed_cross_entropy
+from .base import Run, as_batch, attention_map, next_token_probabilities, token_labels
+
+
+class LanguageModel(Run):
+    task_name = "lm"
+    describes = "a language model (decoder)"
+    action = "generate"
+    summary = "language model: continues your text"
+    produces_outputs = False  # evaluation scores the text itself
+
+    def generate(self, prompt: str, *, max_new_tokens: int | None = None,
+                 temperature: float | None = None, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None,
+                 stream: Callable[[str], None] | None = None, **controls) -> str:
+        """Continue ``prompt``; ``stream(text)`` receives the new text as it is produced. The
+        text ends at ``<eos>``, ``max_new_tokens`` or the first of ``stop``. ``controls``: any
+        ``[decode]`` option (``stop``, ``repetition_penalty``, ``no_repeat_ngram_size``,
+        ``min_length``, ``presence_penalty``, ...)."""
+        decode = self.decode_options(max_new_tokens=max_new_tokens, temperature=temperature,
+                                     top_k=top_k, top_p=top_p, **controls)
+        return self.continuation(prompt, decode, seed=seed, stream=stream)
+
+    @torch.no_grad()
+    def continuation(self, prompt: str, decode: DecodeConfig, *, seed: int | None = None,
+                     stream: Callable[[str], None] | None = None) -> str:
+        """:meth:`generate` with its options already checked."""
+        tok = self.source_tokenizer
+        text = TextStream(tok, decode.stop)
+
+        def on_token(i: int) -> bool:
+            piece = text.push(i)
+            if stream is not None and piece:
+                stream(piece)
+            return text.stopped
+
+        generate(self.model, tok.encode(prompt), bos_id=tok.bos_id, eos_id=tok.eos_id,
+                 max_new_tokens=decode.max_new_tokens, temperature=decode.temperature,
+                 top_k=decode.top_k, top_p=decode.top_p, seed=seed, on_token=on_token,
+                 rules=Rules.of(decode))
+        rest = text.finish()
+        if stream is not None and rest:
+            stream(rest)
+        return text.text
+
+    @torch.no_grad()
+    def score(self, text, *, beam=None, outputs=None):
+        """Loss (nats per token), perplexity, bits per token and per character over the whole
+        text, read in consecutive windows of the model's ``max_len`` (the result says so:
+        ``windows``). There are no outputs to keep."""
+        tok, max_len = self.source_tokenizer, self.config.model.max_len
+        ids = torch.tensor(tok.encode(text), dtype=torch.long)
+        if ids.numel() < 2:
+            raise DataError("the evaluation text is shorter than two tokens")
+        nll = count = 0.0
+        windows = 0
+        for x, y in lm_eval_windows(ids, max_len):
+            windows += 1
+            x, y = x.to(self.device), y.to(self.device)
+            logits = self.model(x, mask=torch.ones_like(x, dtype=torch.bool))
+            _, batch_nll, n = smoothed_cross_entropy(logits.flatten(0, 1), y.flatten())
+            nll += float(batch_nll)
+            count += int(n)
+        chars = len(text) - len(tok.decode(ids[:1].tolist()))  # predicted characters
+        loss = nll / count
+        return {"tokens": int(count), "loss": loss, "perplexity": math.exp(min(loss, 50.0)),
+                "bits_per_token": loss / math.log(2),
+                "bits_per_char": nll / max(1, chars) / math.log(2),
+                "windows": {"count": windows, "length": max_len,
+                            "scored": "consecutive, non-overlapping windows over the whole "
+                                      "text: every token after the first scored once, with "
+                                      "the window's earlier tokens as its context"}}
+
+    # --- looking inside ---------------------------------------------------------------------
+    def _ids(self, text: str) -> list[int]:
+        tok = self.source_tokenizer
+        return tok.encode(text)[: self.config.model.max_len] or [tok.bos_id]
+
+    @torch.no_grad()
+    def attention(self, text, target=None):
+        ids = self._ids(text)
+        _, weights = self.model.forward_with_attention(as_batch(ids, self.device))
+        labels = token_labels(self.source_tokenizer, ids)
+        return {"self-attention": attention_map(weights["decoder"][:, 0], labels, labels)}
+
+    @torch.no_grad()
+    def output_probabilities(self, text, target=None):
+        """Each token's probability given the tokens before it (the first has none)."""
+        ids = self._ids(text)
+        logits = self.model(as_batch(ids, self.device))
+        labels = token_labels(self.source_tokenizer, ids)
+        return [{"token": labels[0], "p": None}, *next_token_probabilities(logits, ids, labels)]
+
+
+class TextStream:
+    """Text of generated tokens as they come: only whole characters (a byte-level token may
+    end inside one), cut before the first stop string, and holding back any text that could
+    still turn into a stop string. ``push(id)`` returns the new text to show; ``finish()``
+    the rest; ``text`` is the whole output; ``stopped`` says a stop string was met."""
+
+    def __init__(self, tokenizer, stop: list[str] | tuple[str, ...] = ()) -> None:
+        self.tokenizer, self.stop = tokenizer, list(stop)
+        self.ids: list[int] = []
+        self.shown = ""
+        self.text = ""
+        self.stopped = False
+
+    def push(self, token: int) -> str:
+        if self.stopped:
+            return ""
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        cuts = [text.find(s) for s in self.stop if s in text]
+        if cuts:
+            self.text, self.stopped = text[: min(cuts)], True
+            return self._show(self.text)
+        self.text = text
+        if text.endswith("\ufffd"):  # wait for the rest of the character
+            return ""
+        hold = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])),
+                   default=0)
+        return self._show(text[: len(text) - hold])
+
+    def finish(self) -> str:
+        return self._show(self.text)
+
+    def _show(self, text: str) -> str:
+        new = text[len(self.shown):] if text.startswith(self.shown) else ""
+        self.shown = text if text.startswith(self.shown) else self.shown
+        return new
