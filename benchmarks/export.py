@@ -40,7 +40,6 @@ def main() -> None:
     args = parser.parse_args()
 
     import vaswani
-    from vaswani.cli import cfg_split
     from vaswani.data.files import ReadReport, iter_translation
     from vaswani.data.registry import default_cache
     from vaswani.devices import bf16_is_fast
@@ -50,7 +49,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     run = vaswani.load(args.run_dir)
-    pairs = list(iter_translation(cfg_split(run, "test", default_cache()), ReadReport()))
+    pairs = list(iter_translation(run.data_files("test", default_cache()), ReadReport()))
     if args.limit:
         pairs = pairs[:args.limit]
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]

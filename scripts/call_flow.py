@@ -6,7 +6,8 @@ checkpoint, so every part of a run happens) under ``sys.setprofile``, lists vasw
 functions in the order they are *first* called, maps each to its module, merges neighbours in
 the same module, and counts, per module, how many times the path comes back to it after
 leaving it. The lower floors (``nn/``, ``models/``, ``config/``, ``data/``, ``generation/``) are
-left out with ``--top-only``, as they are libraries the run calls, not its plot.
+left out with ``--top-only``, as they are libraries the run calls, not its plot. What runs
+while a module is imported (its body, class bodies, default arguments) never counts.
 
     python scripts/call_flow.py [--top-only] [--show]
 """
@@ -14,13 +15,28 @@ left out with ``--top-only``, as they are libraries the run calls, not its plot.
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LOWER = ("nn.", "models.", "config.", "data.", "generation.", "evaluation.", "viz.")
+LOWER = ("nn", "models", "config", "data", "generation", "evaluation", "viz", "atomic",
+         "devices")
+
+
+def importing(frame) -> bool:
+    """Whether this call is a module or class body, or runs while a vaswani module is being
+    imported (its code, class bodies, default arguments): not the run's plot."""
+    if not frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+        return True  # a module's or a class's body
+    while frame is not None:
+        if (frame.f_code.co_name == "<module>"
+                and frame.f_globals.get("__name__", "").startswith("vaswani")):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def trace_train(work: Path) -> list[str]:
@@ -36,7 +52,7 @@ def trace_train(work: Path) -> list[str]:
             return
         code = frame.f_code
         module = frame.f_globals.get("__name__", "")
-        if not module.startswith("vaswani.") or code in seen:
+        if not module.startswith("vaswani.") or code in seen or importing(frame):
             return
         seen.add(code)
         order.append(module.removeprefix("vaswani."))
@@ -75,7 +91,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         order = trace_train(Path(tmp))
     if args.top_only:
-        order = [m for m in order if not m.startswith(LOWER)]
+        order = [m for m in order if m.split(".")[0] not in LOWER]
     path, back = returns(order)
     if args.show:
         print(" -> ".join(path))

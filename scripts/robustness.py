@@ -61,13 +61,12 @@ def main() -> None:
     args = parser.parse_args()
 
     import vaswani
-    from vaswani.cli import cfg_split
     from vaswani.data.files import ReadReport, iter_translation
     from vaswani.data.registry import default_cache
     from vaswani.evaluation.metrics import bleu_chrf
 
     run = vaswani.load(args.run_dir, weights=args.weights)
-    pairs = list(iter_translation(cfg_split(run, "test", default_cache()), ReadReport()))
+    pairs = list(iter_translation(run.data_files("test", default_cache()), ReadReport()))
     if args.limit:
         pairs = pairs[:args.limit]
     results = {}

@@ -45,7 +45,8 @@ def train_with(tmp_path, arch, data_file, *, steps=60):
     run_dir = tmp_path / "run"
     rundir.start(run_dir, overwrite=False)
     rundir.write_run(run_dir, cfg, data.source_tokenizer, data.target_tokenizer, data.labels)
-    trainer = Trainer(cfg, data, run_dir, device=torch.device("cpu"), progress=False)
+    trainer = Trainer(cfg, task_for(cfg), data, run_dir, device=torch.device("cpu"),
+                      progress=False)
     first = trainer.evaluate()["valid_loss"]
     result = trainer.fit()
     assert result["valid_loss"] < first  # it learned something

@@ -29,7 +29,7 @@ def make_trainer(tmp_path, grad_accum):
     cfg = resolve_model(cfg, task, ds)
     run = tmp_path / f"run{grad_accum}"
     run.mkdir()
-    trainer = Trainer(cfg, ds, run, device=torch.device("cpu"), progress=False)
+    trainer = Trainer(cfg, task_for(cfg), ds, run, device=torch.device("cpu"), progress=False)
     trainer.model.double()
     return trainer, ds
 

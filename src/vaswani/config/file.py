@@ -37,6 +37,10 @@ class RunConfig:
     def to_toml(self) -> str:
         return dump_toml(self.to_dict())
 
+    def replace(self, **sections) -> RunConfig:
+        """A copy with some sections replaced: ``cfg.replace(model=cfg.model.replace(...))``."""
+        return dataclasses.replace(self, **sections)
+
 
 def parse_value(section: str, key: str, text: str) -> Any:
     """Parse the text of ``--set section.key=TEXT`` by the type of that field."""

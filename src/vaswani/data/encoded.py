@@ -249,7 +249,17 @@ def catalogue(root: Path) -> list[dict]:
         manifest = json.loads(directory.read_text())
         first = next(iter(manifest["inputs"].get("train", [])), {"path": "?"})
         counts = manifest.get("counts", {}).get("train", {})
+        text = "stream" in manifest.get("fields", {}).values()
         out.append({"name": directory.parent.name, "task": manifest.get("task", "?"),
                     "input": first["path"], "examples": counts.get("examples", 0),
+                    "unit": "tokens" if text else "examples",
                     "bytes": folder_size(directory.parent)})
     return out
+
+
+def clean(root: Path) -> int:
+    """Remove every encoded dataset (and cached tokenizer) under ``root``; returns the bytes
+    freed. They are encoded again on first use."""
+    freed = folder_size(root) if root.exists() else 0
+    shutil.rmtree(root, ignore_errors=True)
+    return freed

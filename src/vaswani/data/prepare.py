@@ -319,3 +319,24 @@ def split_files(cfg, split: str, cache: Path) -> list[str]:
         files = prepared_files(cfg.dataset, cache)
         return [str(files[split])] if split in files else []
     return list(getattr(cfg, split))
+
+
+def listing(cache: Path) -> list[str]:
+    """What ``vaswani data list`` prints: each registry dataset and whether it is prepared,
+    then the encoded datasets in the cache."""
+    from . import encoded
+
+    lines = []
+    for name, spec in DATASETS.items():
+        ready = (dataset_dir(cache, name) / "manifest.json").exists()
+        source = "generated" if spec.package is None else spec.package.spec
+        lines.append(f"{name:<13} {spec.task:<15} {spec.description} "
+                     f"[{'prepared' if ready else source}]")
+    root = cache / "encoded"
+    entries = encoded.catalogue(root) if root.exists() else []
+    if entries:
+        lines.append(f"\nencoded datasets in {root} ({encoded.folder_size(root) / 2**20:,.1f} "
+                     "MiB; `vaswani data clean` removes them):")
+        lines += [f"  {e['name']:<36} {e['examples']:>12,} {e['unit']:<8}  "
+                  f"{e['bytes'] / 2**20:>9,.1f} MiB  {e['input']}" for e in entries]
+    return lines

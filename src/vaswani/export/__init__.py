@@ -34,6 +34,15 @@ def refuse(fmt: str, option: str, value, supported: str) -> ExportError:
                        f"counterpart there ({supported})")
 
 
+def how_to_use(fmt: str, out: Path) -> str:
+    """One line saying how to use an export in ``out``."""
+    return {"ct2": f"vaswani translate {out} --engine ct2   (or generate ... --engine ct2)",
+            "hf": f"transformers' AutoModel*.from_pretrained({str(out)!r}) and "
+                  f"AutoTokenizer.from_pretrained({str(out)!r})",
+            "onnx": f"onnxruntime.InferenceSession(...) on {out}/*.onnx (inputs and outputs in "
+                    f"{out}/onnx_export.json)"}[fmt]
+
+
 def export(run_dir: str | Path, fmt: str, out: str | Path, *, quantize: str | None = None,
            overwrite: bool = False) -> Path:
     """Export the run at ``run_dir`` to ``out`` in format ``fmt``; returns ``out``.

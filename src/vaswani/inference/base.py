@@ -25,6 +25,7 @@ from torch import Tensor
 from .. import checkpoint, rundir
 from ..config import DecodeConfig, RunConfig
 from ..data.files import ReadReport
+from ..data.prepare import split_files
 from ..data.tokenizers import Tokenizer
 from ..devices import resolve_device
 from ..models import build_model
@@ -69,6 +70,14 @@ class Run:
             raise WrongModel(f"{self.run_dir} holds {self.describes}; {name} needs "
                              f"{owner.describes}")
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def data_files(self, split: str, cache: Path) -> list[str]:
+        """The files of the run's ``[data]`` valid or test split (a registry dataset's are
+        prepared in ``cache`` first); an error if it names none."""
+        files = split_files(self.config.data, split, cache)
+        if not files:
+            raise ValueError(f"{self.run_dir} names no [data] {split} files; pass --data FILE")
+        return list(files)
 
     def decode_options(self, **given) -> DecodeConfig:
         """The run's ``[decode]`` with the options given (None = keep), checked."""

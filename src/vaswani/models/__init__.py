@@ -21,4 +21,12 @@ def build_model(config: ModelConfig) -> nn.Module:
     return ARCHITECTURES[config.arch](config)
 
 
-__all__ = ["ARCHITECTURES", "DecoderLM", "EncoderClassifier", "EncoderDecoder", "build_model"]
+def parameter_counts(model: nn.Module) -> tuple[list[tuple[str, int]], int]:
+    """(parameters of each top-level part, total with shared (tied) weights counted once)."""
+    parts = [(name, sum(p.numel() for p in child.parameters()))
+             for name, child in model.named_children()]
+    return parts, sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["ARCHITECTURES", "DecoderLM", "EncoderClassifier", "EncoderDecoder", "build_model",
+           "parameter_counts"]

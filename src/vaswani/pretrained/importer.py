@@ -161,3 +161,12 @@ def import_gguf(source: str, out: Path, cache: Path, *, overwrite: bool = False)
     decode = DecodeConfig(temperature=0.0, max_new_tokens=32)  # greedy by default
     return _write_run(out, config, state, tokenizer, decode, source, overwrite,
                       fields.get("chat_template"))
+
+
+def import_checkpoint(fmt: str, source: str, out: Path, cache: Path, *,
+                      overwrite: bool = False) -> Path:
+    """``vaswani import bert|gguf SOURCE --out RUN_DIR``."""
+    formats = {"bert": import_bert, "gguf": import_gguf}
+    if fmt not in formats:
+        raise ValueError(f"format ({fmt!r}) must be one of {', '.join(formats)}")
+    return formats[fmt](source, out, cache, overwrite=overwrite)

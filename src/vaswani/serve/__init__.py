@@ -7,7 +7,21 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-__all__ = ["create_app", "standalone_explorer"]
+__all__ = ["create_app", "name_runs", "standalone_explorer"]
+
+
+def name_runs(run_dirs: list[str], names: list[str] | None) -> dict:
+    """The model name of each run directory: ``names`` in order, then the folders' names;
+    two runs under one name are an error."""
+    from pathlib import Path
+
+    names = list(names or [])
+    if len(names) > len(run_dirs):
+        raise ValueError(f"{len(names)} --name for {len(run_dirs)} RUN_DIRs")
+    names += [Path(d).name for d in run_dirs[len(names):]]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two runs would be served under one name ({names}); give --name")
+    return dict(zip(names, run_dirs, strict=True))
 
 
 def create_app(*args, **kwargs):

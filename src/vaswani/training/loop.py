@@ -37,7 +37,7 @@ from .. import atomic, checkpoint, rundir
 from ..config import RunConfig
 from ..evaluation.metrics import perplexity
 from ..models import build_model
-from ..tasks import TaskData, task_for
+from ..tasks import Task, TaskData
 from .distributed import Dist
 from .progress import Progress
 from .schedules import lr_factor
@@ -62,14 +62,13 @@ def make_optimizer(model: nn.Module, cfg) -> torch.optim.AdamW:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, data: TaskData, run_dir: Path, *, device: torch.device,
-                 dist: Dist | None = None, resume: bool = False, progress: bool = True,
-                 stop: StopRequest | None = None) -> None:
+    def __init__(self, cfg: RunConfig, task: Task, data: TaskData, run_dir: Path, *,
+                 device: torch.device, dist: Dist | None = None, resume: bool = False,
+                 progress: bool = True, stop: StopRequest | None = None) -> None:
         dist = dist or Dist()
-        self.cfg, self.data, self.run_dir, self.device, self.dist = cfg, data, run_dir, device, dist
+        self.cfg, self.task, self.data, self.run_dir = cfg, task, data, run_dir
+        self.device, self.dist = device, dist
         t = cfg.train
-        self.task = task_for(cfg)
-        self.task.check_training_config()
         torch.manual_seed(t.seed)  # same initial weights on every rank
         self.model = build_model(cfg.model).to(device)
         self.optimizer = make_optimizer(self.model, t)

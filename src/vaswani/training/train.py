@@ -1,4 +1,18 @@
-"""``vaswani train``: from a config file (or a run to resume) to a trained run directory."""
+"""``vaswani train``: from a config file (or a run to resume) to a trained run directory.
+
+The recipe, in the order it runs (:func:`train`):
+
+1. the config: read, ``--set`` applied, a pretrained starting point's model and tokenizer
+   taken (``[train] init_from``), the schedule's length fixed (:func:`configure`);
+2. the task that trains it (tasks/), the device, the processes (distributed.py);
+3. the run directory, locked, and the data: encoded once into memory maps, and the config
+   completed from it (vocabulary sizes, classes, padding id) (:func:`start`);
+4. the training loop (loop.py ``Trainer``) until ``max_steps``, early stopping or the time
+   budget, then the loss plot, the checkpoints' average and a summary.
+
+Everything that can be checked is checked before the run directory is touched, and a start
+that fails before saving any weights leaves nothing behind.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from .. import checkpoint, rundir
+from .. import checkpoint, devices, rundir
 from ..config import RunConfig, apply_overrides, load_run_config, load_toml
 from ..data.registry import default_cache
-from ..devices import resolve_device
+from ..data.tokenizers import Tokenizer
 from ..tasks import Task, TaskData, task_for
 from ..viz.curves import plot_loss
 from .distributed import Dist, init, shutdown
@@ -34,56 +48,42 @@ class Launch:
     stop: StopRequest = field(default_factory=StopRequest)
 
 
-def resolve_model(cfg: RunConfig, task: Task, data: TaskData) -> RunConfig:
-    """Fill in what the data decides (vocabulary sizes, classes, the padding id)."""
-    m = cfg.model
-    derived = task.model_fields(data)
-    for name, value in derived.items():
-        given = getattr(m, name)
-        if name != "pad_id" and name not in m._followed and given not in (0, None, value):
-            raise ValueError(f"[model] {name} ({given}) does not match the data ({value}); "
-                             "leave it out and vaswani train sets it")
-    return RunConfig(m.replace(**derived), cfg.data, cfg.train, cfg.decode)
+Tokenizers = tuple[Tokenizer, Tokenizer | None]
 
 
 def train(config: str | None, overrides: list[str], out: str | None = None,
-          resume: str | None = None, overwrite: bool = False, launch: Launch = Launch(),
+          resume: str | None = None, overwrite: bool = False, launch: Launch | None = None,
           cache: Path | None = None) -> dict:
-    """Train and return a summary dict (also printed by the CLI).
-
-    Everything that can be checked is checked before the run directory is touched; the
-    directory is locked for the life of the run; a start that fails before saving any
-    weights leaves nothing behind."""
-    start = time.perf_counter()
+    """Train and return a summary dict (also printed by the CLI)."""
+    launch = launch or Launch()
+    began = time.perf_counter()
     cache = default_cache() if cache is None else cache
-    init_tokenizers = None
     if resume:
-        run_dir = Path(resume)
-        cfg = _resumed_config(run_dir, overrides)
+        run_dir, cfg, init_tokenizers = Path(resume), resumed_config(Path(resume), overrides), None
+    elif config is None:
+        raise ValueError("give a CONFIG.toml to train, or --resume RUN_DIR")
     else:
-        if config is None:
-            raise ValueError("give a CONFIG.toml to train, or --resume RUN_DIR")
-        cfg = load_run_config(config, overrides)
         run_dir = Path(out) if out else Path("runs") / Path(config).stem
-        if cfg.train.init_from:
-            cfg, init_tokenizers = _from_pretrained(cfg)
-        # The schedule's length is fixed now: resuming with more steps continues it.
-        cfg = RunConfig(cfg.model, cfg.data, cfg.train.replace(
-            schedule_steps=cfg.train.schedule_steps), cfg.decode)
+        cfg, init_tokenizers = configure(config, overrides)
     task = task_for(cfg)
     task.check_training_config()
-    device = resolve_device(cfg.train.device, launch.local_rank)
-    cfg = _native_precision(cfg, device, launch.rank)
+    device = devices.resolve_device(cfg.train.device, launch.local_rank)
+    cfg = native_precision(cfg, device, launch.rank)
     dist = init(launch.rank, launch.world, launch.local_rank, device)
     created = not run_dir.exists()
     try:
         with _lock(run_dir, dist):
             try:
-                data, cfg = _start(task, cfg, run_dir, resume, overwrite, init_tokenizers,
-                                   cache, dist, launch.progress)
+                data, cfg = start(task, cfg, run_dir, resume=bool(resume), overwrite=overwrite,
+                                  tokenizers=init_tokenizers, cache=cache, dist=dist,
+                                  progress=launch.progress)
                 if dist.is_main:
-                    _announce(run_dir, cfg, task, data, device, dist)
-                trainer = Trainer(cfg, data, run_dir, device=device, dist=dist,
+                    print(f"vaswani train: {cfg.model.arch} model, {len(data.train):,} "
+                          f"training / {len(data.valid):,} validation {task.unit}, vocabulary "
+                          f"{cfg.model.vocab_size:,}, device {device}"
+                          f"{f', {dist.world} processes' if dist.enabled else ''} -> {run_dir}",
+                          file=sys.stderr, flush=True)
+                trainer = Trainer(cfg, task, data, run_dir, device=device, dist=dist,
                                   resume=bool(resume), progress=launch.progress,
                                   stop=launch.stop)
                 result = trainer.fit()
@@ -92,42 +92,45 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
                     _clear_failed_start(run_dir, created)
                 raise
             summary = {"run_dir": str(run_dir), "steps": trainer.step,
-                       "seconds": round(time.perf_counter() - start, 1), **result}
+                       "seconds": round(time.perf_counter() - began, 1), **result}
             if trainer.skipped:
                 summary["skipped_steps"] = trainer.skipped
             if dist.is_main:
-                plot_loss(run_dir / rundir.METRICS, run_dir / rundir.LOSS_PLOT)
-                if cfg.train.keep_checkpoints:
-                    path, averaged = checkpoint.write_average(run_dir)
-                    summary["averaged"] = f"{path} ({len(averaged)} checkpoints)"
-                notes = data.report.summary()
-                if data.truncated:
-                    notes += f"{'; ' if notes else ''}truncated {data.truncated} sequence(s) " \
-                             f"to max_len ({cfg.model.max_len})"
-                if notes:
-                    summary["data_notes"] = notes
+                summary.update(_finish(run_dir, cfg, data))
             return summary
     finally:
         shutdown(dist)
 
 
-def _native_precision(cfg: RunConfig, device: torch.device, rank: int) -> RunConfig:
-    """``[train] bf16`` where the device has no native bf16 (an AVX2 CPU): PyTorch would
-    emulate it, tens of times slower than float32, so the run trains in float32 and says so
-    (config.toml records bf16 = false)."""
-    from ..devices import bf16_is_fast
+# --- 1. the config -----------------------------------------------------------------------------
 
-    if not cfg.train.bf16 or bf16_is_fast(device):
-        return cfg
-    if rank == 0:
-        print(f"vaswani train: [train] bf16 = true, but this {device.type.upper()} has no native "
-              "bfloat16 (AVX512-BF16 or AMX on a CPU), where it would run tens of times slower "
-              "than float32: training in float32 (--set train.bf16=false says so quietly)",
-              file=sys.stderr, flush=True)
-    return RunConfig(cfg.model, cfg.data, cfg.train.replace(bf16=False), cfg.decode)
+def configure(config: str, overrides: list[str]) -> tuple[RunConfig, Tokenizers | None]:
+    """A new run's config (the file with ``--set`` overrides) and, with ``[train]
+    init_from``, the tokenizers of the run it starts from, whose ``[model]`` replaces the
+    file's (what the new data decides, the classes, is filled in later). The schedule's
+    length is fixed now, so that resuming with more steps continues it."""
+    cfg = load_run_config(config, overrides)
+    cfg = cfg.replace(train=cfg.train.replace(schedule_steps=cfg.train.schedule_steps))
+    if not cfg.train.init_from:
+        return cfg, None
+    base_dir = Path(cfg.train.init_from)
+    if not (base_dir / rundir.CONFIG).exists():
+        raise FileNotFoundError(f"[train] init_from ({base_dir}) is not a run directory "
+                                "(no config.toml); make one with vaswani import or train")
+    base = rundir.read_config(base_dir).model
+    if base.arch != cfg.model.arch:
+        raise ValueError(f"[train] init_from ({base_dir}) holds a {base.arch!r} model but "
+                         f"[model] arch is {cfg.model.arch!r}")
+    if base.arch != "encoder":
+        raise ValueError("[train] init_from supports encoder models (fine-tuning a "
+                         "classifier) for now")
+    model = base.replace(n_classes=None, dropout=cfg.model.dropout,
+                         attn_dropout=cfg.model.attn_dropout, pooling=cfg.model.pooling)
+    source, target, _ = rundir.read_tokenizers(base_dir)
+    return cfg.replace(model=model), (source, target)
 
 
-def _resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
+def resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
     """The run's config with ``--set`` overrides. A run written before ``schedule_steps``
     existed keeps the schedule its ``max_steps`` gave it. Extending a cosine schedule that
     has ended at a zero learning rate would change nothing, so it is refused."""
@@ -155,6 +158,30 @@ def _resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
     return cfg
 
 
+def native_precision(cfg: RunConfig, device: torch.device, rank: int) -> RunConfig:
+    """``[train] bf16`` where the device has no native bf16 (an AVX2 CPU): PyTorch would
+    emulate it, tens of times slower than float32, so the run trains in float32 and says so
+    (config.toml records bf16 = false)."""
+    if not cfg.train.bf16 or devices.bf16_is_fast(device):
+        return cfg
+    if rank == 0:
+        print(f"vaswani train: [train] bf16 = true, but this {device.type.upper()} has no native "
+              "bfloat16 (AVX512-BF16 or AMX on a CPU), where it would run tens of times slower "
+              "than float32: training in float32 (--set train.bf16=false says so quietly)",
+              file=sys.stderr, flush=True)
+    return cfg.replace(train=cfg.train.replace(bf16=False))
+
+
+def encode_data(config: str, overrides: list[str], cache: Path, *,
+                progress: bool = True) -> TaskData:
+    """``vaswani data encode``: the data step of ``vaswani train CONFIG`` alone, so that the
+    training (and every DDP process) later maps the encoded files."""
+    cfg, tokenizers = configure(config, overrides)
+    return task_for(cfg).load(cache, tokenizers, progress=progress)
+
+
+# --- 3. the run directory and the data -------------------------------------------------------
+
 @contextlib.contextmanager
 def _lock(run_dir: Path, dist: Dist):
     """Rank 0 holds the run directory's lock; every rank learns whether it got it."""
@@ -173,30 +200,49 @@ def _lock(run_dir: Path, dist: Dist):
         yield
 
 
-def _start(task: Task, cfg: RunConfig, run_dir: Path, resume: str | None, overwrite: bool,
-           init_tokenizers, cache: Path, dist: Dist, progress: bool
-           ) -> tuple[TaskData, RunConfig]:
+def start(task: Task, cfg: RunConfig, run_dir: Path, *, resume: bool, overwrite: bool,
+          tokenizers: Tokenizers | None, cache: Path, dist: Dist, progress: bool
+          ) -> tuple[TaskData, RunConfig]:
     """The run's data, and its config completed from the data. A new run: rank 0 trains the
     tokenizer, encodes the data (into the cache) and writes config.toml and tokenizer/; the
-    other ranks then read the tokenizer back and map the same encoded files."""
-    show = progress and dist.is_main
+    other ranks then read the tokenizer back and map the same encoded files. A resumed run
+    reads its tokenizer (and labels) from ``run_dir``."""
     if resume:
         checkpoint.find_last(run_dir)  # fail before reading data if there is nothing to resume
-        if dist.is_main:
-            data = _data_from_run(task, run_dir, cache, show)
-        dist.barrier()  # rank 0 encodes (if the cache lacks it); the others then map it
-        if not dist.is_main:
-            data = _data_from_run(task, run_dir, cache, False)
-    else:
-        if dist.is_main:
-            rundir.start(run_dir, overwrite)
-            data = task.load(cache, init_tokenizers, progress=show)
+    elif dist.is_main:
+        rundir.start(run_dir, overwrite)
+    if dist.is_main:
+        data = _load_data(task, run_dir, resume, tokenizers, cache, progress)
+        if not resume:
             rundir.write_run(run_dir, resolve_model(cfg, task, data), data.source_tokenizer,
                              data.target_tokenizer, data.labels)
-        dist.barrier()
-        if not dist.is_main:
-            data = _data_from_run(task, run_dir, cache, False)
+    dist.barrier()  # rank 0 has encoded the data (if the cache lacked it) and written the run
+    if not dist.is_main:
+        data = _load_data(task, run_dir, True, None, cache, False)
     return data, resolve_model(cfg, task, data)
+
+
+def _load_data(task: Task, run_dir: Path, from_run: bool, tokenizers: Tokenizers | None,
+               cache: Path, progress: bool) -> TaskData:
+    """The task's data, with the tokenizers (and labels) saved in ``run_dir`` when
+    ``from_run``, else with ``tokenizers`` (None: trained on the data)."""
+    labels = None
+    if from_run:
+        source, target, labels = rundir.read_tokenizers(run_dir)
+        tokenizers, labels = (source, target), labels or None
+    return task.load(cache, tokenizers, labels, progress=progress)
+
+
+def resolve_model(cfg: RunConfig, task: Task, data: TaskData) -> RunConfig:
+    """Fill in what the data decides (vocabulary sizes, classes, the padding id)."""
+    m = cfg.model
+    derived = task.model_fields(data)
+    for name, value in derived.items():
+        given = getattr(m, name)
+        if name != "pad_id" and name not in m._followed and given not in (0, None, value):
+            raise ValueError(f"[model] {name} ({given}) does not match the data ({value}); "
+                             "leave it out and vaswani train sets it")
+    return cfg.replace(model=m.replace(**derived))
 
 
 def _clear_failed_start(run_dir: Path, created: bool) -> None:
@@ -210,36 +256,20 @@ def _clear_failed_start(run_dir: Path, created: bool) -> None:
         rundir.remove_run_files(run_dir)
 
 
-def _from_pretrained(cfg: RunConfig):
-    """[train] init_from: the model and tokenizer of that run replace the config's [model]
-    and tokenizer; what the new data decides (the classes) is filled in later."""
-    base_dir = Path(cfg.train.init_from)
-    if not (base_dir / rundir.CONFIG).exists():
-        raise FileNotFoundError(f"[train] init_from ({base_dir}) is not a run directory "
-                                "(no config.toml); make one with vaswani import or train")
-    base = rundir.read_config(base_dir).model
-    if base.arch != cfg.model.arch:
-        raise ValueError(f"[train] init_from ({base_dir}) holds a {base.arch!r} model but "
-                         f"[model] arch is {cfg.model.arch!r}")
-    if base.arch != "encoder":
-        raise ValueError("[train] init_from supports encoder models (fine-tuning a "
-                         "classifier) for now")
-    model = base.replace(n_classes=None, dropout=cfg.model.dropout,
-                         attn_dropout=cfg.model.attn_dropout, pooling=cfg.model.pooling)
-    source, target, _ = rundir.read_tokenizers(base_dir)
-    return RunConfig(model, cfg.data, cfg.train, cfg.decode), (source, target)
+# --- 4. the end ----------------------------------------------------------------------------
 
-
-def _data_from_run(task: Task, run_dir: Path, cache: Path, progress: bool) -> TaskData:
-    """The data encoded with the tokenizers (and labels) saved in ``run_dir``."""
-    source, target, labels = rundir.read_tokenizers(run_dir)
-    return task.load(cache, (source, target), labels or None, progress=progress)
-
-
-def _announce(run_dir: Path, cfg: RunConfig, task: Task, data: TaskData, device: torch.device,
-              dist: Dist) -> None:
-    n_train, n_valid = len(data.train), len(data.valid)
-    print(f"vaswani train: {cfg.model.arch} model, {n_train:,} training / {n_valid:,} "
-          f"validation {task.unit}, vocabulary {cfg.model.vocab_size:,}, device {device}"
-          f"{f', {dist.world} processes' if dist.enabled else ''} -> {run_dir}",
-          file=sys.stderr, flush=True)
+def _finish(run_dir: Path, cfg: RunConfig, data: TaskData) -> dict:
+    """Rank 0, after training: the loss plot, the kept checkpoints' average, notes on the
+    data (skipped lines, truncations) for the summary."""
+    out = {}
+    plot_loss(run_dir / rundir.METRICS, run_dir / rundir.LOSS_PLOT)
+    if cfg.train.keep_checkpoints:
+        path, averaged = checkpoint.write_average(run_dir)
+        out["averaged"] = f"{path} ({len(averaged)} checkpoints)"
+    notes = data.report.summary()
+    if data.truncated:
+        notes += f"{'; ' if notes else ''}truncated {data.truncated} sequence(s) to max_len " \
+                 f"({cfg.model.max_len})"
+    if notes:
+        out["data_notes"] = notes
+    return out

