@@ -10,6 +10,7 @@ The rule everywhere: nothing incomplete ever sits under its final name.
 * a folder is built in a private temporary folder beside its final place and renamed into
   place when complete (:func:`building`); private folders left behind by processes that died
   (a kill -9) are removed by the next one;
+* a log line is appended and fsync'ed at once (:func:`append_line`);
 * :func:`file_sha256` is the one checksum of a file's bytes.
 """
 
@@ -108,6 +109,15 @@ def building(final: Path) -> Iterator[Path]:
         fsync_dir(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def append_line(path: Path, line: str) -> None:
+    """Add one line to a log file, flushed to disk: a kill cuts at most this line short (and
+    its reader drops a line cut short)."""
+    with path.open("a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def file_sha256(path: Path) -> str:

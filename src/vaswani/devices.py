@@ -3,6 +3,8 @@ device that is not there is a clear error (not PyTorch's assertion)."""
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 
@@ -25,6 +27,20 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device ({name!r}): MPS is not available on this machine")
     return device
+
+
+def native_bf16(asked: bool, device: torch.device, *, say: bool = True) -> bool:
+    """Whether to autocast to bf16: as ``asked``, unless the device has no native bf16 (an
+    AVX2 CPU), where PyTorch would emulate it tens of times slower than float32; then float32
+    instead, said once on stderr (``say``)."""
+    if not asked or bf16_is_fast(device):
+        return asked
+    if say:
+        print(f"vaswani train: [train] bf16 = true, but this {device.type.upper()} has no native "
+              "bfloat16 (AVX512-BF16 or AMX on a CPU), where it would run tens of times slower "
+              "than float32: training in float32 (--set train.bf16=false says so quietly)",
+              file=sys.stderr, flush=True)
+    return False
 
 
 def bf16_is_fast(device: torch.device) -> bool:

@@ -182,11 +182,3 @@ def read_metrics(path: Path) -> list[dict]:
             continue
         rows.append(row)
     return rows
-
-
-def append_metrics(path: Path, row: dict) -> None:
-    """Add one log line, flushed to disk (a kill cuts at most this line short)."""
-    with path.open("a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())

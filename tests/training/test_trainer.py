@@ -38,7 +38,7 @@ def test_grad_accumulation_4x8_equals_one_batch_of_32(tmp_path):
     big, ds = make_trainer(tmp_path, 1)
     acc, _ = make_trainer(tmp_path, 4)
     examples = sorted(ds.train[:32], key=lambda e: len(e[1]))  # quarters differ in length
-    loss_big, n_big = big.accumulate([big.to_device(big.task.collate(examples))])
+    loss_big, n_big = big.accumulate([big.task.collate(examples)])
     quarters = [acc.task.collate(examples[k * 8:(k + 1) * 8]) for k in range(4)]
     loss_acc, n_acc = acc.accumulate(quarters)
     assert n_big == n_acc  # non-pad target tokens of the whole step
@@ -221,7 +221,8 @@ def test_an_optimizer_state_of_another_model_is_refused_not_loaded():
     be an error before it is loaded (loading it corrupted memory)."""
     from vaswani import ModelConfig, build_model
     from vaswani.config import TrainConfig
-    from vaswani.training.loop import check_optimizer_state, make_optimizer
+    from vaswani.training.loop import make_optimizer
+    from vaswani.training.state import check_optimizer_state
 
     def stepped(d_ff):
         model = build_model(ModelConfig(arch="decoder", vocab_size=11, d_model=8, n_heads=2,

@@ -54,7 +54,3 @@ def read_lines(path: str | None) -> list[str]:
                              f"column {e.start + 1})") from None
     return lines
 
-
-def add_set(p: argparse.ArgumentParser, example: str = "train.lr=3e-4") -> None:
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help=f"override one config value, e.g. --set {example} (repeatable)")

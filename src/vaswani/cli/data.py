@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import add_set, cache_dir
+from .common import cache_dir
 
 
 def add_commands(sub, cache: argparse.ArgumentParser) -> None:
@@ -34,7 +34,8 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                     "CACHE/encoded/, where `vaswani train` with the same settings (and every "
                     "DDP process, and --resume) finds them.")
     q.add_argument("config", metavar="CONFIG.toml")
-    add_set(q)
+    q.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value, e.g. --set train.lr=3e-4 (repeatable)")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
     q.set_defaults(func=encode)
     q = data_sub.add_parser("clean", help="remove the encoded datasets from the cache",

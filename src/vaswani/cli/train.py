@@ -9,7 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .common import add_set, cache_dir
+from .common import cache_dir
 
 TRAIN_HELP = """\
 Train a model on the [data] of CONFIG.toml and write a run directory:
@@ -32,14 +32,16 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                        description="Build the [model] of CONFIG.toml (or of RUN_DIR) and "
                                    "print parameter counts.")
     p.add_argument("config", metavar="CONFIG.toml|RUN_DIR")
-    add_set(p, "model.vocab_size=8000")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value, e.g. --set model.vocab_size=8000")
     p.set_defaults(func=summary)
 
     p = sub.add_parser("train", help="train a model from a config file", parents=[cache],
                        description=TRAIN_HELP, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("config", nargs="?", metavar="CONFIG.toml",
                    help="config with [model], [data], [train], [decode] sections")
-    add_set(p)
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value, e.g. --set train.lr=3e-4 (repeatable)")
     p.add_argument("--out", metavar="RUN_DIR", help="run directory (default runs/<config name>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue this run exactly where it "
                    "stopped (raise train.max_steps with --set to train longer)")
@@ -65,29 +67,32 @@ def train(args: argparse.Namespace) -> int:
     if args.config and args.resume:
         raise ValueError("give either CONFIG.toml or --resume RUN_DIR, not both "
                          "(a resumed run reads RUN_DIR/config.toml; change it with --set)")
-    stop = StopRequest()
-    stop_on_signals(stop)
+    stop = stop_on_signals(StopRequest)
+    cache = cache_dir(args)
     launch = Launch(rank=int(os.environ.get("RANK", 0)),
                     world=int(os.environ.get("WORLD_SIZE", 1)),
                     local_rank=int(os.environ.get("LOCAL_RANK", 0)),
                     progress=not args.no_progress, stop=stop)
     summary = train(args.config, args.set, out=args.out, resume=args.resume,
-                    overwrite=args.overwrite, launch=launch, cache=cache_dir(args))
+                    overwrite=args.overwrite, launch=launch, cache=cache)
     if launch.rank == 0:
         print(json.dumps(summary))
     return 0
 
 
-def stop_on_signals(stop) -> None:
-    """SIGINT (Ctrl-C) and SIGTERM (kill, job schedulers) both mean: finish the current step,
-    save, and stop (a second one: stop at once, keeping the last checkpoint). Installed
-    explicitly: a process started in the background by a non-interactive shell inherits
-    SIGINT as *ignored*, and Python then never raises KeyboardInterrupt."""
+def stop_on_signals(make_request):
+    """A stop request (``make_request()``) that SIGINT (Ctrl-C) and SIGTERM (kill, job
+    schedulers) set: finish the current step, save, and stop (a second one: stop at once,
+    keeping the last checkpoint). Installed explicitly: a process started in the background
+    by a non-interactive shell inherits SIGINT as *ignored*, and Python then never raises
+    KeyboardInterrupt."""
     def request(signum, frame):
         stop.signal(signal.Signals(signum).name)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, request)
+    stop = make_request()
+    return stop
 
 
 def summary(args: argparse.Namespace) -> int:

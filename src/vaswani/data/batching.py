@@ -23,7 +23,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
-Batch = dict[str, Tensor]
+
+class Batch(dict):
+    """One batch: its tensors by name (``batch["src"]``), and what it holds, counted on the
+    host when it is made, so that nothing has to read them back from a device:
+    ``targets``, what its loss is averaged over, and ``tokens``, the non-padding input
+    tokens it feeds the model (for throughput)."""
+
+    def __init__(self, tensors: dict[str, Tensor], *, targets: int, tokens: int) -> None:
+        super().__init__(tensors)
+        self.targets, self.tokens = targets, tokens
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch({k: v.to(device, non_blocking=True) for k, v in self.items()},
+                     targets=self.targets, tokens=self.tokens)
 
 
 def token_budget_batches(lengths, max_tokens: int, min_size: int = 1) -> list[np.ndarray]:
@@ -154,8 +167,7 @@ class WindowBatches:
 
     def micro_batch(self, i: int) -> Batch:
         x, y = lm_windows(self.train, i, self.seed, self.batch_size, self.block_size)
-        return {"input": shard(x, self.rank, self.world),
-                "target": shard(y, self.rank, self.world)}
+        return text_batch(shard(x, self.rank, self.world), shard(y, self.rank, self.world))
 
     def valid_batches(self) -> Iterator[Batch]:
         windows = lm_eval_windows(self.valid, self.block_size)
@@ -164,5 +176,11 @@ class WindowBatches:
             for chunk in ([w for w in group if w[0].size(1) == width],
                           [w for w in group if w[0].size(1) != width]):
                 if chunk:
-                    yield {"input": torch.cat([x for x, _ in chunk]),
-                           "target": torch.cat([y for _, y in chunk])}
+                    yield text_batch(torch.cat([x for x, _ in chunk]),
+                                     torch.cat([y for _, y in chunk]))
+
+
+def text_batch(inputs: Tensor, targets: Tensor) -> Batch:
+    """Windows of text (no padding): every input token is read, every target predicted."""
+    return Batch({"input": inputs, "target": targets}, targets=targets.numel(),
+                 tokens=inputs.numel())

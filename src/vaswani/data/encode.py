@@ -65,7 +65,6 @@ class Encodable(Protocol):
     FIELDS: dict[str, str]  # the encoded fields: "ragged", "labels" or "stream"
 
     def iter_examples(self, paths: list[str], report: ReadReport) -> Iterator: ...
-    def example_bytes(self, example) -> int: ...
     def encoding_options(self) -> dict: ...
     def train_tokenizers_from(self, inputs: Inputs, kind: str) -> tuple: ...
     def train_labels(self, inputs: Inputs) -> list[str]: ...
@@ -147,6 +146,15 @@ class Inputs:
         total = sum(len(piece) for piece in pieces)
         return int(total * (1 - d.valid_fraction))
 
+    def train_examples(self) -> Iterator:
+        """The training examples (not held out), sampled for the tokenizer as
+        ``[data] tokenizer_sample`` says."""
+        mask, keep = self.held_out, self.sampler()
+        report = ReadReport(max_skip=self.task.config.data.max_skip)
+        for i, example in enumerate(self.task.iter_examples(self.files["train"], report)):
+            if (mask is None or not mask[i]) and keep():
+                yield example
+
     def sampler(self):
         """Whether the tokenizer learns from the next example or line: always when the
         training files hold at most ``tokenizer_sample`` bytes, else with probability
@@ -190,11 +198,13 @@ def load(task: Encodable, cache: Path, tokenizers=None, labels=None, *,
         raise ValueError("[data] needs train files (or a dataset name)")
     inputs = Inputs(task, files, progress)
     root = cache / "encoded"
-    options = task.encoding_options()
+    options = {"max_len": task.config.model.max_len, "valid_fraction": d.valid_fraction,
+               "split_seed": d.split_seed, "max_skip": d.max_skip, "format": d.format,
+               **task.encoding_options()}
     names = {split: [f["path"] for f in v] for split, v in inputs.stats.items()}
     if tokenizers is None:
         tokenizers, labels = _tokenizers(task, root, inputs, names, kind, options)
-    elif labels is None:
+    elif labels is None and "labels" in task.FIELDS.values():
         labels = task.train_labels(inputs)  # fine-tuning a classifier: a head for these labels
     key = encoded.key_of({"task": task.name, "inputs": names, "labels": labels or [],
                           "tokenizer": _checksum(tokenizers, root), "options": options})
@@ -238,7 +248,7 @@ def _tokenizers(task, root, inputs, names, kind, options):
         def write(tmp: Path) -> dict:
             tokenizers = task.train_tokenizers_from(inputs, kind)
             save_tokenizers(tmp / "tokenizer", *tokenizers)
-            labels = task.train_labels(inputs)
+            labels = task.train_labels(inputs) if "labels" in task.FIELDS.values() else []
             return {"format": encoded.FORMAT, "inputs": inputs.stats, "labels": labels}
         start = time.perf_counter()
         encoded.build(directory, write)
@@ -310,7 +320,7 @@ def _send(task, batch, index, split, mask, writers, raw, tokenizers, ctx, bar) -
             writers[name].examples += len(examples)
             if name == "valid":
                 raw.writelines(json.dumps(list(e), ensure_ascii=False) + "\n" for e in examples)
-    bar.update(sum(task.example_bytes(e) for e in batch))
+    bar.update(sum(sum(len(x) for x in e if isinstance(x, str)) + 2 for e in batch))
     return index + len(batch)
 
 

@@ -23,8 +23,8 @@ run meets it:
    encoded data in memory-mapped files, cached (:meth:`Task.load`);
 2. training: :meth:`Task.model_fields` (what the data decides in ``[model]``),
    :meth:`Task.batches` (global batch i -> this rank's share), :meth:`Task.loss` (the shape of
-   a recipe's loss step: the forward pass and the loss of one batch), :meth:`Task.count`
-   (what the loss is normalised by), :meth:`Task.metric` (the validation metric named by
+   a recipe's loss step: the forward pass and the loss of one batch; its ``collate`` counts
+   what the loss is normalised by), :meth:`Task.metric` (the validation metric named by
    ``[train] best_metric``).
 
 The training loop and the CLI ask the task and never test which task it is.
@@ -44,11 +44,10 @@ from torch import Tensor, nn
 
 from ..config import RunConfig
 from ..data import encode
+from ..data.batching import Batch
 from ..data.encode import TaskData
 from ..data.files import ReadReport
 from ..data.tokenizers import Tokenizer
-
-Batch = dict[str, Tensor]
 
 
 def task_for(config: RunConfig) -> Task:
@@ -92,10 +91,7 @@ class Task:
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
-
-    @property
-    def pad_id(self) -> int:
-        return self.config.model.pad_id
+        self.pad_id = config.model.pad_id
 
     def check_training_config(self) -> None:
         """What training this task needs of the config, checked before a run directory is
@@ -124,39 +120,26 @@ class Task:
         """The examples of ``paths`` in memory (what ``vaswani evaluate`` scores)."""
         return list(self.iter_examples(paths, report))
 
-    def example_bytes(self, example) -> int:
-        """About how many input bytes an example took (for the progress bar)."""
-        return sum(len(x) for x in example if isinstance(x, str)) + 2
-
     def encoding_options(self) -> dict:
-        """What, beside the files and the tokenizer, decides the encoded data."""
-        d = self.config.data
-        return {"max_len": self.config.model.max_len, "valid_fraction": d.valid_fraction,
-                "split_seed": d.split_seed, "max_skip": d.max_skip, "format": d.format}
+        """What, beside the files, the tokenizer and the ``[data]`` options every task's
+        encoding depends on (data/encode.py), decides this task's encoded data."""
+        return {}
 
     def train_tokenizers_from(self, inputs, kind: str) -> tuple[Tokenizer, Tokenizer | None]:
         """(source, target) tokenizers trained on (a sample of) the training data;
-        ``inputs`` is a :class:`~vaswani.data.encode.Inputs`. Target is None for one-sided
-        tasks."""
+        ``inputs`` is a :class:`~vaswani.data.encode.Inputs` (``inputs.train_examples()``
+        streams them). Target is None for one-sided tasks."""
         raise NotImplementedError
 
     def train_labels(self, inputs) -> list[str]:
-        """The class labels the training examples name (tasks without labels: none)."""
-        return []
+        """The sorted class labels of the training examples (held-out ones excluded): asked
+        of a task that stores a ``"labels"`` field."""
+        raise NotImplementedError
 
     def encode_examples(self, examples: list, tokenizers, writer, ctx: dict) -> None:
         """Write a batch of examples' token ids (the token layout) to an encoded ``writer``;
         ``ctx["truncated"]`` counts sequences cut to max_len."""
         raise NotImplementedError
-
-    def train_examples(self, inputs) -> Iterator:
-        """The training examples (not held out), sampled for the tokenizer as
-        ``[data] tokenizer_sample`` says."""
-        mask, keep = inputs.held_out, inputs.sampler()
-        report = ReadReport(max_skip=self.config.data.max_skip)
-        for i, example in enumerate(self.iter_examples(inputs.files["train"], report)):
-            if (mask is None or not mask[i]) and keep():
-                yield example
 
     # --- 2. training ---------------------------------------------------------------------
     def model_fields(self, data: TaskData) -> dict:
@@ -172,14 +155,6 @@ class Task:
     def loss(self, model: nn.Module, batch: Batch, smoothing: float
              ) -> tuple[Tensor, Tensor, Tensor]:
         """(smoothed loss sum, NLL sum, number of targets) of one batch."""
-        raise NotImplementedError
-
-    def count(self, batch: Batch) -> int:
-        """The targets a batch's loss is averaged over."""
-        raise NotImplementedError
-
-    def tokens(self, batch: Batch) -> int:
-        """Input tokens (non-padding) a batch feeds the model, for throughput."""
         raise NotImplementedError
 
     @torch.no_grad()

@@ -15,11 +15,11 @@ from __future__ import annotations
 import torch
 
 from ..data import files
-from ..data.batching import BucketBatches, pad
+from ..data.batching import Batch, BucketBatches, pad
 from ..data.files import DataError, ReadReport
 from ..data.tokenizers import Tokenizer, train_tokenizer
 from ..models.losses import smoothed_cross_entropy
-from .base import Batch, Task
+from .base import Task
 
 
 def classifier_inputs(tok: Tokenizer, texts: list[str], max_len: int
@@ -47,7 +47,7 @@ class Classification(Task):
         return files.iter_classification(paths, self.config.data.format, report)
 
     def train_tokenizers_from(self, inputs, kind):
-        texts = (text for _, text in self.train_examples(inputs))
+        texts = (text for _, text in inputs.train_examples())
         return train_tokenizer(kind, texts, self.config.data.vocab_size), None
 
     def train_labels(self, inputs) -> list[str]:
@@ -83,17 +83,12 @@ class Classification(Task):
                              seed=self.config.train.seed, rank=rank, world=world)
 
     def collate(self, examples: list) -> Batch:
-        return {"ids": pad([ids for ids, _ in examples], self.pad_id),
-                "label": torch.tensor([int(label) for _, label in examples])}
+        return Batch({"ids": pad([ids for ids, _ in examples], self.pad_id),
+                      "label": torch.tensor([int(label) for _, label in examples])},
+                     targets=len(examples), tokens=sum(len(ids) for ids, _ in examples))
 
     def loss(self, model, batch, smoothing):
         return smoothed_cross_entropy(model(batch["ids"]), batch["label"], smoothing=smoothing)
-
-    def count(self, batch):
-        return batch["label"].numel()
-
-    def tokens(self, batch):
-        return int((batch["ids"] != self.pad_id).sum())
 
     @torch.no_grad()
     def metric(self, model, data, batches, n_examples, device):

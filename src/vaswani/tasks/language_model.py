@@ -74,9 +74,3 @@ class LanguageModelling(Task):
         logits = model(x, mask=torch.ones_like(x, dtype=torch.bool))  # text has no padding
         return smoothed_cross_entropy(logits.flatten(0, 1), batch["target"].flatten(),
                                       smoothing=smoothing)
-
-    def count(self, batch):
-        return batch["target"].numel()
-
-    def tokens(self, batch):
-        return batch["input"].numel()

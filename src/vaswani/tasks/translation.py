@@ -17,12 +17,12 @@ import numpy as np
 import torch
 
 from ..data import files
-from ..data.batching import BucketBatches, pad
+from ..data.batching import Batch, BucketBatches, pad
 from ..data.tokenizers import train_tokenizer
 from ..evaluation.metrics import bleu_chrf, exact_match
 from ..generation import greedy_decode
 from ..models.losses import smoothed_cross_entropy
-from .base import Batch, Task
+from .base import Task
 
 
 class Translation(Task):
@@ -38,16 +38,16 @@ class Translation(Task):
         return files.iter_translation(paths, report)
 
     def encoding_options(self):
-        return {**super().encoding_options(), "shared_vocab": self.config.data.shared_vocab}
+        return {"shared_vocab": self.config.data.shared_vocab}
 
     def train_tokenizers_from(self, inputs, kind):
         d = self.config.data
         if d.shared_vocab:
-            texts = (text for pair in self.train_examples(inputs) for text in pair)
+            texts = (text for pair in inputs.train_examples() for text in pair)
             shared = train_tokenizer(kind, texts, d.vocab_size)
             return shared, shared
-        return (train_tokenizer(kind, (s for s, _ in self.train_examples(inputs)), d.vocab_size),
-                train_tokenizer(kind, (t for _, t in self.train_examples(inputs)), d.vocab_size))
+        return (train_tokenizer(kind, (s for s, _ in inputs.train_examples()), d.vocab_size),
+                train_tokenizer(kind, (t for _, t in inputs.train_examples()), d.vocab_size))
 
     def encode_examples(self, pairs, tokenizers, writer, ctx):
         """Source: ids + <eos>; target: <bos> + ids + <eos>; each side cut to max_len."""
@@ -69,7 +69,7 @@ class Translation(Task):
         if target.pad_id != source.pad_id:
             raise ValueError(f"the source and target tokenizers pad with different ids "
                              f"({source.pad_id}, {target.pad_id}); the model has one pad_id")
-        fields = super().model_fields(data)
+        fields = {"vocab_size": source.vocab_size, "pad_id": source.pad_id}
         if target is not source:
             fields["tgt_vocab_size"] = target.vocab_size
         return fields
@@ -82,20 +82,18 @@ class Translation(Task):
                              seed=self.config.train.seed, rank=rank, world=world)
 
     def collate(self, pairs: list) -> Batch:
-        return {"src": pad([s for s, _ in pairs], self.pad_id),
-                "tgt": pad([t for _, t in pairs], self.pad_id)}
+        """Padded sources and targets; the targets predicted are every target token after
+        <bos>."""
+        return Batch({"src": pad([s for s, _ in pairs], self.pad_id),
+                      "tgt": pad([t for _, t in pairs], self.pad_id)},
+                     targets=sum(len(t) - 1 for _, t in pairs),
+                     tokens=sum(len(s) + len(t) for s, t in pairs))
 
     def loss(self, model, batch, smoothing):
         tgt = batch["tgt"]
         logits = model(batch["src"], tgt[:, :-1])  # teacher forcing: read tgt[:-1] and
         return smoothed_cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(),  # predict tgt[1:]
                                       smoothing=smoothing, pad_id=self.pad_id)
-
-    def count(self, batch):
-        return int((batch["tgt"][:, 1:] != self.pad_id).sum())
-
-    def tokens(self, batch):
-        return int((batch["src"] != self.pad_id).sum() + (batch["tgt"] != self.pad_id).sum())
 
     @torch.no_grad()
     def metric(self, model, data, batches, n_examples, device):

@@ -9,7 +9,7 @@ the step one process would take on the combined batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -17,17 +17,18 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class Dist:
+    """This process's place among the training processes, and the collectives they share
+    (each a no-op for a single process)."""
+
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    enabled: bool = field(init=False)  # more than one process
+    is_main: bool = field(init=False)  # rank 0: the one that writes files and logs
 
-    @property
-    def enabled(self) -> bool:
-        return self.world > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "enabled", self.world > 1)
+        object.__setattr__(self, "is_main", self.rank == 0)
 
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.enabled:

@@ -1,5 +1,6 @@
-"""What a person watching training sees: a progress bar against what ends the run, or, with
-``--no-progress`` (or on rank > 0 never), a plain line every so often.
+"""What training reports, from rank 0: to a person watching, a progress bar against what ends
+the run, or, with ``--no-progress``, a plain line every so often (:class:`Progress`); to files,
+one JSON object per log step in ``metrics.jsonl`` (:class:`Report`, which drives both).
 
 With a time budget (``[train] max_minutes``) the bar fills with the budget's seconds and its
 ETA is the time left; with steps only it fills with steps. Either way the postfix shows the
@@ -8,10 +9,15 @@ step, the loss, the learning rate and tokens/s.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from pathlib import Path
 
 from tqdm import tqdm
+
+from .. import rundir
+from ..atomic import append_line, atomic_write_text
 
 
 def _clock(seconds: float) -> str:
@@ -80,3 +86,38 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+class Report:
+    """Everything a run reports, through :meth:`update` after every optimizer step: the bar,
+    and with a log line, the bar's postfix and a line in ``metrics.jsonl`` (rank 0)."""
+
+    def __init__(self, run_dir: Path, *, main: bool, bar: bool, max_steps: int,
+                 budget_s: float, start_step: int, start_elapsed: float) -> None:
+        self.metrics = run_dir / rundir.METRICS if main else None
+        self.progress = Progress(max_steps=max_steps, budget_s=budget_s, start_step=start_step,
+                                 start_elapsed=start_elapsed, bar=bar and main, lines=main)
+
+    def update(self, step: int, elapsed: float, line: dict | None = None) -> None:
+        """After optimizer step ``step`` (``elapsed`` training seconds so far), with a log
+        line on log steps: ``step``, ``loss``, ``lr``, ``tokens_per_s``, ``elapsed``, and after
+        an evaluation the validation metrics."""
+        if line is None:
+            self.progress.update(step, elapsed)
+            return
+        self.progress.update(step, elapsed, loss=f"{line['loss']:.4f}", lr=f"{line['lr']:.2e}",
+                             tok_s=f"{line['tokens_per_s']:.0f}")
+        if self.metrics is not None:
+            append_line(self.metrics, json.dumps(line))
+
+    def close(self) -> None:
+        self.progress.close()
+
+
+def trim_metrics(run_dir: Path, step: int) -> None:
+    """Drop log lines written after the checkpoint a run resumes from (and any line cut
+    short by a kill)."""
+    path = run_dir / rundir.METRICS
+    if path.exists():
+        rows = [r for r in rundir.read_metrics(path) if r["step"] <= step]
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))

@@ -1,12 +1,27 @@
 """What makes a training run stoppable and resumable exactly: the stop request a signal sets,
-the check that a saved optimizer state fits the model, and the errors a run stops with."""
+the state a run is in (:class:`RunState`), what it keeps on disk and resumes from
+(:class:`Checkpoints`: ``last/``, the best weights, the kept checkpoints), the check that a
+saved optimizer state fits the model, and the errors a run stops with.
+
+``last/`` holds the state after a whole optimizer step: the weights, the optimizer, every
+rank's random-number generators, and :class:`RunState` with the data's fingerprint, so that a
+run stopped and resumed takes exactly the steps a straight run takes.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from .. import checkpoint, rundir
+from ..config import RunConfig
+from ..data.encode import TaskData
+from .distributed import Dist
+from .progress import trim_metrics
 
 
 class StopRequest:
@@ -64,3 +79,113 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict, model: 
 
 def all_finite(model: nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+@dataclass
+class RunState:
+    """Where a run is: saved in ``last/state.json`` with every checkpoint."""
+
+    step: int = 0  # optimizer steps taken
+    elapsed: float = 0.0  # training seconds, earlier processes of a resumed run included
+    best: float | None = None  # the best validation score so far ([train] best_metric)
+    bad_evals: int = 0  # evaluations since it last improved (early stopping)
+    skipped: int = 0  # steps whose loss or gradient was not finite (they update nothing)
+    planned_steps: int | None = None  # the cosine schedule's length as the time budget allows
+
+
+class Checkpoints:
+    """What a run keeps in its directory (rank 0 writes; every rank takes part in gathering
+    the random-number state): ``last/`` every ``save_every`` steps, the best weights after an
+    evaluation that improved, the last ``keep_checkpoints`` checkpoints' weights."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, data: TaskData, dist: Dist,
+                 device: torch.device) -> None:
+        self.cfg, self.run_dir, self.data, self.dist, self.device = cfg, run_dir, data, dist, device
+
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: RunState) -> None:
+        """``last/`` (and a kept checkpoint), after a whole step."""
+        saved = self._state_json(state)
+        trainer_state = self._trainer_state(optimizer)  # a collective: every rank
+        if self.dist.is_main:
+            require_finite(model, state.step, self.run_dir)
+            checkpoint.save_last(self.run_dir, model, trainer_state, saved)
+            if self.cfg.train.keep_checkpoints:
+                checkpoint.save_checkpoint(self.run_dir, model, state.step,
+                                           self.cfg.train.keep_checkpoints)
+        self.dist.barrier()
+
+    def keep_if_best(self, model: nn.Module, state: RunState, result: dict) -> bool:
+        """After an evaluation on rank 0: save the weights if ``[train] best_metric``
+        improved; returns whether early stopping (``patience``) says to stop."""
+        t = self.cfg.train
+        value = result.get(t.best_metric)
+        if value is not None and improved(value, state.best, t.best_metric == "valid_loss"):
+            state.best, state.bad_evals = value, 0
+            require_finite(model, state.step, self.run_dir)
+            checkpoint.save_weights(model, self.run_dir / rundir.BEST)
+        else:
+            state.bad_evals += 1
+        return bool(t.patience) and state.bad_evals >= t.patience
+
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> RunState:
+        """Load ``last/`` into the model, the optimizer and the random-number generators;
+        returns the run's state. Resuming on other data is refused."""
+        trainer_state, saved = checkpoint.load_last(self.run_dir, model)
+        recorded = saved.get("data_fingerprint")
+        same = recorded == self.data.fingerprint() or (  # runs saved before encoded datasets
+            "fingerprint_format" not in saved and recorded == self.data.legacy_fingerprint())
+        if not same:
+            raise ValueError(f"the training data differs from the data {self.run_dir} was "
+                             "trained on; resume with the same [data] files")
+        check_optimizer_state(optimizer, trainer_state["optimizer"], model,
+                              checkpoint.find_last(self.run_dir))
+        optimizer.load_state_dict(trainer_state["optimizer"])
+        ranks = trainer_state.get("rng_cpu_ranks") or [trainer_state["rng_cpu"]]
+        if len(ranks) == self.dist.world:
+            torch.set_rng_state(ranks[self.dist.rank])
+        elif self.dist.is_main:  # a different number of processes: rank 0 continues its own
+            torch.set_rng_state(trainer_state["rng_cpu"])
+        if "rng_cuda" in trainer_state and self.device.type == "cuda":
+            torch.cuda.set_rng_state(trainer_state["rng_cuda"], self.device)
+        state = RunState(step=saved["step"], elapsed=saved.get("elapsed", 0.0),
+                         best=saved["best"], bad_evals=saved["bad_evals"],
+                         skipped=saved.get("skipped_steps", 0),
+                         planned_steps=saved.get("planned_steps"))
+        if self.dist.is_main:
+            trim_metrics(self.run_dir, state.step)
+        return state
+
+    def _trainer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """Optimizer and random-number state (every rank's: dropout differs per rank)."""
+        rng = torch.get_rng_state()
+        out = {"optimizer": optimizer.state_dict(), "rng_cpu": rng,
+               "rng_cpu_ranks": self.dist.all_gather(rng)}
+        if self.device.type == "cuda":
+            out["rng_cuda"] = torch.cuda.get_rng_state(self.device)
+        return out
+
+    def _state_json(self, state: RunState) -> dict:
+        return {"step": state.step, "micro_batches": state.step * self.cfg.train.grad_accum,
+                "elapsed": round(state.elapsed, 1), "best": state.best,
+                "bad_evals": state.bad_evals, "skipped_steps": state.skipped,
+                "best_metric": self.cfg.train.best_metric,
+                "data_fingerprint": self.data.fingerprint(), "fingerprint_format": 2,
+                "planned_steps": state.planned_steps}
+
+
+def improved(value: float, best: float | None, lower_is_better: bool) -> bool:
+    """Whether ``value`` beats ``best``; a NaN or infinite score never does."""
+    if not math.isfinite(value):
+        return False
+    if best is None or not math.isfinite(best):
+        return True
+    return value < best if lower_is_better else value > best
+
+
+def require_finite(model: nn.Module, step: int, run_dir: Path) -> None:
+    """Weights that are no longer finite are never saved: the run stops, keeping the last
+    checkpoint."""
+    if not all_finite(model):
+        raise Diverged(f"the weights are no longer finite at step {step}; the last "
+                       f"checkpoint in {run_dir} is kept (lower [train] lr?)")
+

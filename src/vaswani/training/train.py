@@ -65,10 +65,11 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
     else:
         run_dir = Path(out) if out else Path("runs") / Path(config).stem
         cfg, init_tokenizers = configure(config, overrides)
+    device = devices.resolve_device(cfg.train.device, launch.local_rank)
+    bf16 = devices.native_bf16(cfg.train.bf16, device, say=launch.rank == 0)  # config.toml says
+    cfg = cfg.replace(train=cfg.train.replace(bf16=bf16))  # what the run trained in
     task = task_for(cfg)
     task.check_training_config()
-    device = devices.resolve_device(cfg.train.device, launch.local_rank)
-    cfg = native_precision(cfg, device, launch.rank)
     dist = init(launch.rank, launch.world, launch.local_rank, device)
     created = not run_dir.exists()
     try:
@@ -91,10 +92,10 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
                 if dist.is_main and not resume:
                     _clear_failed_start(run_dir, created)
                 raise
-            summary = {"run_dir": str(run_dir), "steps": trainer.step,
+            summary = {"run_dir": str(run_dir), "steps": trainer.state.step,
                        "seconds": round(time.perf_counter() - began, 1), **result}
-            if trainer.skipped:
-                summary["skipped_steps"] = trainer.skipped
+            if trainer.state.skipped:
+                summary["skipped_steps"] = trainer.state.skipped
             if dist.is_main:
                 summary.update(_finish(run_dir, cfg, data))
             return summary
@@ -158,19 +159,6 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
     return cfg
 
 
-def native_precision(cfg: RunConfig, device: torch.device, rank: int) -> RunConfig:
-    """``[train] bf16`` where the device has no native bf16 (an AVX2 CPU): PyTorch would
-    emulate it, tens of times slower than float32, so the run trains in float32 and says so
-    (config.toml records bf16 = false)."""
-    if not cfg.train.bf16 or devices.bf16_is_fast(device):
-        return cfg
-    if rank == 0:
-        print(f"vaswani train: [train] bf16 = true, but this {device.type.upper()} has no native "
-              "bfloat16 (AVX512-BF16 or AMX on a CPU), where it would run tens of times slower "
-              "than float32: training in float32 (--set train.bf16=false says so quietly)",
-              file=sys.stderr, flush=True)
-    return cfg.replace(train=cfg.train.replace(bf16=False))
-
 
 def encode_data(config: str, overrides: list[str], cache: Path, *,
                 progress: bool = True) -> TaskData:
@@ -212,25 +200,19 @@ def start(task: Task, cfg: RunConfig, run_dir: Path, *, resume: bool, overwrite:
     elif dist.is_main:
         rundir.start(run_dir, overwrite)
     if dist.is_main:
-        data = _load_data(task, run_dir, resume, tokenizers, cache, progress)
+        labels = None
+        if resume:  # the tokenizers (and labels) the run was trained with
+            source, target, labels = rundir.read_tokenizers(run_dir)
+            tokenizers, labels = (source, target), labels or None
+        data = task.load(cache, tokenizers, labels, progress=progress)
         if not resume:
             rundir.write_run(run_dir, resolve_model(cfg, task, data), data.source_tokenizer,
                              data.target_tokenizer, data.labels)
     dist.barrier()  # rank 0 has encoded the data (if the cache lacked it) and written the run
-    if not dist.is_main:
-        data = _load_data(task, run_dir, True, None, cache, False)
-    return data, resolve_model(cfg, task, data)
-
-
-def _load_data(task: Task, run_dir: Path, from_run: bool, tokenizers: Tokenizers | None,
-               cache: Path, progress: bool) -> TaskData:
-    """The task's data, with the tokenizers (and labels) saved in ``run_dir`` when
-    ``from_run``, else with ``tokenizers`` (None: trained on the data)."""
-    labels = None
-    if from_run:
+    if not dist.is_main:  # the others map the same files, with the tokenizer rank 0 wrote
         source, target, labels = rundir.read_tokenizers(run_dir)
-        tokenizers, labels = (source, target), labels or None
-    return task.load(cache, tokenizers, labels, progress=progress)
+        data = task.load(cache, (source, target), labels or None, progress=False)
+    return data, resolve_model(cfg, task, data)
 
 
 def resolve_model(cfg: RunConfig, task: Task, data: TaskData) -> RunConfig:
