@@ -31,6 +31,7 @@ bench: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests examples benchmarks scripts
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

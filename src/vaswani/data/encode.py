@@ -63,6 +63,7 @@ class Encodable(Protocol):
     config: object  # the run's RunConfig
     name: str  # "translation", "lm", ...: what a registry dataset is for
     FIELDS: dict[str, str]  # the encoded fields: "ragged", "labels" or "stream"
+    labelled: bool  # its examples carry class labels (train_labels is asked for them)
 
     def iter_examples(self, paths: list[str], report: ReadReport) -> Iterator: ...
     def encoding_options(self) -> dict: ...
@@ -204,7 +205,7 @@ def load(task: Encodable, cache: Path, tokenizers=None, labels=None, *,
     names = {split: [f["path"] for f in v] for split, v in inputs.stats.items()}
     if tokenizers is None:
         tokenizers, labels = _tokenizers(task, root, inputs, names, kind, options)
-    elif labels is None and "labels" in task.FIELDS.values():
+    elif labels is None and task.labelled:
         labels = task.train_labels(inputs)  # fine-tuning a classifier: a head for these labels
     key = encoded.key_of({"task": task.name, "inputs": names, "labels": labels or [],
                           "tokenizer": _checksum(tokenizers, root), "options": options})
@@ -248,7 +249,7 @@ def _tokenizers(task, root, inputs, names, kind, options):
         def write(tmp: Path) -> dict:
             tokenizers = task.train_tokenizers_from(inputs, kind)
             save_tokenizers(tmp / "tokenizer", *tokenizers)
-            labels = task.train_labels(inputs) if "labels" in task.FIELDS.values() else []
+            labels = task.train_labels(inputs) if task.labelled else []
             return {"format": encoded.FORMAT, "inputs": inputs.stats, "labels": labels}
         start = time.perf_counter()
         encoded.build(directory, write)

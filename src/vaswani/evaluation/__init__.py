@@ -1,1 +1,2 @@
-"""Scoring models: translation metrics, perplexity, accuracy."""
+"""Scoring text outputs: sacreBLEU and chrF, exact match, perplexity (metrics.py). What a
+family's ``vaswani evaluate`` reports is its use class's ``score`` (inference/)."""

@@ -1,4 +1,5 @@
-"""Task metrics: detokenized sacreBLEU and chrF for translation, exact match, accuracy."""
+"""Metrics on text: detokenized sacreBLEU and chrF (with their signatures), exact match,
+perplexity from a mean negative log-likelihood."""
 
 from __future__ import annotations
 

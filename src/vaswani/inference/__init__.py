@@ -14,13 +14,19 @@ longer than the model's ``max_len`` are truncated with a warning naming the limi
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from pathlib import Path
 
 from .base import Run, WrongModel
 from .base import load as _load_run
-from .encoder import Encoder
-from .language_model import LanguageModel
-from .translator import Translator
+
+for _module in pkgutil.iter_modules(__path__):  # every use class registers itself
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+from .encoder import Encoder  # noqa: E402  (imported above; named for the API)
+from .language_model import LanguageModel  # noqa: E402
+from .translator import Translator  # noqa: E402
 
 ENGINES = ("vaswani", "ct2")
 

@@ -8,7 +8,9 @@ model and returns the use class of the run's task: :class:`~vaswani.inference.Tr
 can do is here (decoding options, evaluation, attention); what a family does is in its class.
 
 A use class registers itself for its task by naming it (``task_name = "translation"``), so a
-new task's use class is picked up by being defined; nothing here lists the families. Asking a
+new task's use class is picked up by being defined; nothing here lists the families. A task
+without a use class of its own is used through its architecture's (a tagging task on the
+encoder architecture loads as an :class:`~vaswani.inference.Encoder`). Asking a
 run for another family's work (``generate`` on a translator) is a :class:`WrongModel` error
 that says which kind of run the method needs.
 """
@@ -145,9 +147,7 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best") -> 
     dev = resolve_device(device)
     config = rundir.read_config(run_dir)
     task = task_for(config)
-    if task.name not in Run.registry:
-        raise ValueError(f"{run_dir} holds a {task.name} run, and no class is registered to "
-                         "use it (a use class sets task_name)")
+    use = Run.registry.get(task.name) or Run.registry[Task.for_arch[task.arch].name]
     source, target, labels = rundir.read_tokenizers(run_dir)
     for name, tok, expected in [("source", source, config.model.vocab_size),
                                 ("target", target, config.model.tgt_vocab_size)]:
@@ -158,7 +158,7 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best") -> 
     model = build_model(config.model)
     checkpoint.load_weights(model, checkpoint.weights_path(run_dir, weights))
     model.to(dev).eval()
-    return Run.registry[task.name](run_dir, config, model, source, target, labels, dev)
+    return use(run_dir, config, model, source, target, labels, dev)
 
 
 # --- helpers the use classes share --------------------------------------------------------------

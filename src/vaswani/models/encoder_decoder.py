@@ -47,8 +47,7 @@ class EncoderDecoder(nn.Module):
                 tgt_mask: Tensor | None = None) -> Tensor:
         """Teacher-forced logits: src (B, S), tgt (B, T) -> (B, T, V). For training, feed
         ``tgt[:, :-1]`` and score against ``tgt[:, 1:]``."""
-        if src_mask is None:
-            src_mask = masks.padding_mask(src, self.config.pad_id)
+        src_mask = self._source_mask(src, src_mask)
         memory = self.encode(src, src_mask=src_mask)
         return self.decode(tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask)
 
@@ -75,18 +74,19 @@ class EncoderDecoder(nn.Module):
         """:meth:`forward` and every attention weight, for looking inside the model:
         (logits (B, T, V), {"encoder": (L, B, H, S, S), "decoder": (L, B, H, T, T),
         "cross": (L, B, H, T, S)}). The weights come from the written-out attention."""
-        if src_mask is None:
-            src_mask = masks.padding_mask(src, self.config.pad_id)
+        src_mask = self._source_mask(src, src_mask)
         memory, enc = self._encode(src, src_mask, need_weights=True)
         logits, dec = self._decode(tgt, memory, src_mask, tgt_mask, None, need_weights=True)
         return logits, {"encoder": stack_weights(enc, "self_attn"),
                         "decoder": stack_weights(dec, "self_attn"),
                         "cross": stack_weights(dec, "cross_attn")}
 
+    def _source_mask(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
+        """The source's (B, S) mask as given, else its padding (the one default)."""
+        return masks.padding_mask(src, self.config.pad_id) if src_mask is None else src_mask
+
     def _encode(self, src, src_mask, need_weights=False):
-        if src_mask is None:
-            src_mask = masks.padding_mask(src, self.config.pad_id)
-        attn_mask = masks.key_padding_mask(src_mask)  # (B, 1, 1, S)
+        attn_mask = masks.key_padding_mask(self._source_mask(src, src_mask))  # (B, 1, 1, S)
         return self.encoder(self.src_embed(src), mask=attn_mask, need_weights=need_weights)
 
     def _decode(self, tgt, memory, src_mask, tgt_mask, cache, need_weights=False):

@@ -11,186 +11,34 @@ Routes (JSON in and out; errors as ``{"error": {"message", "type", "param"}}`` w
     POST /v1/attention                            any run: every layer's and head's weights
     GET  /                                        the page (self-contained, works offline)
 
-Model work runs in one worker thread per run (workers.py), which batches requests that arrive
-together. With an API key, every /v1 route needs ``Authorization: Bearer KEY``.
+Model work runs in one worker thread per run (workers.py, driven by server.py), which
+batches requests that arrive together; openai.py shapes OpenAI's responses. With an API key,
+every /v1 route needs ``Authorization: Bearer KEY``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import json
 import time
 import uuid
-from dataclasses import dataclass
 from importlib import resources
 
-import torch
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from ..generation import Rules, Sampling, generate, generate_batch
+from ..generation import Rules, Sampling
 from ..inference import Run
-from ..inference.base import owner_of
-from ..inference.language_model import TextStream
-from . import chat, schemas
-from .workers import Busy, Job, Worker
-
-# What each route asks of a run: the method of the use class that serves it.
-METHOD_OF_ROUTE = {"completions": "generate", "chat": "generate", "translate": "translate",
-                   "classify": "classify", "embeddings": "embed"}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may ask for; past these it gets a 400 that names the limit."""
-
-    max_input_chars: int = 20_000  # per text
-    max_items: int = schemas.MAX_ITEMS  # texts or prompts per request
-    max_tokens: int = 2048  # tokens generated per completion
-    max_n: int = 8  # completions per prompt
-    max_attention_tokens: int = 256  # tokens of the input (and target) of /v1/attention
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-
-
-def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None):
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
-
-
-class Server:
-    """The loaded runs, their workers and the limits."""
-
-    def __init__(self, runs: dict[str, Run], *, max_batch: int, max_wait_ms: float,
-                 max_queue: int, limits: Limits) -> None:
-        self.runs, self.limits = runs, limits
-        self.workers = {name: Worker(name, self._handlers(run), max_batch=max_batch,
-                                     max_wait_ms=max_wait_ms, max_queue=max_queue)
-                        for name, run in runs.items()}
-        self.started = int(time.time())
-
-    def run_for(self, name: str, route: str) -> Run:
-        if name not in self.runs:
-            raise ApiError(404, f"unknown model {name!r}; loaded: {', '.join(self.runs)}",
-                           "model", "not_found_error")
-        run = self.runs[name]
-        method = METHOD_OF_ROUTE.get(route)
-        if method is not None and not callable(getattr(type(run), method, None)):
-            raise ApiError(400, f"model {name!r} is {run.describes}; /v1/{route} needs "
-                           f"{owner_of(method).describes}", "model")
-        return run
-
-    async def submit(self, name: str, kind: str, key: tuple, payload: dict, *,
-                     stream: bool = False) -> Job:
-        loop = asyncio.get_running_loop()
-        job = Job(kind, key, payload, loop=loop, future=loop.create_future(),
-                  events=asyncio.Queue() if stream else None)
-        try:
-            self.workers[name].submit(job)
-        except Busy as e:
-            raise ApiError(503, str(e), kind="server_busy") from None
-        return job
-
-    # --- model work (in the worker threads) --------------------------------------------
-    def _handlers(self, run: Run) -> dict:
-        return {
-            "translate": lambda jobs: _split(jobs, run.translations(
-                [t for j in jobs for t in j.payload["texts"]], jobs[0].payload["decode"])),
-            "classify": lambda jobs: _split(jobs, run.probabilities(
-                [t for j in jobs for t in j.payload["texts"]])),
-            "embed": lambda jobs: _split(jobs, list(run.embed(
-                [t for j in jobs for t in j.payload["texts"]]))),
-            "generate": lambda jobs: generate_jobs(run, jobs),
-            "attention": lambda jobs: [run.attention_view(**jobs[0].payload)],
-        }
-
-    def close(self) -> None:
-        for worker in self.workers.values():
-            worker.stop()
-
-
-def _split(jobs: list[Job], results: list) -> list:
-    out, start = [], 0
-    for job in jobs:
-        n = len(job.payload["texts"])
-        out.append(results[start: start + n])
-        start += n
-    return out
-
-
-def generate_jobs(run: Run, jobs: list[Job]) -> list[dict]:
-    """Completions for every row of every job (a job has ``n`` rows per prompt), in one batch
-    when they fit in the model's context, else one row at a time (a sliding window)."""
-    tok = run.source_tokenizer
-    rows = [(j, i, row) for j in jobs for i, row in enumerate(j.payload["rows"])]
-    streams = [TextStream(tok, row["stop"]) for _, _, row in rows]
-    count = [0] * len(rows)
-    reason: list[str | None] = [None] * len(rows)
-    rules = jobs[0].payload["rules"]
-
-    def step(k: int, token: int) -> bool:
-        """Row k got ``token``; True when the row is finished."""
-        job, index, row = rows[k]
-        if reason[k] is not None:
-            return True
-        count[k] += 1
-        if token == tok.eos_id:
-            reason[k] = "stop"
-        else:
-            piece = streams[k].push(token)
-            if piece:
-                job.emit("text", (index, piece))
-            if streams[k].stopped:
-                reason[k] = "stop"
-        if reason[k] is None and count[k] >= row["max_new_tokens"]:
-            reason[k] = "length"
-        if job.cancelled:
-            reason[k] = reason[k] or "cancelled"
-        return reason[k] is not None
-
-    fits = all(len(row["ids"]) + row["max_new_tokens"] <= run.config.model.max_len
-               for _, _, row in rows)
-    if fits:
-        generate_batch(run.model, [row["ids"] for _, _, row in rows],
-                       max_new_tokens=[row["max_new_tokens"] for _, _, row in rows],
-                       sampling=[row["sampling"] for _, _, row in rows], bos_id=tok.bos_id,
-                       eos_id=tok.eos_id, rules=rules,
-                       on_step=lambda ids: torch.tensor([step(k, int(t)) for k, t in
-                                                         enumerate(ids.tolist())]))
-    else:
-        for k, (_, _, row) in enumerate(rows):
-            s = row["sampling"]
-            generate(run.model, row["ids"], max_new_tokens=row["max_new_tokens"],
-                     bos_id=tok.bos_id, eos_id=tok.eos_id, temperature=s.temperature,
-                     top_k=s.top_k, top_p=s.top_p, seed=s.seed, rules=rules,
-                     on_token=lambda t, k=k: step(k, t))
-    results: dict[int, dict] = {}
-    for k, (job, index, row) in enumerate(rows):
-        rest = streams[k].finish()
-        if rest:
-            job.emit("text", (index, rest))
-        result = results.setdefault(id(job), {"choices": [], "prompt_tokens": 0})
-        result["prompt_tokens"] += len(row["ids"])
-        result["choices"].append({"index": index, "text": streams[k].text,
-                                  "finish_reason": reason[k] or "length",
-                                  "completion_tokens": count[k]})
-    for job in jobs:
-        job.emit("end", results[id(job)])
-    return [results[id(job)] for job in jobs]
-
+from . import chat, openai, schemas
+from .server import ApiError, Limits, Server, error_body
+from .workers import Job
 
 # --- the application ------------------------------------------------------------------------
 
 def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: int = 16,
                max_wait_ms: float = 5.0, max_queue: int = 256,
-               limits: Limits = Limits()) -> FastAPI:
+               limits: Limits | None = None) -> FastAPI:
+    limits = limits or Limits()
     server = Server(runs, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
                     limits=limits)
     app = FastAPI(title="vaswani", description=__doc__.split("\n\n")[0])
@@ -280,7 +128,7 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
         vectors = await _result(job)
         n_tokens = sum(len(run.source_tokenizer.encode(t)) for t in texts)
         return {"object": "list", "model": body.model, "data": [
-            {"object": "embedding", "index": i, "embedding": _vector(v, body.encoding_format)}
+            {"object": "embedding", "index": i, "embedding": openai.vector(v, body.encoding_format)}
             for i, v in enumerate(vectors)],
             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
 
@@ -294,9 +142,9 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
             if len(jobs) > 1:
                 raise ApiError(400, "stream with a list of prompts is not supported; send one "
                                "prompt per request", "prompt")
-            return _sse(jobs[0], request, body.model, "text_completion", chat_mode=False)
+            return openai.sse(jobs[0], request, body.model, "text_completion", chat_mode=False)
         results = [await _result(job) for job in jobs]
-        choices, usage = _choices(results, body.n, chat_mode=False)
+        choices, usage = openai.choices(results, body.n, chat_mode=False)
         return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
                 "created": int(time.time()), "model": body.model, "choices": choices,
                 "usage": usage}
@@ -318,8 +166,8 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
         job = await _generation(server, run, body, body.model, prompt,
                                 body.max_completion_tokens or body.max_tokens)
         if body.stream:
-            return _sse(job, request, body.model, "chat.completion.chunk", chat_mode=True)
-        choices, usage = _choices([await _result(job)], body.n, chat_mode=True)
+            return openai.sse(job, request, body.model, "chat.completion.chunk", chat_mode=True)
+        choices, usage = openai.choices([await _result(job)], body.n, chat_mode=True)
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
                 "created": int(time.time()), "model": body.model, "choices": choices,
                 "usage": usage}
@@ -419,71 +267,3 @@ async def _result(job: Job):
         return await job.future
     except ValueError as e:
         raise ApiError(400, str(e)) from None
-
-
-def _vector(v: torch.Tensor, encoding: str):
-    if encoding == "base64":
-        return base64.b64encode(v.numpy().astype("<f4").tobytes()).decode()
-    return [round(float(x), 7) for x in v.tolist()]
-
-
-def _choices(results: list[dict], n: int, *, chat_mode: bool) -> tuple[list, dict]:
-    choices, prompt_tokens, completion_tokens = [], 0, 0
-    for p, result in enumerate(results):
-        prompt_tokens += result["prompt_tokens"]
-        for c in result["choices"]:
-            completion_tokens += c["completion_tokens"]
-            index = p * n + c["index"]
-            if chat_mode:
-                choices.append({"index": index, "finish_reason": c["finish_reason"],
-                                "message": {"role": "assistant", "content": c["text"]}})
-            else:
-                choices.append({"index": index, "text": c["text"], "logprobs": None,
-                                "finish_reason": c["finish_reason"]})
-    return choices, {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                     "total_tokens": prompt_tokens + completion_tokens}
-
-
-def _sse(job: Job, request: Request, model: str, kind: str, *, chat_mode: bool):
-    """Server-sent events: one chunk per text piece, a last one with the finish reason, then
-    [DONE]. A client that goes away cancels the job's rows."""
-    ident = f"{'chatcmpl' if chat_mode else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    created = int(time.time())
-
-    def chunk(index: int, text: str | None, finish: str | None, first: bool = False) -> str:
-        if chat_mode:
-            delta = {"role": "assistant", "content": ""} if first else (
-                {"content": text} if text is not None else {})
-            choice = {"index": index, "delta": delta, "finish_reason": finish}
-        else:
-            choice = {"index": index, "text": text or "", "logprobs": None,
-                      "finish_reason": finish}
-        return "data: " + json.dumps({"id": ident, "object": kind, "created": created,
-                                      "model": model, "choices": [choice]}) + "\n\n"
-
-    async def events():
-        try:
-            if chat_mode:
-                for i in range(len(job.payload["rows"])):
-                    yield chunk(i, None, None, first=True)
-            while True:
-                try:
-                    kind_, value = await asyncio.wait_for(job.events.get(), timeout=1.0)
-                except TimeoutError:
-                    if await request.is_disconnected():
-                        job.cancelled = True
-                        return
-                    continue
-                if kind_ == "text":
-                    yield chunk(value[0], value[1], None)
-                else:
-                    for c in value["choices"]:
-                        yield chunk(c["index"], None if chat_mode else "", c["finish_reason"])
-                    yield "data: [DONE]\n\n"
-                    return
-        except asyncio.CancelledError:  # the client went away
-            job.cancelled = True
-            raise
-
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})

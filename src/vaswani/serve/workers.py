@@ -30,9 +30,10 @@ class Busy(Exception):
 
 @dataclass
 class Job:
-    """One request's work: ``key`` says which jobs may share a batch; ``run(jobs)`` computes
-    results for a list of compatible jobs (in order). A streaming job's ``events`` queue gets
-    ("text", str) items and one ("end", info) item."""
+    """One request's work: ``kind`` names the worker's handler that computes it (for a list
+    of compatible jobs at once, a result each, in order); ``key`` says which jobs may share a
+    batch. A streaming job's ``events`` queue gets ("text", str) items and one ("end", info)
+    item."""
 
     kind: str
     key: tuple

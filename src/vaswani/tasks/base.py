@@ -78,6 +78,7 @@ class Task:
     default_for_arch: ClassVar[bool] = False  # the task a config with that arch gets
     metrics: ClassVar[tuple[str, ...]] = ("valid_loss",)  # what [train] best_metric may name
     unit: ClassVar[str] = "examples"  # what len(TaskData.train) counts
+    labelled: ClassVar[bool] = False  # examples carry class labels (kept in the run's tokenizer/)
 
     registry: ClassVar[dict[str, type[Task]]] = {}  # name -> task
     for_arch: ClassVar[dict[str, type[Task]]] = {}  # arch -> its default task
@@ -133,7 +134,7 @@ class Task:
 
     def train_labels(self, inputs) -> list[str]:
         """The sorted class labels of the training examples (held-out ones excluded): asked
-        of a task that stores a ``"labels"`` field."""
+        of a ``labelled`` task."""
         raise NotImplementedError
 
     def encode_examples(self, examples: list, tokenizers, writer, ctx: dict) -> None:

@@ -39,6 +39,7 @@ class Classification(Task):
     arch = "encoder"
     default_for_arch = True
     metrics = ("valid_loss", "accuracy")
+    labelled = True
 
     # --- data ----------------------------------------------------------------------------
     FIELDS = {"ids": "ragged", "label": "labels"}
