@@ -5,6 +5,20 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+DEVICE = torch.device("cpu")  # where model tests run: `pytest --device cuda` (default cpu)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu",
+                     help="run the model, generation, engine, training, serve and export "
+                          "tests on this device (cpu, cuda, cuda:N); default cpu")
+
+
+def pytest_configure(config):
+    global DEVICE
+    DEVICE = torch.device(config.getoption("--device"))
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("--device cuda: this PyTorch sees no CUDA device")
 
 
 @pytest.fixture(autouse=True)

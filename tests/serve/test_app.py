@@ -185,14 +185,22 @@ def test_an_api_key_guards_every_v1_route(served):
         assert c.get("/").status_code == 200  # the page itself is public; it asks for the key
 
 
-def test_a_full_queue_answers_503(client, monkeypatch):
+@pytest.mark.parametrize("model, route, body", [
+    ("copy", "/v1/translate", {"input": "abc"}),  # an engine's queue
+    ("lm", "/v1/completions", {"prompt": "to be", "n": 2}),
+    ("clf", "/v1/classify", {"input": "a good b"}),  # an encoder's worker
+])
+def test_a_full_queue_answers_503(client, monkeypatch, model, route, body):
+    from vaswani.engine import Busy, EngineLoop
     from vaswani.serve import workers
 
     def full(self, job):
-        raise workers.Busy("model 'copy' has 256 requests waiting; try again shortly")
+        raise (Busy if isinstance(self, EngineLoop) else workers.Busy)(
+            f"model {model!r} has 256 requests waiting; try again shortly")
 
     monkeypatch.setattr(workers.Worker, "submit", full)
-    response = client.post("/v1/translate", json={"model": "copy", "input": "abc"})
+    monkeypatch.setattr(EngineLoop, "submit", full)
+    response = client.post(route, json={"model": model, **body})
     assert response.status_code == 503 and "try again" in response.json()["error"]["message"]
 
 
@@ -204,3 +212,24 @@ def test_the_page_and_its_files_are_served_and_local(client):
         text = client.get(path).text
         assert "http://" not in text.replace('http://www.w3.org/2000/svg', "")
         assert "https://" not in text
+
+
+def test_metrics_are_prometheus_text_with_the_engines_state(client):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client.post("/v1/completions", json={"model": "lm", "prompt": "to be", "max_tokens": 5,
+                                         "temperature": 0})
+    client.post("/v1/translate", json={"model": "copy", "input": "abc"})
+    response = client.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith(
+        "text/plain")
+    samples = {(s.name, s.labels.get("model")): s.value
+               for family in text_string_to_metric_families(response.text)
+               for s in family.samples}
+    assert samples[("vaswani_generated_tokens_total", "lm")] >= 5
+    assert samples[("vaswani_requests_running", "copy")] == 0
+    assert samples[("vaswani_cache_blocks", "copy")] > samples[("vaswani_cache_blocks_used",
+                                                                 "copy")] == 0
+    assert samples[("vaswani_time_to_first_token_seconds_count", "lm")] >= 1
+    assert samples[("vaswani_time_per_output_token_seconds_count", "lm")] >= 1
+    assert ("vaswani_requests_waiting", "clf") in samples  # an encoder's queue

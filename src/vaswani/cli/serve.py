@@ -14,7 +14,10 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
         "/v1/chat/completions (decoders; OpenAI's API, streaming), /v1/embeddings and "
         "/v1/classify (encoders), /v1/translate (encoder-decoders), /v1/attention (any), "
         "/v1/models and /health, and at / a page to use each run and explore its attention. "
-        "Requests that arrive together are batched. Binds to 127.0.0.1 unless --host says "
+        "Translators and language models run on an inference engine that decodes every "
+        "request with the others, each joining at the next step and leaving when it ends; "
+        "an encoder's requests that arrive together are batched. /metrics has Prometheus "
+        "metrics. Binds to 127.0.0.1 unless --host says "
         "otherwise; with --api-key (or $VASWANI_API_KEY) every /v1 route needs "
         "'Authorization: Bearer KEY'.")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
@@ -23,10 +26,13 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p.add_argument("--name", action="append", metavar="NAME",
                    help="the model name of each RUN_DIR, in order (default: its folder name)")
     p.add_argument("--api-key", metavar="KEY", help="require this bearer token")
-    p.add_argument("--max-batch", type=int, default=16, metavar="N",
-                   help="requests batched together at most (1 = no batching; default 16)")
+    p.add_argument("--max-batch", type=int, default=64, metavar="N",
+                   help="sequences decoded together at most (a beam search takes one per "
+                        "hypothesis), or an encoder's requests batched together (1 = one at "
+                        "a time; default 64)")
     p.add_argument("--max-wait-ms", type=float, default=5.0, metavar="M",
-                   help="how long a request waits for others to batch with (default 5)")
+                   help="how long an encoder's request waits for others to batch with "
+                        "(default 5)")
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
                    help="requests waiting per model before 503s (default 256)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")

@@ -11,7 +11,8 @@ way, and a sentence's output does not depend on what else is in the batch:
   frequency * count``, counting the tokens generated so far (0 = off);
 * ``no_repeat_ngram_size`` n: a token that would complete an n-gram already in the sequence is
   forbidden (0 = off);
-* ``min_length``: ``<eos>`` is forbidden until that many tokens have been generated.
+* ``min_length``: ``<eos>`` is forbidden until that many tokens have been generated (counted
+  per row).
 
 Padding never counts as an occurrence. Shapes: N rows, V vocabulary, T and G tokens so far.
 """
@@ -62,21 +63,53 @@ class Rules:
             counts.scatter_add_(1, generated, (generated != pad_id).to(scores.dtype))
             scores -= self.presence_penalty * (counts > 0) + self.frequency_penalty * counts
         if self.no_repeat_ngram_size:
-            n = self.no_repeat_ngram_size
-            for row, (tokens, mask) in enumerate(zip(sequence.tolist(), real.tolist(),
-                                                     strict=True)):
-                tokens = [t for t, keep in zip(tokens, mask, strict=True) if keep]
-                banned = banned_by_ngrams(tokens, n)
-                if banned:
-                    scores[row, list(banned)] = float("-inf")
-        if self.min_length and generated.size(1) < self.min_length and eos_id >= 0:
-            scores[:, eos_id] = float("-inf")
+            banned = ngram_bans(*compact(sequence, real), self.no_repeat_ngram_size,
+                                scores.size(-1))
+            scores = scores.masked_fill(banned, float("-inf"))
+        if self.min_length and eos_id >= 0:
+            short = (generated != pad_id).sum(1) < self.min_length  # per row
+            scores[:, eos_id] = scores[:, eos_id].masked_fill(short, float("-inf"))
         return scores
+
+
+def compact(sequence: Tensor, real: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's real tokens moved to its front (padding may sit anywhere: left-padded
+    prompts, finished rows): (N, T) tokens (padding after them is 0) and (N,) lengths."""
+    N, T = sequence.shape
+    index = torch.where(real, real.cumsum(1) - 1, T)  # padding goes to a spare column
+    out = torch.zeros(N, T + 1, dtype=sequence.dtype, device=sequence.device)
+    out.scatter_(1, index, sequence)
+    return out[:, :T], real.sum(1)
+
+
+def ngram_bans(tokens: Tensor, lengths: Tensor, n: int, vocab: int) -> Tensor:
+    """(N, V) bool: the tokens that would end an n-gram already in each row, for rows of
+    ``lengths`` real tokens at the front of ``tokens`` (N, T): those that followed each
+    earlier occurrence of the row's last n-1 tokens (:func:`banned_by_ngrams` for one row,
+    written out)."""
+    N, T = tokens.shape
+    banned = torch.zeros(N, vocab + 1, dtype=torch.bool, device=tokens.device)
+    if n == 1:  # every token already there
+        index = torch.where(torch.arange(T, device=tokens.device) < lengths[:, None], tokens,
+                            vocab)
+        return banned.scatter_(1, index, True)[:, :vocab]
+    if T < n:
+        return banned[:, :vocab]
+    steps = torch.arange(n - 1, device=tokens.device)
+    tail = tokens.gather(1, (lengths[:, None] - (n - 1) + steps).clamp(min=0))  # (N, n-1)
+    windows = tokens.unfold(1, n, 1)  # (N, T - n + 1, n): every n-gram
+    starts = torch.arange(windows.size(1), device=tokens.device)
+    complete = starts[None, :] + n <= lengths[:, None]  # n-grams inside the real tokens
+    match = (windows[..., : n - 1] == tail[:, None, :]).all(-1) & complete
+    match &= (lengths >= n - 1)[:, None]
+    index = torch.where(match, windows[..., n - 1], vocab)  # non-matches to a spare column
+    return banned.scatter_(1, index, True)[:, :vocab]
 
 
 def banned_by_ngrams(tokens: list[int], n: int) -> set[int]:
     """The tokens that would end an n-gram already in ``tokens``: those that followed each
-    earlier occurrence of the last n-1 tokens."""
+    earlier occurrence of the last n-1 tokens. The readable one-row reference that
+    :func:`ngram_bans` (what decoding runs, on every row at once) is tested against."""
     if len(tokens) < n - 1 or n < 1:
         return set()
     if n == 1:

@@ -5,7 +5,8 @@ stop it at its own length limit otherwise.
 
 Beam search scores a hypothesis by the GNMT length-normalised log-probability (Wu et al.
 2016, eq. 14): ``log P(y) / lp(y)`` with ``lp(y) = ((5 + |y|) / 6) ** alpha``, where |y| counts
-the generated tokens including ``<eos>``; ``alpha = 0`` is the raw log-probability.
+the generated tokens including ``<eos>``; ``alpha = 0`` is the raw log-probability. A
+sentence's search is a :class:`Beam`, which the inference engine runs too.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from ..config.sections import check_beam
 from .rules import Rules
+from .sampling import sample_rows
 
 NO_RULES = Rules()
 
@@ -41,24 +43,14 @@ def _strip(rows: list[list[int]], eos_id: int, pad_id: int) -> list[list[int]]:
 
 def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0,
                 top_p: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
-    """Pick one token per row from logits (N, V). ``temperature == 0`` is argmax; ``top_k``
-    keeps the k likeliest tokens; ``top_p`` keeps the smallest set whose probability reaches p
-    (the likeliest token always stays)."""
-    if temperature == 0 or top_k == 1:
-        return logits.argmax(-1)
-    logits = logits.float() / temperature
-    if top_k > 0:
-        kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        before = probs.cumsum(-1) - probs  # probability of the tokens ranked above
-        drop_sorted = before >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    probs = logits.softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    """Pick one token per row from logits (N, V), every row with the same settings (see
+    sampling.py): ``temperature == 0`` is argmax; ``top_k`` keeps the k likeliest tokens;
+    ``top_p`` keeps the smallest set whose probability reaches p (the likeliest token always
+    stays). One ``generator`` serves every row."""
+    n, device = logits.size(0), logits.device
+    return sample_rows(logits, torch.full((n,), float(temperature), device=device),
+                       torch.full((n,), top_k, device=device),
+                       torch.full((n,), float(top_p), device=device), [generator] * n)
 
 
 @torch.inference_mode()
@@ -94,75 +86,100 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+class Beam:
+    """One sentence's beam search, a step at a time: its finished hypotheses, and which
+    hypotheses live on. The batched search below and the inference engine (where a
+    sentence's live hypotheses are rows of its batch) both run it.
+
+    ``step`` takes the live hypotheses' scores (k,) and their next-token log-probabilities
+    (k, V), keeps the 2K best candidates: those ending in ``<eos>`` among the top K are
+    finished (kept, GNMT-normalised), the best K others continue. A hypothesis reaching the
+    sentence's limit is finished as it is. The sentence is done when it has K finished
+    hypotheses and no live one can still beat the worst of them (log-probabilities only fall
+    as a hypothesis grows, and with alpha >= 0 the best it can reach is its score now divided
+    by lp(limit)), or when its limit is reached."""
+
+    def __init__(self, beam: int, limit: int, *, eos_id: int, alpha: float,
+                 bounded: bool) -> None:
+        self.K, self.limit, self.eos_id, self.alpha, self.bounded = beam, limit, eos_id, \
+            alpha, bounded
+        self.finished: list[tuple[float, list[int]]] = []  # (normalised score, ids)
+        self.done = False
+
+    def step(self, length: int, scores: Tensor, logp: Tensor, histories: list[list[int]]
+             ) -> list[tuple[int, int, float]]:
+        """length: tokens each candidate will have generated; scores (k,) float64 raw
+        log-probabilities of the live hypotheses; logp (k, V); histories: their generated
+        ids. Returns the hypotheses that live on as (live row, next token, raw score)."""
+        V = logp.size(-1)
+        candidates = (scores[:, None] + logp).view(-1)  # (k * V,)
+        top_scores, top_index = candidates.topk(min(2 * self.K, candidates.numel()))
+        alive: list[tuple[int, int, float]] = []
+        for rank, (s, idx) in enumerate(zip(top_scores.tolist(), top_index.tolist(),
+                                            strict=True)):
+            if s == float("-inf") or len(alive) == self.K:
+                break
+            row, token = idx // V, idx % V
+            if token == self.eos_id or length >= self.limit:
+                if rank < self.K:
+                    ids = histories[row] + ([] if token == self.eos_id else [token])
+                    self.finished.append((s / length_penalty(length, self.alpha), ids))
+            else:
+                alive.append((row, token, s))
+        self.finished.sort(key=lambda h: -h[0])
+        if length >= self.limit or not alive:
+            self.done = True
+        elif len(self.finished) >= self.K and self.bounded:
+            bound = alive[0][2] / length_penalty(self.limit, self.alpha)
+            self.done = self.finished[self.K - 1][0] >= bound
+        return [] if self.done else alive
+
+    def best(self, n: int) -> list[tuple[list[int], float]]:
+        """The n best finished hypotheses: (ids without <eos>, normalised score), best first."""
+        return [(ids, score) for score, ids in self.finished[:n]]
+
+
 @torch.inference_mode()
 def beam_search(stepper, n_sentences: int, limits: Tensor, *, beam: int, bos_id: int,
                 eos_id: int, pad_id: int, alpha: float = 0.0, n_best: int = 1,
                 rules: Rules = NO_RULES) -> list[list[tuple[list[int], float]]]:
-    """Beam search over ``n_sentences`` at once; returns, per sentence, the ``n_best`` best
-    finished hypotheses as (token ids without <eos>, normalised score), best first.
-
-    Each step expands every live hypothesis by every token and keeps the 2K best candidates
-    per sentence: those ending in ``<eos>`` among the top K are finished (and kept), the best
-    K others continue. A hypothesis reaching its sentence's limit is finished as it is. A
-    sentence is done when it has K finished hypotheses and no live one can still beat the
-    worst of them: log-probabilities only fall as a hypothesis grows, and with alpha >= 0 the
-    best it can reach is its score now divided by lp(limit). Sentences never affect one
-    another, so the output does not depend on what else is in the batch. ``rules`` (rules.py)
-    adjust the log-probabilities; they keep them <= 0 (so the bound holds) unless a presence or
-    frequency penalty is negative, and then a sentence runs to its limit.
+    """Beam search over ``n_sentences`` at once, each sentence a :class:`Beam` over K rows of
+    the batch (dead rows, with score -inf, keep it rectangular); returns, per sentence, the
+    ``n_best`` best finished hypotheses as (token ids without <eos>, normalised score), best
+    first. Sentences never affect one another, so the output does not depend on what else is
+    in the batch. ``rules`` (rules.py) adjust the log-probabilities; they keep them <= 0 (so
+    a Beam's bound holds) unless a presence or frequency penalty is negative, and then a
+    sentence runs to its limit.
     """
     check_beam(beam, n_best, alpha)
     B, K = n_sentences, beam
     device = limits.device
     bounded = rules.presence_penalty >= 0 and rules.frequency_penalty >= 0
+    beams = [Beam(K, int(limits[b]), eos_id=eos_id, alpha=alpha, bounded=bounded)
+             for b in range(B)]
     stepper.reorder(torch.arange(B, device=device).repeat_interleave(K))  # (B*K) rows
     tokens = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)
     scores = torch.full((B, K), float("-inf"), dtype=torch.float64, device=device)
     scores[:, 0] = 0.0  # one live hypothesis per sentence at the start
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
-    done = [False] * B
     for t in range(int(limits.max())):
-        length = t + 1  # tokens each candidate will have generated
         logp = _blocked(stepper.logits(tokens), (pad_id, bos_id)).log_softmax(-1)  # (B*K, V)
         logp = rules.apply(logp, tokens[:, 1:], tokens[:, 1:], eos_id=eos_id, pad_id=pad_id)
-        V = logp.size(-1)
-        candidates = (scores.reshape(B * K, 1) + logp).view(B, K * V)
-        top_scores, top_index = candidates.topk(min(2 * K, K * V), dim=1)  # (B, 2K)
-        top_scores, top_index = top_scores.tolist(), top_index.tolist()
+        logp = logp.view(B, K, -1)
+        histories = tokens[:, 1:].tolist()
         rows, next_tokens, next_scores = [], [], []
-        for b in range(B):
-            alive: list[tuple[int, int, float]] = []  # (row, token, raw score)
-            if not done[b]:
-                limit = int(limits[b])
-                for rank, (s, idx) in enumerate(zip(top_scores[b], top_index[b], strict=True)):
-                    if s == float("-inf") or len(alive) == K:
-                        break
-                    row, token = b * K + idx // V, idx % V
-                    if token == eos_id or length >= limit:
-                        if rank < K:
-                            ids = tokens[row, 1:].tolist() + ([] if token == eos_id else [token])
-                            finished[b].append((s / length_penalty(length, alpha), ids))
-                    else:
-                        alive.append((row, token, s))
-                finished[b].sort(key=lambda h: -h[0])
-                if length >= limit or not alive:
-                    done[b] = True
-                elif len(finished[b]) >= K and bounded:
-                    bound = alive[0][2] / length_penalty(limit, alpha)
-                    done[b] = finished[b][K - 1][0] >= bound
-            if done[b]:
-                alive = []
-            while len(alive) < K:  # keep the batch rectangular with dead rows
-                alive.append((b * K, pad_id, float("-inf")))
+        for b, sentence in enumerate(beams):
+            alive = [] if sentence.done else sentence.step(
+                t + 1, scores[b], logp[b], histories[b * K:(b + 1) * K])
+            alive += [(0, pad_id, float("-inf"))] * (K - len(alive))  # dead rows
             for row, token, s in alive:
-                rows.append(row)
+                rows.append(b * K + row)
                 next_tokens.append(token)
                 next_scores.append(s)
-        if all(done):
+        if all(sentence.done for sentence in beams):
             break
         row_index = torch.tensor(rows, device=device)
         stepper.reorder(row_index)
         tokens = torch.cat([tokens.index_select(0, row_index),
                             torch.tensor(next_tokens, device=device)[:, None]], dim=1)
         scores = torch.tensor(next_scores, dtype=torch.float64, device=device).view(B, K)
-    return [[(ids, score) for score, ids in hyps[:n_best]] for hyps in finished]
+    return [sentence.best(n_best) for sentence in beams]

@@ -30,6 +30,8 @@ from ..data.files import ReadReport
 from ..data.prepare import split_files
 from ..data.tokenizers import Tokenizer
 from ..devices import resolve_device
+from ..engine import Engine, EngineConfig, Params
+from ..generation import Rules
 from ..models import build_model
 from ..tasks import Task, task_for
 
@@ -48,6 +50,7 @@ class Run:
     action: ClassVar[str] = ""  # what the page and the server do with it: "translate", ...
     summary: ClassVar[str] = ""  # one line for the page
     takes_target: ClassVar[bool] = False  # the attention explorer can be given an output
+    decodes: ClassVar[bool] = False  # it generates tokens, on the inference engine
     produces_outputs: ClassVar[bool] = True  # evaluation yields an output per example
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -63,6 +66,21 @@ class Run:
         self.labels, self.device = labels, device
         self.task: Task = task_for(config)
         self.chat_template: str | None = rundir.read_chat_template(run_dir)
+        self._engine = None
+
+    @property
+    def engine(self) -> Engine:
+        """The inference engine over this run's model (engine/), made on first use: what
+        translating and generating run on, one request or many."""
+        if self._engine is None:
+            self._engine = self.new_engine(EngineConfig(max_rows=256))
+        return self._engine
+
+    def new_engine(self, config: EngineConfig) -> Engine:
+        """Another engine over the run's model, sized by ``config`` (the server runs its own,
+        in a thread of its own)."""
+        tok = self.target_tokenizer or self.source_tokenizer
+        return Engine(self.model, bos_id=tok.bos_id, eos_id=tok.eos_id, config=config)
 
     def __getattr__(self, name: str):
         """Only reached for a name this class lacks: another family's method is a clear
@@ -80,6 +98,20 @@ class Run:
         if not files:
             raise ValueError(f"{self.run_dir} names no [data] {split} files; pass --data FILE")
         return list(files)
+
+    def params(self, decode: DecodeConfig, *, seed: int | None = None,
+               search: bool = False) -> Params:
+        """The engine's decoding settings of one request: ``decode``'s, sampling with
+        ``seed``; with ``search`` (translation), beam search when ``decode`` asks for more than
+        one hypothesis, else greedy search."""
+        if search:  # a translation: beam search, or greedy; never sampled
+            beam = decode.beam if max(decode.beam, decode.n_best) > 1 else 0
+            return Params(max_new_tokens=decode.max_new_tokens, rules=Rules.of(decode),
+                          beam=beam, n_best=decode.n_best,
+                          length_penalty=decode.length_penalty)
+        return Params(max_new_tokens=decode.max_new_tokens, temperature=decode.temperature,
+                      top_k=decode.top_k, top_p=decode.top_p, seed=seed,
+                      rules=Rules.of(decode))
 
     def decode_options(self, **given) -> DecodeConfig:
         """The run's ``[decode]`` with the options given (None = keep), checked."""

@@ -1,17 +1,20 @@
-"""Using a language-model run (decoder): continue a prompt (greedy or sampled, streamed),
-score a text (perplexity, bits per character), and look at its attention."""
+"""Using a language-model run (decoder): continue a prompt (greedy or sampled, streamed;
+one or many at once, on the run's inference engine), score a text (perplexity, bits per
+character), and look at its attention."""
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from ..config import DecodeConfig
 from ..data.batching import lm_eval_windows
 from ..data.files import DataError
-from ..generation import Rules, generate
+from ..engine import Request
 from ..models.losses import smoothed_cross_entropy
 from .base import Run, as_batch, attention_map, next_token_probabilities, token_labels
 
@@ -22,6 +25,7 @@ class LanguageModel(Run):
     action = "generate"
     summary = "language model: continues your text"
     produces_outputs = False  # evaluation scores the text itself
+    decodes = True
 
     def generate(self, prompt: str, *, max_new_tokens: int | None = None,
                  temperature: float | None = None, top_k: int | None = None,
@@ -35,27 +39,46 @@ class LanguageModel(Run):
                                      top_k=top_k, top_p=top_p, **controls)
         return self.continuation(prompt, decode, seed=seed, stream=stream)
 
-    @torch.no_grad()
+    def generate_many(self, prompts: list[str], *, seed: int | None = None,
+                      **options) -> list[str]:
+        """:meth:`generate` for many prompts at once (the engine decodes them together, each
+        as it would be alone); ``seed`` + i seeds the i-th. ``options``: those of
+        :meth:`generate`."""
+        decode = self.decode_options(**options)
+        completions = [self.completion(p, decode, seed=None if seed is None else seed + i)
+                       for i, p in enumerate(prompts)]
+        self.engine.run([c.request for c in completions])
+        return [c.result() for c in completions]
+
     def continuation(self, prompt: str, decode: DecodeConfig, *, seed: int | None = None,
                      stream: Callable[[str], None] | None = None) -> str:
         """:meth:`generate` with its options already checked."""
+        completion = self.completion(prompt, decode, seed=seed, emit=stream)
+        self.engine.run([completion.request])
+        return completion.result()
+
+    def completion(self, prompt: str, decode: DecodeConfig, *, seed: int | None = None,
+                   emit: Callable[[str], None] | None = None) -> Completion:
+        """An engine request to continue ``prompt``, with the text it produces: ``emit``
+        receives each new piece of it as it comes. A prompt longer than ``max_len`` keeps
+        its last half window (as a model trained on windows expects), with a warning."""
         tok = self.source_tokenizer
+        ids = tok.encode(prompt) or [tok.bos_id]
+        max_len = self.config.model.max_len
+        if len(ids) > max_len:
+            warnings.warn(f"the prompt is {len(ids)} tokens, longer than the model's max_len "
+                          f"({max_len}): it continues from the last {max(1, max_len // 2)}",
+                          stacklevel=3)
         text = TextStream(tok, decode.stop)
 
-        def on_token(i: int) -> bool:
-            piece = text.push(i)
-            if stream is not None and piece:
-                stream(piece)
+        def on_token(request: Request, token: int) -> bool:
+            piece = text.push(token)
+            if emit is not None and piece:
+                emit(piece)
             return text.stopped
 
-        generate(self.model, tok.encode(prompt), bos_id=tok.bos_id, eos_id=tok.eos_id,
-                 max_new_tokens=decode.max_new_tokens, temperature=decode.temperature,
-                 top_k=decode.top_k, top_p=decode.top_p, seed=seed, on_token=on_token,
-                 rules=Rules.of(decode))
-        rest = text.finish()
-        if stream is not None and rest:
-            stream(rest)
-        return text.text
+        request = Request(ids, self.params(decode, seed=seed), on_token=on_token)
+        return Completion(request, text, emit)
 
     @torch.no_grad()
     def score(self, text, *, beam=None, outputs=None):
@@ -104,6 +127,24 @@ class LanguageModel(Run):
         logits = self.model(as_batch(ids, self.device))
         labels = token_labels(self.source_tokenizer, ids)
         return [{"token": labels[0], "p": None}, *next_token_probabilities(logits, ids, labels)]
+
+
+@dataclass
+class Completion:
+    """A language model's engine request and the text of its output."""
+
+    request: Request
+    text: TextStream
+    emit: Callable[[str], None] | None = None
+
+    def result(self) -> str:
+        """The whole text, once the request has finished (the rest of it emitted)."""
+        if self.request.error is not None:
+            raise self.request.error
+        rest = self.text.finish()
+        if self.emit is not None and rest:
+            self.emit(rest)
+        return self.text.text
 
 
 class TextStream:

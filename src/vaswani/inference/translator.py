@@ -3,7 +3,9 @@ at its attention.
 
 A source is encoded as ``tokens + <eos>`` (the layout the model trained on, tasks/translation.py)
 and cut to ``max_len`` with a warning; the translation starts from ``<bos>`` and is capped at
-``max_len_a * source_length + max_len_b`` tokens. ``beam == 1`` is greedy search.
+``max_len_a * source_length + max_len_b`` tokens. ``beam == 1`` is greedy search. Every
+translation runs on the run's inference engine (engine/): one sentence or thousands, each
+decoded as it would be alone.
 """
 
 from __future__ import annotations
@@ -11,9 +13,8 @@ from __future__ import annotations
 import torch
 
 from ..config import DecodeConfig
-from ..data.batching import pad
+from ..engine import Request
 from ..evaluation.metrics import bleu_chrf
-from ..generation import Rules, beam_decode, greedy_decode
 from .base import (
     Run,
     as_batch,
@@ -30,6 +31,7 @@ class Translator(Run):
     action = "translate"
     summary = "translation: type a sentence, get its translation"
     takes_target = True
+    decodes = True
 
     def translate(self, texts: list[str], *, beam: int | None = None, n_best: int = 1,
                   length_penalty: float | None = None, batch_size: int = 64, **controls
@@ -43,31 +45,44 @@ class Translator(Run):
         results = self.translations(texts, decode, batch_size=batch_size)
         return results if n_best > 1 else [best[0][0] for best in results]
 
-    @torch.no_grad()
     def translations(self, texts: list[str], decode: DecodeConfig, *, batch_size: int = 64
-               ) -> list[list[tuple[str, float]]]:
+                     ) -> list[list[tuple[str, float]]]:
         """The ``decode.n_best`` best (translation, score) of each text, best first; greedy
-        when ``decode.beam == 1`` (score 0). An empty text gives ("", 0.0)."""
-        source, target = self.source_tokenizer, self.target_tokenizer
-        results = [[("", 0.0)] * decode.n_best for _ in texts]
+        when ``decode.beam == 1`` (score 0). An empty text gives ("", 0.0). At most
+        ``batch_size`` texts are decoded together (the engine takes the next one in as one
+        finishes)."""
+        requests = self.requests(texts, decode)
+        rows = max([1, *(r.params.beam for r in requests.values())])
+        with self.engine.rows(batch_size * rows):  # similar lengths in together: by length
+            self.engine.run(sorted(requests.values(), key=lambda r: len(r.prompt)))
+        return self.results(texts, requests, decode)
+
+    def requests(self, texts: list[str], decode: DecodeConfig) -> dict[int, Request]:
+        """An engine request for each non-empty text, by index."""
         todo = [i for i, t in enumerate(texts) if t.strip()]
-        encoded = encode_inputs(source, [texts[i] for i in todo], self.config.model.max_len,
-                                eos=True)
-        ids = dict(zip(todo, encoded, strict=True))
-        order = sorted(todo, key=lambda i: len(ids[i]))  # similar lengths batch together
-        common = dict(bos_id=target.bos_id, eos_id=target.eos_id, max_len_a=decode.max_len_a,
-                      max_len_b=decode.max_len_b, rules=Rules.of(decode))
-        for start in range(0, len(order), batch_size):
-            chunk = order[start:start + batch_size]
-            src = pad([ids[i] for i in chunk], self.config.model.pad_id).to(self.device)
-            if decode.beam == 1 and decode.n_best == 1:
-                outs = [[(o, 0.0)] for o in greedy_decode(self.model, src, **common)]
-            else:
-                outs = beam_decode(self.model, src, beam=decode.beam, n_best=decode.n_best,
-                                   alpha=decode.length_penalty, **common)
-            for i, hyps in zip(chunk, outs, strict=True):
-                results[i] = [(target.decode(h), score) for h, score in hyps]
+        encoded = encode_inputs(self.source_tokenizer, [texts[i] for i in todo],
+                                self.config.model.max_len, eos=True)
+        return {i: self.request(ids, decode) for i, ids in zip(todo, encoded, strict=True)}
+
+    def results(self, texts: list[str], requests: dict[int, Request], decode: DecodeConfig
+                ) -> list[list[tuple[str, float]]]:
+        """Each text's (translation, score) list once its request has finished (("", 0.0)
+        for an empty text); a request's error is raised."""
+        results = [[("", 0.0)] * decode.n_best for _ in texts]
+        for i, request in requests.items():
+            if request.error is not None:
+                raise request.error
+            results[i] = [(self.target_tokenizer.decode(h), score)
+                          for h, score in request.hypotheses()]
         return results
+
+    def request(self, source: list[int], decode: DecodeConfig) -> Request:
+        """An engine request to translate ``source`` (ids, ``<eos>`` included): from
+        ``<bos>``, at most ``max_len_a * len(source) + max_len_b`` tokens."""
+        limit = max(1, int(len(source) * decode.max_len_a + decode.max_len_b))
+        return Request(source, self.params(decode, search=True),
+                       start=[self.target_tokenizer.bos_id],
+                       history_start=1, limit=limit)
 
     def score(self, pairs, *, beam=None, outputs=None):
         """sacreBLEU and chrF (with their signatures) of the translations of ``pairs``

@@ -6,6 +6,7 @@ Shape legend: B batch, T length, D d_model, V vocabulary, L layers, H heads.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
@@ -61,6 +62,17 @@ class DecoderLM(nn.Module):
         h, weights = self.decoder(self.embed(ids, positions=positions), mask=attn_mask,
                                   cache=cache, positions=positions, need_weights=need_weights)
         return self.output_proj(h), weights
+
+    def decode_step(self, ids: Tensor, *, positions: Tensor, mask: Tensor, cache,
+                    last: Tensor) -> Tensor:
+        """The inference engine's call (engine/runner.py): new tokens ``ids`` (B, T) at
+        explicit ``positions`` (B, T), an explicit self-attention ``mask`` (B, 1, T, Tk) over
+        the keys the ``cache`` returns (its layers write the new keys and values in place), and
+        ``last`` (B,): the position in each row whose next-token logits are wanted ->
+        logits (B, V). Only those positions reach the output projection."""
+        h, _ = self.decoder(self.embed(ids, positions=positions), mask=mask, cache=cache,
+                            positions=positions)
+        return self.output_proj(h[torch.arange(h.size(0), device=h.device), last])
 
     def new_cache(self) -> KVCache:
         """An empty cache for incremental decoding with this model."""

@@ -8,6 +8,7 @@ come from ``config.pad_id``.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
@@ -96,6 +97,21 @@ class EncoderDecoder(nn.Module):
                                   memory=memory, memory_mask=memory_mask, cache=cache,
                                   positions=positions, need_weights=need_weights)
         return self.output_proj(h), weights
+
+    def cross_keys_values(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Each decoder layer's cross-attention keys and values of an encoded source
+        (B, S, D): a list of ((B, Hkv, S, Dh), (B, Hkv, S, Dh)), one per layer. The inference
+        engine computes them once per request and keeps them in its cache."""
+        return [layer.cross_attn.project_kv(memory) for layer in self.decoder.layers]
+
+    def decode_step(self, ids: Tensor, *, positions: Tensor, mask: Tensor,
+                    memory_mask: Tensor, cache, last: Tensor) -> Tensor:
+        """The inference engine's call (engine/runner.py): as :meth:`DecoderLM.decode_step`,
+        the memory's keys and values coming from the ``cache`` with ``memory_mask``
+        (B, 1, 1, S) -> next-token logits (B, V) at ``last``."""
+        h, _ = self.decoder(self.tgt_embed(ids, positions=positions), mask=mask,
+                            memory_mask=memory_mask, cache=cache, positions=positions)
+        return self.output_proj(h[torch.arange(h.size(0), device=h.device), last])
 
     def new_cache(self) -> KVCache:
         """An empty cache for incremental decoding with this model."""

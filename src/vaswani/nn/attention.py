@@ -101,20 +101,24 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: Tensor, *, memory: Tensor | None = None, mask: Tensor | None = None,
                 cache: KV | None = None, positions: Tensor | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                need_weights: bool = False, cross: bool | None = None
+                ) -> tuple[Tensor, Tensor | None]:
         """x: (B, Tq, D); memory: (B, Tk, D) for cross-attention; mask: bool, broadcastable to
         (B, H, Tq, Tk). Returns (out (B, Tq, D), weights (B, H, Tq, Tk) or None).
 
-        ``cache`` (incremental decoding, see kv_cache.py): in self-attention the new keys and
-        values are appended to it and attention runs over all of them; in cross-attention
-        the memory's keys and values are computed on the first call and reused afterwards.
+        ``cross``: cross-attention (default: when there is a ``memory``). ``cache``
+        (incremental decoding, see kv_cache.py): in self-attention the new keys and values
+        are appended to it and attention runs over all of them; in cross-attention the
+        memory's keys and values are computed on the first call and reused afterwards (a
+        cache that already holds them needs no memory).
         ``positions`` (Tq,) or (B, Tq) are the new tokens' positions, used by rotary
         embeddings (default: after the cached tokens).
         Weights are returned only with ``need_weights=True`` (the reference path then runs,
         whatever the backend).
         """
         B, Tq, _ = x.shape
-        if memory is None:  # self-attention: one matmul for q, k and v
+        cross = memory is not None if cross is None else cross
+        if not cross:  # self-attention: one matmul for q, k and v
             q, k, v = self.in_proj(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
             k, v = self._split_heads(k, self.n_kv_heads), self._split_heads(v, self.n_kv_heads)
             q = self._split_heads(q, self.n_heads)  # (B, H, Tq, Dh)
@@ -133,6 +137,9 @@ class MultiHeadAttention(nn.Module):
             q = self._split_heads(F.linear(x, w, b), self.n_heads)
             if cache is not None and cache.k is not None:
                 k, v = cache.k, cache.v  # the memory does not change between steps
+            elif memory is None:
+                raise ValueError("cross-attention needs a memory, or a cache that holds its "
+                                 "keys and values")
             else:
                 k, v = self.project_kv(memory)
                 if cache is not None:

@@ -143,20 +143,20 @@ class DecoderLayer(nn.Module):
                 need_weights: bool = False) -> tuple[Tensor, LayerWeights | None]:
         """x: (B, T, D) -> (B, T, D), and the attention weights when ``need_weights``.
 
-        mask: broadcastable to (B, H, T, T_keys) (causal and/or padding); memory: (B, S, D);
-        memory_mask: the *source* padding mask, broadcastable to (B, H, T, S); cache: this
-        layer's entry of a KVCache (incremental decoding); positions: the tokens' positions
-        for rotary embeddings (default: after the cached tokens).
+        mask: broadcastable to (B, H, T, T_keys) (causal and/or padding); memory: (B, S, D)
+        (None when the cache already holds the memory's keys and values); memory_mask: the
+        *source* padding mask, broadcastable to (B, H, T, S); cache: this layer's entry of a
+        KVCache (incremental decoding); positions: the tokens' positions for rotary
+        embeddings (default: after the cached tokens).
         """
         self_cache, cross_cache = (None, None) if cache is None else cache
         x, self_w = self.self_block(x, self.self_attn, mask=mask, cache=self_cache,
                                     positions=positions, need_weights=need_weights)
         cross_w = None
         if self.cross_attn is not None:
-            if memory is None:
-                raise ValueError("this decoder layer has cross-attention and needs memory")
             x, cross_w = self.cross_block(x, self.cross_attn, memory=memory, mask=memory_mask,
-                                          cache=cross_cache, need_weights=need_weights)
+                                          cache=cross_cache, need_weights=need_weights,
+                                          cross=True)
         x, _ = self.ff_block(x, self.feed_forward)
         return x, LayerWeights(self_w, cross_w) if need_weights else None
 

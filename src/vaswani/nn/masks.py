@@ -58,3 +58,21 @@ def decoder_self_mask(keep: Tensor | None, q_len: int, k_len: int | None = None,
     """
     causal = causal_mask(q_len, k_len, device=device)
     return causal if keep is None else combine(key_padding_mask(keep), causal)
+
+
+def position_mask(q_positions: Tensor, k_len: int) -> Tensor:
+    """``(B, Tq)`` positions of each row's queries, against keys at positions ``0 .. Tk-1`` of
+    the same row -> ``(B, 1, Tq, Tk)``: a query sees the keys at or before its own position.
+
+    The causal mask of rows that are at different lengths (the inference engine's batches,
+    where each row's keys are its cached tokens from position 0): bottom-right alignment
+    per row, and a row's keys past its own length are hidden from it."""
+    keys = torch.arange(k_len, device=q_positions.device)
+    return keys[None, None, None, :] <= q_positions[:, None, :, None]
+
+
+def length_mask(lengths: Tensor, k_len: int) -> Tensor:
+    """``(B,)`` real lengths -> ``(B, 1, 1, Tk)``: every query sees each row's first
+    ``lengths[b]`` keys (a padded batch of sources, for cross-attention)."""
+    keys = torch.arange(k_len, device=lengths.device)
+    return key_padding_mask(keys[None, :] < lengths[:, None])

@@ -3,7 +3,7 @@
 Routes (JSON in and out; errors as ``{"error": {"message", "type", "param"}}`` with a 4xx or
 5xx status):
 
-    GET  /health, /v1/models
+    GET  /health, /metrics (Prometheus), /v1/models
     POST /v1/completions, /v1/chat/completions    decoder runs (OpenAI's; streaming as SSE)
     POST /v1/embeddings                           encoder runs (OpenAI's; float or base64)
     POST /v1/classify                             encoder runs with a classification head
@@ -11,13 +11,16 @@ Routes (JSON in and out; errors as ``{"error": {"message", "type", "param"}}`` w
     POST /v1/attention                            any run: every layer's and head's weights
     GET  /                                        the page (self-contained, works offline)
 
-Model work runs in one worker thread per run (workers.py, driven by server.py), which
-batches requests that arrive together; openai.py shapes OpenAI's responses. With an API key,
-every /v1 route needs ``Authorization: Bearer KEY``.
+A translator's or a language model's work runs on its inference engine, in a thread of its
+own (server.py, engine/loop.py): requests join the running batch at the next step and leave
+it when they end. An encoder's work is batched by a worker thread (workers.py). openai.py
+shapes OpenAI's responses. With an API key, every /v1 route needs ``Authorization: Bearer
+KEY``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from importlib import resources
@@ -27,15 +30,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from ..generation import Rules, Sampling
 from ..inference import Run
 from . import chat, openai, schemas
-from .server import ApiError, Limits, Server, error_body
-from .workers import Job
+from .server import ApiError, Generation, Limits, Server, error_body
 
 # --- the application ------------------------------------------------------------------------
 
-def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: int = 16,
+def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: int = 64,
                max_wait_ms: float = 5.0, max_queue: int = 256,
                limits: Limits | None = None) -> FastAPI:
     limits = limits or Limits()
@@ -78,9 +79,12 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
     @app.get("/health")
     def health():
         return {"status": "ok", "models": list(runs), "auth": bool(api_key),
-                "served": {n: {"batches": w.batches, "requests": w.jobs,
-                               "cancelled": w.cancelled, "waiting": w.queue.qsize()}
-                           for n, w in server.workers.items()}}
+                "served": {name: server.served(name) for name in runs}}
+
+    @app.get("/metrics")
+    def metrics():
+        body, media_type = server.metrics.exposition()
+        return Response(body, media_type=media_type)
 
     @app.get("/v1/models", dependencies=guard)
     def models():
@@ -100,9 +104,7 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
                          no_repeat_ngram_size=body.no_repeat_ngram_size,
                          repetition_penalty=body.repetition_penalty,
                          min_length=body.min_length)
-        job = await server.submit(body.model, "translate", ("translate", decode),
-                                  {"texts": texts, "decode": decode})
-        results = await _result(job)
+        results = await server.translate(body.model, texts, decode)
         return {"object": "list", "model": body.model, "data": [
             {"index": i, "translations": [{"text": t, "score": s} for t, s in hyps]}
             for i, hyps in enumerate(results)]}
@@ -113,9 +115,7 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
         if not run.labels:
             raise ApiError(400, f"model {body.model!r} has no classification head (an "
                            "imported encoder): use /v1/embeddings", "model")
-        job = await server.submit(body.model, "classify", ("classify",),
-                                  {"texts": _texts(body.input, limits)})
-        results = await _result(job)
+        results = await server.encode(body.model, "classify", _texts(body.input, limits))
         return {"object": "list", "model": body.model, "data": [
             {"index": i, "label": max(p, key=p.get), "probability": max(p.values()),
              "probabilities": p} for i, p in enumerate(results)]}
@@ -124,8 +124,7 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
     async def embeddings(body: schemas.EmbeddingRequest):
         run = server.run_for(body.model, "embeddings")
         texts = _texts(body.input, limits)
-        job = await server.submit(body.model, "embed", ("embed",), {"texts": texts})
-        vectors = await _result(job)
+        vectors = await server.encode(body.model, "embed", texts)
         n_tokens = sum(len(run.source_tokenizer.encode(t)) for t in texts)
         return {"object": "list", "model": body.model, "data": [
             {"object": "embedding", "index": i, "embedding": openai.vector(v, body.encoding_format)}
@@ -136,14 +135,15 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
     async def completions(body: schemas.CompletionRequest, request: Request):
         run = server.run_for(body.model, "completions")
         prompts = _texts(body.prompt, limits, allow_empty=True)
-        jobs = [await _generation(server, run, body, body.model, p, body.max_tokens)
-                for p in prompts]
+        if body.stream and len(prompts) > 1:
+            raise ApiError(400, "stream with a list of prompts is not supported; send one "
+                           "prompt per request", "prompt")
+        generations = [_generation(server, run, body, body.model, p, body.max_tokens)
+                       for p in prompts]
         if body.stream:
-            if len(jobs) > 1:
-                raise ApiError(400, "stream with a list of prompts is not supported; send one "
-                               "prompt per request", "prompt")
-            return openai.sse(jobs[0], request, body.model, "text_completion", chat_mode=False)
-        results = [await _result(job) for job in jobs]
+            return openai.sse(generations[0], request, body.model, "text_completion",
+                              chat_mode=False)
+        results = [await _result(g) for g in generations]
         choices, usage = openai.choices(results, body.n, chat_mode=False)
         return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
                 "created": int(time.time()), "model": body.model, "choices": choices,
@@ -163,11 +163,12 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
         except chat.TemplateError as e:
             raise ApiError(400, str(e), "messages") from None
         _check_length(prompt, limits, "messages")
-        job = await _generation(server, run, body, body.model, prompt,
-                                body.max_completion_tokens or body.max_tokens)
+        generation = _generation(server, run, body, body.model, prompt,
+                                 body.max_completion_tokens or body.max_tokens)
         if body.stream:
-            return openai.sse(job, request, body.model, "chat.completion.chunk", chat_mode=True)
-        choices, usage = openai.choices([await _result(job)], body.n, chat_mode=True)
+            return openai.sse(generation, request, body.model, "chat.completion.chunk",
+                              chat_mode=True)
+        choices, usage = openai.choices([await _result(generation)], body.n, chat_mode=True)
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
                 "created": int(time.time()), "model": body.model, "choices": choices,
                 "usage": usage}
@@ -185,9 +186,8 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
                                f"{limits.max_attention_tokens}", name)
         if not body.input.strip():
             raise ApiError(400, "input is empty", "input")
-        job = await server.submit(body.model, "attention", ("attention", uuid.uuid4().hex),
-                                  {"text": body.input, "target": body.target})
-        return {"model": body.model, **(await _result(job))}
+        view = await server.call(body.model, lambda: run.attention_view(body.input, body.target))
+        return {"model": body.model, **view}
 
     @app.get("/", response_class=HTMLResponse)
     def page():
@@ -237,8 +237,8 @@ def _decode(run: Run, **given):
         raise ApiError(400, str(e)) from None
 
 
-async def _generation(server: Server, run: Run, body, name: str, prompt: str,
-                      max_tokens: int | None) -> Job:
+def _generation(server: Server, run: Run, body, name: str, prompt: str,
+                max_tokens: int | None) -> Generation:
     limits = server.limits
     if body.n > limits.max_n:
         raise ApiError(400, f"n ({body.n}) is over the limit of {limits.max_n}", "n")
@@ -252,18 +252,13 @@ async def _generation(server: Server, run: Run, body, name: str, prompt: str,
                      frequency_penalty=body.frequency_penalty,
                      repetition_penalty=body.repetition_penalty,
                      no_repeat_ngram_size=body.no_repeat_ngram_size, min_length=body.min_tokens)
-    ids = run.source_tokenizer.encode(prompt)
-    rows = [{"ids": ids, "max_new_tokens": decode.max_new_tokens, "stop": list(decode.stop),
-             "sampling": Sampling(decode.temperature, decode.top_k, decode.top_p,
-                                  None if body.seed is None else body.seed + k)}
-            for k in range(body.n)]
-    rules = Rules.of(decode)
-    return await server.submit(name, "generate", ("generate", rules), {"rows": rows,
-                               "rules": rules}, stream=body.stream)
+    return server.generate(name, prompt, decode, n=body.n, seed=body.seed, stream=body.stream)
 
 
-async def _result(job: Job):
+async def _result(generation: Generation) -> dict:
     try:
-        return await job.future
-    except ValueError as e:
-        raise ApiError(400, str(e)) from None
+        await generation.done
+    except asyncio.CancelledError:  # the client went away
+        generation.cancel()
+        raise
+    return generation.result()

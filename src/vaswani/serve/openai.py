@@ -13,8 +13,6 @@ import torch
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from .workers import Job
-
 
 def vector(v: torch.Tensor, encoding: str):
     if encoding == "base64":
@@ -39,9 +37,10 @@ def choices(results: list[dict], n: int, *, chat_mode: bool) -> tuple[list, dict
                      "total_tokens": prompt_tokens + completion_tokens}
 
 
-def sse(job: Job, request: Request, model: str, kind: str, *, chat_mode: bool):
-    """Server-sent events: one chunk per text piece, a last one with the finish reason, then
-    [DONE]. A client that goes away cancels the job's rows."""
+def sse(generation, request: Request, model: str, kind: str, *, chat_mode: bool):
+    """Server-sent events of a server.Generation: one chunk per piece of text, a last one
+    per completion with its finish reason, then [DONE]. A client that goes away cancels the
+    generation."""
     ident = f"{'chatcmpl' if chat_mode else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
 
@@ -59,25 +58,36 @@ def sse(job: Job, request: Request, model: str, kind: str, *, chat_mode: bool):
     async def events():
         try:
             if chat_mode:
-                for i in range(len(job.payload["rows"])):
+                for i in range(len(generation.completions)):
                     yield chunk(i, None, None, first=True)
             while True:
                 try:
-                    kind_, value = await asyncio.wait_for(job.events.get(), timeout=1.0)
+                    kind_, value = await asyncio.wait_for(generation.events.get(), timeout=1.0)
                 except TimeoutError:
                     if await request.is_disconnected():
-                        job.cancelled = True
+                        generation.cancel()
                         return
                     continue
                 if kind_ == "text":
                     yield chunk(value[0], value[1], None)
-                else:
-                    for c in value["choices"]:
-                        yield chunk(c["index"], None if chat_mode else "", c["finish_reason"])
+                    continue
+                failed = next((c.request.error for c in generation.completions
+                               if c.request.error is not None), None)
+                if failed is not None:  # as OpenAI streams an error: one data chunk
+                    yield "data: " + json.dumps({"error": {
+                        "message": str(failed), "type": "invalid_request_error"
+                        if isinstance(failed, ValueError) else "server_error",
+                        "param": None, "code": None}}) + "\n\n"
                     yield "data: [DONE]\n\n"
                     return
+                for index, piece in generation.rest():
+                    yield chunk(index, piece, None)
+                for index, reason in enumerate(generation.finish_reasons()):
+                    yield chunk(index, None if chat_mode else "", reason)
+                yield "data: [DONE]\n\n"
+                return
         except asyncio.CancelledError:  # the client went away
-            job.cancelled = True
+            generation.cancel()
             raise
 
     return StreamingResponse(events(), media_type="text/event-stream",

@@ -1,21 +1,29 @@
-"""The server's state and its model work: the loaded runs and their workers, the limits a
-request must keep, the errors it answers with, and the batched generation of completions
-(the routes are app.py's)."""
+"""The server's state and its model work: the loaded runs, the limits a request must keep, the
+errors it answers with, and where each run's work goes (the routes are app.py's).
+
+A run that decodes (a translator, a language model) gets an inference engine in a thread of its
+own (engine/loop.py): every translation and completion is a request of that engine, joining
+the running batch at the next step and leaving it as soon as it ends; its tokens come back to
+the event loop as they are made. An encoder's work (classify, embed) is batched by a worker
+thread (workers.py). A one-off job (the attention explorer) runs in the run's thread too.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
-from ..generation import generate, generate_batch
+from ..config import DecodeConfig
+from ..engine import Busy, EngineConfig, EngineLoop, Request
 from ..inference import Run
 from ..inference.base import owner_of
-from ..inference.language_model import TextStream
+from ..inference.language_model import Completion
 from . import schemas
-from .workers import Busy, Job, Worker
+from .metrics import Metrics
+from .workers import Busy as WorkerBusy
+from .workers import Job, Worker
 
 # What each route asks of a run: the method of the use class that serves it.
 METHOD_OF_ROUTE = {"completions": "generate", "chat": "generate", "translate": "translate",
@@ -45,15 +53,24 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 
 
 class Server:
-    """The loaded runs, their workers and the limits."""
+    """The loaded runs, their engines and workers, and the limits."""
 
     def __init__(self, runs: dict[str, Run], *, max_batch: int, max_wait_ms: float,
                  max_queue: int, limits: Limits) -> None:
         self.runs, self.limits = runs, limits
-        self.workers = {name: Worker(name, self._handlers(run), max_batch=max_batch,
-                                     max_wait_ms=max_wait_ms, max_queue=max_queue)
-                        for name, run in runs.items()}
+        self.loops: dict[str, EngineLoop] = {}
+        self.workers: dict[str, Worker] = {}
+        for name, run in runs.items():
+            if run.decodes:
+                engine = run.new_engine(EngineConfig(max_rows=max_batch))
+                self.loops[name] = EngineLoop(engine, name=name, max_queue=max_queue)
+            else:
+                self.workers[name] = Worker(name, self._handlers(run), max_batch=max_batch,
+                                            max_wait_ms=max_wait_ms, max_queue=max_queue)
+        self.submitted = dict.fromkeys(runs, 0)
+        self.cancelled = dict.fromkeys(runs, 0)
         self.started = int(time.time())
+        self.metrics = Metrics(self)
 
     def run_for(self, name: str, route: str) -> Run:
         if name not in self.runs:
@@ -66,33 +83,160 @@ class Server:
                            f"{owner_of(method).describes}", "model")
         return run
 
-    async def submit(self, name: str, kind: str, key: tuple, payload: dict, *,
-                     stream: bool = False) -> Job:
+    def served(self, name: str) -> dict:
+        """What /health says of one model: requests, batches (engine steps), cancelled,
+        waiting (and, for an engine, what it runs and how full its cache is)."""
+        if name in self.workers:
+            w = self.workers[name]
+            return {"batches": w.batches, "requests": w.jobs, "cancelled": w.cancelled,
+                    "waiting": w.queue.qsize()}
+        stats = self.loops[name].engine.stats()
+        return {"batches": stats["steps"], "requests": self.submitted[name],
+                "cancelled": self.cancelled[name], **stats}
+
+    # --- work for a run that decodes (in its engine's thread) ------------------------------
+    def _submit(self, name: str, requests: list[Request],
+                events: asyncio.Queue | None = None) -> asyncio.Future:
+        """Queue engine requests; the future is done when all of them have finished (and
+        ``events`` then gets ("end", None), after every piece of text)."""
         loop = asyncio.get_running_loop()
-        job = Job(kind, key, payload, loop=loop, future=loop.create_future(),
-                  events=asyncio.Queue() if stream else None)
+        done = loop.create_future()
+        left = [len(requests)]
+
+        def finished(request: Request) -> None:  # in the engine's thread
+            left[0] -= 1
+            self.metrics.finished(name, request)
+            if request.cancelled:
+                self.cancelled[name] += 1
+            if left[0] == 0:
+                if events is not None:
+                    loop.call_soon_threadsafe(events.put_nowait, ("end", None))
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+        for request in requests:
+            request.on_finish = finished
+        try:
+            for request in requests:
+                self.loops[name].submit(request)
+                self.submitted[name] += 1
+        except Busy as e:
+            for request in requests:
+                request.cancel()
+            raise ApiError(503, str(e), kind="server_busy") from None
+        return done
+
+    async def translate(self, name: str, texts: list[str], decode: DecodeConfig) -> list:
+        run = self.runs[name]
+        requests = run.requests(texts, decode)
+        if requests:
+            await self._submit(name, list(requests.values()))
+        return _answer(lambda: run.results(texts, requests, decode))
+
+    def generate(self, name: str, prompt: str, decode: DecodeConfig, *, n: int,
+                 seed: int | None, stream: bool) -> Generation:
+        """``n`` completions of one prompt (seeds ``seed``, ``seed + 1``, ...); streaming,
+        each new piece of text goes to the generation's events as ("text", (index, piece))."""
+        run, loop = self.runs[name], asyncio.get_running_loop()
+        events = asyncio.Queue() if stream else None
+
+        def emitter(index: int) -> Callable[[str], None] | None:
+            if events is None:
+                return None
+            return lambda piece: loop.call_soon_threadsafe(events.put_nowait,
+                                                           ("text", (index, piece)))
+
+        completions = [run.completion(prompt, decode, emit=emitter(k),
+                                      seed=None if seed is None else seed + k)
+                       for k in range(n)]
+        done = self._submit(name, [c.request for c in completions], events)
+        return Generation(completions, done, events)
+
+    async def call(self, name: str, fn: Callable[[], object]):
+        """Run one-off work with a run's model, in the thread that owns it."""
+        if name in self.loops:
+            try:
+                return await asyncio.wrap_future(self.loops[name].call(fn))
+            except ValueError as e:
+                raise ApiError(400, str(e)) from None
+        loop = asyncio.get_running_loop()
+        job = Job("call", ("call", id(fn)), {"fn": fn}, loop=loop, future=loop.create_future())
         try:
             self.workers[name].submit(job)
-        except Busy as e:
+        except WorkerBusy as e:
             raise ApiError(503, str(e), kind="server_busy") from None
-        return job
+        return await _result(job)
 
-    # --- model work (in the worker threads) --------------------------------------------
+    # --- work for an encoder (in its worker's thread, batched) -------------------------------
     def _handlers(self, run: Run) -> dict:
         return {
-            "translate": lambda jobs: _split(jobs, run.translations(
-                [t for j in jobs for t in j.payload["texts"]], jobs[0].payload["decode"])),
             "classify": lambda jobs: _split(jobs, run.probabilities(
                 [t for j in jobs for t in j.payload["texts"]])),
             "embed": lambda jobs: _split(jobs, list(run.embed(
                 [t for j in jobs for t in j.payload["texts"]]))),
-            "generate": lambda jobs: generate_jobs(run, jobs),
-            "attention": lambda jobs: [run.attention_view(**jobs[0].payload)],
+            "call": lambda jobs: [jobs[0].payload["fn"]()],
         }
 
+    async def encode(self, name: str, kind: str, texts: list[str]) -> list:
+        """An encoder's batched work (``kind``: "classify" or "embed") on ``texts``."""
+        loop = asyncio.get_running_loop()
+        job = Job(kind, (kind,), {"texts": texts}, loop=loop, future=loop.create_future())
+        try:
+            self.workers[name].submit(job)
+        except WorkerBusy as e:
+            raise ApiError(503, str(e), kind="server_busy") from None
+        return await _result(job)
+
     def close(self) -> None:
+        for loop in self.loops.values():
+            loop.stop()
         for worker in self.workers.values():
             worker.stop()
+
+
+@dataclass
+class Generation:
+    """One prompt's completions running in an engine."""
+
+    completions: list[Completion]
+    done: asyncio.Future  # set when every one has finished
+    events: asyncio.Queue | None  # streaming: ("text", (index, piece)) ..., ("end", None)
+
+    def cancel(self) -> None:
+        """The client went away: end them at the engine's next step."""
+        for c in self.completions:
+            c.request.cancel()
+
+    def rest(self) -> list[tuple[int, str]]:
+        """Streaming, at the end: each completion's text not sent yet (held back while it
+        could still have become a stop string)."""
+        return [(k, piece) for k, c in enumerate(self.completions) if (piece := c.text.finish())]
+
+    def result(self) -> dict:
+        """Once done: each completion's text, why it ended, and the tokens counted."""
+        choices = []
+        for k, c in enumerate(self.completions):
+            text = _answer(c.result)
+            choices.append({"index": k, "text": text, "completion_tokens": c.request.generated,
+                            "finish_reason": "length" if c.request.reason == "length" else "stop"})
+        return {"prompt_tokens": len(self.completions[0].request.prompt), "choices": choices}
+
+    def finish_reasons(self) -> list[str]:
+        return ["length" if c.request.reason == "length" else "stop" for c in self.completions]
+
+
+def _answer(fn: Callable[[], object]):
+    """``fn()``, a ValueError from it a 400 that says why."""
+    try:
+        return fn()
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+
+
+async def _result(job: Job):
+    try:
+        return await job.future
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
 
 
 def _split(jobs: list[Job], results: list) -> list:
@@ -102,64 +246,3 @@ def _split(jobs: list[Job], results: list) -> list:
         out.append(results[start: start + n])
         start += n
     return out
-
-
-def generate_jobs(run: Run, jobs: list[Job]) -> list[dict]:
-    """Completions for every row of every job (a job has ``n`` rows per prompt), in one batch
-    when they fit in the model's context, else one row at a time (a sliding window)."""
-    tok = run.source_tokenizer
-    rows = [(j, i, row) for j in jobs for i, row in enumerate(j.payload["rows"])]
-    streams = [TextStream(tok, row["stop"]) for _, _, row in rows]
-    count = [0] * len(rows)
-    reason: list[str | None] = [None] * len(rows)
-    rules = jobs[0].payload["rules"]
-
-    def step(k: int, token: int) -> bool:
-        """Row k got ``token``; True when the row is finished."""
-        job, index, row = rows[k]
-        if reason[k] is not None:
-            return True
-        count[k] += 1
-        if token == tok.eos_id:
-            reason[k] = "stop"
-        else:
-            piece = streams[k].push(token)
-            if piece:
-                job.emit("text", (index, piece))
-            if streams[k].stopped:
-                reason[k] = "stop"
-        if reason[k] is None and count[k] >= row["max_new_tokens"]:
-            reason[k] = "length"
-        if job.cancelled:
-            reason[k] = reason[k] or "cancelled"
-        return reason[k] is not None
-
-    fits = all(len(row["ids"]) + row["max_new_tokens"] <= run.config.model.max_len
-               for _, _, row in rows)
-    if fits:
-        generate_batch(run.model, [row["ids"] for _, _, row in rows],
-                       max_new_tokens=[row["max_new_tokens"] for _, _, row in rows],
-                       sampling=[row["sampling"] for _, _, row in rows], bos_id=tok.bos_id,
-                       eos_id=tok.eos_id, rules=rules,
-                       on_step=lambda ids: torch.tensor([step(k, int(t)) for k, t in
-                                                         enumerate(ids.tolist())]))
-    else:
-        for k, (_, _, row) in enumerate(rows):
-            s = row["sampling"]
-            generate(run.model, row["ids"], max_new_tokens=row["max_new_tokens"],
-                     bos_id=tok.bos_id, eos_id=tok.eos_id, temperature=s.temperature,
-                     top_k=s.top_k, top_p=s.top_p, seed=s.seed, rules=rules,
-                     on_token=lambda t, k=k: step(k, t))
-    results: dict[int, dict] = {}
-    for k, (job, index, row) in enumerate(rows):
-        rest = streams[k].finish()
-        if rest:
-            job.emit("text", (index, rest))
-        result = results.setdefault(id(job), {"choices": [], "prompt_tokens": 0})
-        result["prompt_tokens"] += len(row["ids"])
-        result["choices"].append({"index": index, "text": streams[k].text,
-                                  "finish_reason": reason[k] or "length",
-                                  "completion_tokens": count[k]})
-    for job in jobs:
-        job.emit("end", results[id(job)])
-    return [results[id(job)] for job in jobs]

@@ -1,0 +1,119 @@
+"""A request to the engine and its sequences (the rows of the engine's batches).
+
+A request is one prompt to continue (a language model) or one source to translate, with how
+to decode it (:class:`Params`). It decodes as one :class:`Sequence` (greedy or sampled), or,
+with beam search, as up to ``beam`` sequences, its live hypotheses. The engine reports to it
+through two hooks: ``on_token(request, token) -> bool`` after each new token of a one-row
+request (return True to end it there: a stop string), and ``on_finish(request)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from ..generation.rules import Rules
+from ..generation.search import Beam
+
+_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class Params:
+    """How one request decodes."""
+
+    max_new_tokens: int  # tokens to generate at most
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    seed: int | None = None  # a seeded request draws from its own generator
+    rules: Rules = field(default_factory=Rules)  # penalties, n-gram blocks, min length
+    beam: int = 0  # > 0: beam search with this many hypotheses (translation)
+    n_best: int = 1  # beam search: hypotheses returned
+    length_penalty: float = 0.0  # beam search: GNMT alpha
+
+
+class Status(Enum):
+    WAITING = "waiting"  # not admitted, or preempted: nothing of it is cached
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """One row: the tokens it has seen (a language model's prompt and output; a translation's
+    ``<bos>`` and output), how many of them are in the cache, and the blocks holding them.
+
+    A language model's context is ``tokens[offset:]``: past ``max_len`` it slides (the
+    offset moves on, the cache is dropped and the new context recomputed), and its positions
+    count from the offset."""
+
+    def __init__(self, tokens: list[int], score: float = 0.0) -> None:
+        self.tokens = tokens
+        self.offset = 0  # where the context starts (sliding window)
+        self.cached = 0  # tokens of the context whose keys and values are in the cache
+        self.table: list[int] = []  # block ids
+        self.score = score  # beam search: the hypothesis' log-probability
+
+    @property
+    def context(self) -> int:
+        """Tokens in the context."""
+        return len(self.tokens) - self.offset
+
+    def uncached(self) -> list[int]:
+        """The context tokens whose keys and values the cache still lacks."""
+        return self.tokens[self.offset + self.cached:]
+
+
+class Request:
+    """One prompt (or source) and everything the engine knows of it."""
+
+    def __init__(self, prompt: list[int], params: Params, *, start: list[int] | None = None,
+                 history_start: int = 0, limit: int | None = None,
+                 on_token: Callable[[Request, int], bool] | None = None,
+                 on_finish: Callable[[Request], None] | None = None) -> None:
+        """``prompt``: a language model's prompt, or a translation's source ids (then
+        ``start`` is the target's first tokens, ``[<bos>]``). ``history_start``: where in a
+        row's tokens the text that repetition rules look at begins (a translation's output
+        after ``<bos>``). ``limit``: tokens to generate at most (default
+        ``params.max_new_tokens``)."""
+        self.id = next(_ids)
+        self.prompt, self.params = prompt, params
+        self.seq2seq = start is not None
+        self.start = list(start if start is not None else prompt)
+        self.history_start = history_start
+        self.limit = params.max_new_tokens if limit is None else limit
+        self.on_token, self.on_finish = on_token, on_finish
+        self.status = Status.WAITING
+        self.sequences = [Sequence(list(self.start))]
+        self.cross: list[int] = []  # blocks of the source's keys and values (translation)
+        self.beam: Beam | None = None  # beam search: made by the engine, which knows <eos>
+        self.generator: torch.Generator | None = None  # made on the model's device
+        self.cancelled = False
+        self.reason: str | None = None  # why it finished: "stop", "length", "cancelled", ...
+        self.error: BaseException | None = None  # what failed it, if anything did
+        self.generated = 0  # tokens generated (one-row requests)
+        self.arrived = time.perf_counter()
+        self.first_token: float | None = None  # when its first token came
+        self.finished: float | None = None
+
+    @property
+    def output(self) -> list[int]:
+        """The generated tokens of a one-row request (without ``<eos>``)."""
+        seq = self.sequences[0]
+        return seq.tokens[len(self.start):]
+
+    def hypotheses(self, n: int | None = None) -> list[tuple[list[int], float]]:
+        """A beam search's best hypotheses (ids, normalised score), best first; a one-row
+        request's output with score 0."""
+        if self.beam is None:
+            return [(self.output, 0.0)]
+        return self.beam.best(n or self.params.n_best)
+
+    def cancel(self) -> None:
+        """End it at the engine's next step (a client gone); safe from any thread."""
+        self.cancelled = True

@@ -1,0 +1,71 @@
+"""``GET /metrics``: the server's state in Prometheus' text format (prometheus-client), per
+model (label ``model``):
+
+    vaswani_requests_waiting, vaswani_requests_running     requests queued / being decoded
+    vaswani_cache_blocks_used, vaswani_cache_blocks        the engine's key/value cache
+    vaswani_generated_tokens_total                         tokens made (rate() gives tokens/s)
+    vaswani_requests_total                                 requests taken
+    vaswani_time_to_first_token_seconds                    histogram, from arrival
+    vaswani_time_per_output_token_seconds                  histogram, after the first token
+
+Gauges and counters are read from the engines when scraped; the two histograms are observed as
+each request finishes. Every app has a registry of its own (several in one process do not
+collide).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..engine import Request
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics(Collector):
+    def __init__(self, server) -> None:
+        self.server = server
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+        self.first_token = Histogram(
+            "vaswani_time_to_first_token_seconds", "Seconds from a request's arrival to its "
+            "first token", ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.per_token = Histogram(
+            "vaswani_time_per_output_token_seconds", "Seconds per token after the first, "
+            "each request's mean", ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
+
+    def finished(self, name: str, request: Request) -> None:
+        """Observe a request's latencies (from the engine's thread)."""
+        if request.first_token is None or request.finished is None:
+            return
+        self.first_token.labels(name).observe(request.first_token - request.arrived)
+        if request.generated > 1:
+            self.per_token.labels(name).observe(
+                (request.finished - request.first_token) / (request.generated - 1))
+
+    def collect(self):
+        families = {
+            "waiting": GaugeMetricFamily("vaswani_requests_waiting", "Requests queued",
+                                         labels=["model"]),
+            "running": GaugeMetricFamily("vaswani_requests_running", "Requests being decoded",
+                                         labels=["model"]),
+            "blocks_used": GaugeMetricFamily("vaswani_cache_blocks_used", "Key/value cache "
+                                             "blocks in use", labels=["model"]),
+            "blocks": GaugeMetricFamily("vaswani_cache_blocks", "Key/value cache blocks",
+                                        labels=["model"]),
+            "tokens_out": CounterMetricFamily("vaswani_generated_tokens", "Tokens generated",
+                                              labels=["model"]),
+            "requests": CounterMetricFamily("vaswani_requests", "Requests taken",
+                                            labels=["model"]),
+        }
+        for name in self.server.runs:
+            served = self.server.served(name)
+            for key, family in families.items():
+                if key in served:
+                    family.add_metric([name], served[key])
+        yield from families.values()
+
+    def exposition(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,229 @@
+"""The inference engine decodes each request as the reference decoders of generation/ decode
+it alone (greedy and seeded sampling: token for token; beam search: the same hypotheses),
+whatever else it runs, through chunked prefill, sliding windows, preemption, cancellation and
+failures; and every request finishes exactly once."""
+
+import random
+
+import pytest
+import torch
+
+from tests.conftest import DEVICE
+from vaswani import ModelConfig, build_model
+from vaswani.engine import Engine, EngineConfig, EngineLoop, Params, Request, Status
+from vaswani.generation import Rules, beam_decode, generate, greedy_decode
+
+PAD, BOS, EOS = 0, 1, 2
+SMALL = dict(vocab_size=23, d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0,
+             max_len=40, pad_id=PAD)
+RULES = [Rules(), Rules(repetition_penalty=1.3), Rules(presence_penalty=0.5,
+         frequency_penalty=0.3), Rules(no_repeat_ngram_size=2), Rules(min_length=6),
+         Rules(no_repeat_ngram_size=3, repetition_penalty=1.2, min_length=3)]
+
+
+def model(arch, **kw):
+    torch.manual_seed(0)
+    return build_model(ModelConfig(arch=arch, **{**SMALL, **kw})).to(DEVICE).eval()
+
+
+def prompts(n, seed=0, low=1, high=15):
+    rng = random.Random(seed)
+    return [[rng.randint(3, 22) for _ in range(rng.randint(low, high))] for _ in range(n)]
+
+
+def lm_request(p, params):
+    return Request(p, params)
+
+
+def alone(lm, p, params):
+    return generate(lm, p, max_new_tokens=params.max_new_tokens, bos_id=BOS, eos_id=EOS,
+                    temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                    seed=params.seed, rules=params.rules)
+
+
+def engine(m, **kw):
+    return Engine(m, bos_id=BOS, eos_id=EOS, config=EngineConfig(**{"block_size": 4, **kw}))
+
+
+def test_every_decoding_rule_together_equals_each_request_alone():
+    lm = model("decoder")
+    cases = []
+    for i, p in enumerate(prompts(24)):
+        rules = RULES[i % len(RULES)]
+        if i % 3 == 0:
+            params = Params(max_new_tokens=5 + i, rules=rules)  # greedy
+        else:
+            params = Params(max_new_tokens=5 + i, temperature=0.8 + i % 3 / 10, seed=i,
+                            top_k=[0, 5, 1][i % 3], top_p=[1.0, 0.9, 0.7][i % 3 - 1],
+                            rules=rules)
+        cases.append((p, params))
+    requests = [lm_request(p, params) for p, params in cases]
+    engine(lm, max_rows=8, max_step_tokens=16).run(requests)
+    for (p, params), request in zip(cases, requests, strict=True):
+        assert request.output == alone(lm, p, params), (p, params)
+        assert request.reason in ("stop", "length")
+
+
+def test_translations_greedy_and_beam_equal_the_reference():
+    mt = model("encoder-decoder")
+    sources = [s + [EOS] for s in prompts(12, seed=1, low=2)]
+    greedy = [Request(s, Params(max_new_tokens=0, rules=RULES[i % len(RULES)]), start=[BOS],
+                      history_start=1, limit=int(1.5 * len(s) + 5))
+              for i, s in enumerate(sources)]
+    beams = [Request(s, Params(max_new_tokens=0, beam=4, n_best=3, length_penalty=0.6,
+                               rules=RULES[i % 3]), start=[BOS], history_start=1,
+                     limit=int(1.5 * len(s) + 5)) for i, s in enumerate(sources)]
+    engine(mt, max_rows=12).run(greedy + beams)
+    for i, (s, g, b) in enumerate(zip(sources, greedy, beams, strict=True)):
+        src = torch.tensor([s], device=DEVICE)
+        want = greedy_decode(mt, src, bos_id=BOS, eos_id=EOS, max_len_a=1.5, max_len_b=5,
+                             rules=RULES[i % len(RULES)])[0]
+        assert g.output == want
+        want = beam_decode(mt, src, beam=4, n_best=3, alpha=0.6, bos_id=BOS, eos_id=EOS,
+                           max_len_a=1.5, max_len_b=5, rules=RULES[i % 3])[0]
+        got = b.hypotheses()
+        assert [h for h, _ in got] == [h for h, _ in want]
+        assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-5)
+
+
+def test_long_prompts_are_prefilled_in_chunks_and_slide_past_max_len():
+    lm = model("decoder")
+    cases = [(p, Params(max_new_tokens=30)) for p in prompts(6, seed=2, low=20, high=60)]
+    requests = [lm_request(p, params) for p, params in cases]
+    eng = engine(lm, max_rows=3, max_step_tokens=7)  # chunks of at most 7 prompt tokens
+    eng.run(requests)
+    for (p, params), request in zip(cases, requests, strict=True):
+        assert request.output == alone(lm, p, params)  # > max_len (40): sliding windows
+
+
+def test_a_tiny_cache_preempts_and_still_answers_everything_exactly():
+    lm = model("decoder")
+    cases = [(p, Params(max_new_tokens=25, temperature=0.9, seed=i))
+             for i, p in enumerate(prompts(10, seed=3))]
+    requests = [lm_request(p, params) for p, params in cases]
+    eng = engine(lm, max_rows=10, cache_tokens=60)  # room for ~2 requests' tokens at once
+    eng.run(requests)
+    assert eng.scheduler.preemptions > 0
+    for (p, params), request in zip(cases, requests, strict=True):
+        assert request.output == alone(lm, p, params)
+    assert eng.blocks.used == 0  # every block came back
+
+
+def test_beams_share_and_return_their_blocks_under_preemption():
+    mt = model("encoder-decoder")
+    sources = [s + [EOS] for s in prompts(6, seed=4, low=5)]
+    requests = [Request(s, Params(max_new_tokens=0, beam=3, n_best=2), start=[BOS],
+                        history_start=1, limit=20) for s in sources]
+    eng = engine(mt, max_rows=12, cache_tokens=100)
+    eng.run(requests)
+    for s, r in zip(sources, requests, strict=True):
+        want = beam_decode(mt, torch.tensor([s], device=DEVICE), beam=3, n_best=2, alpha=0.0,
+                           bos_id=BOS, eos_id=EOS, max_len_a=0, max_len_b=20)[0]
+        assert [h for h, _ in r.hypotheses()] == [h for h, _ in want]
+    assert eng.blocks.used == 0 and all(n == 0 for n in eng.blocks.refs)
+
+
+def test_cancelling_mid_stream_frees_the_blocks_at_once():
+    lm = model("decoder")
+    seen = []
+    victim = Request([5, 6, 7], Params(max_new_tokens=30),
+                     on_token=lambda r, t: seen.append(t) or False)
+    other = Request([8, 9], Params(max_new_tokens=30))
+    eng = engine(lm)
+    eng.submit(victim), eng.submit(other)
+    while len(seen) < 3:
+        eng.step()
+    used = eng.blocks.used
+    victim.cancel()
+    finished = eng.step()
+    assert victim in finished and victim.reason == "cancelled"
+    assert eng.blocks.used < used and len(victim.output) == 3
+    eng.run([])
+    while eng.busy:
+        eng.step()
+    assert other.output == generate(lm, [8, 9], max_new_tokens=30, bos_id=BOS, eos_id=EOS,
+                                    temperature=0)
+
+
+def test_200_random_arrivals_and_cancellations_finish_each_request_exactly_once():
+    lm = model("decoder")
+    rng = random.Random(5)
+    eng = engine(lm, max_rows=6, cache_tokens=120)
+    finishes: dict[int, int] = {}
+    requests, cases = [], []
+
+    def on_finish(request):
+        finishes[request.id] = finishes.get(request.id, 0) + 1
+
+    for i, p in enumerate(prompts(200, seed=6)):
+        params = Params(max_new_tokens=rng.randint(1, 20), temperature=rng.choice([0, 0.8]),
+                        seed=i)
+        request = Request(p, params, on_finish=on_finish)
+        requests.append(request)
+        cases.append((p, params))
+        eng.submit(request)
+        for _ in range(rng.randint(0, 2)):
+            eng.step()
+        if rng.random() < 0.2:
+            rng.choice(requests).cancel()
+    while eng.busy:
+        eng.step()
+    assert sorted(finishes) == sorted(r.id for r in requests)
+    assert set(finishes.values()) == {1}
+    for (p, params), request in zip(cases, requests, strict=True):
+        assert request.status is Status.FINISHED
+        if request.reason != "cancelled":
+            assert request.output == alone(lm, p, params)
+    assert eng.blocks.used == 0
+
+
+def test_a_request_no_cache_could_hold_fails_alone():
+    lm = model("decoder")
+    eng = engine(lm, cache_tokens=8)  # the least the engine allows: 2 full rows of 40
+    small = Request([5, 6], Params(max_new_tokens=3))
+    big = Request([5] * 20, Params(max_new_tokens=40))
+    eng.run([small])
+    assert small.output and small.error is None
+    huge = Request([5, 6], Params(max_new_tokens=5, beam=40))
+    eng.run([big, huge])
+    assert big.error is None and big.output
+    assert huge.reason == "error" and "cannot hold this request" in str(huge.error)
+
+
+def test_a_step_that_fails_fails_only_the_request_that_fails_alone(monkeypatch):
+    """The loop retries every request of a failed step alone: only the poisoned one gets
+    the error; the others finish as they would have."""
+    lm = model("decoder")
+    eng = engine(lm, max_rows=8)
+    forward = eng.runner.forward
+
+    def poisoned(rows):
+        if any(13 in seq.tokens[:4] for _, seq, _ in rows):
+            raise RuntimeError("a poisoned row")
+        return forward(rows)
+
+    monkeypatch.setattr(eng.runner, "forward", poisoned)
+    loop = EngineLoop(eng, name="test")
+    cases = [(p, Params(max_new_tokens=8)) for p in ([5, 6], [13, 7], [8, 9, 10])]
+    done = []
+    requests = [Request(p, params, on_finish=done.append) for p, params in cases]
+    try:
+        for r in requests:
+            loop.submit(r)
+        loop.call(lambda: None).result(timeout=60)
+        for _ in range(600):
+            if len(done) == 3:
+                break
+            loop.call(lambda: None).result(timeout=60)
+    finally:
+        loop.stop()
+    good, bad, other = requests
+    assert bad.reason == "error" and "poisoned" in str(bad.error)
+    for (p, params), r in ((cases[0], good), (cases[2], other)):
+        assert r.error is None and r.output == alone(lm, p, params)
+
+
+def test_a_seed_out_of_range_is_refused_when_submitted():
+    eng = engine(model("decoder"))
+    with pytest.raises(ValueError, match=r"seed \(1180591620717411303424\) must be in"):
+        eng.submit(Request([5], Params(max_new_tokens=2, temperature=1.0, seed=2**70)))
