@@ -1,7 +1,8 @@
 """Serving: requests per second and latency of ``vaswani serve`` under concurrent clients, with
 request batching on and off.
 
-    python -m benchmarks.serve [--quick] [--json OUT.json] [--work DIR]
+    python -m benchmarks.serve [--quick] [--json OUT.json] [--work DIR] [--parts ...]
+                               [--baseline CHECKOUT]
 
 1. Translation: an encoder-decoder of the bible-en-es preset's size (3+3 layers, d_model 256,
    shared BPE vocabulary of 8000, learnt from sentences of a made-up language; weights after
@@ -16,6 +17,10 @@ request batching on and off.
    its 128-token context; ``min_tokens`` keeps random weights from ending early; temperature
    0.8) to 1, 8 and 32 clients; tokens per second over all clients, and the time to the first
    token. Batching off and on as above.
+
+3. Mixed (``--parts mixed``): translations and completions of many lengths from 32 clients,
+   the server against a baseline checkout (``--baseline PATH``, the code before the inference
+   engine): benchmarks/serve_mixed.py says what is measured.
 
 Each server is a separate ``vaswani serve`` process (as a user runs it) on 127.0.0.1; the
 clients are threads in this process. The two settings alternate (off, on, off, on) and the
@@ -194,9 +199,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer requests (~3 minutes)")
     parser.add_argument("--json", metavar="OUT.json")
     parser.add_argument("--work", metavar="DIR", help="where the runs go (default: a temp dir)")
-    parser.add_argument("--parts", default="translation,streaming",
-                        help="which to measure (comma-separated; the other part of an existing "
-                             "--json file is kept)")
+    parser.add_argument("--parts", default="translation,streaming,mixed",
+                        help="which to measure (comma-separated; the other parts of an existing "
+                             "--json file are kept)")
+    parser.add_argument("--baseline", metavar="CHECKOUT",
+                        help="mixed: also serve from this checkout of vaswani and compare "
+                             "(e.g. `git worktree add /tmp/old 8c1487e`)")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-serve-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -206,7 +214,7 @@ def main() -> None:
     sentences = [sentence(rng) for _ in range(4096)]
     rounds = 1 if args.quick else 2
     parts = set(args.parts.split(","))
-    results: dict = {"translation": {}, "streaming": {}}
+    results: dict = {"translation": {}, "streaming": {}, "mixed": {}}
     if args.json and Path(args.json).exists():
         kept = json.loads(Path(args.json).read_text())
         results.update({k: kept[k] for k in results if k not in parts and k in kept})
@@ -238,6 +246,13 @@ def main() -> None:
         best["speedup"] = round(best["on"]["tokens_per_s"] / best["off"]["tokens_per_s"], 2)
         results["streaming"][str(clients)] = best
 
+    if "mixed" in parts:
+        from .serve_mixed import run as mixed
+
+        text = work / "text.txt"
+        results["mixed"] = mixed(work, runs["translator"], text, sentences[:512], args.baseline,
+                                 rounds, per_client=2 if args.quick else 4)
+
     rows = []
     for clients, r in results["translation"].items():
         for setting in ("off", "on"):
@@ -252,6 +267,17 @@ def main() -> None:
                          f"batching {setting}",
                          f"{x['tokens_per_s']} tokens/s, first token {x['first_token_s']} s"))
         rows.append((f"stream, {clients} clients: batching on / off", f"{r['speedup']}x"))
+    for name, r in results["mixed"].items():
+        if not isinstance(r, dict):
+            rows.append(("mixed: engine / baseline tokens/s", f"{r}x"))
+            continue
+        ratio = r["first_token_loaded_over_alone"]
+        rows.append((f"mixed, 32 clients, {name}",
+                     f"{r['tokens_per_s']} tokens/s, first token p50 {r['first_token_p50_s']} s "
+                     f"(alone {r['first_token_alone_s']} s: {ratio}x)"))
+        s = r["short_among_long"]
+        rows.append((f"mixed, {name}: an 8-token request among 31 long ones",
+                     f"{s['among_long_s']} s vs {s['alone_s']} s alone ({s['ratio']}x)"))
     report("Serving (vaswani serve, CPU)", rows, results, args.json)
 
 

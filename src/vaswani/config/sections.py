@@ -144,8 +144,8 @@ class DataConfig(ConfigBase):
 
     SECTION = "data"
 
-    task: str = ""  # what the data is for: a task's name ("translation", "lm",
-    # "classification", or one of your own); "" = the task of the [model] arch
+    task: str | None = None  # what the data is for: a task's name ("translation", "lm",
+    # "classification", or one of your own); None = the task of the [model] arch
     dataset: str = ""
     train: list[str] = dataclasses.field(default_factory=list)
     valid: list[str] = dataclasses.field(default_factory=list)

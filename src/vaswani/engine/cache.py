@@ -22,7 +22,6 @@ Shapes: R rows of a forward pass, T new tokens, Tk keys, Hkv key/value heads, Dh
 
 from __future__ import annotations
 
-from collections import deque
 from functools import cached_property
 
 import torch
@@ -41,7 +40,10 @@ class BlockManager:
 
     def __init__(self, n_blocks: int, block_size: int) -> None:
         self.block_size = block_size
-        self.free: deque[int] = deque(range(1, n_blocks))  # block 0 is the scratch block
+        # Block 0 is the scratch block. Free blocks are a stack: the block freed last is
+        # handed out first, so the engine keeps working in memory it touched recently (in
+        # the CPU's caches, and resident: a long-idle page of a large pool can cost a fault).
+        self.free: list[int] = list(range(n_blocks - 1, 0, -1))
         self.refs = [0] * n_blocks
         self.total = n_blocks - 1
 
@@ -55,7 +57,7 @@ class BlockManager:
     def allocate(self, n: int) -> list[int]:
         if n > len(self.free):
             raise OutOfBlocks(f"{n} blocks asked, {len(self.free)} free")
-        blocks = [self.free.popleft() for _ in range(n)]
+        blocks = [self.free.pop() for _ in range(n)]
         for b in blocks:
             self.refs[b] = 1
         return blocks
@@ -83,6 +85,19 @@ class KVPool:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.block_size = block_size
+        # What an attention reads is gathered into two buffers that every attention of a
+        # forward pass reuses (one attention ends before the next reads): a fresh tensor of
+        # several MB a layer, allocated and freed every step, costs the CPU a page fault per
+        # 4 KB each time (malloc gives large blocks back to the system).
+        self.reads = {"k": torch.empty(0, dtype=dtype, device=device),
+                      "v": torch.empty(0, dtype=dtype, device=device)}
+
+    def read_buffer(self, which: str, numel: int) -> Tensor:
+        """The first ``numel`` elements of the keys' (``which="k"``) or values' read buffer,
+        grown when a forward pass needs more."""
+        if self.reads[which].numel() < numel:
+            self.reads[which] = torch.empty(numel, dtype=self.k.dtype, device=self.k.device)
+        return self.reads[which][:numel]
 
     @property
     def bytes(self) -> int:
@@ -116,12 +131,18 @@ def slots(tables: Tensor, positions: Tensor, block_size: int) -> Tensor:
 class PagedKV:
     """One attention's view of its layer's pool in one forward pass: where the new tokens'
     keys and values go (``write``, (R, T) slots; None for a cross-attention, whose keys are
-    in the pool already) and which slots it attends over (``read``, (R, Tk)). It follows the
-    ``KV`` protocol of nn/kv_cache.py, so the model's layers use it unchanged."""
+    in the pool already) and which blocks it attends over (``read``, (R, n) block tables:
+    keys at positions 0 .. n * block_size - 1, the ones past a row's length masked). It
+    follows the ``KV`` protocol of nn/kv_cache.py, so the model's layers use it unchanged.
 
-    def __init__(self, k_pool: Tensor, v_pool: Tensor, read: Tensor,
+    Reading whole blocks, each one contiguous run of ``block_size * Hkv * Dh`` values, is
+    several times faster than reading token by token from a large pool."""
+
+    def __init__(self, pool: KVPool, layer: int, read: Tensor,
                  write: Tensor | None = None) -> None:
-        self.k_pool, self.v_pool, self.read, self.write = k_pool, v_pool, read, write
+        self.pool, self.read, self.write = pool, read, write
+        self.k_pool, self.v_pool = pool.k[layer], pool.v[layer]
+        self.block_size = pool.block_size
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store the new keys/values (R, Hkv, T, Dh) in place; return the ones to attend
@@ -132,18 +153,23 @@ class PagedKV:
         self.v_pool.index_copy_(0, where, v.transpose(1, 2).reshape(R * T, H, D))
         return self.k, self.v
 
-    def _gather(self, pool: Tensor) -> Tensor:
-        R, Tk = self.read.shape
-        return pool.index_select(0, self.read.reshape(-1)).view(R, Tk, *pool.shape[1:]) \
-            .transpose(1, 2)  # (R, Hkv, Tk, Dh)
+    def _gather(self, source: Tensor, which: str) -> Tensor:
+        """The blocks ``read`` names, into the pool's read buffer (valid until the next
+        attention reads)."""
+        R, n = self.read.shape
+        H, D = source.shape[1:]
+        blocks = source.view(-1, self.block_size * H * D)  # (n_blocks, bs * H * D)
+        out = self.pool.read_buffer(which, R * n * blocks.size(1)).view(R * n, blocks.size(1))
+        torch.index_select(blocks, 0, self.read.reshape(-1), out=out)
+        return out.view(R, n * self.block_size, H, D).transpose(1, 2)  # (R, Hkv, Tk, Dh)
 
     @cached_property
     def k(self) -> Tensor:
-        return self._gather(self.k_pool)
+        return self._gather(self.k_pool, "k")
 
     @cached_property
     def v(self) -> Tensor:
-        return self._gather(self.v_pool)
+        return self._gather(self.v_pool, "v")
 
 
 class StepCache:
@@ -153,7 +179,6 @@ class StepCache:
 
     def __init__(self, pool: KVPool, self_read: Tensor, self_write: Tensor,
                  cross_read: Tensor | None = None) -> None:
-        self.layers = [(PagedKV(pool.k[i], pool.v[i], self_read, self_write),
-                        None if cross_read is None else PagedKV(pool.k[i], pool.v[i],
-                                                                cross_read))
+        self.layers = [(PagedKV(pool, i, self_read, self_write),
+                        None if cross_read is None else PagedKV(pool, i, cross_read))
                        for i in range(pool.k.size(0))]

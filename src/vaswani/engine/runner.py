@@ -4,10 +4,10 @@ decode step) and want the next-token logits after them.
 
 A batch is padded to its longest row. Row r's new tokens sit at cache positions
 ``cached .. cached + n - 1``; their keys and values are written into the row's blocks, and it
-attends over positions ``0 .. cached + n - 1`` of its own blocks: a (R, 1, T, Tk) mask from the
-queries' positions (nn/masks.py ``position_mask``). Padding writes to and reads from the
-scratch block, masked; a padding query sits at position 0, so it always sees one real key and
-computes nothing that is not finite.
+attends over its own blocks, whole: a (R, 1, T, Tk) mask from the queries' positions
+(nn/masks.py ``position_mask``) hides the keys after each query. Padding writes to the
+scratch block and reads from it, masked; a padding query sits at position 0, so it always
+sees one real key and computes nothing that is not finite.
 
 Shapes: R rows, T new tokens (the longest row's), Tk keys, S source tokens, V vocabulary.
 """
@@ -70,23 +70,15 @@ class Runner:
         steps = torch.arange(T, device=device)[None, :]
         real = steps < lengths[:, None]  # (R, T)
         positions = torch.where(real, start[:, None] + steps, 0)  # padding: position 0
-        tables = self._tables([seq.table for _, seq, _ in rows])
+        tables = self._tables([seq.table for _, seq, _ in rows])  # (R, n): keys 0 .. n*bs-1
         write = torch.where(real, slots(tables, positions, self.block_size), SCRATCH)
-        Tk = int((start + lengths).max())
-        keys = torch.arange(Tk, device=device).expand(len(rows), Tk)
-        valid = keys < (start + lengths)[:, None]
-        read = torch.where(valid, slots(tables, keys.clamp(max=tables.size(1) * self.block_size
-                                                           - 1), self.block_size), SCRATCH)
         kwargs = {}
         cross_read = None
         if rows[0][0].seq2seq:
-            S = max(len(r.prompt) for r, _, _ in rows)
+            cross_read = self._tables([r.cross for r, _, _ in rows])
             source = torch.tensor([len(r.prompt) for r, _, _ in rows], device=device)
-            cross_keys = torch.arange(S, device=device).expand(len(rows), S)
-            cross_read = torch.where(cross_keys < source[:, None],
-                                     slots(self._tables([r.cross for r, _, _ in rows]),
-                                           cross_keys, self.block_size), SCRATCH)
-            kwargs["memory_mask"] = masks.length_mask(source, S)
+            kwargs["memory_mask"] = masks.length_mask(source, cross_read.size(1) * self.block_size)
         return self.model.decode_step(
-            ids.to(device), positions=positions, mask=masks.position_mask(positions, Tk),
-            cache=StepCache(self.pool, read, write, cross_read), last=lengths - 1, **kwargs)
+            ids.to(device), positions=positions,
+            mask=masks.position_mask(positions, tables.size(1) * self.block_size),
+            cache=StepCache(self.pool, tables, write, cross_read), last=lengths - 1, **kwargs)

@@ -1,0 +1,213 @@
+"""A mixed serving workload, the engine against a baseline checkout (``python -m
+benchmarks.serve --parts mixed [--baseline PATH]``; PATH a checkout of the code to compare
+with, e.g. ``git worktree add /tmp/old 8c1487e`` for the dynamic batching the engine
+replaced).
+
+One ``vaswani serve`` holds a translator (the bible preset's size) and a language model (the
+shakespeare-char preset's size with ``max_len`` 512), both with effectively random weights
+(one training step), so every answer runs to its length: ``min_tokens`` = ``max_tokens`` for
+completions, the length cap for translations. Measured, for each server in turn (baseline,
+engine, baseline, engine; the better round kept):
+
+1. throughput: 32 clients, each sending requests back to back from one seeded list that both
+   servers get: completions (prompts of 5-200 tokens, ``max_tokens`` 8-256, half streamed)
+   and translations (beam 4); completion tokens per second over the whole run, and the
+   median time to the first streamed token;
+2. the first token alone: one client streaming the same kind of completions, median time to
+   its first token;
+3. a short request among long ones: 31 clients stream 256-token completions; once they run,
+   an 8-token request; its time against the same request on an idle server.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from .common import ROOT
+
+VASWANI = [sys.executable, "-m", "vaswani"]
+LETTERS = "abcdefghijklmnopqrstuvwxyz ,.\n"
+
+
+def make_lm(work: Path, text: Path) -> Path:
+    """The shakespeare-char preset's model with max_len 512, trained one step."""
+    run = work / "lm512"
+    if not (run / "model.safetensors").exists():
+        from .serve import train
+
+        train([*VASWANI, "train", str(ROOT / "configs" / "shakespeare-char.toml"),
+               "--out", str(run), "--set", "data.dataset=", "--set", f"data.train={text}",
+               "--set", f"data.valid={text}", "--set", "model.max_len=512",
+               "--set", "train.max_steps=1", "--set", "train.eval_every=1",
+               "--set", "train.max_minutes=0", "--set", "train.bf16=false", "--overwrite",
+               "--no-progress", "--cache", str(work / "cache")])
+    return run
+
+
+class Served:
+    """``vaswani serve`` of ``runs`` ({name: dir}) from ``checkout`` (None: this one)."""
+
+    def __init__(self, runs: dict[str, Path], checkout: Path | None, max_batch: int) -> None:
+        from .serve import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = None
+        if checkout is not None:
+            import os
+
+            env = {**os.environ, "PYTHONPATH": str(Path(checkout) / "src")}
+        names = [a for name in runs for a in ("--name", name)]
+        self.process = subprocess.Popen(
+            [*VASWANI, "serve", *map(str, runs.values()), *names, "--port", str(self.port),
+             "--max-batch", str(max_batch), "--max-queue", "1024", "--log-level", "warning"],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def __enter__(self) -> Served:
+        deadline = time.time() + 180
+        while True:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            if self.process.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"vaswani serve did not start: {self.process.stderr.read()}")
+            time.sleep(0.2)
+
+    def __exit__(self, *exc) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+
+
+def workload(sentences: list[str], clients: int, per_client: int, seed: int = 0) -> list:
+    """Each client's requests: ("complete", prompt, max_tokens, stream) or ("translate",
+    sentence)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(clients):
+        mine = []
+        for _ in range(per_client):
+            if rng.random() < 0.75:
+                prompt = "".join(rng.choice(LETTERS) for _ in range(rng.randint(5, 200)))
+                mine.append(("complete", prompt, rng.randint(8, 256), rng.random() < 0.5))
+            else:
+                mine.append(("translate", rng.choice(sentences)))
+        out.append(mine)
+    return out
+
+
+def send(http: httpx.Client, request: tuple) -> dict:
+    """One request; returns its kind, seconds, completion tokens and (streamed) time to the
+    first piece of text."""
+    start = time.perf_counter()
+    if request[0] == "translate":
+        r = http.post("/v1/translate", json={"model": "bible", "input": request[1], "beam": 4})
+        r.raise_for_status()
+        return {"kind": "translate", "seconds": time.perf_counter() - start, "tokens": 0}
+    _, prompt, tokens, stream = request
+    body = {"model": "lm", "prompt": prompt, "max_tokens": tokens, "min_tokens": tokens,
+            "temperature": 0.8, "seed": 1, "stream": stream}
+    first = None
+    if stream:
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line.startswith("data: {") and first is None and \
+                        json.loads(line[6:])["choices"][0]["text"]:
+                    first = time.perf_counter() - start
+    else:
+        r = http.post("/v1/completions", json=body)
+        r.raise_for_status()
+        assert r.json()["usage"]["completion_tokens"] == tokens
+    return {"kind": "complete", "seconds": time.perf_counter() - start, "tokens": tokens,
+            "first": first}
+
+
+def throughput(url: str, plan: list) -> dict:
+    records, lock = [], threading.Lock()
+
+    def client(mine: list) -> None:
+        with httpx.Client(base_url=url, timeout=900) as http:
+            for request in mine:
+                record = send(http, request)
+                with lock:
+                    records.append(record)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(len(plan)) as pool:
+        list(pool.map(client, plan))
+    wall = time.perf_counter() - start
+    firsts = [r["first"] for r in records if r.get("first") is not None]
+    tokens = sum(r["tokens"] for r in records)
+    return {"requests": len(records), "seconds": round(wall, 1),
+            "tokens_per_s": round(tokens / wall, 1),
+            "first_token_p50_s": round(statistics.median(firsts), 3)}
+
+
+def first_token_alone(url: str, plan: list) -> float:
+    """One client, the streamed completions of the plan's first client, one at a time."""
+    streamed = [r for mine in plan for r in mine if r[0] == "complete" and r[3]][:6]
+    with httpx.Client(base_url=url, timeout=900) as http:
+        send(http, ("complete", "warm up", 4, True))
+        return round(statistics.median(send(http, r)["first"] for r in streamed), 3)
+
+
+def short_among_long(url: str, clients: int = 31) -> dict:
+    short = ("complete", "to be or not to be", 8, False)
+    long_ = ("complete", "x" * 100, 256, True)
+    with httpx.Client(base_url=url, timeout=900) as http:
+        alone = min(send(http, short)["seconds"] for _ in range(3))
+        def one_long() -> dict:
+            with httpx.Client(base_url=url, timeout=900) as other:
+                return send(other, long_)
+
+        pool = ThreadPoolExecutor(clients)
+        futures = [pool.submit(one_long) for _ in range(clients)]
+        time.sleep(1.5)  # the long ones are running
+        loaded = send(http, short)["seconds"]
+        longs_left = sum(not f.done() for f in futures)
+        pool.shutdown(wait=True)
+    return {"alone_s": round(alone, 3), "among_long_s": round(loaded, 3),
+            "ratio": round(loaded / alone, 2), "long_ones_still_running": longs_left}
+
+
+def measure(runs: dict[str, Path], checkout: Path | None, plan: list, max_batch: int) -> dict:
+    with Served(runs, checkout, max_batch) as server:
+        send(httpx.Client(base_url=server.url, timeout=300), ("translate", "Warm up."))
+        out = throughput(server.url, plan)
+        out["first_token_alone_s"] = first_token_alone(server.url, plan)
+        out["short_among_long"] = short_among_long(server.url)
+    return out
+
+
+def run(work: Path, translator: Path, text: Path, sentences: list[str], baseline: str | None,
+        rounds: int, per_client: int) -> dict:
+    runs = {"bible": translator, "lm": make_lm(work, text)}
+    plan = workload(sentences, 32, per_client)
+    contenders = {"engine": None, **({"baseline": Path(baseline)} if baseline else {})}
+    best: dict[str, dict] = {}
+    for _ in range(rounds):
+        for name in reversed(contenders):  # the baseline first in each round
+            out = measure(runs, contenders[name], plan, max_batch=32)
+            print(f"mixed, {name}: {out}", flush=True)
+            if name not in best or out["tokens_per_s"] > best[name]["tokens_per_s"]:
+                best[name] = out
+    if "baseline" in best:
+        best["engine_over_baseline"] = round(best["engine"]["tokens_per_s"]
+                                             / best["baseline"]["tokens_per_s"], 2)
+    for name in contenders:
+        b = best[name]
+        b["first_token_loaded_over_alone"] = round(b["first_token_p50_s"]
+                                                   / b["first_token_alone_s"], 2)
+    return best
