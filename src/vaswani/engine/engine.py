@@ -28,6 +28,7 @@ from ..generation.sampling import sample_rows
 from ..generation.search import Beam
 from ..models import EncoderDecoder
 from .cache import BlockManager, KVPool, fork
+from .graphs import StaticDecoder
 from .request import Params, Request, Sequence, Status
 from .runner import Runner
 from .scheduler import Scheduler
@@ -43,6 +44,7 @@ class EngineConfig:
     cache_tokens: int = 0  # tokens the cache holds; 0: max_rows full-length rows (and their
     # sources), within cache_bytes
     cache_bytes: int = 1 << 30  # the cache's memory at most, when cache_tokens is 0
+    cuda_graphs: bool = True  # on a GPU: decode steps as CUDA graphs (graphs.py)
 
     def __post_init__(self) -> None:
         for name in ("max_rows", "max_step_tokens", "block_size"):
@@ -74,7 +76,13 @@ class Engine:
         self.scheduler = Scheduler(self.blocks, max_rows=config.max_rows,
                                    max_step_tokens=config.max_step_tokens,
                                    max_len=self.max_len)
-        self.runner = Runner(model, self.pool, block_size=bs, pad_id=self.pad_id)
+        static = None
+        if config.cuda_graphs and self.device.type == "cuda":
+            static = StaticDecoder(model, self.pool, max_rows=config.max_rows,
+                                   max_len=self.max_len, pad_id=self.pad_id,
+                                   seq2seq=self.seq2seq, capture=True)
+        self.runner = Runner(model, self.pool, block_size=bs, pad_id=self.pad_id,
+                             static=static)
         self.tokens_out = 0  # tokens generated so far (for throughput)
         self.steps = 0
 
@@ -148,20 +156,21 @@ class Engine:
         self.scheduler.failed.clear()
         if plan.encode:
             self.runner.encode(plan.encode)
-        chosen: list[tuple[Request, Sequence, Tensor]] = []  # rows whose next token is due
-        if plan.prefill:
+        if plan.prefill:  # first tokens go out before the batch's decode runs
             logits = self.runner.forward(plan.prefill)
+            chosen = []
             for (request, seq, n), row in zip(plan.prefill, logits, strict=True):
                 seq.cached += n
                 if not seq.uncached():  # the whole context is in: its next token is due
                     chosen.append((request, seq, row))
+            if chosen:
+                self._advance(chosen, finished)
         if plan.decode:
-            logits = self.runner.forward([(r, s, 1) for r, s in plan.decode])
-            for (request, seq), row in zip(plan.decode, logits, strict=True):
+            logits = self.runner.decode(plan.decode)
+            for _, seq in plan.decode:
                 seq.cached += 1
-                chosen.append((request, seq, row))
-        if chosen:
-            self._advance(chosen, finished)
+            self._advance([(r, s, row) for (r, s), row in zip(plan.decode, logits, strict=True)],
+                          finished)
         return finished
 
     def run(self, requests: list[Request], progress=None) -> None:

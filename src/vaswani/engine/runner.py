@@ -19,14 +19,16 @@ from torch import Tensor
 
 from ..nn import masks
 from .cache import SCRATCH, KVPool, StepCache, slots
+from .graphs import StaticDecoder
 from .request import Request, Sequence
 
 
 class Runner:
     def __init__(self, model: torch.nn.Module, pool: KVPool, *, block_size: int,
-                 pad_id: int) -> None:
+                 pad_id: int, static: StaticDecoder | None = None) -> None:
         self.model, self.pool = model, pool
         self.block_size, self.pad_id = block_size, pad_id
+        self.static = static  # decode steps as CUDA graphs (graphs.py), on a GPU
         self.device = next(model.parameters()).device
 
     def _tables(self, tables: list[list[int]]) -> Tensor:
@@ -54,6 +56,22 @@ class Runner:
             B, H, _, D = k.shape
             self.pool.k[i].index_copy_(0, where, k.transpose(1, 2).reshape(B * S, H, D))
             self.pool.v[i].index_copy_(0, where, v.transpose(1, 2).reshape(B * S, H, D))
+
+    @torch.inference_mode()
+    def decode(self, rows: list[tuple[Request, Sequence]]) -> Tensor:
+        """Each row feeds its one uncached token; returns the next-token logits (R, V) (on a
+        GPU through a captured graph)."""
+        if self.static is None or len(rows) > self.static.rows[-1]:
+            return self.forward([(r, s, 1) for r, s in rows])
+        d = self.device
+        ids = torch.tensor([s.uncached()[0] for _, s in rows], device=d)
+        positions = torch.tensor([s.cached for _, s in rows], device=d)
+        tables = self._tables([s.table for _, s in rows])
+        cross = sources = None
+        if rows[0][0].seq2seq:
+            cross = self._tables([r.cross for r, _ in rows])
+            sources = torch.tensor([len(r.prompt) for r, _ in rows], device=d)
+        return self.static.step(ids, positions, tables, cross, sources)
 
     @torch.inference_mode()
     def forward(self, rows: list[tuple[Request, Sequence, int]]) -> Tensor:

@@ -96,15 +96,24 @@ class CT2Translator(CT2Run):
 class CT2LanguageModel(CT2Run):
     describes = "a CTranslate2 language model"
 
-    def generate(self, prompt: str, *, max_new_tokens: int | None = None,
-                 temperature: float | None = None, top_k: int | None = None,
-                 top_p: float | None = None, seed: int | None = None,
-                 stream: Callable[[str], None] | None = None,
-                 repetition_penalty: float | None = None,
-                 no_repeat_ngram_size: int | None = None, min_length: int | None = None,
-                 stop=None, presence_penalty=None, frequency_penalty=None) -> str:
+    def generate(self, prompt: str, *, stream: Callable[[str], None] | None = None,
+                 **options) -> str:
         """Like ``LanguageModel.generate``: the continuation of ``prompt`` (greedy at
-        temperature 0); ``stream`` receives it whole, at the end."""
+        temperature 0); ``stream`` receives it whole, at the end. ``options``: those of
+        :meth:`generate_many`."""
+        text = self.generate_many([prompt], **options)[0]
+        if stream is not None:
+            stream(text)
+        return text
+
+    def generate_many(self, prompts: list[str], *, max_new_tokens: int | None = None,
+                      temperature: float | None = None, top_k: int | None = None,
+                      top_p: float | None = None, seed: int | None = None,
+                      repetition_penalty: float | None = None,
+                      no_repeat_ngram_size: int | None = None, min_length: int | None = None,
+                      stop=None, presence_penalty=None, frequency_penalty=None,
+                      batch_size: int = 64) -> list[str]:
+        """Each prompt's continuation, in batches (CTranslate2's ``generate_batch``)."""
         import ctranslate2
 
         refuse_options(stop=stop, presence_penalty=presence_penalty,
@@ -113,21 +122,22 @@ class CT2LanguageModel(CT2Run):
         temperature = d.temperature if temperature is None else temperature
         if seed is not None:
             ctranslate2.set_random_seed(seed)
-        start = self.source.encode(prompt) or [self.source.bos_id]
         greedy = temperature == 0
-        out = self.model.generate_batch(
-            [[self.source_tokens[i] for i in start]],
-            max_length=max_new_tokens or d.max_new_tokens, include_prompt_in_result=False,
-            sampling_topk=1 if greedy else (top_k or d.top_k or 0),
-            sampling_topp=1.0 if greedy else (top_p or d.top_p or 1.0),
-            sampling_temperature=1.0 if greedy else temperature,
-            repetition_penalty=repetition_penalty or 1.0,
-            no_repeat_ngram_size=no_repeat_ngram_size or 0, min_length=min_length or 0,
-            end_token=self.source_tokens[self.source.eos_id])
-        text = self._text(out[0].sequences[0])
-        if stream is not None:
-            stream(text)
-        return text
+        starts = [[self.source_tokens[i] for i in (self.source.encode(p) or [self.source.bos_id])]
+                  for p in prompts]
+        out = []
+        for first in range(0, len(starts), batch_size):
+            results = self.model.generate_batch(
+                starts[first:first + batch_size],
+                max_length=max_new_tokens or d.max_new_tokens, include_prompt_in_result=False,
+                sampling_topk=1 if greedy else (top_k or d.top_k or 0),
+                sampling_topp=1.0 if greedy else (top_p or d.top_p or 1.0),
+                sampling_temperature=1.0 if greedy else temperature,
+                repetition_penalty=repetition_penalty or 1.0,
+                no_repeat_ngram_size=no_repeat_ngram_size or 0, min_length=min_length or 0,
+                end_token=self.source_tokens[self.source.eos_id])
+            out += [self._text(r.sequences[0]) for r in results]
+        return out
 
 
 def load(folder: str | Path, *, device: str = "cpu", compute_type: str = "default",

@@ -1,0 +1,149 @@
+"""Offline decoding through the inference engine, against the old batched decoder and against
+CTranslate2 on the same exported model.
+
+    python -m benchmarks.offline [--quick] [--json OUT.json] [--work DIR]
+
+1. A decode step: 32 prompts of 5-60 tokens continued by 64 tokens, greedy, by the engine and
+   by generation/decode.py ``generate_batch`` (the left-padded batch with a concatenating KV
+   cache that serving used before the engine), alternating, best of four; outputs compared.
+2. 1,000 sentences (``vaswani translate``'s path: ``Translator.translate``), greedy and beam 4
+   (length penalty 0, the same length cap), against CTranslate2 ``translate_batch`` of the
+   run exported with ``vaswani export --format ct2``; 1,000 prompts (``generate_many``) against
+   ``generate_batch``, greedy. Greedy outputs are compared (the algorithms agree there).
+
+The models are those of benchmarks/serve.py (the bible preset's and the shakespeare-char
+preset's size, effectively random weights: outputs run to their length cap), fp32, on this
+machine's CPU threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from .common import report
+from .serve import make_runs, sentence
+
+
+def decode_step(quick: bool) -> dict:
+    from vaswani import ModelConfig, build_model
+    from vaswani.engine import Engine, EngineConfig, Params, Request
+    from vaswani.generation import Sampling, generate_batch
+
+    torch.manual_seed(0)
+    lm = build_model(ModelConfig(arch="decoder", vocab_size=65, d_model=256, n_heads=4,
+                                 d_ff=1024, n_layers=4, dropout=0.0, max_len=512,
+                                 positional="learned", norm_first=True, activation="gelu",
+                                 scale_embeddings=False)).eval()
+    rng = random.Random(0)
+    prompts = [[rng.randint(3, 64) for _ in range(rng.randint(5, 60))] for _ in range(32)]
+    new = 32 if quick else 64
+    engine = Engine(lm, bos_id=1, eos_id=-1, config=EngineConfig(max_rows=64))
+    outputs: dict[str, list] = {}
+
+    def old() -> None:
+        with torch.inference_mode():
+            outputs["old"] = generate_batch(lm, prompts, max_new_tokens=[new] * 32,
+                                            sampling=[Sampling(0.0)] * 32, bos_id=1, eos_id=-1)
+
+    def engine_run() -> None:
+        requests = [Request(p, Params(max_new_tokens=new)) for p in prompts]
+        engine.run(requests)
+        outputs["engine"] = [r.output for r in requests]
+
+    best = {"engine": 0.0, "generate_batch": 0.0}
+    for rep in range(2 if quick else 4):
+        order = [("engine", engine_run), ("generate_batch", old)]
+        for name, fn in order if rep % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            fn()
+            best[name] = max(best[name], 32 * new / (time.perf_counter() - start))
+    return {"tokens_per_s": {k: round(v) for k, v in best.items()},
+            "engine_over_generate_batch": round(best["engine"] / best["generate_batch"], 2),
+            "same_outputs": outputs["engine"] == outputs["old"]}
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def translations(run, ct2, sources: list[str]) -> dict:
+    out, n = {}, len(sources)
+    for beam in (1, 4):
+        ours, t_ours = timed(lambda b=beam: run.translate(sources, beam=b, length_penalty=0.0))
+        theirs, t_ct2 = timed(lambda b=beam: ct2.translate(sources, beam=b, length_penalty=0.0))
+        row = {"per_s": {"vaswani": round(n / t_ours, 1), "ctranslate2": round(n / t_ct2, 1)},
+               "vaswani_over_ct2": round(t_ct2 / t_ours, 2)}
+        if beam == 1:
+            row["same_outputs"] = sum(a == b for a, b in zip(ours, theirs, strict=True)) / n
+        out[f"translate {n} sentences, beam {beam}"] = row
+    return out
+
+
+def continuations(run, ct2, prompts: list[str], tokens: int = 64) -> dict:
+    n = len(prompts)
+    ours, t_ours = timed(lambda: run.generate_many(prompts, max_new_tokens=tokens,
+                                                   temperature=0))
+    theirs, t_ct2 = timed(lambda: ct2.generate_many(prompts, max_new_tokens=tokens,
+                                                    temperature=0))
+    return {f"generate {n} prompts, greedy": {
+        "per_s": {"vaswani": round(n / t_ours, 1), "ctranslate2": round(n / t_ct2, 1)},
+        "vaswani_over_ct2": round(t_ct2 / t_ours, 2),
+        "same_outputs": sum(a == b for a, b in zip(ours, theirs, strict=True)) / n}}
+
+
+def against_ct2(work: Path, n: int, threads: int) -> dict:
+    import vaswani
+    from vaswani.export import export
+    from vaswani.inference.ct2 import CT2LanguageModel, CT2Translator
+
+    runs = make_runs(work)
+    rng = random.Random(3)
+    sources = [sentence(rng) for _ in range(n)]
+    prompts = [sentence(rng, 3, 12) for _ in range(n)]
+    folder = Path(tempfile.mkdtemp(prefix="vaswani-offline-"))
+    for name, run_dir in runs.items():
+        export(run_dir, "ct2", folder / name)
+    return {**translations(vaswani.load(runs["translator"]),
+                           CT2Translator(folder / "translator", threads=threads), sources),
+            **continuations(vaswani.load(runs["lm"]),
+                            CT2LanguageModel(folder / "lm", threads=threads), prompts)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="200 sentences, fewer rounds")
+    parser.add_argument("--json", metavar="OUT.json")
+    parser.add_argument("--work", metavar="DIR", help="where the runs go (default: a temp dir)")
+    args = parser.parse_args()
+    work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-offline-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results = {"decode_step": decode_step(args.quick)}
+    try:
+        import ctranslate2  # noqa: F401
+
+        results["ctranslate2"] = against_ct2(work, 200 if args.quick else 1000,
+                                             torch.get_num_threads())
+    except ImportError:
+        results["ctranslate2"] = "not run: pip install 'vaswani[export]'"
+    step = results["decode_step"]
+    rows = [("decode 32 x 64 tokens, engine / generate_batch",
+             f"{step['engine_over_generate_batch']}x ({step['tokens_per_s']}; same outputs: "
+             f"{step['same_outputs']})")]
+    ct2 = results["ctranslate2"]
+    for name, r in ct2.items() if isinstance(ct2, dict) else []:
+        same = f"; same outputs {r['same_outputs']:.0%}" if "same_outputs" in r else ""
+        rows.append((f"{name}: vaswani / CTranslate2",
+                     f"{r['vaswani_over_ct2']}x ({r['per_s']} per s{same})"))
+    report("Offline decoding (CPU)", rows, results, args.json)
+
+
+if __name__ == "__main__":
+    main()
