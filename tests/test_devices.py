@@ -11,6 +11,9 @@ def test_resolve_device_names_and_errors():
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(ValueError, match=r"device \('foo'\) must be"):
         resolve_device("foo")
+    for other in ("meta", "xpu", "cpu:0:1", "cuda:-1"):  # torch devices vaswani does not run on
+        with pytest.raises(ValueError, match=rf"device \('{other}'\) must be 'auto', 'cpu'"):
+            resolve_device(other)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="sees no CUDA device"):
             resolve_device("cuda:0")

@@ -3,6 +3,7 @@ device that is not there is a clear error (not PyTorch's assertion)."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 import torch
@@ -12,11 +13,10 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"`` -> a usable torch.device."""
     if name == "auto":
         name = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", str(name)):  # what vaswani runs on
         raise ValueError(f"device ({name!r}) must be 'auto', 'cpu', 'cuda', 'cuda:N' or "
-                         "'mps'") from None
+                         "'mps'")
+    device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device ({name!r}) asked for CUDA, but this PyTorch sees no CUDA "

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 from .. import __version__
 from ..data.registry import FetchError
@@ -45,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning
+            return args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError, FetchError, ImportError) as e:
         print(f"vaswani: error: {e}", file=sys.stderr)
         return 2
@@ -58,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
               "vaswani: interrupted (a run being trained keeps its last checkpoint)",
               file=sys.stderr)
         return 130
+
+
+def _warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line on stderr, like the errors (not Python's file:line: form)."""
+    print(f"vaswani: warning: {message}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,17 @@ def cache_dir(args: argparse.Namespace) -> Path:
     return path
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
+
+
 def load_run(args: argparse.Namespace):
     """RUN_DIR loaded for use (--device, --weights, --engine)."""
     from ..inference import load

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import cache_dir, load_run, read_lines
+from .common import cache_dir, load_run, positive, read_lines
 
 
 def add_commands(sub, cache: argparse.ArgumentParser) -> None:
@@ -72,7 +72,8 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                    "or a NumPy array with --out FILE.npy.")
     p.add_argument("--input", metavar="FILE")
     p.add_argument("--out", metavar="FILE.json|FILE.npy")
-    p.add_argument("--batch-size", type=int, default=32, metavar="N")
+    p.add_argument("--batch-size", type=positive, default=32, metavar="N",
+                   help="lines encoded at a time (default 32)")
     p.set_defaults(func=embed)
 
     p = run_parser("evaluate", "score a run on a data file (one JSON object)",
@@ -124,16 +125,21 @@ def translate(args: argparse.Namespace) -> int:
 
 def generate(args: argparse.Namespace) -> int:
     run = load_run(args)
+    echoed = False  # the prompt is echoed with the first new text: a refused request prints none
 
     def stream(text: str) -> None:
+        nonlocal echoed
+        if not echoed:
+            sys.stdout.write(args.prompt)
+            echoed = True
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    stream(args.prompt)
     run.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, stream=stream,
                  stop=args.stop, presence_penalty=args.presence_penalty,
                  frequency_penalty=args.frequency_penalty, **_controls(args))
+    stream("")  # the prompt, if nothing new came
     sys.stdout.write("\n")
     return 0
 

@@ -69,6 +69,8 @@ class Encoder(Run):
     def embed(self, texts: list[str], batch_size: int = 32) -> torch.Tensor:
         """Sentence embeddings (N, D): the encoder's hidden states averaged over each text's
         tokens (padding excluded) and L2-normalised. Texts are batched by length."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size ({batch_size}) must be >= 1")
         encoded = self.inputs(texts)
         out = torch.zeros(len(texts), self.config.model.d_model)
         order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
