@@ -34,7 +34,7 @@ def client(served):
 
     from vaswani.serve import create_app
 
-    with TestClient(create_app(served)) as c:
+    with TestClient(create_app(served), base_url="http://127.0.0.1") as c:
         yield c
 
 

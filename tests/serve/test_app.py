@@ -137,8 +137,8 @@ BAD = [  # (request, status, words in the message)
      "20,001 characters; the limit is 20,000"),
     (("post", "/v1/translate", {"model": "copy", "input": ["a"] * 65}), 400,
      "65 items; the limit is 64"),
-    (("post", "/v1/translate", {"model": "copy", "input": "a", "beam": 500}), 400,
-     "beam (500) must be at most 128"),
+    (("post", "/v1/translate", {"model": "copy", "input": "a", "beam": 500}), 422,
+     "beam: Input should be less than or equal to 128"),
     (("post", "/v1/completions", {"model": "lm", "prompt": "a", "n": 9}), 400,
      "n (9) is over the limit of 8"),
     (("post", "/v1/completions", {"model": "lm", "prompt": "a", "max_tokens": 5000}), 400,
@@ -173,7 +173,7 @@ def test_an_api_key_guards_every_v1_route(served):
 
     from vaswani.serve import create_app
 
-    with TestClient(create_app(served, api_key="s3cret")) as c:
+    with TestClient(create_app(served, api_key="s3cret"), base_url="http://127.0.0.1") as c:
         assert c.get("/health").json()["auth"] is True
         assert c.get("/v1/models").status_code == 401
         bad = c.post("/v1/translate", json={"model": "copy", "input": "abc"},

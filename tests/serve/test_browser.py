@@ -120,6 +120,32 @@ def test_the_standalone_explorer_file_works_offline(served, browser, tmp_path):
     assert all(u.startswith("file://") or u.startswith("data:") for u in urls), urls
 
 
+@needs_chromium
+def test_a_text_that_looks_like_html_stays_data_in_the_standalone_file(served, browser,
+                                                                      tmp_path):
+    """"<!--<script>" or "</script>" in the text once ended or commented out the page's
+    inline JSON: every <, > and & is escaped, and the tokens show as written."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from vaswani.cli import main
+
+    text = "a <!--<script> b </script> & c"
+    out = tmp_path / "attention.html"
+    assert main(["attention", str(served["lm"].run_dir), "--text", text, "--out",
+                 str(out)]) == 0
+    data = out.read_text().split("window.VASWANI_DATA = ", 1)[1].split(";</script>", 1)[0]
+    assert not {"<", ">", "&"} & set(data)
+    browser.get(out.as_uri())
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#viz svg line"))
+    Select(browser.find_element(By.ID, "layer")).select_by_value("0")
+    shown = [t.get_attribute("textContent")
+             for t in browser.find_elements(By.CSS_SELECTOR, "#viz svg text")]
+    tok = served["lm"].source_tokenizer
+    assert shown[:len(tok.encode(text))] == [tok.token(i) for i in tok.encode(text)]
+    assert browser.execute_script("return window.VASWANI_DATA.title") is not None
+
+
 def test_the_standalone_file_holds_the_models_weights(served, tmp_path):
     """Without a browser: the embedded data are the model's attention weights (rows sum to 1,
     the future masked out)."""
@@ -129,8 +155,7 @@ def test_the_standalone_file_holds_the_models_weights(served, tmp_path):
 
     view = served["copy"].attention_view("abcdefg")
     html = standalone_explorer(view, "t")
-    data = json.loads(html.split("window.VASWANI_DATA = ", 1)[1].split(";</script>", 1)[0]
-                      .replace("<\\/", "</"))
+    data = json.loads(html.split("window.VASWANI_DATA = ", 1)[1].split(";</script>", 1)[0])
     maps = served["copy"].attention("abcdefg", data["target"])
     for kind, a in data["attention"].items():
         w = torch.tensor(a["weights"])

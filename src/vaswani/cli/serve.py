@@ -22,7 +22,12 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
         "'Authorization: Bearer KEY'.")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port, default=8000, help="port to listen on, 1-65535 "
+                   "(default 8000)")
+    p.add_argument("--allowed-hosts", metavar="NAMES", help="comma-separated host names a "
+                   "request's Host header may carry ('*' for any); default: the loopback "
+                   "names, and --host when it is one address. A web page cannot then reach the "
+                   "server through DNS rebinding")
     p.add_argument("--name", action="append", metavar="NAME",
                    help="the model name of each RUN_DIR, in order (default: its folder name)")
     p.add_argument("--api-key", metavar="KEY", help="require this bearer token")
@@ -40,6 +45,21 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p.set_defaults(func=serve)
 
 
+def port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"port ({text}) must be a number in 1-65535")
+    return int(text)
+
+
+def allowed_hosts(names: str | None, host: str) -> list[str]:
+    from ..serve.app import LOOPBACK
+
+    if names:
+        return [n.strip() for n in names.split(",") if n.strip()]
+    extra = [] if host in ("0.0.0.0", "::", *LOOPBACK) else [host]
+    return [*LOOPBACK, *extra]
+
+
 def serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -55,10 +75,15 @@ def serve(args: argparse.Namespace) -> int:
             for name, d in name_runs(args.run_dirs, args.name).items()}
     key = args.api_key or os.environ.get("VASWANI_API_KEY") or None
     app = create_app(runs, api_key=key, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                     max_queue=args.max_queue, limits=Limits())
+                     max_queue=args.max_queue, limits=Limits(),
+                     allowed_hosts=allowed_hosts(args.allowed_hosts, args.host))
     where = f"http://{args.host}:{args.port}"
     print(f"vaswani serve: {', '.join(f'{n} ({r.task.name})' for n, r in runs.items())} on "
           f"{where}{' (API key required)' if key else ''}; the page is at {where}/",
           file=sys.stderr, flush=True)
+    if args.host in ("0.0.0.0", "::") and not args.allowed_hosts:
+        print("vaswani serve: requests must name a loopback host; to reach the server from "
+              "other machines, add --allowed-hosts with the names they use (or '*')",
+              file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -38,7 +38,11 @@ def standalone_explorer(view: dict, title: str) -> str:
     html = page.joinpath("index.html").read_text(encoding="utf-8")
     css = page.joinpath("style.css").read_text(encoding="utf-8")
     js = page.joinpath("app.js").read_text(encoding="utf-8")
-    data = json.dumps({**view, "title": title}).replace("</", "<\\/")
+    # inside <script>, "</script>" or "<!--" in a text would end or comment out the data:
+    # every <, > and & is written as its JSON escape, which JavaScript reads back unchanged
+    data = json.dumps({**view, "title": title})
+    for char, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
+        data = data.replace(char, escape)
     html = html.replace('<link rel="stylesheet" href="/style.css">', f"<style>\n{css}</style>")
     return html.replace('<script src="/app.js"></script>',
                         f"<script>window.VASWANI_DATA = {data};</script>\n"

@@ -21,6 +21,7 @@ KEY``.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from importlib import resources
@@ -29,6 +30,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..inference import Run
 from . import chat, openai, schemas
@@ -36,13 +38,22 @@ from .server import ApiError, Generation, Limits, Server, error_body
 
 # --- the application ------------------------------------------------------------------------
 
+LOOPBACK = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
 def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: int = 64,
                max_wait_ms: float = 5.0, max_queue: int = 256,
-               limits: Limits | None = None) -> FastAPI:
+               limits: Limits | None = None,
+               allowed_hosts: tuple[str, ...] | list[str] = LOOPBACK) -> FastAPI:
+    """``allowed_hosts``: the names a request's Host header may carry (the loopback ones by
+    default; ``("*",)`` for any): a web page cannot reach a local server through DNS
+    rebinding, whose requests carry the page's own host name."""
     limits = limits or Limits()
     server = Server(runs, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
                     limits=limits)
     app = FastAPI(title="vaswani", description=__doc__.split("\n\n")[0])
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
     app.state.server = server
     app.router.on_shutdown.append(server.close)
 
@@ -57,12 +68,18 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, e: RequestValidationError):
-        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(x) for x in first["loc"] if x != "body") or "body"
-        message = f"{where}: {first['msg']}" if where != "body" else first["msg"]
+        errors = e.errors() or [{"loc": (), "msg": "invalid request"}]
+        # a field that may be a text or a list of texts fails once per form: the error that
+        # says what is wrong with the value (a lone surrogate) beats "should be a list"
+        first = next((x for x in errors if x.get("type") == "value_error"), errors[0])
+        path = [x for x in first["loc"] if x != "body" and not _form(x)]
+        where = ".".join(str(x) for x in path)
+        what = first["msg"].removeprefix("Value error, ")
+        message = f"{where}: {what}" if where else what
+        param = str(path[0]) if path else None
         if first.get("type") == "json_invalid":
-            message, where = f"the body is not valid JSON ({first['msg']})", None
-        return JSONResponse(error_body(message, param=where), status_code=422)
+            message, param = f"the body is not valid JSON ({first['msg']})", None
+        return JSONResponse(error_body(message, param=param), status_code=422)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):
@@ -245,6 +262,10 @@ def _generation(server: Server, run: Run, body, name: str, prompt: str,
     if max_tokens is not None and max_tokens > limits.max_tokens:
         raise ApiError(400, f"max_tokens ({max_tokens}) is over the limit of "
                        f"{limits.max_tokens}", "max_tokens")
+    n = len(run.source_tokenizer.encode(prompt))
+    if n > limits.max_prompt_tokens:
+        raise ApiError(400, f"the prompt is {n:,} tokens; the limit is "
+                       f"{limits.max_prompt_tokens:,}", "prompt")
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     decode = _decode(run, max_new_tokens=max_tokens, temperature=body.temperature,
                      top_p=body.top_p, top_k=body.top_k, stop=stop,
@@ -262,3 +283,53 @@ async def _result(generation: Generation) -> dict:
         generation.cancel()
         raise
     return generation.result()
+
+
+def _form(part) -> bool:
+    """A part of pydantic's error location that names a type, not a field: "str",
+    "list[str]", "function-after[encodable(), str]"."""
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool"))
+
+
+class BodyLimit:
+    """Refuse a request body over ``limit`` bytes with 413 before it is read whole: at once
+    by its Content-Length, or as soon as more arrives when it streams in chunks. A body within
+    the limit is read here and handed on as one message."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            return await self.refuse(send)
+        chunks, size, last = [], 0, None
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                last = message
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return await self.refuse(send)
+            if not message.get("more_body"):
+                break
+        pending = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+        if last is not None:
+            pending.append(last)
+
+        async def replay():
+            return pending.pop(0) if pending else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def refuse(self, send) -> None:
+        body = json.dumps(error_body(f"the request body is over the limit of {self.limit:,} "
+                                     "bytes")).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

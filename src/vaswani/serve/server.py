@@ -35,6 +35,8 @@ class Limits:
     """What one request may ask for; past these it gets a 400 that names the limit."""
 
     max_input_chars: int = 20_000  # per text
+    max_prompt_tokens: int = 4096  # tokens of a completion's prompt (rendered chat included)
+    max_body_bytes: int = 2 << 20  # a request body, read no further (413)
     max_items: int = schemas.MAX_ITEMS  # texts or prompts per request
     max_tokens: int = 2048  # tokens generated per completion
     max_n: int = 8  # completions per prompt

@@ -1,14 +1,12 @@
-"""Model work off the event loop, with requests that arrive together batched.
+"""An encoder's work off the event loop, with requests that arrive together batched (a
+translator's or a language model's runs on its inference engine instead, engine/loop.py).
 
-Each loaded run has one :class:`Worker`: a thread that takes jobs from a bounded queue (a full
-queue is a 503 for the caller), waits up to ``max_wait_ms`` for more jobs of the same kind and
-settings (up to ``max_batch`` of them), runs them as one batch, and hands each job its result
-back on the event loop. Every kind of batch computes for each job what the job would get alone
-(translation, classification and embeddings are padding-invariant; generation uses left
-padding with per-row positions, see generation/decode.py ``generate_batch``).
-
-A streaming job receives its events (text pieces, then its end) through an ``asyncio.Queue``;
-``job.cancelled`` (the client went away) ends its rows at the next step.
+Each encoder has one :class:`Worker`: a thread that takes jobs from a bounded queue (a full
+queue is a 503 for the caller), waits up to ``max_wait_ms`` for more jobs of the same kind (up
+to ``max_batch`` of them), runs them as one batch, and hands each job its result back on the
+event loop. A batch computes for each job what the job would get alone (classification and
+embeddings are padding-invariant). A batch that fails is run again job by job, so only a job
+that fails alone gets the error.
 """
 
 from __future__ import annotations
@@ -32,22 +30,15 @@ class Busy(Exception):
 class Job:
     """One request's work: ``kind`` names the worker's handler that computes it (for a list
     of compatible jobs at once, a result each, in order); ``key`` says which jobs may share a
-    batch. A streaming job's ``events`` queue gets ("text", str) items and one ("end", info)
-    item."""
+    batch."""
 
     kind: str
     key: tuple
     payload: dict
     future: asyncio.Future | None = None
-    events: asyncio.Queue | None = None
     cancelled: bool = False
     loop: asyncio.AbstractEventLoop | None = None
     submitted: float = field(default_factory=time.perf_counter)
-
-    def emit(self, kind: str, value) -> None:
-        """Send a streaming event (from the worker thread)."""
-        if self.events is not None and self.loop is not None:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
 
 
 class Worker:
@@ -101,15 +92,21 @@ class Worker:
     def _run(self, batch: list[Job]) -> None:
         try:
             results = self.handlers[batch[0].kind](batch)
-        except Exception as e:  # one bad batch must not stop the worker
+        except Exception as e:  # one bad job must not fail the others: each runs alone
             traceback.print_exc()
-            results = [e] * len(batch)
+            results = [e] if len(batch) == 1 else [self._alone(job) for job in batch]
         self.batches += 1
         self.jobs += len(batch)
         self.cancelled += sum(job.cancelled for job in batch)
         for job, result in zip(batch, results, strict=True):
             if job.future is not None and job.loop is not None:
                 job.loop.call_soon_threadsafe(_settle, job.future, result)
+
+    def _alone(self, job: Job):
+        try:
+            return self.handlers[job.kind]([job])[0]
+        except Exception as e:
+            return e
 
 
 def _settle(future: asyncio.Future, result) -> None:
