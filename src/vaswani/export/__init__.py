@@ -13,13 +13,19 @@ weights in the target's own layout:
 A run option with no exact counterpart in the target format is an :class:`ExportError` that
 names the option and its value, never a silent approximation. Every export folder keeps a copy
 of the run's ``config.toml`` and ``tokenizer/`` under ``vaswani/``, so the exported model can be
-used from vaswani (``vaswani translate DIR --engine ct2``) without the run directory.
+used from vaswani (``vaswani translate DIR --engine ct2``) without the run directory, and
+``vaswani_export.json``: the names the export wrote, all that ``--overwrite`` may remove.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
+
+from .. import rundir
+from ..atomic import atomic_write_text, private_dir
 
 FORMATS = ("hf", "onnx", "ct2")
 SOURCE = "vaswani"  # the folder, inside an export, that holds the run's config and tokenizer
@@ -43,13 +49,18 @@ def how_to_use(fmt: str, out: Path) -> str:
                     f"{out}/onnx_export.json)"}[fmt]
 
 
+MANIFEST = "vaswani_export.json"  # the names an export wrote in its folder
+
+
 def export(run_dir: str | Path, fmt: str, out: str | Path, *, quantize: str | None = None,
            overwrite: bool = False) -> Path:
     """Export the run at ``run_dir`` to ``out`` in format ``fmt``; returns ``out``.
 
     Everything is checked and built in a temporary folder next to ``out`` before ``out`` is
-    touched: a refused or failed export leaves ``out`` as it was."""
-    from .. import rundir
+    touched: a refused or failed export leaves ``out`` as it was. ``out`` may not be the run,
+    lie inside it or contain it. The export lists what it wrote in ``out/vaswani_export.json``;
+    ``overwrite`` replaces a previous export there, removing only those names, and never a file
+    of someone else's."""
     from ..inference import load
 
     if fmt not in FORMATS:
@@ -59,25 +70,69 @@ def export(run_dir: str | Path, fmt: str, out: str | Path, *, quantize: str | No
     if quantize and fmt != "ct2":
         raise ExportError(f"--quantize {quantize} is for --format ct2 (CTranslate2 quantizes "
                           f"its own weights); {fmt} exports float32")
-    run_dir, out = Path(run_dir), Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out} exists and is not empty; pass --overwrite to replace it")
+    run_dir, out = Path(run_dir).resolve(), Path(out).resolve()
+    _check_place(run_dir, out)
+    previous = _written(out)
+    others = []
+    if out.is_dir():
+        others = sorted(p.name for p in out.iterdir() if p.name not in previous + [MANIFEST])
+    if (previous or others) and not overwrite:
+        raise FileExistsError(f"{out} exists and is not empty; pass --overwrite to replace "
+                              "the export in it (files vaswani did not write are kept)")
     run = load(run_dir)
     from . import ct2, hf, onnx
 
     writer = {"ct2": lambda dest: ct2.write(run, dest, quantize=quantize),
               "hf": lambda dest: hf.write(run, dest),
               "onnx": lambda dest: onnx.write(run, dest)}[fmt]
-
-    tmp = out.with_name(out.name + ".tmp-export")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = private_dir(out.parent, out.name)
     try:
-        writer(tmp)
-        shutil.copytree(run_dir / rundir.TOKENIZER, tmp / SOURCE / rundir.TOKENIZER)
-        shutil.copy2(run_dir / rundir.CONFIG, tmp / SOURCE / rundir.CONFIG)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        writer(tmp / "export")
+        shutil.copytree(run_dir / rundir.TOKENIZER, tmp / "export" / SOURCE / rundir.TOKENIZER)
+        shutil.copy2(run_dir / rundir.CONFIG, tmp / "export" / SOURCE / rundir.CONFIG)
+        names = sorted(p.name for p in (tmp / "export").iterdir())
+        clash = sorted(set(names) & set(others))
+        if clash:
+            raise FileExistsError(f"{out} holds {', '.join(clash)}, which vaswani did not "
+                                  "write and this export would replace; move them, or "
+                                  "choose another --out")
+        out.mkdir(parents=True, exist_ok=True)
+        _list(out, sorted(set(previous) | set(names)))  # a kill from here on leaves them listed
+        for name in previous:
+            _remove(out / name)
+        for name in names:
+            os.replace(tmp / "export" / name, out / name)
+        _list(out, names)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _check_place(run_dir: Path, out: Path) -> None:
+    """An export never writes over the run it exports."""
+    where = ("is the run directory itself" if out == run_dir else
+             f"lies inside {run_dir}" if run_dir in out.parents else
+             f"contains {run_dir}" if out in run_dir.parents else None)
+    if where:
+        raise ExportError(f"--out {out} {where}: an export is written beside the run, never "
+                          "over it; choose another --out")
+
+
+def _written(out: Path) -> list[str]:
+    """The names a previous export listed in ``out`` (none without its list)."""
+    try:
+        names = json.loads((out / MANIFEST).read_text())["written"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [n for n in names if isinstance(n, str) and "/" not in n and n not in ("", ".", "..")]
+
+
+def _list(out: Path, names: list[str]) -> None:
+    atomic_write_text(out / MANIFEST, json.dumps({"written": names}, indent=2) + "\n")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()

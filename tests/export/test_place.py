@@ -1,0 +1,86 @@
+"""Where an export may go: never over the run it exports, never over a user's files.
+``--overwrite`` replaces only the names a previous export listed in ``vaswani_export.json``."""
+
+import json
+import shutil
+
+import pytest
+
+from vaswani.cli import main
+from vaswani.export import MANIFEST, export
+
+pytest.importorskip("ctranslate2", reason="vaswani[export] is not installed")
+
+
+@pytest.fixture
+def run(copy_run, tmp_path):
+    """A private copy of the copy-task run, so a wrong export could only hurt this copy."""
+    here = tmp_path / "runs" / "copy"
+    shutil.copytree(copy_run[0], here)
+    return here
+
+
+def listing(path):
+    return sorted(p.relative_to(path).as_posix() for p in path.rglob("*"))
+
+
+@pytest.mark.parametrize("where", ["run", "parent", "inside"])
+def test_out_that_is_contains_or_lies_inside_the_run_is_refused(run, where, capsys):
+    out = {"run": run, "parent": run.parent, "inside": run / "export"}[where]
+    before = listing(run.parent)
+    assert main(["export", str(run), "--format", "ct2", "--out", str(out), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert {"run": "is the run directory itself", "parent": "contains",
+            "inside": "lies inside"}[where] in err
+    assert listing(run.parent) == before
+
+
+def test_overwrite_keeps_the_users_files_and_removes_only_what_it_wrote(run, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "user.txt").write_text("mine")
+    (out / "notes").mkdir()
+    with pytest.raises(FileExistsError, match="pass --overwrite"):
+        export(run, "ct2", out)
+    export(run, "ct2", out, overwrite=True)
+    written = json.loads((out / MANIFEST).read_text())["written"]
+    assert "model.bin" in written and "user.txt" not in written
+    assert (out / "user.txt").read_text() == "mine" and (out / "notes").is_dir()
+
+    # a stale name from the first export is removed by the second; the user's stay
+    (out / "model.bin").rename(out / "old-model.bin")
+    (out / MANIFEST).write_text(json.dumps({"written": written + ["old-model.bin"]}))
+    export(run, "ct2", out, overwrite=True)
+    assert not (out / "old-model.bin").exists()
+    assert (out / "model.bin").exists() and (out / "user.txt").read_text() == "mine"
+    assert sorted(json.loads((out / MANIFEST).read_text())["written"]) == sorted(written)
+
+
+def test_a_users_file_with_an_exports_name_is_never_replaced(run, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.bin").write_text("the user's own model.bin")
+    with pytest.raises(FileExistsError, match="model.bin, which vaswani did not write"):
+        export(run, "ct2", out, overwrite=True)
+    assert listing(out) == ["model.bin"]
+    assert (out / "model.bin").read_text() == "the user's own model.bin"
+
+
+def test_a_listing_cannot_point_outside_the_folder(run, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "precious.txt").write_text("keep")
+    (out / MANIFEST).write_text(json.dumps({"written": ["../precious.txt", "..", "/etc"]}))
+    export(run, "ct2", out, overwrite=True)
+    assert (tmp_path / "precious.txt").read_text() == "keep"
+
+
+def test_out_dot_exports_into_the_current_folder(run, tmp_path, monkeypatch):
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(["export", str(run), "--format", "ct2", "--out", "."]) == 0
+    assert (here / "model.bin").exists() and (here / MANIFEST).exists()
+    assert not [p for p in here.iterdir() if p.name.startswith(".")]  # no build folder left
+
