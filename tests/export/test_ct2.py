@@ -3,6 +3,7 @@ decoder (RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases) run in CTran
 vaswani's outputs; int8 still copies; every option without a counterpart is refused by name."""
 
 import pytest
+import torch
 
 import vaswani
 from vaswani.cli import main
@@ -70,6 +71,73 @@ def test_cli_translate_with_the_ct2_engine(copy_export, tmp_path, capsys):
     assert capsys.readouterr().out == "abcdefg\n\njihg\n"
 
 
+def test_ctranslate2s_own_translate_batch_on_plain_tokens_is_vaswani(copy_export):
+    """What a CTranslate2 user does: the source's tokens, no <eos> (the export's config adds
+    it), the decoding length the export's README gives; 30 copy-task inputs."""
+    import random
+
+    run, engine = copy_export
+    rng = random.Random(1)
+    texts = ["".join(rng.choices("abcdefghij", k=rng.randint(1, 20))) for _ in range(30)]
+    readme = (engine.folder / "README.md").read_text()
+    cap = run.config.model.max_len - 1
+    assert f"max_decoding_length={cap}" in readme and "add_source_eos: true" in readme
+    assert "min_decoding_length=0" in readme  # CT2's default of 1 forbids empty translations
+    assert "suppress_sequences=[['<pad>'], ['<bos>']]" in readme
+    translator = ctranslate2.Translator(str(engine.folder))
+    results = translator.translate_batch([list(t) for t in texts], beam_size=1,
+                                         min_decoding_length=0, max_decoding_length=cap,
+                                         suppress_sequences=[["<pad>"], ["<bos>"]])
+    theirs = ["".join(r.hypotheses[0]) for r in results]
+    assert theirs == run.translate(texts, beam=1)
+    assert sum(a == b for a, b in zip(theirs, texts, strict=True)) >= 25  # and it copies
+
+
+def test_ctranslate2s_own_generate_batch_on_plain_tokens_is_vaswani(small_runs, tmp_path):
+    from vaswani.data.tokenizers import token_strings
+
+    run_dir = small_runs["decoder"][0]
+    export(run_dir, "ct2", tmp_path / "lm")
+    run = vaswani.load(run_dir)
+    names = token_strings(run.source_tokenizer)
+    generator = ctranslate2.Generator(str(tmp_path / "lm"))
+    for prompt in ["the", "to be or"]:
+        tokens = [names[i] for i in run.source_tokenizer.encode(prompt)]
+        result = generator.generate_batch([tokens], max_length=20, sampling_topk=1,
+                                          include_prompt_in_result=False,
+                                          suppress_sequences=[["<pad>"], ["<bos>"]])[0]
+        ids = [names.index(t) for t in result.sequences[0]]
+        assert run.source_tokenizer.decode(ids) == run.generate(prompt, max_new_tokens=20,
+                                                                temperature=0)
+
+
+def test_an_export_without_add_source_eos_still_translates(copy_export, tmp_path):
+    """Exports written before add_source_eos: the wrapper appends <eos> itself."""
+    import json
+    import shutil
+
+    run, engine = copy_export
+    old = tmp_path / "old"
+    shutil.copytree(engine.folder, old)
+    settings = json.loads((old / "config.json").read_text())
+    settings["add_source_eos"] = False
+    (old / "config.json").write_text(json.dumps(settings))
+    assert Engine(old).translate(STRINGS, beam=1) == run.translate(STRINGS, beam=1)
+
+
+def test_a_prompt_past_max_len_is_refused_by_name_not_a_ct2_crash(small_runs, tmp_path):
+    run_dir = small_runs["decoder"][0]
+    export(run_dir, "ct2", tmp_path / "lm")
+    engine = Engine(tmp_path / "lm")
+    max_len = engine.config.model.max_len
+    long = "the " * max_len
+    with pytest.raises(ValueError, match="prompt 2 has .* tokens, the model's max_len is"):
+        engine.generate_many(["a", long], max_new_tokens=5, temperature=0)
+    # a prompt that nearly fills it gets the tokens that fit, not an error
+    near = "ab" * 10
+    assert isinstance(engine.generate(near, max_new_tokens=max_len, temperature=0), str)
+
+
 def test_language_model_greedy_is_vaswanis(small_runs, tmp_path):
     run_dir = small_runs["decoder"][0]
     export(run_dir, "ct2", tmp_path / "lm")
@@ -131,3 +199,52 @@ def test_output_length_is_capped_at_max_len_like_vaswanis(copy_export):
     run, engine = copy_export
     long = ["abcdefghij" * 3, "jihgfedcba" * 2]
     assert engine.translate(long, beam=4) == run.translate(long, beam=4)
+
+
+@pytest.mark.parametrize("first", ["<eos>", "<bos>"])
+def test_ctranslate2_with_the_readmes_options_agrees_where_its_defaults_do_not(tmp_path,
+                                                                               first):
+    """A model whose likeliest token is always ``first``: vaswani then translates to "" (<eos>)
+    or to the next likeliest token (it never outputs <bos>); CTranslate2's defaults
+    (min_decoding_length 1, nothing suppressed) differ, the README's options agree."""
+    from tests.training.fixtures import config, reverse_task
+    from vaswani.checkpoint import read_weights, write_tensors
+    from vaswani.training.train import Launch, train
+
+    run_dir = tmp_path / "run"
+    cfg = config(tmp_path / "c.toml", "encoder-decoder", reverse_task(tmp_path / "p.tsv"),
+                 train={"max_steps": 2})
+    train(str(cfg), [], out=str(run_dir), launch=Launch(progress=False))
+    weights = read_weights(run_dir / "model.safetensors")
+    token = {"<eos>": 2, "<bos>": 1}[first]  # the ids of tokenizers.SPECIALS
+    u = torch.nn.functional.normalize(torch.randn(weights["tgt_embed.token.weight"].shape[1],
+                                                  generator=torch.Generator().manual_seed(0)),
+                                      dim=0)
+    weights["tgt_embed.token.weight"][token] = 5 * u  # the output projection is tied to it
+    weights["decoder.layers.0.ff_block.norm.weight"].zero_()  # the last norm: every state u
+    weights["decoder.layers.0.ff_block.norm.bias"].copy_(10 * u)
+    write_tensors(run_dir / "model.safetensors", weights)
+    export(run_dir, "ct2", tmp_path / "t", overwrite=True)
+    run = vaswani.load(run_dir)
+    texts = ["abc", "fedcba", "b"]
+    ours = run.translate(texts, beam=1)
+    assert ours == [""] * 3 if first == "<eos>" else all(ours)
+
+    translator = ctranslate2.Translator(str(tmp_path / "t"))
+    d, cap = run.config.decode, run.config.model.max_len - 1
+
+    def theirs(**options):
+        out = []
+        for text in texts:
+            limit = min(int(d.max_len_a * (len(text) + 1) + d.max_len_b), cap)
+            result = translator.translate_batch([list(text)], beam_size=1,
+                                                max_decoding_length=limit, **options)[0]
+            out.append("".join(result.hypotheses[0]))
+        return out
+
+    assert theirs() != ours  # CTranslate2's defaults
+    readme = (tmp_path / "t" / "README.md").read_text()
+    assert "min_decoding_length=0" in readme
+    assert "suppress_sequences=[['<pad>'], ['<bos>']]" in readme
+    assert theirs(min_decoding_length=0, suppress_sequences=[["<pad>"], ["<bos>"]]) == ours
+    assert Engine(tmp_path / "t").translate(texts, beam=1) == ours  # vaswani's ct2 wrapper

@@ -170,6 +170,12 @@ def build_spec(run):
     spec.config.eos_token = names[specials.eos_id]
     if c.arch == "encoder-decoder":
         spec.config.decoder_start_token = names[specials.bos_id]
+        # vaswani's encoder reads every source with <eos> at its end: CTranslate2 adds it too,
+        # so translate_batch on plain tokens reproduces vaswani
+        if vocabulary(run.source_tokenizer)[run.source_tokenizer.eos_id] != names[specials.eos_id]:
+            raise refuse("ct2", "tokenizer", "with different <eos> strings for source and "
+                         "target", "one eos_token names both")
+        spec.config.add_source_eos = True
     return spec
 
 
@@ -184,3 +190,61 @@ def write(run, out: Path, *, quantize: str | None = None) -> None:
     spec.optimize(quantization=quantize or "float32")
     out.mkdir(parents=True)
     spec.save(str(out))
+    (out / "README.md").write_text(usage(run))
+
+
+def usage(run) -> str:
+    """The export's README: how CTranslate2's own API reproduces vaswani with it."""
+    c, d = run.config.model, run.config.decode
+    out_tok = run.target_tokenizer or run.source_tokenizer
+    names = token_strings(out_tok)
+    never = [[names[out_tok.pad_id]], [names[out_tok.bos_id]]]
+    tokens = ("the names in this folder's vocabulary files, as the run's tokenizer (kept in "
+              "`vaswani/tokenizer/`) splits the text: a character tokenizer's are the characters")
+    if c.arch == "encoder-decoder":
+        return f"""# CTranslate2 translator exported by vaswani
+
+```python
+import ctranslate2
+translator = ctranslate2.Translator("THIS_FOLDER")
+results = translator.translate_batch([source_tokens], beam_size={d.beam},
+                                     min_decoding_length=0,
+                                     max_decoding_length={c.max_len - 1},
+                                     suppress_sequences={never})
+```
+
+- `source_tokens`: the source's token strings from the run's tokenizer, {tokens}, without
+  `<bos>` or `<eos>`: `config.json` says `add_source_eos: true`, so CTranslate2 appends `<eos>`
+  as vaswani's encoder expects. At most {c.max_len - 1} tokens (the model's `max_len` is
+  {c.max_len}, the `<eos>` included).
+- `max_decoding_length`: at most {c.max_len - 1}. The model has {c.max_len} positions; with
+  CTranslate2's default (256) a long output fails with "No position encodings are defined for
+  positions >= {c.max_len}". vaswani's own cap, per sentence, is
+  `min(int({d.max_len_a} * (len(source_tokens) + 1) + {d.max_len_b}), {c.max_len - 1})` (the
+  `+ 1` is the `<eos>`): translate with it to get vaswani's translations token for token.
+- `min_decoding_length=0`: CTranslate2's default (1) never lets a translation be empty;
+  vaswani's does, when `<eos>` is the likeliest first token.
+- `suppress_sequences`: vaswani never outputs its padding or start token; CTranslate2 would.
+- Scores with `length_penalty=0` are vaswani's log-probabilities; vaswani's length penalty is
+  GNMT's, CTranslate2's is `length ** length_penalty`.
+- From vaswani: `vaswani translate THIS_FOLDER --engine ct2` (the run's config and tokenizer
+  are in `vaswani/`).
+"""
+    return f"""# CTranslate2 language model exported by vaswani
+
+```python
+import ctranslate2
+generator = ctranslate2.Generator("THIS_FOLDER")
+results = generator.generate_batch([prompt_tokens], max_length=N,
+                                   include_prompt_in_result=False,
+                                   suppress_sequences={never})
+```
+
+- `prompt_tokens`: the prompt's token strings from the run's tokenizer, {tokens}, as vaswani
+  reads a prompt: no `<bos>` (an empty prompt is `["<bos>"]`), no `<eos>`.
+- `max_length`: the prompt's tokens and the new ones together may not pass the model's
+  {c.max_len} positions (beyond them CTranslate2 fails with "No position encodings are defined
+  for positions >= {c.max_len}"; vaswani slides its window instead).
+- `suppress_sequences`: vaswani never outputs its padding or start token; CTranslate2 would.
+- From vaswani: `vaswani generate THIS_FOLDER --engine ct2`.
+"""

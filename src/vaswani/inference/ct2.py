@@ -12,6 +12,7 @@ vaswani's own beam search uses); with ``length_penalty=0`` both are the raw log-
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,10 +38,15 @@ class CT2Run:
         self.target = target or self.source
         self.source_tokens = token_strings(self.source)
         self.index = {t: i for i, t in enumerate(token_strings(self.target))}
+        names = token_strings(self.target)  # vaswani never outputs <pad> or <bos>
+        self.never = [[names[self.target.pad_id]], [names[self.target.bos_id]]]
         engine = (ctranslate2.Translator if self.config.model.arch == "encoder-decoder"
                   else ctranslate2.Generator)
         self.model = engine(str(self.folder), device=device, compute_type=compute_type,
                             intra_threads=threads)  # 0: CTranslate2's default
+        # exports before add_source_eos was written leave <eos> to the caller
+        settings = json.loads((self.folder / "config.json").read_text())
+        self.adds_source_eos = bool(settings.get("add_source_eos", False))
 
     def __getattr__(self, name: str):
         for cls in (CT2Translator, CT2LanguageModel):
@@ -75,21 +81,28 @@ class CT2Translator(CT2Run):
         todo = [i for i, t in enumerate(texts) if t.strip()]
         ids = encode_inputs(self.source, [texts[i] for i in todo], self.config.model.max_len,
                             eos=True)
-        for start in range(0, len(todo), batch_size):
-            chunk, batch = todo[start:start + batch_size], ids[start:start + batch_size]
-            out = self.model.translate_batch(
-                [[self.source_tokens[i] for i in x] for x in batch], beam_size=beam,
-                num_hypotheses=n_best, return_scores=True,
-                length_penalty=d.length_penalty if length_penalty is None else length_penalty,
-                # capped like vaswani's own search: past max_len there are no positions
-                max_decoding_length=min(int(d.max_len_a * max(map(len, batch)) + d.max_len_b),
-                                        self.config.model.max_len - 1),
-                repetition_penalty=repetition_penalty or 1.0,
-                no_repeat_ngram_size=no_repeat_ngram_size or 0,
-                min_decoding_length=min_length or 0)
-            for i, r in zip(chunk, out, strict=True):
-                results[i] = [(self._text(h), s) for h, s in zip(r.hypotheses, r.scores,
-                                                                  strict=True)]
+        # vaswani's cap per sentence (its <eos> counted); CTranslate2 takes one per call, so
+        # sentences are grouped by it. Past max_len there are no positions.
+        groups: dict[int, list[int]] = {}
+        for k, x in enumerate(ids):
+            cap = min(int(d.max_len_a * len(x) + d.max_len_b), self.config.model.max_len - 1)
+            groups.setdefault(cap, []).append(k)
+        if self.adds_source_eos:  # CTranslate2 appends it, as a CT2 user's call would
+            ids = [x[:-1] for x in ids]
+        for cap, members in sorted(groups.items()):
+            for start in range(0, len(members), batch_size):
+                chunk = members[start:start + batch_size]
+                out = self.model.translate_batch(
+                    [[self.source_tokens[i] for i in ids[k]] for k in chunk], beam_size=beam,
+                    num_hypotheses=n_best, return_scores=True,
+                    length_penalty=d.length_penalty if length_penalty is None
+                    else length_penalty,
+                    max_decoding_length=cap, repetition_penalty=repetition_penalty or 1.0,
+                    no_repeat_ngram_size=no_repeat_ngram_size or 0,
+                    min_decoding_length=min_length or 0, suppress_sequences=self.never)
+                for k, r in zip(chunk, out, strict=True):
+                    results[todo[k]] = [(self._text(h), s)
+                                        for h, s in zip(r.hypotheses, r.scores, strict=True)]
         return results if n_best > 1 else [best[0][0] for best in results]
 
 
@@ -125,18 +138,31 @@ class CT2LanguageModel(CT2Run):
         greedy = temperature == 0
         starts = [[self.source_tokens[i] for i in (self.source.encode(p) or [self.source.bos_id])]
                   for p in prompts]
-        out = []
-        for first in range(0, len(starts), batch_size):
-            results = self.model.generate_batch(
-                starts[first:first + batch_size],
-                max_length=max_new_tokens or d.max_new_tokens, include_prompt_in_result=False,
-                sampling_topk=1 if greedy else (top_k or d.top_k or 0),
-                sampling_topp=1.0 if greedy else (top_p or d.top_p or 1.0),
-                sampling_temperature=1.0 if greedy else temperature,
-                repetition_penalty=repetition_penalty or 1.0,
-                no_repeat_ngram_size=no_repeat_ngram_size or 0, min_length=min_length or 0,
-                end_token=self.source_tokens[self.source.eos_id])
-            out += [self._text(r.sequences[0]) for r in results]
+        # CTranslate2 has no sliding window: prompt and continuation share the max_len
+        # positions, so each prompt gets the new tokens that fit (vaswani slides instead)
+        wanted, max_len = max_new_tokens or d.max_new_tokens, self.config.model.max_len
+        groups: dict[int, list[int]] = {}
+        for i, start in enumerate(starts):
+            if len(start) >= max_len:
+                raise ValueError(f"prompt {i + 1} has {len(start)} tokens, the model's max_len "
+                                 f"is {max_len}: CTranslate2 cannot slide the window; shorten "
+                                 "the prompt or use vaswani's own engine")
+            groups.setdefault(min(wanted, max_len - len(start)), []).append(i)
+        out = [""] * len(prompts)
+        for length, members in sorted(groups.items()):
+            for first in range(0, len(members), batch_size):
+                chunk = members[first:first + batch_size]
+                results = self.model.generate_batch(
+                    [starts[i] for i in chunk], max_length=length,
+                    include_prompt_in_result=False, suppress_sequences=self.never,
+                    sampling_topk=1 if greedy else (top_k or d.top_k or 0),
+                    sampling_topp=1.0 if greedy else (top_p or d.top_p or 1.0),
+                    sampling_temperature=1.0 if greedy else temperature,
+                    repetition_penalty=repetition_penalty or 1.0,
+                    no_repeat_ngram_size=no_repeat_ngram_size or 0, min_length=min_length or 0,
+                    end_token=self.source_tokens[self.source.eos_id])
+                for i, r in zip(chunk, results, strict=True):
+                    out[i] = self._text(r.sequences[0])
         return out
 
 
