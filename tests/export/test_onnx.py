@@ -97,3 +97,29 @@ def test_rotary_positions_are_refused_by_name(tmp_path, arch):
     with pytest.raises(ExportError, match=r"\[model\] positional = 'rope' has no counterpart"):
         write(run, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_an_imported_bert_embeds_like_vaswani_in_onnxruntime_alone(tmp_path):
+    """An imported BERT (dropout 0.1 in its config) exported and used as an ONNX user would:
+    its own tokenizer.json, onnxruntime, mean pooling in numpy. The export once compared
+    ONNX with vaswani run in training mode (dropout on) and refused by 1.32."""
+    from tokenizers import Tokenizer
+
+    from tests.reliability.checkpoints import bert_folder
+    from vaswani.pretrained.importer import import_bert
+
+    source = bert_folder(tmp_path / "bert")
+    run_dir = import_bert(str(source), tmp_path / "run", tmp_path / "cache")
+    assert main(["export", str(run_dir), "--format", "onnx", "--out", str(tmp_path / "o")]) == 0
+    texts = ["hello world", "a", "the quick brown fox jumps"]
+    tok = Tokenizer.from_file(str(source / "tokenizer.json"))
+    tok.enable_padding(pad_id=0, pad_token="[PAD]")
+    rows = tok.encode_batch(texts)
+    ids = np.array([r.ids for r in rows], dtype=np.int64)
+    keep = np.array([r.attention_mask for r in rows], dtype=bool)
+    hidden = session(tmp_path / "o" / "model.onnx").run(
+        None, {"input_ids": ids, "attention_mask": keep})[0]
+    pooled = (hidden * keep[..., None]).sum(1) / keep.sum(1, keepdims=True)
+    pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
+    expected = vaswani.load(run_dir).embed(texts).numpy()
+    assert np.abs(pooled - expected).max() < 1e-5

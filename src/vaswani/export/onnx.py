@@ -31,11 +31,16 @@ TOLERANCE = 1e-4  # the largest |ONNX Runtime - vaswani| accepted at export time
 
 
 class _Graph(nn.Module):
-    """One exported graph: ``fn(model, *inputs)`` as a module (what the exporter traces)."""
+    """One exported graph: ``fn(model, *inputs)`` as a module (what the exporter traces).
+
+    Made in eval mode: the exporter puts a module back in the mode it found it in, and a new
+    module is in training mode; the comparison after the export would then run vaswani with
+    dropout on (a model trained or imported with dropout > 0 then "differed" from ONNX)."""
 
     def __init__(self, model, fn):
         super().__init__()
         self.model, self.fn = model, fn
+        self.eval()
 
     def forward(self, *inputs: Tensor) -> Tensor:
         return self.fn(self.model, *inputs)
