@@ -1,7 +1,8 @@
-"""Encoded datasets: on small data the memory-mapped path gives exactly the tokenizers, token
-ids, batches and resume fingerprint of the in-memory reference (tests/tasks/reference_data.py),
-for every task, char and BPE; caches are reused, rebuilt when an input changes, never taken
-half-written; bad lines still say file:line."""
+"""Encoded datasets (data/encoded.py, data/encode.py): on small data the memory-mapped path
+gives exactly the tokenizers, token ids, batches and resume fingerprint of the in-memory
+reference (tests/tasks/reference_data.py), for every task, char and BPE; caches are reused,
+rebuilt when an input changes, never taken half-written, never trusted when damaged; bad lines
+still say file:line."""
 
 import json
 import random
@@ -284,3 +285,104 @@ def test_encode_ahead_then_train_maps_it_list_and_clean(tmp_path, capsys):
     assert "translation-" in capsys.readouterr().out
     assert main(["data", "clean", "--cache", cache]) == 0
     assert not (tmp_path / "cache" / "encoded").exists()
+
+
+def one_file(directory, suffix):
+    return next(p for p in directory.iterdir() if p.name.endswith(suffix))
+
+
+def cut(path):
+    path.write_bytes(path.read_bytes()[:1000])
+
+
+def odd(path):
+    path.write_bytes(path.read_bytes() + b"\0")
+
+
+def manifest_edit(**change):
+    def edit(directory):
+        manifest = json.loads((directory / "manifest.json").read_text())
+        for key, value in change.items():
+            *parents, last = key.split(".")
+            node = manifest
+            for k in parents:
+                node = node[k]
+            node[last] = value
+        (directory / "manifest.json").write_text(json.dumps(manifest))
+    return edit
+
+
+DAMAGE = {
+    "cut bin": (lambda d: cut(d / "train.tokens.bin"), "train.tokens.bin holds 1000 bytes"),
+    "odd-sized bin": (lambda d: odd(d / "train.tokens.bin"), "train.tokens.bin holds"),
+    "missing bin": (lambda d: (d / "train.tokens.bin").unlink(), "train.tokens.bin holds 0"),
+    "examples 99,999,999": (manifest_edit(**{"counts.train.examples": 99_999_999}),
+                            "counts.train.examples = 99999999, but a text's examples"),
+    "tokens -5": (manifest_edit(**{"counts.train.tokens.tokens": -5}),
+                  "counts.train.tokens.tokens = -5 is not a count"),
+    "dtype uint32": (manifest_edit(dtype="uint32"), "the counts imply"),
+    "dtype float64": (manifest_edit(dtype="float64"), "dtype 'float64' is not one of"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_encoding_is_named_and_encoded_again_never_trained_on(tmp_path, capsys,
+                                                                        damage):
+    cfg = lm_config(tmp_path)
+    first = task_for(cfg).load(tmp_path / "cache")
+    reference_ids = np.array(first.train)
+    break_it, message = DAMAGE[damage]
+    break_it(first.directory)
+    capsys.readouterr()
+    again = task_for(cfg).load(tmp_path / "cache")
+    err = capsys.readouterr().err
+    assert message in err and "the encoded data is damaged; encoding again" in err, err
+    assert str(first.directory) in err  # the file (or its manifest) is named with its folder
+    assert np.array_equal(np.asarray(again.train), reference_ids)
+
+
+def test_offsets_that_end_past_their_tokens_are_damage(tmp_path, capsys):
+    from tests.training.fixtures import reverse_task
+
+    cfg = load_run_config(config(tmp_path / "c.toml", "encoder-decoder",
+                                 reverse_task(tmp_path / "p.tsv")))
+    first = task_for(cfg).load(tmp_path / "cache")
+    pairs = [tuple(x.tolist() for x in e) for e in first.train]
+    off = first.directory / "train.src.off"
+    raw = bytearray(off.read_bytes())
+    raw[-8:] = np.int64(10 ** 9).tobytes()
+    off.write_bytes(bytes(raw))
+    manifest = json.loads((first.directory / "manifest.json").read_text())
+    del manifest["files"]  # a dataset encoded before sizes were recorded: counts still check
+    (first.directory / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    again = task_for(cfg).load(tmp_path / "cache")
+    assert "train.src.off ends at 1000000000" in capsys.readouterr().err
+    assert [tuple(x.tolist() for x in e) for e in again.train] == pairs
+
+
+def test_data_list_marks_damage_and_clean_verify_finds_a_flipped_byte(tmp_path, capsys):
+    from vaswani.cli import main
+
+    cfg = lm_config(tmp_path)
+    data = task_for(cfg).load(tmp_path / "cache")
+    cache = str(tmp_path / "cache")
+    assert main(["data", "clean", "--verify", "--cache", cache]) == 0
+    assert "0 damaged" in capsys.readouterr().out
+
+    # the same size, one byte changed: only reading the content finds it
+    path = data.directory / "train.tokens.bin"
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    path.write_bytes(bytes(raw))
+    assert encoded.damaged(data.directory, data.manifest) is None
+    assert main(["data", "clean", "--verify", "--cache", cache]) == 1
+    out = capsys.readouterr()
+    assert f"{path}: its sha256 differs from the manifest's" in out.err
+    assert not data.directory.exists() and "1 damaged dataset(s) removed" in out.out
+
+    again = task_for(cfg).load(tmp_path / "cache")
+    cut(again.directory / "train.tokens.bin")
+    assert main(["data", "list", "--cache", cache]) == 0
+    listed = capsys.readouterr().out
+    assert "DAMAGED" in listed and "train.tokens.bin holds 1000 bytes" in listed

@@ -41,7 +41,12 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     q = data_sub.add_parser("clean", help="remove the encoded datasets from the cache",
                             parents=[cache],
                             description="Remove CACHE/encoded/ (encoded data and cached "
-                                        "tokenizers); prepared datasets and packages stay.")
+                                        "tokenizers); prepared datasets and packages stay. "
+                                        "With --verify, remove only the damaged ones.")
+    q.add_argument("--verify", action="store_true",
+                   help="read every encoded dataset, check each file's size and sha256 against "
+                        "its manifest, and remove only those that differ (exit status 1 if "
+                        "any did)")
     q.set_defaults(func=clean)
 
 
@@ -78,9 +83,17 @@ def encode(args: argparse.Namespace) -> int:
 
 
 def clean(args: argparse.Namespace) -> int:
-    from ..data.encoded import clean
+    import sys
+
+    from ..data.encoded import clean, verify
 
     root = cache_dir(args) / "encoded"
+    if args.verify:
+        removed = verify(root)
+        for line in removed:
+            print(f"vaswani: damaged: {line}", file=sys.stderr)
+        print(f"verified {root}: {len(removed)} damaged dataset(s) removed")
+        return 1 if removed else 0
     freed = clean(root)
     print(f"removed {root} ({freed / 2**20:,.1f} MiB); datasets are encoded again on first use")
     return 0

@@ -5,7 +5,8 @@ that the operating system pages in and shares between processes, so neither the 
 token ids ever sit in Python lists. Layout of one encoded dataset, ``CACHE/encoded/<name>/``::
 
     manifest.json         inputs (path, size, mtime, sha256), tokenizer checksums, options,
-                          counts, skipped lines, truncations, the training data's fingerprint
+                          counts, skipped lines, truncations, the training data's fingerprint,
+                          and every file's size and sha256
     train.<field>.bin     token ids of every example, back to back (uint16 when the vocabulary
                           fits, else uint32); a language model's text is one field, "tokens"
     train.<field>.off     int64 offsets: example i is bin[off[i]:off[i + 1]]
@@ -14,7 +15,10 @@ token ids ever sit in Python lists. Layout of one encoded dataset, ``CACHE/encod
     valid.raw.jsonl       the validation examples as read (for metrics that compare text)
 
 A dataset is built in a private temporary folder and renamed into place when complete, so an
-encoding cut short is never taken for a finished one (atomic.py ``building``).
+encoding cut short is never taken for a finished one (atomic.py ``building``). Every open checks
+the files' sizes against the manifest and the counts in it (cheap); ``vaswani data clean
+--verify`` checks their content. A damaged dataset is reported by file and encoded again, never
+read.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +37,7 @@ from ..atomic import building, file_sha256
 
 FORMAT = 1
 FLUSH_TOKENS = 1 << 20  # buffered token ids per field before a write
+DTYPES = ("uint16", "uint32")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -214,14 +220,81 @@ def lookup(directory: Path, inputs: dict[str, list[dict]]) -> dict | None:
     recorded = {split: [{k: f[k] for k in ("path", "size", "mtime_ns")} for f in files]
                 for split, files in manifest.get("inputs", {}).items()}
     if manifest.get("format") == FORMAT and recorded == inputs:
-        return manifest
-    changed = [f["path"] for split in inputs for f, g in
-               zip(inputs[split], recorded.get(split, []), strict=False) if f != g]
-    what = f"{changed[0]} changed" if changed else "the inputs changed"
-    print(f"vaswani: {what} since {directory.name} was encoded; encoding again",
-          flush=True, file=__import__("sys").stderr)
+        damage = damaged(directory, manifest)
+        if damage is None:
+            return manifest
+        what = f"{damage}: the encoded data is damaged"
+    else:
+        changed = [f["path"] for split in inputs for f, g in
+                   zip(inputs[split], recorded.get(split, []), strict=False) if f != g]
+        what = (f"{changed[0]} changed" if changed else "the inputs changed") + \
+            f" since {directory.name} was encoded"
+    print(f"vaswani: {what}; encoding again", flush=True, file=sys.stderr)
     shutil.rmtree(directory, ignore_errors=True)
     return None
+
+
+def damaged(directory: Path, manifest: dict, *, content: bool = False) -> str | None:
+    """Why the encoded dataset in ``directory`` cannot be trusted (naming the file), or None.
+    Sizes are checked against the manifest's record and its counts; ``content``: every file's
+    sha256 too (reads everything)."""
+    try:
+        expected = expected_sizes(manifest)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        return f"{directory / 'manifest.json'}: {e}"
+    for name, size in expected.items():
+        path = directory / name
+        actual = path.stat().st_size if path.exists() else 0
+        if actual != size:
+            return f"{path} holds {actual} bytes, the manifest says {size}"
+    for name in expected:
+        if name.endswith(".off") and expected[name]:
+            last = int(np.fromfile(directory / name, dtype=np.int64, offset=expected[name] - 8)[0])
+            tokens = expected[name[:-3] + "bin"] // np.dtype(manifest["dtype"]).itemsize
+            if last != tokens:
+                return f"{directory / name} ends at {last}, but its .bin holds {tokens} tokens"
+    if content:
+        for name, record in manifest.get("files", {}).items():
+            if file_sha256(directory / name) != record["sha256"]:
+                return f"{directory / name}: its sha256 differs from the manifest's"
+    return None
+
+
+def expected_sizes(manifest: dict) -> dict[str, int]:
+    """Each file's size in bytes: as recorded, and as the counts and dtype imply (which must
+    agree). Raises ValueError naming the manifest entry that is impossible."""
+    sizes = {name: _count(f"files.{name}.size", record["size"])
+             for name, record in manifest.get("files", {}).items()}
+    if "fields" not in manifest:  # a cached tokenizer: no counts
+        return sizes
+    if manifest["dtype"] not in DTYPES:
+        raise ValueError(f"dtype {manifest['dtype']!r} is not one of {', '.join(DTYPES)}")
+    width = np.dtype(manifest["dtype"]).itemsize
+    for split in ("train", "valid"):
+        counts = manifest["counts"][split]
+        examples = _count(f"counts.{split}.examples", counts["examples"])
+        for name, kind in manifest["fields"].items():
+            if kind == "labels":
+                implied = {f"{split}.{name}.bin": 4 * examples}
+            else:
+                tokens = _count(f"counts.{split}.tokens.{name}", counts["tokens"].get(name, 0))
+                implied = {f"{split}.{name}.bin": width * tokens}
+                if kind == "stream" and examples != tokens:
+                    raise ValueError(f"counts.{split}.examples = {examples}, but a text's "
+                                     f"examples are its {tokens} tokens")
+                if kind == "ragged":
+                    implied[f"{split}.{name}.off"] = 8 * (examples + 1) if examples else 0
+            for file, size in implied.items():
+                if sizes.setdefault(file, size) != size:
+                    raise ValueError(f"{file}: {sizes[file]} bytes recorded, but the counts "
+                                     f"imply {size}")
+    return sizes
+
+
+def _count(where: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{where} = {value!r} is not a count")
+    return value
 
 
 def build(directory: Path, write) -> dict:
@@ -229,6 +302,8 @@ def build(directory: Path, write) -> dict:
     renamed into place when complete (``manifest.json`` written last); returns the manifest."""
     with building(directory) as tmp:
         manifest = write(tmp)
+        manifest["files"] = {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
+                             for p in sorted(tmp.iterdir()) if p.is_file()}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
     return manifest
 
@@ -243,18 +318,42 @@ def folder_size(path: Path) -> int:
 
 
 def catalogue(root: Path) -> list[dict]:
-    """What ``root`` (CACHE/encoded) holds: one entry per complete encoded dataset."""
+    """What ``root`` (CACHE/encoded) holds: one entry per complete encoded dataset, with
+    ``damaged``: why it cannot be trusted (its sizes checked), or None."""
     out = []
-    for directory in sorted(root.glob("*/manifest.json")):
-        manifest = json.loads(directory.read_text())
-        first = next(iter(manifest["inputs"].get("train", [])), {"path": "?"})
-        counts = manifest.get("counts", {}).get("train", {})
+    for path in sorted(root.glob("*/manifest.json")):
+        try:
+            manifest = json.loads(path.read_text())
+            first = next(iter(manifest["inputs"].get("train", [])), {"path": "?"})["path"]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            manifest, first = {}, "?"
+            damage = f"{path}: unreadable ({e})"
+        else:
+            damage = damaged(path.parent, manifest)
+        counts = manifest.get("counts", {}).get("train", {}) if not damage else {}
         text = "stream" in manifest.get("fields", {}).values()
-        out.append({"name": directory.parent.name, "task": manifest.get("task", "?"),
-                    "input": first["path"], "examples": counts.get("examples", 0),
-                    "unit": "tokens" if text else "examples",
-                    "bytes": folder_size(directory.parent)})
+        out.append({"name": path.parent.name, "task": manifest.get("task", "?"),
+                    "input": first, "examples": counts.get("examples", 0),
+                    "unit": "tokens" if text else "examples", "damaged": damage,
+                    "bytes": folder_size(path.parent)})
     return out
+
+
+def verify(root: Path) -> list[str]:
+    """Check every encoded dataset under ``root`` (CACHE/encoded) in full, sizes and sha256;
+    remove the damaged ones (encoded again on first use). Returns one line per removal."""
+    removed = []
+    for path in sorted(root.glob("*/manifest.json")) if root.exists() else []:
+        try:
+            manifest = json.loads(path.read_text())
+        except ValueError as e:
+            damage = f"{path}: unreadable ({e})"
+        else:
+            damage = damaged(path.parent, manifest, content=True)
+        if damage:
+            shutil.rmtree(path.parent, ignore_errors=True)
+            removed.append(f"{damage}; removed {path.parent.name} (encoded again on first use)")
+    return removed
 
 
 def clean(root: Path) -> int:

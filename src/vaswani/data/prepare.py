@@ -337,6 +337,9 @@ def listing(cache: Path) -> list[str]:
     if entries:
         lines.append(f"\nencoded datasets in {root} ({encoded.folder_size(root) / 2**20:,.1f} "
                      "MiB; `vaswani data clean` removes them):")
-        lines += [f"  {e['name']:<36} {e['examples']:>12,} {e['unit']:<8}  "
-                  f"{e['bytes'] / 2**20:>9,.1f} MiB  {e['input']}" for e in entries]
+        lines += [f"  {e['name']:<36} " + (
+            f"{e['examples']:>12,} {e['unit']:<8}  " if not e["damaged"] else
+            f"{'DAMAGED':>21}  ") + f"{e['bytes'] / 2**20:>9,.1f} MiB  {e['input']}"
+            + (f"\n    {e['damaged']} (encoded again on next use)" if e["damaged"] else "")
+            for e in entries]
     return lines
