@@ -100,6 +100,17 @@ def test_averaging_refuses_checkpoints_of_different_models(tmp_path):
         checkpoint.write_average(tmp_path / "elsewhere")
 
 
+def test_averaging_refuses_checkpoints_of_mixed_precision(tmp_path):
+    """fp32 and fp16 copies of one weight once averaged silently into fp16."""
+    _checkpoint(tmp_path, 1, {"w": torch.ones(2, 2)})
+    _checkpoint(tmp_path, 2, {"w": torch.ones(2, 2).half()})
+    with pytest.raises(ValueError, match=r"step-000002.safetensors: w is float16, but float32 "
+                                         r"in .*step-000001.safetensors: average checkpoints "
+                                         r"of one precision"):
+        checkpoint.write_average(tmp_path)
+    assert not (tmp_path / checkpoint.AVERAGED).exists()
+
+
 def test_kept_checkpoints_are_bounded(tmp_path):
     model = torch.nn.Linear(3, 2)
     for step in range(1, 8):

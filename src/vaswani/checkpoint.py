@@ -227,6 +227,10 @@ def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
             if name in total and t.shape != total[name].shape:
                 raise ValueError(f"{path}: {name} has shape {tuple(t.shape)}, not "
                                  f"{tuple(total[name].shape)} as in {paths[0]}")
+            if name in dtypes and t.dtype != dtypes[name]:
+                raise ValueError(f"{path}: {name} is {str(t.dtype).removeprefix('torch.')}, "
+                                 f"but {str(dtypes[name]).removeprefix('torch.')} in "
+                                 f"{paths[0]}: average checkpoints of one precision")
             total[name] = total.get(name, 0) + t.double()
             dtypes[name] = t.dtype
     return {name: (t / len(paths)).to(dtypes[name]) for name, t in total.items()}

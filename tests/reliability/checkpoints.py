@@ -35,23 +35,26 @@ CHATML = ("{% for m in messages %}{{ '<s>' + m['role'] + ':' + m['content'] + '<
 
 
 def llama_gguf(path: Path, *, skip: tuple[str, ...] = (), wrong_shape: str = "",
-               chat_template: str | None = None) -> Path:
+               chat_template: str | None = None, metadata: dict | None = None) -> Path:
     """A 1-layer LLaMA (d 16, 2 heads, 1 k/v head, vocabulary 30) as GGUF, fp32. ``skip``
     leaves out metadata keys; ``wrong_shape`` names a tensor written with a wrong shape;
-    ``chat_template`` is stored as the checkpoint's (tokenizer.chat_template)."""
+    ``chat_template`` is stored as the checkpoint's (tokenizer.chat_template); ``metadata``
+    gives other values to some keys (the tensors keep their shapes)."""
     import gguf
 
     tokens = ["<unk>", "<s>", "</s>"] + [f"{c}" for c in LETTERS]
     rng = np.random.default_rng(0)
     d, ff, v = 16, 32, len(tokens)
     w = gguf.GGUFWriter(str(path), "llama")
+    m = {"context_length": 64, "embedding_length": d, "block_count": 1,
+         "feed_forward_length": ff, "head_count": 2, "head_count_kv": 1, **(metadata or {})}
     keys = {
-        "context_length": lambda: w.add_context_length(64),
-        "embedding_length": lambda: w.add_embedding_length(d),
-        "block_count": lambda: w.add_block_count(1),
-        "feed_forward_length": lambda: w.add_feed_forward_length(ff),
-        "head_count": lambda: w.add_head_count(2),
-        "head_count_kv": lambda: w.add_head_count_kv(1),
+        "context_length": lambda: w.add_context_length(m["context_length"]),
+        "embedding_length": lambda: w.add_embedding_length(m["embedding_length"]),
+        "block_count": lambda: w.add_block_count(m["block_count"]),
+        "feed_forward_length": lambda: w.add_feed_forward_length(m["feed_forward_length"]),
+        "head_count": lambda: w.add_head_count(m["head_count"]),
+        "head_count_kv": lambda: w.add_head_count_kv(m["head_count_kv"]),
         "rms_eps": lambda: w.add_layer_norm_rms_eps(1e-5),
         "tokenizer": lambda: w.add_tokenizer_model("gpt2"),
     }

@@ -59,6 +59,10 @@ INFERENCE = [  # (id, family, arguments after RUN_DIR, expected in the message)
     ("head-out-of-range", "classifier", ["attention", "--text", "a", "--out", "a.png",
                                          "--head", "9"], "head (9) must be in [0, 2)"),
     ("device-foo", "translation", ["translate", "--device", "foo"], "device ('foo')"),
+    # torch knows these device types; vaswani runs on cpu, cuda and mps only
+    ("device-meta", "translation", ["translate", "--device", "meta"], "device ('meta') must be"),
+    ("device-xpu", "lm", ["generate", "--prompt", "to", "--device", "xpu"],
+     "device ('xpu') must be"),
     ("input-missing", "translation", ["translate", "--input", "nope.txt"],
      "input file not found"),
     ("evaluate-data-is-a-directory", "translation", ["evaluate", "--data", "data"],
@@ -73,6 +77,35 @@ def test_bad_inference_inputs(runs, capsys, monkeypatch, name, family, args, mes
     monkeypatch.setattr("sys.stdin", __import__("io").StringIO("abc\n"))
     assert main([args[0], family, *args[1:]]) == 2
     assert message in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["embed", "classifier", "--batch-size", "0"], "--batch-size: '0' is not a whole number"),
+    (["serve", "lm", "--port", "-1"], "port (-1) must be a number in 1-65535"),
+    (["serve", "lm", "--port", "70000"], "port (70000) must be a number in 1-65535"),
+])
+def test_bad_numbers_are_usage_errors(runs, capsys, monkeypatch, args, message):
+    monkeypatch.chdir(runs)
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_generate_prints_nothing_before_a_refusal_and_warns_on_a_long_prompt(runs, capsys,
+                                                                            monkeypatch):
+    monkeypatch.chdir(runs)
+    assert main(["generate", "lm", "--prompt", "to be", "--temperature", "-1"]) == 2
+    assert capsys.readouterr().out == ""  # not the prompt, then an error
+    import vaswani
+
+    max_len = vaswani.load(runs / "lm").config.model.max_len
+    long = "to be or not " * max_len
+    assert main(["generate", "lm", "--prompt", long, "--max-new-tokens", "3"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith(long)
+    assert "longer than the model's max_len" in captured.err
 
 
 def test_cuda_on_a_machine_without_it(runs, capsys, monkeypatch):
@@ -150,18 +183,30 @@ GGUF = [
      "lacks the GGUF key 'llama.embedding_length'"),
     ("wrong-tensor-size", lambda p: llama_gguf(p, wrong_shape="blk.0.ffn_up.weight"),
      "does not fit its own config"),
+    # metadata that would have the model allocate gigabytes before any check
+    ("feed-forward-2^26", lambda p: llama_gguf(p, metadata={"feed_forward_length": 2 ** 26}),
+     "does not fit its own config (d_model 16, d_ff 67108864"),
+    ("embedding-2^20", lambda p: llama_gguf(p, metadata={"embedding_length": 2 ** 20}),
+     "does not fit its own config (d_model 1048576"),
+    ("layers-2^20", lambda p: llama_gguf(p, metadata={"block_count": 2 ** 20}),
+     "lacks the tensor for 'model.layers.1."),
 ]
 
 
 @pytest.mark.parametrize("name, make, message", GGUF, ids=[c[0] for c in GGUF])
 def test_bad_gguf_files(tmp_path, capsys, name, make, message):
+    import resource
+
     path = tmp_path / "m.gguf"
     make(path)
     out = tmp_path / "out"
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert main(["import", "gguf", str(path), "--out", str(out), "--cache",
                  str(tmp_path / "cache")]) == 2
     assert message in one_line_error(capsys)
     assert not out.exists()
+    # refused before allocating: the peak resident memory grew by less than 200 MiB
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024
 
 
 def test_bad_bert_sources(tmp_path, capsys):
@@ -173,6 +218,25 @@ def test_bad_bert_sources(tmp_path, capsys):
     (folder / "model.safetensors").write_bytes(b"not safetensors")
     assert main(["import", "bert", str(folder), "--out", str(tmp_path / "o")]) == 2
     assert "holds an unreadable BERT checkpoint" in one_line_error(capsys)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("key, value", [("intermediate_size", 2 ** 26),
+                                        ("hidden_size", 2 ** 20),
+                                        ("max_position_embeddings", 2 ** 30)])
+def test_bert_config_that_disagrees_with_its_tensors_is_refused_before_allocating(
+        tmp_path, capsys, key, value):
+    import json
+    import resource
+
+    folder = bert_folder(tmp_path / "bert")
+    hf = json.loads((folder / "config.json").read_text())
+    hf[key] = value
+    (folder / "config.json").write_text(json.dumps(hf))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert main(["import", "bert", str(folder), "--out", str(tmp_path / "o")]) == 2
+    assert "does not fit its own config" in one_line_error(capsys)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024
     assert not (tmp_path / "o").exists()
 
 

@@ -15,6 +15,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from .. import checkpoint, rundir
 from ..config import DecodeConfig, ModelConfig, RunConfig
 from ..data.registry import Package, fetch
@@ -72,18 +74,40 @@ def resolve_source(source: str, kind: str, cache: Path) -> Path:
     return target / spec.member
 
 
+CAP_BYTES = 1 << 30  # what a model may hold beyond its checkpoint's tensors (tables, buffers)
+
+
+def fits(config: ModelConfig, state: dict) -> None:
+    """The model ``config`` describes, built on the meta device (no memory), against the
+    checkpoint's tensors: every shape must agree and nothing may be missing, and the model may
+    not ask for much more memory than the tensors hold: metadata that says d_ff = 2^26 in a
+    13 KB file is an error, not an 8 TiB allocation."""
+    with torch.device("meta"):
+        model = build_model(config)
+    shapes = model.state_dict()
+    wrong = [f"{k} {tuple(v.shape)} (expected {tuple(shapes[k].shape)})"
+             for k, v in state.items() if k in shapes and v.shape != shapes[k].shape]
+    if wrong:
+        raise ValueError(f"the checkpoint does not fit its own config (d_model "
+                         f"{config.d_model}, d_ff {config.d_ff}, heads {config.n_heads}/"
+                         f"{config.n_kv_heads}, vocabulary {config.vocab_size}): "
+                         f"{'; '.join(wrong[:3])}")
+    need = sum(t.numel() * 4 for t in [*model.parameters(), *model.buffers()])
+    held = sum(t.numel() * t.element_size() for t in state.values())
+    if need > 2 * held + CAP_BYTES:
+        raise ValueError(f"the checkpoint's config asks for {need / 2**30:,.1f} GiB but its "
+                         f"tensors hold {held / 2**30:,.3f} GiB (max_len {config.max_len}, "
+                         f"d_model {config.d_model}): the metadata is wrong")
+
+
 def _write_run(out: Path, config: ModelConfig, state: dict, tokenizer: PretrainedTokenizer,
                decode: DecodeConfig, source: str, overwrite: bool,
                chat_template: str | None = None) -> Path:
     """Check that the weights and the tokenizer fit the model, and only then touch ``out``
     (locked): weights and tokenizer first, ``config.toml`` last, so that a kill part-way
     leaves no run, and ``--overwrite`` removes only what vaswani writes."""
+    fits(config, state)
     model = build_model(config)
-    shapes = model.state_dict()
-    wrong = [f"{k} {tuple(v.shape)} (expected {tuple(shapes[k].shape)})"
-             for k, v in state.items() if k in shapes and v.shape != shapes[k].shape]
-    if wrong:
-        raise ValueError(f"the checkpoint does not fit its own config: {'; '.join(wrong[:3])}")
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"output_proj.weight"} if config.tie_embeddings else set()
     if set(missing) - tied or unexpected:
