@@ -151,7 +151,7 @@ def pair_corpus(work: Path, n: int) -> Path:
 
 def train_args(kind: str, corpus: Path, extra: list[str] = ()) -> list[str]:
     preset = "shakespeare-char" if kind.startswith("lm") else "bible-en-es"
-    sets = ["data.dataset=", f"data.train={corpus}", "train.bf16=false", "train.max_minutes=0",
+    sets = ["data.dataset=", f"data.train={corpus}", "train.precision=fp32", "train.max_minutes=0",
             "train.max_steps=1", "train.eval_batches=2", "train.best_metric=valid_loss",
             "train.metric_examples=0", "train.log_every=1"]
     if kind == "lm-bpe":

@@ -73,7 +73,8 @@ def make_runs(work: Path) -> dict[str, Path]:
     if all((run / "model.safetensors").exists() for run in runs.values()):
         return runs  # made by an earlier call with this --work
     common = ["--set", "train.max_steps=1", "--set", "train.eval_every=1", "--set",
-              "train.bf16=false", "--set", "train.max_minutes=0", "--overwrite", "--no-progress",
+              "train.precision=fp32", "--set", "train.max_minutes=0", "--overwrite",
+              "--no-progress",
               "--cache", str(work / "cache")]
     train([*VASWANI, "train", str(ROOT / "configs" / "bible-en-es.toml"),
            "--out", str(runs["translator"]), "--set", "data.dataset=",

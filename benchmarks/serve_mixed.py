@@ -49,7 +49,7 @@ def make_lm(work: Path, text: Path) -> Path:
                "--out", str(run), "--set", "data.dataset=", "--set", f"data.train={text}",
                "--set", f"data.valid={text}", "--set", "model.max_len=512",
                "--set", "train.max_steps=1", "--set", "train.eval_every=1",
-               "--set", "train.max_minutes=0", "--set", "train.bf16=false", "--overwrite",
+               "--set", "train.max_minutes=0", "--set", "train.precision=fp32", "--overwrite",
                "--no-progress", "--cache", str(work / "cache")])
     return run
 

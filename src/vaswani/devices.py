@@ -29,18 +29,24 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return device
 
 
-def native_bf16(asked: bool, device: torch.device, *, say: bool = True) -> bool:
-    """Whether to autocast to bf16: as ``asked``, unless the device has no native bf16 (an
-    AVX2 CPU), where PyTorch would emulate it tens of times slower than float32; then float32
-    instead, said once on stderr (``say``)."""
-    if not asked or bf16_is_fast(device):
+AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def usable_precision(asked: str, device: torch.device, *, say: bool = True) -> str:
+    """The precision to train in: as ``asked``, unless the device lacks it natively: bf16 on
+    a CPU without AVX512-BF16/AMX (emulated, tens of times slower than float32), fp16 anywhere
+    but CUDA (CPUs emulate it too). Then float32, said once on stderr (``say``)."""
+    fine = {"fp32": True, "bf16": asked != "bf16" or bf16_is_fast(device),
+            "fp16": device.type == "cuda"}[asked]
+    if fine:
         return asked
     if say:
-        print(f"vaswani train: [train] bf16 = true, but this {device.type.upper()} has no native "
-              "bfloat16 (AVX512-BF16 or AMX on a CPU), where it would run tens of times slower "
-              "than float32: training in float32 (--set train.bf16=false says so quietly)",
-              file=sys.stderr, flush=True)
-    return False
+        why = ("has no native bfloat16 (AVX512-BF16 or AMX on a CPU)" if asked == "bf16" else
+               "is not a CUDA GPU (fp16 autocast with a gradient scaler is for GPUs)")
+        print(f"vaswani train: [train] precision = {asked!r}, but this {device.type.upper()} "
+              f"{why}, where it would run far slower than float32: training in float32 "
+              "(--set train.precision=fp32 says so quietly)", file=sys.stderr, flush=True)
+    return "fp32"
 
 
 def bf16_is_fast(device: torch.device) -> bool:

@@ -11,7 +11,7 @@ from vaswani.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["train.max_steps=4", "train.eval_every=4", "train.save_every=4", "train.warmup=2",
-        "train.bf16=false", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
+        "train.precision=fp32", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
         "model.n_layers=1", "data.vocab_size=300", "train.metric_examples=4"]
 
 

@@ -164,6 +164,50 @@ def test_bf16_without_native_support_trains_in_fp32_and_says_so(tmp_path, monkey
     assert asked == fp32
 
 
+def test_precision_fp16_trains_with_a_gradient_scaler_and_resumes_exactly(tmp_path,
+                                                                         monkeypatch):
+    """fp16 autocast (allowed here on the CPU, which emulates it): the loss tracks fp32, the
+    scaler's state is saved in last/ and a resumed run equals a straight one."""
+    monkeypatch.setattr("vaswani.devices.usable_precision", lambda asked, device, say: asked)
+    fp32 = run_losses(tmp_path, "fp32")
+    fp16 = run_losses(tmp_path, "fp16", precision="fp16")
+    assert 'precision = "fp16"' in (tmp_path / "fp16/config.toml").read_text()
+    for step in fp32:
+        assert fp16[step] == pytest.approx(fp32[step], rel=0.02)
+    assert any(fp16[step] != fp32[step] for step in fp32)  # fp16 did run
+    state = torch.load(tmp_path / "fp16/last/trainer.pt", weights_only=True)
+    assert state["grad_scaler"]["scale"] > 1  # the scaler ran and its scale was kept
+
+    data = text_file(tmp_path / "t.txt")
+    cfg = config(tmp_path / "half.toml", "decoder", data,
+                 train={"max_steps": 4, "eval_every": 4, "save_every": 2,
+                        "precision": "fp16"})
+    train(str(cfg), ["train.max_steps=2"], out=str(tmp_path / "half"),
+          launch=Launch(progress=False))
+    train(None, ["train.max_steps=4"], resume=str(tmp_path / "half"),
+          launch=Launch(progress=False))
+    assert losses(tmp_path / "half") == fp16
+    for name, w in weights(tmp_path / "fp16").items():
+        assert torch.equal(w, weights(tmp_path / "half")[name]), name
+
+
+def test_the_older_bf16_key_still_means_precision_bf16(tmp_path, monkeypatch):
+    monkeypatch.setattr("vaswani.devices.bf16_is_fast", lambda device: True)
+    old = run_losses(tmp_path, "old", bf16=True)
+    new = run_losses(tmp_path, "new", precision="bf16")
+    assert old == new
+    text = (tmp_path / "new/config.toml").read_text()
+    assert 'precision = "bf16"' in text and "bf16 = true" in text
+
+
+def test_fp16_on_a_cpu_trains_in_fp32_and_says_so(tmp_path, capsys):
+    fp32 = run_losses(tmp_path, "fp32")
+    asked = run_losses(tmp_path, "asked", precision="fp16")
+    assert "is not a CUDA GPU" in capsys.readouterr().err
+    assert 'precision = "fp32"' in (tmp_path / "asked/config.toml").read_text()
+    assert asked == fp32
+
+
 def test_compiled_training_matches_eager(tmp_path):
     eager = run_losses(tmp_path, "eager", max_steps=3, eval_every=3)
     compiled = run_losses(tmp_path, "compiled", max_steps=3, eval_every=3, compile=True)

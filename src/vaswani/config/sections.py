@@ -200,7 +200,9 @@ class TrainConfig(ConfigBase):
     max_skipped_steps: int = 10  # steps with a non-finite loss or gradient update nothing; more
     # than this many in a row stop the run (the last checkpoint is kept)
     grad_accum: int = 1  # micro-batches per optimizer step
-    bf16: bool = False  # autocast matmuls to bfloat16 (CPUs with AMX or AVX512-BF16, CUDA)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast: bf16 (CUDA since Ampere,
+    # CPUs with AMX or AVX512-BF16), fp16 with a gradient scaler (GPUs without fast bf16)
+    bf16: bool = False  # older name for precision = "bf16" (config.toml keeps both in step)
     compile: bool = False  # torch.compile the model
     init_from: str = ""  # a run directory (e.g. from `vaswani import`) to start from: its
     # [model], tokenizer and weights are used; a new classification head is initialised
@@ -214,6 +216,11 @@ class TrainConfig(ConfigBase):
     # write their average (averaged.safetensors) when training ends; 0 = off
     best_metric: str = "valid_loss"  # or a task metric: exact_match, bleu, accuracy
     patience: int = 0  # early stopping: evaluations without improvement (0 = off)
+
+    @property
+    def asked_precision(self) -> str:
+        """The precision asked for, ``bf16 = true`` (the older key) included."""
+        return "bf16" if self.bf16 and self.precision == "fp32" else self.precision
 
     def validate(self) -> None:
         for name in ("max_steps", "grad_accum", "log_every", "eval_every", "save_every"):
@@ -238,6 +245,8 @@ class TrainConfig(ConfigBase):
                              "would ever be kept")
         if self.max_minutes < 0:
             raise ValueError(f"max_minutes ({self.max_minutes}) must be >= 0")
+        if self.bf16 and self.precision == "fp16":
+            raise ValueError("bf16 = true and precision = 'fp16' disagree: set precision only")
         if self.schedule_steps is not None and self.schedule_steps <= 0:
             raise ValueError(f"schedule_steps ({self.schedule_steps}) must be positive")
         for name in ("warmup", "patience", "eval_batches", "metric_examples", "max_skipped_steps",

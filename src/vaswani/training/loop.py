@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .. import checkpoint, rundir
+from .. import checkpoint, devices, rundir
 from ..config import RunConfig
 from ..data.batching import Batch
 from ..evaluation.metrics import perplexity
@@ -79,7 +79,9 @@ class Trainer:
         self.model = build_model(cfg.model).to(device)
         self.optimizer = make_optimizer(self.model, t)
         self.batches = task.batches(data, dist.rank, dist.world)
-        self.checkpoints = Checkpoints(cfg, run_dir, data, dist, device)
+        # fp16 gradients underflow without a scale; it adapts, and resumes with the run
+        self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
+        self.checkpoints = Checkpoints(cfg, run_dir, data, dist, device, self.scaler)
         torch.manual_seed(t.seed + dist.rank)  # dropout differs across ranks, as it should
         self.state = RunState()
         if resume:
@@ -96,6 +98,11 @@ class Trainer:
         self.report = Report(run_dir, main=dist.is_main, bar=progress, max_steps=t.max_steps,
                              budget_s=t.max_minutes * 60, start_step=self.state.step,
                              start_elapsed=self.state.elapsed)
+
+    def autocast(self):
+        """Autocast to the run's precision (a no-op context for fp32)."""
+        dtype = devices.AUTOCAST[self.cfg.train.precision]
+        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
 
     # --- the learning rate ----------------------------------------------------------------
     def lr_at(self, step: int) -> float:
@@ -148,7 +155,7 @@ class Trainer:
         if total == 0:
             raise RuntimeError("a training batch has no targets")
         scale = self.dist.world / total
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=t.bf16)
+        autocast = self.autocast()
         loss_sum = torch.zeros(1, dtype=torch.float64, device=self.device)
         for k, batch in enumerate(micro):
             last = k == len(micro) - 1
@@ -156,7 +163,7 @@ class Trainer:
             with sync:
                 with autocast:
                     loss, _, _ = self.task.loss(model, batch, t.label_smoothing)
-                (loss * scale).backward()
+                self.scaler.scale(loss * scale).backward()
             loss_sum += loss.detach().double()
         return float(self.dist.all_sum(loss_sum).item()), total
 
@@ -168,9 +175,16 @@ class Trainer:
         lr = self.lr_at(state.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        self.scaler.unscale_(self.optimizer)  # (no-op unless fp16)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                               t.clip_norm if t.clip_norm > 0 else math.inf)
-        if finite_loss and math.isfinite(float(norm)):
+        if self.scaler.is_enabled() and finite_loss:
+            # fp16: an overflowing gradient is the scaler's to handle: it skips the update
+            # and lowers the scale; only a non-finite loss counts towards divergence
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.skipped_in_a_row = 0
+        elif finite_loss and math.isfinite(float(norm)):
             self.optimizer.step()
             self.skipped_in_a_row = 0
         else:
@@ -193,7 +207,7 @@ class Trainer:
         t = self.cfg.train
         model = self.model.eval()
         nll = count = 0.0
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=t.bf16)
+        autocast = self.autocast()
         for i, batch in enumerate(self.batches.valid_batches()):
             if t.eval_batches and i >= t.eval_batches:
                 break

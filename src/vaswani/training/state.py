@@ -99,8 +99,9 @@ class Checkpoints:
     evaluation that improved, the last ``keep_checkpoints`` checkpoints' weights."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, data: TaskData, dist: Dist,
-                 device: torch.device) -> None:
+                 device: torch.device, scaler: torch.amp.GradScaler | None = None) -> None:
         self.cfg, self.run_dir, self.data, self.dist, self.device = cfg, run_dir, data, dist, device
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None  # fp16
 
     def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: RunState) -> None:
         """``last/`` (and a kept checkpoint), after a whole step."""
@@ -140,6 +141,8 @@ class Checkpoints:
         check_optimizer_state(optimizer, trainer_state["optimizer"], model,
                               checkpoint.find_last(self.run_dir))
         optimizer.load_state_dict(trainer_state["optimizer"])
+        if self.scaler is not None and "grad_scaler" in trainer_state:
+            self.scaler.load_state_dict(trainer_state["grad_scaler"])
         ranks = trainer_state.get("rng_cpu_ranks") or [trainer_state["rng_cpu"]]
         if len(ranks) == self.dist.world:
             torch.set_rng_state(ranks[self.dist.rank])
@@ -162,6 +165,8 @@ class Checkpoints:
                "rng_cpu_ranks": self.dist.all_gather(rng)}
         if self.device.type == "cuda":
             out["rng_cuda"] = torch.cuda.get_rng_state(self.device)
+        if self.scaler is not None:
+            out["grad_scaler"] = self.scaler.state_dict()
         return out
 
     def _state_json(self, state: RunState) -> dict:
