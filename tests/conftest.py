@@ -27,6 +27,27 @@ def _seed():
     yield
 
 
+# Unit tests of these folders make their tensors with torch's factories; under
+# `--device cuda` those are made on the GPU (torch.device as a context manager).
+ON_DEVICE = ("nn", "models", "generation", "engine")
+
+
+@pytest.fixture(autouse=True)
+def _on_device(request):
+    folder = Path(str(request.node.fspath)).parent.name
+    if DEVICE.type == "cpu" or folder not in ON_DEVICE:
+        yield
+        return
+    with torch.device(DEVICE):
+        yield
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """The device of `pytest --device` (default cpu)."""
+    return DEVICE
+
+
 @pytest.fixture(scope="session")
 def copy_run(tmp_path_factory):
     """The copy task trained once through `vaswani train` (configs/copy-task.toml), shared by

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import vaswani
+from tests import conftest
 from tests.reliability.checkpoints import CHATML, bert_folder, llama_gguf
 
 pytest.importorskip("fastapi", reason="vaswani[serve] is not installed")
@@ -25,7 +26,7 @@ def served(copy_run, small_runs, tmp_path_factory):
                         base / "cache")
     dirs = {"copy": copy_run[0], "lm": small_runs["decoder"][0],
             "clf": small_runs["encoder"][0], "bert": bert, "llama": llama}
-    return {name: vaswani.load(d) for name, d in dirs.items()}
+    return {name: vaswani.load(d, device=str(conftest.DEVICE)) for name, d in dirs.items()}
 
 
 @pytest.fixture()

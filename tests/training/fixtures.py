@@ -37,6 +37,7 @@ def config(path: Path, arch: str, train_file: Path, *, dropout: float = 0.0,
            train: dict | None = None, data: dict | None = None,
            model: dict | None = None) -> Path:
     """A small config for ``arch`` on ``train_file``; dicts override section values."""
+    from tests import conftest
     from vaswani.config import dump_toml
 
     sections = {
@@ -44,7 +45,8 @@ def config(path: Path, arch: str, train_file: Path, *, dropout: float = 0.0,
                   "n_layers": 2, "max_len": 64, **(model or {})},
         "data": {"train": str(train_file), "tokenizer": "char", "max_tokens": 400,
                  "batch_size": 8, "block_size": 32, **(data or {})},
-        "train": {"max_steps": 20, "lr": 1e-3, "warmup": 5, "schedule": "noam",
+        "train": {"device": str(conftest.DEVICE),  # `pytest --device`
+                  "max_steps": 20, "lr": 1e-3, "warmup": 5, "schedule": "noam",
                   "eval_every": 10, "save_every": 10, "log_every": 1, "metric_examples": 16,
                   **(train or {})},
     }

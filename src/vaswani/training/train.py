@@ -66,14 +66,15 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
         run_dir = Path(out) if out else Path("runs") / Path(config).stem
         cfg, init_tokenizers = configure(config, overrides)
     device = devices.resolve_device(cfg.train.device, launch.local_rank)
-    bf16 = devices.native_bf16(cfg.train.bf16, device, say=launch.rank == 0)  # config.toml says
-    cfg = cfg.replace(train=cfg.train.replace(bf16=bf16))  # what the run trained in
+    # config.toml says what the run trained in
+    precision = devices.usable_precision(cfg.train.asked_precision, device, say=launch.rank == 0)
+    cfg = cfg.replace(train=cfg.train.replace(precision=precision, bf16=precision == "bf16"))
     task = task_for(cfg)
     task.check_training_config()
     dist = init(launch.rank, launch.world, launch.local_rank, device)
     created = not run_dir.exists()
     try:
-        with _lock(run_dir, dist):
+        with _lock(run_dir, dist, device):
             try:
                 data, cfg = start(task, cfg, run_dir, resume=bool(resume), overwrite=overwrite,
                                   tokenizers=init_tokenizers, cache=cache, dist=dist,
@@ -171,8 +172,9 @@ def encode_data(config: str, overrides: list[str], cache: Path, *,
 # --- 3. the run directory and the data -------------------------------------------------------
 
 @contextlib.contextmanager
-def _lock(run_dir: Path, dist: Dist):
-    """Rank 0 holds the run directory's lock; every rank learns whether it got it."""
+def _lock(run_dir: Path, dist: Dist, device: torch.device):
+    """Rank 0 holds the run directory's lock; every rank learns whether it got it (on the
+    training device: NCCL broadcasts only CUDA tensors)."""
     with contextlib.ExitStack() as stack:
         error = None
         if dist.is_main:
@@ -180,7 +182,7 @@ def _lock(run_dir: Path, dist: Dist):
                 stack.enter_context(rundir.locked(run_dir))
             except rundir.RunInUse as e:
                 error = e
-        failed = dist.broadcast(torch.tensor([float(error is not None)]))
+        failed = dist.broadcast(torch.tensor([float(error is not None)], device=device))
         if error is not None:
             raise error
         if bool(failed.item()):
