@@ -1,7 +1,8 @@
 """All benchmarks in a row: ``python -m benchmarks [--quick] [--out DIR]`` (``make bench``).
 
 Writes DIR/bench-train-step.json, bench-generation.json, bench-scaling-fp32.json,
-bench-scaling-bf16.json, scaling-*.png and bench-serve.json (DIR defaults to docs/results),
+bench-scaling-bf16.json (where the CPU has native bf16), scaling-*.png and bench-serve.json
+(DIR defaults to docs/results),
 and prints a markdown table for each. ``--quick`` runs fewer steps, lengths and requests.
 ``python -m benchmarks.data`` (data at scale, gigabytes of scratch space, an hour or more) runs
 on its own.
@@ -27,7 +28,12 @@ def main() -> None:
     quick = ["--quick"] if args.quick else []
     runs = [["train_step", "--json", out / "bench-train-step.json"],
             ["generation", "--json", out / "bench-generation.json"]]
-    for dtype in ("fp32", "bf16"):
+    import torch
+
+    from vaswani.devices import bf16_is_fast
+
+    # bf16 only where this CPU has it natively (emulated it measures the emulation)
+    for dtype in ("fp32", "bf16") if bf16_is_fast(torch.device("cpu")) else ("fp32",):
         runs.append(["scaling", "--dtype", dtype, "--json", out / f"bench-scaling-{dtype}.json",
                      "--plot", out / f"scaling-{dtype}.png"])
     runs.append(["serve", "--json", out / "bench-serve.json"])

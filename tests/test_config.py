@@ -1,4 +1,5 @@
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -103,8 +104,10 @@ def test_literal_values_are_checked_after_set():
         RunConfig.from_dict(apply_overrides({}, ["train.schedule=linear"]))
 
 
-@pytest.mark.parametrize("name", [
-    "copy-task", "bible-en-es", "bible-en-es-demo", "shakespeare-char", "bbc-news"])
+PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("name", PRESETS)
 def test_presets_load_and_build(name):
     from pathlib import Path
 

@@ -1,0 +1,341 @@
+"""vaswani on a GPU, side by side with the alternatives, in one process.
+
+    python -m benchmarks.gpu [--quick] [--device cuda] [--only loss seq2seq lm decode]
+                             [--compile] [--json OUT.json]
+
+* **loss**: the task's label-smoothed cross-entropy (``models/losses.py``, forward and
+  backward) against ``F.cross_entropy(label_smoothing=0.1)`` on 16,384 x 32,000 bf16 logits.
+* **seq2seq**: Transformer-base (d 512, 6+6 layers, 8 heads, d_ff 2048) and -big (d 1024, 16
+  heads, d_ff 4096), shared 32k vocabulary, 128 x 128 tokens, bf16 autocast, fused AdamW:
+  vaswani through its task's loss against ``torch.nn.Transformer`` given its best loss
+  (``F.cross_entropy`` with label smoothing).
+* **lm**: a GPT-2-small-shaped decoder (d 768, 12 layers, 12 heads, vocabulary 50,257,
+  16 x 1024 tokens) through the task loss, against Hugging Face's GPT-2 eager and compiled
+  (when ``transformers`` is installed).
+* **decode**: the same LM, random weights, through the engine (paged KV cache, CUDA graphs):
+  batch-1 and batch-32 greedy tokens/s, against Hugging Face ``generate`` (static cache off).
+
+MFU = the step's FLOPs (``torch.utils.flop_counter.FlopCounterMode`` on forward + backward)
+/ step time / the peak of a large bf16 matmul measured in the same process. Steps are timed
+after warm-up with the device synchronised; the contenders alternate. ``--quick`` shrinks
+every shape (a smoke run, also on a CPU: ``--quick --device cpu``); its numbers mean nothing.
+On a device without native bf16 (an AVX2 CPU) everything runs in fp32 and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from vaswani import ModelConfig, build_model
+from vaswani.config import TrainConfig
+from vaswani.devices import bf16_is_fast
+from vaswani.models.losses import smoothed_cross_entropy
+from vaswani.training.loop import make_optimizer
+
+from .baselines import TorchTransformer
+from .common import report
+
+
+@dataclass(frozen=True)
+class Shape:
+    d: int
+    heads: int
+    d_ff: int
+    layers: int
+    vocab: int
+    batch: int
+    length: int
+
+
+FULL = {"base": Shape(512, 8, 2048, 6, 32_000, 128, 128),
+        "big": Shape(1024, 16, 4096, 6, 32_000, 128, 128),
+        "gpt2": Shape(768, 12, 3072, 12, 50_257, 16, 1024),
+        "loss": Shape(0, 0, 0, 0, 32_000, 16_384, 1)}
+QUICK = {"base": Shape(64, 4, 128, 2, 1000, 8, 32),
+         "big": Shape(128, 4, 256, 2, 1000, 8, 32),
+         "gpt2": Shape(64, 4, 128, 2, 1000, 4, 64),
+         "loss": Shape(0, 0, 0, 0, 1000, 2048, 1)}
+
+
+class Bench:
+    def __init__(self, device: torch.device, quick: bool) -> None:
+        self.device, self.quick = device, quick
+        self.shapes = QUICK if quick else FULL
+        self.bf16 = bf16_is_fast(device)
+        self.dtype = torch.bfloat16 if self.bf16 else torch.float32
+        self.warmup, self.timed = (1, 2) if quick else (5, 20)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+    def times(self, fns: dict) -> dict[str, float]:
+        """Median seconds per call of each function, the functions alternating."""
+        for fn in fns.values():
+            for _ in range(self.warmup):
+                fn()
+        self.sync()
+        seen: dict[str, list[float]] = {k: [] for k in fns}
+        for _ in range(self.timed):
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                fn()
+                self.sync()
+                seen[name].append(time.perf_counter() - start)
+        return {k: statistics.median(v) for k, v in seen.items()}
+
+    @functools.cache  # noqa: B019 (one Bench per process)
+    def peak_tflops(self) -> float:
+        """A large square matmul's TFLOP/s in the benchmark's dtype (measured once)."""
+        n = 1024 if self.quick else 8192
+        a = torch.randn(n, n, device=self.device, dtype=self.dtype)
+        b = torch.randn(n, n, device=self.device, dtype=self.dtype)
+        t = self.times({"mm": lambda: a @ b})["mm"]
+        return 2 * n ** 3 / t / 1e12
+
+    def flops(self, step) -> float:
+        with FlopCounterMode(display=False) as counter:
+            step(count_only=True)
+        return float(counter.get_total_flops())
+
+    def rand(self, vocab: int, *shape: int) -> torch.Tensor:
+        return torch.randint(4, vocab, shape, device=self.device)
+
+
+# --- the loss ----------------------------------------------------------------------------------
+
+def loss_rows(b: Bench) -> tuple[list, dict]:
+    s = b.shapes["loss"]
+    logits = torch.randn(s.batch, s.vocab, device=b.device, dtype=b.dtype, requires_grad=True)
+    target = b.rand(s.vocab, s.batch)
+    target[::9] = 0  # padding
+
+    def ours():
+        loss, _, _ = smoothed_cross_entropy(logits, target, smoothing=0.1, pad_id=0)
+        loss.backward()
+        logits.grad = None
+
+    def torch_ce():
+        F.cross_entropy(logits, target, label_smoothing=0.1, ignore_index=0,
+                        reduction="sum").backward()
+        logits.grad = None
+
+    t = b.times({"vaswani": ours, "F.cross_entropy": torch_ce})
+    ratio = t["vaswani"] / t["F.cross_entropy"]
+    rows = [(f"loss {s.batch:,} x {s.vocab:,} ({b.dtype}), fwd+bwd",
+             f"vaswani {t['vaswani'] * 1e3:.2f} ms, F.cross_entropy "
+             f"{t['F.cross_entropy'] * 1e3:.2f} ms: {ratio:.2f}x its time")]
+    return rows, {"loss_ms": t["vaswani"] * 1e3, "cross_entropy_ms": t["F.cross_entropy"] * 1e3,
+                  "loss_over_cross_entropy": ratio}
+
+
+# --- training steps ----------------------------------------------------------------------------
+
+def train_step(b: Bench, model, loss_fn, compile_it: bool):
+    model.to(b.device).train()
+    opt = make_optimizer(model, TrainConfig(lr=1e-4))
+    run = torch.compile(model) if compile_it else model
+
+    def step(count_only: bool = False):
+        with b.autocast():
+            loss = loss_fn(run)
+        loss.backward()
+        if count_only:
+            model.zero_grad(set_to_none=True)
+            return
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def seq2seq_rows(b: Bench, compile_it: bool) -> tuple[list, dict]:
+    rows, out = [], {}
+    for name in ("base", "big"):
+        more_rows, more = seq2seq_one(b, name, compile_it)
+        rows += more_rows
+        out.update(more)
+        if b.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows, out
+
+
+def seq2seq_one(b: Bench, name: str, compile_it: bool) -> tuple[list, dict]:
+    rows, out = [], {}
+    s = b.shapes[name]
+    src, tgt = b.rand(s.vocab, s.batch, s.length), b.rand(s.vocab, s.batch, s.length + 1)
+    torch.manual_seed(0)
+    ours = build_model(ModelConfig(arch="encoder-decoder", d_model=s.d, n_heads=s.heads,
+                                   d_ff=s.d_ff, n_layers=s.layers, vocab_size=s.vocab,
+                                   dropout=0.1, norm_first=True, share_embeddings=True,
+                                   tie_embeddings=True, max_len=512))
+    theirs = TorchTransformer(s.vocab, s.d, s.heads, s.d_ff, s.layers, 0.1)
+
+    def our_loss(m):  # the translation task's loss path
+        logits = m(src, tgt[:, :-1])
+        loss, _, n = smoothed_cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(),
+                                            smoothing=0.1, pad_id=0)
+        return loss / n
+
+    def their_loss(m):
+        logits = m(src, tgt[:, :-1])
+        return F.cross_entropy(logits.flatten(0, 1).float(), tgt[:, 1:].flatten(),
+                               label_smoothing=0.1, ignore_index=0)
+
+    steps = {"vaswani": train_step(b, ours, our_loss, compile_it),
+             "torch.nn.Transformer": train_step(b, theirs, their_loss, compile_it)}
+    flops = b.flops(steps["vaswani"])
+    t = b.times(steps)
+    tokens = s.batch * s.length
+    peak = b.peak_tflops()
+    for who, seconds in t.items():
+        mfu = flops / seconds / 1e12 / peak
+        rows.append((f"seq2seq {name}: {who}", f"{tokens / seconds:,.0f} tok/s, "
+                     f"MFU {mfu:.1%}"))
+        out[f"seq2seq_{name}_{who}_tok_s"] = tokens / seconds
+        out[f"seq2seq_{name}_{who}_mfu"] = mfu
+    ratio = t["torch.nn.Transformer"] / t["vaswani"]
+    rows.append((f"seq2seq {name}: vaswani / torch.nn.Transformer", f"{ratio:.2f}x"))
+    out[f"seq2seq_{name}_vs_torch"] = ratio
+    return rows, out
+
+
+def gpt2_model(s: Shape):
+    return build_model(ModelConfig(arch="decoder", d_model=s.d, n_heads=s.heads, d_ff=s.d_ff,
+                                   n_layers=s.layers, vocab_size=s.vocab, dropout=0.0,
+                                   norm_first=True, positional="learned", tie_embeddings=True,
+                                   activation="gelu", max_len=max(s.length, 1024)))
+
+
+def lm_rows(b: Bench, compile_it: bool) -> tuple[list, dict]:
+    s = b.shapes["gpt2"]
+    ids = b.rand(s.vocab, s.batch, s.length + 1)
+    torch.manual_seed(0)
+
+    def our_loss(m):  # the language-model task's loss path
+        logits = m(ids[:, :-1])
+        loss, _, n = smoothed_cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+        return loss / n
+
+    steps = {"vaswani": train_step(b, gpt2_model(s), our_loss, compile_it)}
+    try:
+        import transformers
+
+        hf_cfg = transformers.GPT2Config(vocab_size=s.vocab, n_positions=max(s.length, 1024),
+                                         n_embd=s.d, n_layer=s.layers, n_head=s.heads,
+                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
+        def hf_loss(m):
+            logits = m(ids[:, :-1]).logits
+            return F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+
+        steps["HF GPT-2 eager"] = train_step(b, transformers.GPT2LMHeadModel(hf_cfg), hf_loss,
+                                             False)
+        if b.device.type == "cuda":
+            steps["HF GPT-2 compiled"] = train_step(b, transformers.GPT2LMHeadModel(hf_cfg),
+                                                    hf_loss, True)
+    except ImportError:
+        print("transformers is not installed: no Hugging Face rows", flush=True)
+    flops = b.flops(steps["vaswani"])
+    t = b.times(steps)
+    tokens, peak = s.batch * s.length, b.peak_tflops()
+    rows, out = [], {}
+    for who, seconds in t.items():
+        mfu = flops / seconds / 1e12 / peak
+        rows.append((f"GPT-2-small LM: {who}", f"{tokens / seconds:,.0f} tok/s, MFU {mfu:.1%}"))
+        out[f"lm_{who}_tok_s"], out[f"lm_{who}_mfu"] = tokens / seconds, mfu
+    return rows, out
+
+
+# --- decoding ----------------------------------------------------------------------------------
+
+def decode_rows(b: Bench) -> tuple[list, dict]:
+    s = b.shapes["gpt2"]
+    new = 32 if b.quick else 256
+    torch.manual_seed(0)
+    model = gpt2_model(s).to(b.device, b.dtype).eval()
+    rows, out = [], {}
+    for batch in (1, 32):
+        prompts = [b.rand(s.vocab, 16).tolist() for _ in range(batch)]
+        fns = {"vaswani engine": engine_decode(model, prompts, new)}
+        try:
+            fns["HF generate"] = hf_decode(b, s, prompts, new)
+        except ImportError:
+            pass
+        t = b.times(fns)
+        for who, seconds in t.items():
+            rate = batch * new / seconds
+            rows.append((f"greedy decode, batch {batch}: {who}", f"{rate:,.0f} tok/s"))
+            out[f"decode_b{batch}_{who}_tok_s"] = rate
+    return rows, out
+
+
+def engine_decode(model, prompts: list[list[int]], new: int):
+    from vaswani.engine import Engine, EngineConfig, Params, Request
+    from vaswani.generation.rules import Rules
+
+    engine = Engine(model, bos_id=1, eos_id=2, config=EngineConfig(max_rows=len(prompts)))
+    params = Params(max_new_tokens=new, rules=Rules(min_length=new))  # every row: `new` tokens
+    return lambda: engine.run([Request(p, params) for p in prompts])
+
+
+def hf_decode(b: Bench, s: Shape, prompts: list[list[int]], new: int):
+    import transformers
+
+    hf_cfg = transformers.GPT2Config(vocab_size=s.vocab, n_positions=1024, n_embd=s.d,
+                                     n_layer=s.layers, n_head=s.heads)
+    hf = transformers.GPT2LMHeadModel(hf_cfg).to(b.device, b.dtype).eval()
+    ids = torch.tensor(prompts, device=b.device)
+
+    @torch.no_grad()
+    def decode():
+        hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                    pad_token_id=0)
+
+    return decode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny shapes: a smoke run whose numbers mean nothing")
+    parser.add_argument("--only", nargs="+", default=["loss", "seq2seq", "lm", "decode"],
+                        choices=["loss", "seq2seq", "lm", "decode"])
+    parser.add_argument("--compile", action="store_true", help="torch.compile the models")
+    parser.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+    args = parser.parse_args()
+    b = Bench(torch.device(args.device), args.quick)
+    if not b.bf16:
+        print(f"{args.device}: no native bf16 here; every row runs in fp32", flush=True)
+    rows: list = []
+    results: dict = {"device": args.device, "dtype": str(b.dtype), "quick": args.quick,
+                     "compile": args.compile, "peak_tflops": b.peak_tflops()}
+    rows.append(("matmul peak", f"{results['peak_tflops']:.1f} TFLOP/s ({b.dtype})"))
+    parts = {"loss": lambda: loss_rows(b), "seq2seq": lambda: seq2seq_rows(b, args.compile),
+             "lm": lambda: lm_rows(b, args.compile), "decode": lambda: decode_rows(b)}
+    for name in args.only:
+        more_rows, more = parts[name]()
+        rows += more_rows
+        results.update(more)
+        for row in more_rows:
+            print(f"{row[0]}: {row[1]}", flush=True)
+        if b.device.type == "cuda":
+            torch.cuda.empty_cache()
+    report(f"vaswani on {args.device} (higher is better)", rows, results, args.json)
+
+
+if __name__ == "__main__":
+    main()
