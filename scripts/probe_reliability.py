@@ -872,15 +872,346 @@ def probe_empty_lines(p):
     return expect_success(r, r.out.count("\n") == 3, "one output line per input line")
 
 
+# --- second pass (issue 28): the cases a hostile user found at 8c1487e -------------------------
+# Their "before" is commit 8c1487e; the groups are prefixed "2:" in the report.
+
+def expect_usage_error(r: Result) -> tuple[str, str]:
+    """argparse's refusal: exit 2, last line 'vaswani ...: error: ...', no traceback."""
+    lines = [x for x in r.err.splitlines() if x.strip()]
+    if r.traceback or r.rc in (0, -1):
+        return expect_error(r)
+    if r.rc == 2 and lines and lines[-1].startswith("vaswani") and ": error: " in lines[-1]:
+        return "clean", r.describe()
+    return "wrong", r.describe()
+
+
+for _name, _arch, _args, _usage in [
+        ("device_meta", "encoder-decoder", ("translate", "--device", "meta"), False),
+        ("device_xpu", "encoder-decoder", ("translate", "--device", "xpu"), False),
+        ("embed_batch_size_0", "encoder", ("embed", "--batch-size", "0"), True)]:
+    def _probe(p, _arch=_arch, _args=_args, _usage=_usage):
+        r = p.cli(_args[0], p.run(_arch), *_args[1:], stdin="abc\n")
+        return expect_usage_error(r) if _usage else expect_error(r)
+    _probe.__name__ = f"probe_{_name}"
+    case("2: commands", "`vaswani " + " ".join(_args) + "`")(_probe)
+
+
+for _port in ("-1", "70000"):
+    def _probe(p, _port=_port):
+        return expect_usage_error(p.cli("serve", p.run("decoder"), "--port", _port, timeout=60))
+    _probe.__name__ = f"probe_serve_port_{_port.lstrip('-')}"
+    case("2: commands", f"`vaswani serve RUN --port {_port}`")(_probe)
+
+
+@case("2: export", "`export --out .` (a folder with an empty name)")
+def probe_export_out_dot(p):
+    run = p.run("encoder-decoder")
+    where = p.scratch("dot")
+    (where / "user.txt").write_text("mine")
+    r = p.cli("export", run, "--format", "hf", "--out", ".", cwd=where)
+    if not (where / "user.txt").exists():
+        return "wrong", "user.txt deleted; " + r.describe()
+    return ("clean", "works") if r.rc == 0 and not r.traceback else expect_error(r)
+
+
+def _tree(path: Path) -> list[str]:
+    return sorted(str(x.relative_to(path)) for x in path.rglob("*")) if path.exists() else []
+
+
+@case("2: export", "`export --format ct2 --out RUN --overwrite` (the run itself)")
+def probe_export_over_the_run(p):
+    run = p.run("encoder-decoder")
+    before = _tree(run)
+    r = p.cli("export", run, "--format", "ct2", "--out", run, "--overwrite")
+    if _tree(run) != before:
+        return "wrong", f"the run lost {sorted(set(before) - set(_tree(run)))[:3]}; " + \
+            r.describe()
+    return expect_error(r)
+
+
+@case("2: export", "`export --out PARENT --overwrite` (the run's parent, with user files)")
+def probe_export_over_the_parent(p):
+    parent = p.scratch("parent")
+    run = parent / "run"
+    shutil.copytree(p.run("encoder-decoder"), run)
+    (parent / "user.txt").write_text("mine")
+    (parent / "sibling").mkdir()
+    (parent / "sibling" / "notes.txt").write_text("mine")
+    before = _tree(parent)
+    r = p.cli("export", run, "--format", "ct2", "--out", parent, "--overwrite")
+    lost = sorted(set(before) - set(_tree(parent)))
+    if lost:
+        return "wrong", f"deleted {lost[:3]}; " + r.describe()
+    return expect_error(r)
+
+
+CT2_CHECK = """
+import json, sys, ctranslate2
+from pathlib import Path
+out = Path(sys.argv[1])
+lines = Path(sys.argv[2]).read_text().splitlines()
+config = json.loads((out / "config.json").read_text())
+t = ctranslate2.Translator(str(out))
+# the options the export's README gives (a CT2 user of an older export has only defaults)
+options = {}
+readme = out / "README.md"
+if readme.exists() and "suppress_sequences" in readme.read_text():
+    options = {"min_decoding_length": 0, "suppress_sequences": [["<pad>"], ["<bos>"]]}
+res = [t.translate_batch([list(x)], beam_size=1, max_decoding_length=min(
+    int(1.5 * (len(x) + 1) + 10), int(sys.argv[3])), **options)[0] for x in lines]
+print(json.dumps(["".join(r.hypotheses[0]) for r in res]))
+"""
+
+
+@case("2: export", "a CTranslate2 export used by ctranslate2 itself (translate_batch, 30 inputs)")
+def probe_ct2_by_its_own_users(p):
+    run = p.run("encoder-decoder")
+    out = p.work / "ct2-direct"
+    r = p.cli("export", run, "--format", "ct2", "--out", out)
+    if r.rc != 0:
+        return expect_success(r)
+    rng = random.Random(5)
+    lines = ["".join(rng.choice("abcdef") for _ in range(rng.randint(3, 10))) for _ in range(30)]
+    (p.work / "ct2-in.txt").write_text("\n".join(lines) + "\n")
+    ours = p.cli("translate", run, "--beam", "1", stdin="\n".join(lines) + "\n")
+    check = subprocess.run([sys.executable, "-c", CT2_CHECK, str(out), str(p.work / "ct2-in.txt"),
+                            "47"], capture_output=True, text=True, env=p.env)
+    p.commands.append("ctranslate2.Translator(OUT).translate_batch([list(line)], beam_size=1, "
+                      "...) with the options of OUT/README.md")
+    if check.returncode != 0:
+        return "traceback", check.stderr.strip().splitlines()[-1][:160]
+    theirs = json.loads(check.stdout)
+    mine = ours.out.splitlines()
+    differ = [i for i in range(30) if i >= len(mine) or mine[i] != theirs[i]]
+    if not differ:
+        return "clean", "ctranslate2 equals vaswani on 30 of 30"
+    i = differ[0]
+    return "wrong", (f"ctranslate2 differs from vaswani on {len(differ)} of 30: {lines[i]!r} -> "
+                     f"{theirs[i]!r}, vaswani {mine[i] if i < len(mine) else None!r}")
+
+
+@case("2: export", "ONNX export of an imported BERT")
+def probe_onnx_of_imported_bert(p):
+    run = p.work / "bert-run"
+    if not run.exists():
+        p.cli("import", "bert", _bert_folder(p), "--out", run)
+    return expect_success(p.cli("export", run, "--format", "onnx", "--out", p.work / "bert-onnx",
+                                "--overwrite"))
+
+
+def _edit_counts(path: Path) -> None:
+    manifest = json.loads(path.read_text())
+    manifest["counts"]["train"]["examples"] = 99_999_999
+    path.write_text(json.dumps(manifest))
+
+
+def _encoded(p: Probe) -> Path:
+    r = p.cli("data", "encode", p.config("decoder"), "--no-progress")
+    if r.rc != 0:
+        raise RuntimeError(r.describe())
+    return next((p.work / "cache" / "encoded").glob("*/train.tokens.bin")).parent
+
+
+for _name, _what, _damage in [
+        ("encoded_bin_cut", "an encoded .bin cut to a fifth, then `data encode` and train",
+         lambda d: (d / "train.tokens.bin").write_bytes(
+             (d / "train.tokens.bin").read_bytes()[:(d / "train.tokens.bin").stat().st_size // 5])),
+        ("encoded_bin_odd", "an encoded .bin one byte longer (odd size)",
+         lambda d: (d / "train.tokens.bin").write_bytes((d / "train.tokens.bin").read_bytes()
+                                                         + b"\0")),
+        ("encoded_counts_edited", "an encoded manifest whose counts say 99,999,999 examples",
+         lambda d: _edit_counts(d / "manifest.json"))]:
+    def _probe(p, _damage=_damage):
+        shutil.rmtree(p.work / "cache" / "encoded", ignore_errors=True)
+        directory = _encoded(p)
+        size = (directory / "train.tokens.bin").stat().st_size
+        _damage(directory)
+        again = p.cli("data", "encode", p.config("decoder"), "--no-progress")
+        if again.traceback or again.rc != 0:
+            return expect_success(again)
+        if "damaged" not in again.err:
+            return "wrong", "the damaged encoding was taken as it is: " + again.describe()
+        if (directory / "train.tokens.bin").stat().st_size != size:
+            return "wrong", "said damaged but did not encode again"
+        return "clean", [x for x in again.err.splitlines() if "damaged" in x][0][-170:]
+    _probe.__name__ = f"probe_{_name}"
+    case("2: data", _what)(_probe)
+
+
+for _name, _meta in [("gguf_feed_forward_2_26", {"feed_forward_length": 2 ** 26}),
+                     ("gguf_embedding_2_20", {"embedding_length": 2 ** 20})]:
+    def _probe(p, _name=_name, _meta=_meta):
+        out = p.work / f"o-{_name}"
+        return expect_error(p.cli("import", "gguf", _gguf(p, _name, metadata=_meta),
+                                  "--out", out), untouched=out)
+    _probe.__name__ = f"probe_{_name}"
+    case("2: data", f"a 13 KB GGUF whose metadata says {list(_meta.items())[0]}")(_probe)
+
+
+@case("2: use", "`vaswani attention --out x.html` of the text `<!--<script>`")
+def probe_attention_page_comment(p):
+    out = p.work / "att.html"
+    r = p.cli("attention", p.run("decoder"), "--text", "<!--<script>", "--out", out)
+    if r.rc != 0:
+        return expect_success(r)
+    page = out.read_text()
+    script = page[page.index("<script"):]
+    bad = "<!--" in script or "<script>\"" in script
+    return ("wrong", "the text is raw inside the page's script") if bad else \
+        ("clean", "works: the text is escaped inside the page's JSON")
+
+
+@case("2: use", "`vaswani average` of an fp32 and an fp16 kept checkpoint")
+def probe_average_mixed_dtypes(p):
+    from safetensors.torch import load_file, save_file
+
+    run = p.run("decoder")
+    weights = load_file(str(run / "model.safetensors"))
+    (run / "checkpoints").mkdir(exist_ok=True)
+    save_file(weights, str(run / "checkpoints" / "step-000001.safetensors"))
+    save_file({k: v.half() for k, v in weights.items()},
+              str(run / "checkpoints" / "step-000002.safetensors"))
+    r = p.cli("average", run)
+    if r.rc == 0:
+        return "accepted", "averaged into one precision silently: " + r.describe()
+    return expect_error(r)
+
+
+@case("2: use", "`vaswani generate` with a bad option: is the prompt printed first?")
+def probe_generate_echo_before_refusal(p):
+    r = p.cli("generate", p.run("decoder"), "--prompt", "to be", "--top-p", "2")
+    if r.out.strip():
+        return "wrong", f"printed {r.out.strip()[:40]!r} before refusing; " + r.describe()
+    return expect_error(r)
+
+
+@case("2: use", "a prompt longer than max_len: does the promised warning show?")
+def probe_generate_long_prompt_warns(p):
+    r = p.cli("generate", p.run("decoder"), "--prompt", "to be " * 40, "--max-new-tokens", "3")
+    if r.rc != 0:
+        return expect_success(r)
+    said = [x for x in r.err.splitlines() if "warning" in x.lower()]
+    return ("clean", said[0][:160]) if said else ("wrong", "slid without a warning")
+
+
+class _Server:
+    """``vaswani serve`` of a small language model on a free port of 127.0.0.1."""
+
+    def __init__(self, p: Probe) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vaswani", "serve", str(p.run("decoder")), "--name", "lm",
+             "--port", str(self.port)], env=p.env, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        p.commands.append(f"vaswani serve RUN --name lm --port {self.port} &")
+        for _ in range(300):
+            try:
+                self.request("GET", "/health")
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("the server did not start")
+
+    def request(self, method: str, path: str, body=None, headers=None, raw: bytes | None = None):
+        import http.client
+
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        c.request(method, path, body=data, headers={"Content-Type": "application/json",
+                                                    **(headers or {})})
+        r = c.getresponse()
+        return r.status, r.read().decode(errors="replace")
+
+    def peak_mib(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+@case("2: server", "8 concurrent sampled completions, one with seed 2**70")
+def probe_server_seed_overflow(p):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with _Server(p) as s:
+        bodies = [{"model": "lm", "prompt": "to be", "max_tokens": 8, "temperature": 0.7,
+                   **({"seed": 2 ** 70} if i == 3 else {"seed": i})} for i in range(8)]
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda b: s.request("POST", "/v1/completions", b), bodies))
+    codes = [c for c, _ in answers]
+    ok = codes[3] in (400, 422) and all(c == 200 for i, c in enumerate(codes) if i != 3)
+    return ("clean" if ok else "wrong"), f"statuses {codes}: {answers[3][1][:120]}"
+
+
+@case("2: server", "a lone surrogate in a completion prompt")
+def probe_server_surrogate(p):
+    with _Server(p) as s:
+        code, text = s.request("POST", "/v1/completions",
+                               raw=b'{"model": "lm", "prompt": "Hi \\ud800 x", "max_tokens": 4}')
+    return ("clean" if code in (400, 422) else "wrong"), f"{code}: {text[:140]}"
+
+
+@case("2: server", "a 50 MB JSON body")
+def probe_server_huge_body(p):
+    with _Server(p) as s:
+        start = s.peak_mib()
+        try:
+            code, text = s.request("POST", "/v1/completions",
+                                   raw=b'{"model": "lm", "prompt": "' + b"a" * 50_000_000 + b'"}')
+        except OSError as e:  # the server may close the connection while the body is sent
+            code, text = 413, f"connection closed while sending ({type(e).__name__})"
+        grew = s.peak_mib() - start
+    ok = code == 413 and grew < 100
+    return ("clean" if ok else "wrong"), f"{code}, peak RSS +{grew:.0f} MiB: {text[:100]}"
+
+
+@case("2: server", "a request whose Host header names another site (DNS rebinding)")
+def probe_server_host_header(p):
+    with _Server(p) as s:
+        code, text = s.request("GET", "/v1/models", headers={"Host": "evil.example"})
+    return ("clean" if code == 400 else "wrong"), f"{code}: {text[:120]}"
+
+
+@case("2: server", "a 9,900-token prompt within the character limit")
+def probe_server_long_prompt(p):
+    with _Server(p) as s:
+        start = time.perf_counter()
+        code, text = s.request("POST", "/v1/completions",
+                               {"model": "lm", "prompt": "to " * 3300, "max_tokens": 4})
+        took = time.perf_counter() - start
+    ok = code in (400, 413, 422) and took < 10
+    return ("clean" if ok else "wrong"), f"{code} after {took:.1f} s: {text[:110]}"
+
+
 INTRO = """# Reliability
 
-Every fault and bad input below was tried through the command line by
-`scripts/probe_reliability.py`, against the code before the reliability work (commit
-e078973, "before") and against this checkout ("now"). Rerun it with
+Every fault and bad input below was tried through the command line (and, for the server, over
+HTTP) by `scripts/probe_reliability.py`, against the code before the work that fixed it
+("before") and against this checkout ("now"). The first pass's "before" is commit e078973; the
+second pass (the groups marked "2:", a hostile user played against the server, export, caches
+and importers) compares with commit 8c1487e. Rerun it with
 
     git worktree add /tmp/old e078973
+    git worktree add /tmp/old2 8c1487e
     python scripts/probe_reliability.py --checkout /tmp/old --json before.json
-    python scripts/probe_reliability.py --before before.json --markdown docs/reliability.md
+    python scripts/probe_reliability.py --checkout /tmp/old2 --only SECOND_PASS_IDS \\
+        --json before2.json
+    python scripts/probe_reliability.py --before before.json before2.json \\
+        --markdown docs/reliability.md
+
+(`SECOND_PASS_IDS`: the ids of the "2:" cases, which `--list` prints.)
 
 Outcomes: **clean** — the command works, or stops with one line `vaswani: error: ...` and exit
 status 2 having lost nothing; **traceback** — a Python traceback; **accepted** — a bad input
@@ -897,13 +1228,18 @@ def markdown(after: list[dict], before: dict[str, dict] | None) -> str:
     counts = Counter(r["outcome"] for r in after)
     tried = sum(v for k, v in counts.items() if k != "skipped")
     lines = [INTRO]
-    if before is not None:
-        b = Counter(r["outcome"] for r in before.values())
-        b_tried = sum(v for k, v in b.items() if k != "skipped")
-        lines.append(f"**Before: {b['clean']} of {b_tried} clean** "
-                     f"({', '.join(f'{v} {k}' for k, v in sorted(b.items()))}). ")
-    lines.append(f"**Now: {counts['clean']} of {tried} clean** "
-                 f"({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}).\n")
+    for title, second in (("First pass", False), ("Second pass", True)):
+        ids = {r["id"] for r in after if r["group"].startswith("2:") == second}
+        if before is not None:
+            b = Counter(r["outcome"] for k, r in before.items() if k in ids)
+            b_tried = sum(v for k, v in b.items() if k != "skipped")
+            lines.append(f"{title}: **before, {b['clean']} of {b_tried} clean** "
+                         f"({', '.join(f'{v} {k}' for k, v in sorted(b.items()))}); ")
+        n = Counter(r["outcome"] for r in after if r["id"] in ids)
+        n_tried = sum(v for k, v in n.items() if k != "skipped")
+        lines.append(f"**now, {n['clean']} of {n_tried} clean** "
+                     f"({', '.join(f'{v} {k}' for k, v in sorted(n.items()))}).\n")
+    lines.append(f"**All: {counts['clean']} of {tried} clean.**\n")
     group = None
     for r in after:
         if r["group"] != group:
@@ -934,15 +1270,21 @@ def main() -> None:
     parser.add_argument("--checkout", default=str(ROOT), help="a vaswani source tree")
     parser.add_argument("--only", nargs="*", help="case ids to run")
     parser.add_argument("--json", help="write the outcomes as JSON")
-    parser.add_argument("--before", help="outcomes of an earlier checkout (JSON) to compare")
+    parser.add_argument("--before", nargs="+", metavar="OLD.json",
+                        help="outcomes of earlier checkouts (JSON) to compare")
+    parser.add_argument("--list", action="store_true", help="print the case ids and stop")
     parser.add_argument("--markdown", help="write the comparison table (docs/reliability.md)")
     parser.add_argument("--from-json", metavar="NOW.json",
                         help="with --markdown: render saved outcomes instead of running")
     args = parser.parse_args()
+    if args.list:
+        print("\n".join(f"{cid:<38} {group}" for cid, group, _, _ in CASES))
+        return
+    before = None
+    if args.before:
+        before = {r["id"]: r for path in args.before
+                  for r in json.loads(Path(path).read_text())["cases"]}
     if args.from_json:
-        before = None
-        if args.before:
-            before = {r["id"]: r for r in json.loads(Path(args.before).read_text())["cases"]}
         results = json.loads(Path(args.from_json).read_text())["cases"]
         Path(args.markdown).write_text(markdown(results, before))
         return
@@ -969,9 +1311,6 @@ def main() -> None:
         Path(args.json).write_text(json.dumps({"checkout": args.checkout, "counts": counts,
                                                "cases": results}, indent=2))
     if args.markdown:
-        before = None
-        if args.before:
-            before = {r["id"]: r for r in json.loads(Path(args.before).read_text())["cases"]}
         Path(args.markdown).write_text(markdown(results, before))
 
 
