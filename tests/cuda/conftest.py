@@ -5,6 +5,7 @@ runs the model, generation, engine, training and serve tests there)."""
 import pytest
 import torch
 
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

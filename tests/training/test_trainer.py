@@ -136,9 +136,9 @@ def test_key_bias_gradient_is_zero():
     assert grad[16:32].abs().max() < 1e-12 < grad[:16].abs().max()
 
 
-def run_losses(tmp_path, name, **train_options):
+def run_losses(tmp_path, name, dropout=0.0, **train_options):
     data = text_file(tmp_path / "t.txt")
-    cfg = config(tmp_path / f"{name}.toml", "decoder", data,
+    cfg = config(tmp_path / f"{name}.toml", "decoder", data, dropout=dropout,
                  train={"max_steps": 4, "eval_every": 4, **train_options})
     train(str(cfg), [], out=str(tmp_path / name), launch=Launch(progress=False))
     return losses(tmp_path / name)
@@ -301,3 +301,57 @@ def test_keep_checkpoints_writes_the_average_at_the_end(tmp_path):
         assert torch.equal(averaged[name], ((a[name].double() + b[name].double()) / 2).float())
     run = load(run_dir, weights="averaged")  # loads into the model
     assert run.translate(["abc"])
+
+
+def test_activation_checkpointing_gives_the_same_gradients_with_dropout():
+    """Each layer's activations recomputed in the backward pass, dropout replayed from the
+    same random state: gradients equal to keeping them (encoder-decoder and decoder)."""
+    from vaswani import ModelConfig, build_model
+    from vaswani.nn.layers import Stack
+
+    for arch in ("encoder-decoder", "decoder"):
+        grads = []
+        for recompute in (False, True):
+            torch.manual_seed(0)
+            model = build_model(ModelConfig(arch=arch, vocab_size=30, d_model=32, n_heads=4,
+                                            d_ff=64, n_layers=2, dropout=0.3)).double().train()
+            stacks = [m for m in model.modules() if isinstance(m, Stack)]
+            for stack in stacks:
+                stack.checkpoint_activations = recompute
+            torch.manual_seed(1)
+            ids = torch.randint(4, 30, (3, 9))
+            out = model(ids, ids) if arch == "encoder-decoder" else model(ids)
+            out.square().mean().backward()
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        assert grads[0].keys() == grads[1].keys()
+        for name in grads[0]:
+            assert_close(grads[1][name], grads[0][name], rtol=0, atol=1e-12, msg=name)
+
+
+def test_training_with_checkpoint_activations_equals_training_without(tmp_path):
+    plain = run_losses(tmp_path, "plain", dropout=0.1)
+    recomputed = run_losses(tmp_path, "recomputed", dropout=0.1, checkpoint_activations=True)
+    assert recomputed == pytest.approx(plain, rel=1e-6)
+
+
+def test_tensorboard_events_hold_what_metrics_jsonl_holds_and_resume_drops_the_rest(
+        tmp_path, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    data = text_file(tmp_path / "t.txt")
+    cfg = config(tmp_path / "tb.toml", "decoder", data,
+                 train={"max_steps": 6, "eval_every": 3, "save_every": 3, "tensorboard": True})
+    run = tmp_path / "tb"
+    train(str(cfg), ["train.max_steps=3"], out=str(run), launch=Launch(progress=False))
+    assert f"tensorboard --logdir {run / 'tensorboard'}" in capsys.readouterr().err
+    train(None, ["train.max_steps=6"], resume=str(run), launch=Launch(progress=False))
+    board = EventAccumulator(str(run / "tensorboard"))
+    board.Reload()
+    tags = board.Tags()["scalars"]
+    for tag in ["train/loss", "train/lr", "train/tokens_per_s", "train/grad_norm",
+                "valid/valid_loss", "memory/peak_mib_rank0"]:
+        assert tag in tags, (tag, tags)
+    logged = {e.step: e.value for e in board.Scalars("train/loss")}
+    assert logged == pytest.approx(losses(run), rel=1e-6)  # steps 1-6, each once
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["grad_norm"] > 0 and len(r["peak_memory_mib"]) == 1 for r in rows)

@@ -204,6 +204,9 @@ class TrainConfig(ConfigBase):
     # CPUs with AMX or AVX512-BF16), fp16 with a gradient scaler (GPUs without fast bf16)
     bf16: bool = False  # older name for precision = "bf16" (config.toml keeps both in step)
     compile: bool = False  # torch.compile the model
+    checkpoint_activations: bool = False  # recompute each layer's activations in the backward
+    # pass instead of keeping them: less memory, about a third more compute; same gradients
+    tensorboard: bool = False  # TensorBoard event files in RUN_DIR/tensorboard/ (rank 0)
     init_from: str = ""  # a run directory (e.g. from `vaswani import`) to start from: its
     # [model], tokenizer and weights are used; a new classification head is initialised
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...

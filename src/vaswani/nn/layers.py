@@ -23,7 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from .attention import MultiHeadAttention
 from .dropout import Dropout
@@ -168,6 +170,9 @@ class Stack(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.norm = final_norm
+        # training: keep only each layer's input, recompute the rest in the backward pass
+        # (torch.utils.checkpoint; the random state is replayed, so dropout masks agree)
+        self.checkpoint_activations = False
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None, memory: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: KVCache | None = None,
@@ -177,10 +182,15 @@ class Stack(nn.Module):
         The arguments are those of :meth:`DecoderLayer.forward`; ``cache`` holds an entry
         per layer."""
         weights = []
+        recompute = self.checkpoint_activations and self.training and torch.is_grad_enabled()
         for i, layer in enumerate(self.layers):
-            x, w = layer(x, mask=mask, memory=memory, memory_mask=memory_mask,
-                         cache=None if cache is None else cache.layers[i],
-                         positions=positions, need_weights=need_weights)
+            kwargs = dict(mask=mask, memory=memory, memory_mask=memory_mask,
+                          cache=None if cache is None else cache.layers[i],
+                          positions=positions, need_weights=need_weights)
+            if recompute:
+                x, w = checkpoint(layer, x, use_reentrant=False, **kwargs)
+            else:
+                x, w = layer(x, **kwargs)
             weights.append(w)
         x = x if self.norm is None else self.norm(x)
         return x, weights if need_weights else None

@@ -38,6 +38,7 @@ from ..config import RunConfig
 from ..data.batching import Batch
 from ..evaluation.metrics import perplexity
 from ..models import build_model
+from ..nn.layers import Stack
 from ..tasks import Task, TaskData
 from .distributed import Dist
 from .progress import Report
@@ -77,6 +78,9 @@ class Trainer:
         t = cfg.train
         torch.manual_seed(t.seed)  # same initial weights on every rank
         self.model = build_model(cfg.model).to(device)
+        for module in self.model.modules():  # [train] checkpoint_activations: every stack
+            if isinstance(module, Stack):
+                module.checkpoint_activations = t.checkpoint_activations
         self.optimizer = make_optimizer(self.model, t)
         self.batches = task.batches(data, dist.rank, dist.world)
         # fp16 gradients underflow without a scale; it adapts, and resumes with the run
@@ -89,6 +93,7 @@ class Trainer:
         elif t.init_from:  # fine-tuning: pretrained body, freshly initialised head
             checkpoint.load_weights(self.model, Path(t.init_from) / rundir.BEST, fresh=("head.",))
         self.skipped_in_a_row = 0  # steps with a non-finite loss or gradient, lately
+        self.grad_norm = float("nan")  # the last step's gradient norm
         self.train_model: nn.Module = self.model
         if dist.enabled:
             ids = [device.index] if device.type == "cuda" else None
@@ -97,7 +102,7 @@ class Trainer:
             self.train_model = torch.compile(self.train_model)
         self.report = Report(run_dir, main=dist.is_main, bar=progress, max_steps=t.max_steps,
                              budget_s=t.max_minutes * 60, start_step=self.state.step,
-                             start_elapsed=self.state.elapsed)
+                             start_elapsed=self.state.elapsed, tensorboard=t.tensorboard)
 
     def autocast(self):
         """Autocast to the run's precision (a no-op context for fp32)."""
@@ -178,6 +183,7 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)  # (no-op unless fp16)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                               t.clip_norm if t.clip_norm > 0 else math.inf)
+        self.grad_norm = float(norm)  # before clipping (reported on log lines)
         if self.scaler.is_enabled() and finite_loss:
             # fp16: an overflowing gradient is the scaler's to handle: it skips the update
             # and lowers the scale; only a non-finite loss counts towards divergence
@@ -263,6 +269,7 @@ class Trainer:
                 line = None
                 if state.step % t.log_every == 0 or is_eval or stop:
                     line = {"step": state.step, "loss": loss, "lr": lr,
+                            "grad_norm": self.grad_norm, "peak_memory_mib": self.peak_memory(),
                             "tokens_per_s": tokens / max(time.perf_counter() - clock, 1e-9),
                             "elapsed": round(state.elapsed, 1)}
                     if state.skipped:
@@ -287,6 +294,19 @@ class Trainer:
             self.stop.polling = False
             report.close()
         return last_eval
+
+    def peak_memory(self) -> list[float]:
+        """Each rank's peak memory so far, MiB: CUDA memory allocated on a GPU, the process's
+        resident set on a CPU (a collective: every rank calls it on the same steps)."""
+        if self.device.type == "cuda":
+            mib = torch.cuda.max_memory_allocated(self.device) / 2**20
+        else:
+            import resource
+
+            mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        every = self.dist.all_gather(torch.tensor([mib], dtype=torch.float64,
+                                                  device=self.device))
+        return [round(float(x), 1) for x in every]
 
     def _should_stop(self) -> tuple[bool, bool]:
         """(time budget spent, stop requested), agreed by every rank: rank 0's clock decides

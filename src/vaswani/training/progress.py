@@ -90,13 +90,18 @@ class Progress:
 
 class Report:
     """Everything a run reports, through :meth:`update` after every optimizer step: the bar,
-    and with a log line, the bar's postfix and a line in ``metrics.jsonl`` (rank 0)."""
+    and with a log line, the bar's postfix and a line in ``metrics.jsonl`` (rank 0), and with
+    ``tensorboard`` the line's numbers as TensorBoard scalars in ``RUN_DIR/tensorboard/``."""
 
     def __init__(self, run_dir: Path, *, main: bool, bar: bool, max_steps: int,
-                 budget_s: float, start_step: int, start_elapsed: float) -> None:
+                 budget_s: float, start_step: int, start_elapsed: float,
+                 tensorboard: bool = False) -> None:
         self.metrics = run_dir / rundir.METRICS if main else None
         self.progress = Progress(max_steps=max_steps, budget_s=budget_s, start_step=start_step,
                                  start_elapsed=start_elapsed, bar=bar and main, lines=main)
+        self.board = None
+        if tensorboard and main:
+            self.board = tensorboard_writer(run_dir / TENSORBOARD, purge_step=start_step + 1)
 
     def update(self, step: int, elapsed: float, line: dict | None = None) -> None:
         """After optimizer step ``step`` (``elapsed`` training seconds so far), with a log
@@ -109,9 +114,36 @@ class Report:
                              tok_s=f"{line['tokens_per_s']:.0f}")
         if self.metrics is not None:
             append_line(self.metrics, json.dumps(line))
+        if self.board is not None:
+            for name, value in line.items():
+                if name == "peak_memory_mib":
+                    for rank, mib in enumerate(value):
+                        self.board.add_scalar(f"memory/peak_mib_rank{rank}", mib, step)
+                elif name != "step" and isinstance(value, (int, float)):
+                    group = "valid" if name.startswith("valid_") or name in TASK_METRICS \
+                        else "train"
+                    self.board.add_scalar(f"{group}/{name}", value, step)
+            self.board.flush()
 
     def close(self) -> None:
         self.progress.close()
+        if self.board is not None:
+            self.board.close()
+
+
+TENSORBOARD = "tensorboard"
+TASK_METRICS = ("exact_match", "bleu", "chrf", "accuracy", "macro_f1")
+
+
+def tensorboard_writer(directory: Path, purge_step: int):
+    """A SummaryWriter; a resumed run drops the events logged after its checkpoint
+    (``purge_step``), as metrics.jsonl does."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ImportError("[train] tensorboard = true needs TensorBoard: "
+                          "pip install 'vaswani[tensorboard]'") from None
+    return SummaryWriter(str(directory), purge_step=purge_step)
 
 
 def trim_metrics(run_dir: Path, step: int) -> None:

@@ -17,6 +17,7 @@ that fails before saving any weights leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import shutil
 import sys
 import time
@@ -33,6 +34,7 @@ from ..tasks import Task, TaskData, task_for
 from ..viz.curves import plot_loss
 from .distributed import Dist, init, shutdown
 from .loop import Trainer
+from .progress import TENSORBOARD
 from .state import StopRequest
 
 
@@ -69,6 +71,9 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
     # config.toml says what the run trained in
     precision = devices.usable_precision(cfg.train.asked_precision, device, say=launch.rank == 0)
     cfg = cfg.replace(train=cfg.train.replace(precision=precision, bf16=precision == "bf16"))
+    if cfg.train.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ImportError("[train] tensorboard = true needs TensorBoard: "  # before any file
+                          "pip install 'vaswani[tensorboard]'")
     task = task_for(cfg)
     task.check_training_config()
     dist = init(launch.rank, launch.world, launch.local_rank, device)
@@ -85,6 +90,9 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
                           f"{cfg.model.vocab_size:,}, device {device}"
                           f"{f', {dist.world} processes' if dist.enabled else ''} -> {run_dir}",
                           file=sys.stderr, flush=True)
+                    if cfg.train.tensorboard:
+                        print(f"vaswani train: watch it with: tensorboard --logdir "
+                              f"{run_dir / TENSORBOARD}", file=sys.stderr, flush=True)
                 trainer = Trainer(cfg, task, data, run_dir, device=device, dist=dist,
                                   resume=bool(resume), progress=launch.progress,
                                   stop=launch.stop)
