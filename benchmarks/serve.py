@@ -98,19 +98,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Server:
-    """``vaswani serve RUN`` in a child process, on a free port of 127.0.0.1."""
+class ServeProcess:
+    """``vaswani serve ARGS`` in a child process on a free port of 127.0.0.1 (``env``: its
+    environment, e.g. another checkout's PYTHONPATH), ready once /health answers."""
 
-    def __init__(self, run: Path, name: str, max_batch: int) -> None:
-        self.port = free_port()
+    def __init__(self, args: list[str], *, env: dict | None = None,
+                 start_s: float = 120) -> None:
+        self.port, self.start_s = free_port(), start_s
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
-            [*VASWANI, "serve", str(run), "--name", name, "--port", str(self.port),
-             "--max-batch", str(max_batch), "--max-wait-ms", "5", "--log-level", "warning"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            [*VASWANI, "serve", *args, "--port", str(self.port), "--log-level", "warning"],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
-    def __enter__(self) -> Server:
-        deadline = time.time() + 120
+    def __enter__(self):
+        deadline = time.time() + self.start_s
         while True:
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
@@ -124,6 +125,14 @@ class Server:
     def __exit__(self, *exc) -> None:
         self.process.terminate()
         self.process.wait(timeout=60)
+
+
+class Server(ServeProcess):
+    """``vaswani serve RUN`` of one run under ``name``."""
+
+    def __init__(self, run: Path, name: str, max_batch: int) -> None:
+        super().__init__([str(run), "--name", name, "--max-batch", str(max_batch),
+                          "--max-wait-ms", "5"])
 
 
 def load(url: str, clients: int, per_client: int, request) -> dict:

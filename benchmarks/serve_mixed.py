@@ -24,8 +24,6 @@ from __future__ import annotations
 import json
 import random
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,8 +32,8 @@ from pathlib import Path
 import httpx
 
 from .common import ROOT
+from .serve import VASWANI, ServeProcess
 
-VASWANI = [sys.executable, "-m", "vaswani"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz ,.\n"
 
 
@@ -54,40 +52,17 @@ def make_lm(work: Path, text: Path) -> Path:
     return run
 
 
-class Served:
+class Served(ServeProcess):
     """``vaswani serve`` of ``runs`` ({name: dir}) from ``checkout`` (None: this one)."""
 
     def __init__(self, runs: dict[str, Path], checkout: Path | None, max_batch: int) -> None:
-        from .serve import free_port
+        import os
 
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = None
-        if checkout is not None:
-            import os
-
-            env = {**os.environ, "PYTHONPATH": str(Path(checkout) / "src")}
+        env = None if checkout is None else {**os.environ,
+                                             "PYTHONPATH": str(Path(checkout) / "src")}
         names = [a for name in runs for a in ("--name", name)]
-        self.process = subprocess.Popen(
-            [*VASWANI, "serve", *map(str, runs.values()), *names, "--port", str(self.port),
-             "--max-batch", str(max_batch), "--max-queue", "1024", "--log-level", "warning"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-    def __enter__(self) -> Served:
-        deadline = time.time() + 180
-        while True:
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            if self.process.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"vaswani serve did not start: {self.process.stderr.read()}")
-            time.sleep(0.2)
-
-    def __exit__(self, *exc) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=60)
+        super().__init__([*map(str, runs.values()), *names, "--max-batch", str(max_batch),
+                          "--max-queue", "1024"], env=env, start_s=180)
 
 
 def workload(sentences: list[str], clients: int, per_client: int, seed: int = 0) -> list:
