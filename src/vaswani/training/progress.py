@@ -120,8 +120,7 @@ class Report:
                     for rank, mib in enumerate(value):
                         self.board.add_scalar(f"memory/peak_mib_rank{rank}", mib, step)
                 elif name != "step" and isinstance(value, (int, float)):
-                    group = "valid" if name.startswith("valid_") or name in TASK_METRICS \
-                        else "train"
+                    group = "train" if name in TRAIN_KEYS else "valid"  # the rest: evaluation
                     self.board.add_scalar(f"{group}/{name}", value, step)
             self.board.flush()
 
@@ -132,7 +131,9 @@ class Report:
 
 
 TENSORBOARD = "tensorboard"
-TASK_METRICS = ("exact_match", "bleu", "chrf", "accuracy", "macro_f1")
+# a log line's training numbers; an evaluation adds valid_loss, valid_ppl and task metrics
+TRAIN_KEYS = ("loss", "lr", "tokens_per_s", "grad_norm", "elapsed", "skipped_steps",
+              "schedule_steps")
 
 
 def tensorboard_writer(directory: Path, purge_step: int):
