@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .atomic import atomic_write, atomic_write_text, file_sha256, fsync_dir
-from .rundir import AVERAGED, BEST, CHECKPOINTS, COMPLETE, LAST
+from .rundir import AVERAGED, BEST, CHECKPOINTS, COMPLETE, LAST, SHARDED
 
 WEIGHTS = ("best", "last", "averaged")
 
@@ -74,8 +74,15 @@ def write_tensors(path: Path, tensors: dict[str, torch.Tensor],
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
-def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
-    write_tensors(path, model_tensors(model), metadata)
+Weights = nn.Module | dict[str, torch.Tensor]  # a model, or its tensors (model_tensors)
+
+
+def as_tensors(weights: Weights) -> dict[str, torch.Tensor]:
+    return weights if isinstance(weights, dict) else model_tensors(weights)
+
+
+def save_weights(weights: Weights, path: Path, metadata: dict[str, str] | None = None) -> None:
+    write_tensors(path, as_tensors(weights), metadata)
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -101,7 +108,14 @@ def load_weights(model: nn.Module, path: Path, *, fresh: tuple[str, ...] = ()) -
     """Load safetensors weights; names from compiled models (``_orig_mod.``) are accepted and
     tied weights that were stored once are restored to every name. Parameters whose names
     start with one of ``fresh`` are not loaded and keep their initial values (a new head)."""
-    tensors = {k.replace("_orig_mod.", ""): v for k, v in read_weights(path).items()}
+    load_tensors(model, read_weights(path), path, fresh=fresh)
+
+
+def load_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], where: Path | str, *,
+                 fresh: tuple[str, ...] = ()) -> None:
+    """:func:`load_weights` of tensors in memory (``where`` names them in errors)."""
+    path = where
+    tensors = {k.replace("_orig_mod.", ""): v for k, v in tensors.items()}
     if fresh:
         tensors = {k: v for k, v in tensors.items() if not k.startswith(fresh)}
     target = unwrap(model)
@@ -144,14 +158,18 @@ def weights_path(run_dir: Path, which: str = "best") -> Path:
 
 # --- last/: the state a run resumes from ------------------------------------------------------
 
-def save_last(run_dir: Path, model: nn.Module, trainer_state: dict, state: dict) -> None:
+def save_last(run_dir: Path, weights: Weights, trainer_state: dict, state: dict, *,
+              sharded: Path | None = None) -> None:
     """Write ``last/`` as a whole: build ``last.tmp/``, then swap it in. If a write fails,
-    ``last.tmp/`` is removed and ``last/`` is left as it was."""
+    ``last.tmp/`` is removed and ``last/`` is left as it was. ``sharded``: a folder of
+    sharded state (training/sharding.py), written beside, moved in as ``last/sharded/``."""
     tmp, last, old = run_dir / "last.tmp", run_dir / LAST, run_dir / "last.old"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        save_weights(model, tmp / BEST)
+        if sharded is not None:
+            os.replace(sharded, tmp / SHARDED)
+        save_weights(weights, tmp / BEST)
         atomic_write(tmp / "trainer.pt", lambda p: torch.save(trainer_state, p))
         state = {**state, "trainer_sha256": file_sha256(tmp / "trainer.pt")}
         atomic_write_text(tmp / "state.json", json.dumps(state, indent=2))
@@ -179,8 +197,13 @@ def find_last(run_dir: Path) -> Path:
 
 def load_last(run_dir: Path, model: nn.Module) -> tuple[dict, dict]:
     """Load ``last`` weights into ``model``; return (trainer_state, state)."""
+    load_weights(model, find_last(run_dir) / BEST)
+    return read_last(run_dir)
+
+
+def read_last(run_dir: Path) -> tuple[dict, dict]:
+    """``last``'s (trainer_state, state), checked against the checksum written with them."""
     last = find_last(run_dir)
-    load_weights(model, last / BEST)
     state = json.loads((last / "state.json").read_text())
     recorded = state.get("trainer_sha256")
     if recorded is not None and file_sha256(last / "trainer.pt") != recorded:
@@ -192,12 +215,12 @@ def load_last(run_dir: Path, model: nn.Module) -> tuple[dict, dict]:
 
 # --- kept checkpoints and their average -------------------------------------------------------
 
-def save_checkpoint(run_dir: Path, model: nn.Module, step: int, keep: int) -> None:
+def save_checkpoint(run_dir: Path, weights: Weights, step: int, keep: int) -> None:
     """Keep this step's weights in ``checkpoints/`` and delete all but the newest ``keep``
     (disk stays bounded at ``keep`` copies of the weights)."""
     folder = run_dir / CHECKPOINTS
     folder.mkdir(exist_ok=True)
-    save_weights(model, folder / f"step-{step:06d}.safetensors", {"step": str(step)})
+    save_weights(weights, folder / f"step-{step:06d}.safetensors", {"step": str(step)})
     for old in list_checkpoints(run_dir)[:-keep]:
         old.unlink()
 

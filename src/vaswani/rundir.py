@@ -10,6 +10,8 @@ checkpoint.py's, and every write goes through atomic.py::
         model.safetensors
         trainer.pt       optimizer, scheduler and RNG state (tensors and numbers only)
         state.json       step, batches consumed, best metric, data fingerprint
+        sharded/         with [train] parallel = "fsdp": every rank's slices of the weights
+                         and the optimizer (torch.distributed.checkpoint), what it resumes from
     checkpoints/         with [train] keep_checkpoints = N: the weights of the last N
         step-000500.safetensors ...   checkpoints (one per save_every steps)
     averaged.safetensors their average (`vaswani average`, and at the end of training)
@@ -41,10 +43,12 @@ CONFIG, TOKENIZER, BEST, LAST, METRICS, LOSS_PLOT = (
     "config.toml", "tokenizer", "model.safetensors", "last", "metrics.jsonl", "loss.png")
 CHAT_TEMPLATE = "chat_template.jinja"  # an imported chat model's own prompt format
 CHECKPOINTS, AVERAGED = "checkpoints", "averaged.safetensors"
+SHARDED = "sharded"  # in last/: a sharded run's state; sharded.tmp/ in RUN_DIR while written
 # Every name vaswani writes in a run directory (what --overwrite may remove).
 RUN_FILES = (CONFIG, TOKENIZER, BEST, BEST + ".tmp", LAST, "last.tmp", "last.old", METRICS,
              LOSS_PLOT, LOSS_PLOT + ".tmp", "metrics.jsonl.tmp", "config.toml.tmp",
-             CHAT_TEMPLATE, CHAT_TEMPLATE + ".tmp", CHECKPOINTS, AVERAGED, AVERAGED + ".tmp")
+             CHAT_TEMPLATE, CHAT_TEMPLATE + ".tmp", CHECKPOINTS, AVERAGED, AVERAGED + ".tmp",
+             SHARDED + ".tmp")
 
 
 class RunInUse(FileExistsError):

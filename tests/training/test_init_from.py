@@ -33,3 +33,16 @@ def test_init_from_errors_name_the_problem(small_runs, tmp_path):
     cfg = config(tmp_path / "b.toml", "encoder", data, train={"init_from": str(decoder_dir)})
     with pytest.raises(ValueError, match="holds a 'decoder' model"):
         train(str(cfg), [], out=str(tmp_path / "b"), launch=Launch(progress=False))
+
+
+def test_init_from_a_language_model_loads_every_weight(small_runs, tmp_path):
+    base_dir, text = small_runs["decoder"]
+    cfg = config(tmp_path / "lm.toml", "decoder", text,
+                 train={"init_from": str(base_dir), "max_steps": 1, "lr": 1e-9,
+                        "schedule": "constant", "warmup": 0, "eval_every": 1})
+    train(str(cfg), [], out=str(tmp_path / "lm"), launch=Launch(progress=False))
+    before = load_file(str(base_dir / "model.safetensors"))
+    after = load_file(str(tmp_path / "lm" / "last" / "model.safetensors"))
+    assert before.keys() == after.keys()
+    for name in before:  # lr 1e-9: every weight, the output head too, is the base's
+        torch.testing.assert_close(after[name], before[name], rtol=0, atol=1e-6, msg=name)

@@ -204,6 +204,9 @@ class TrainConfig(ConfigBase):
     # CPUs with AMX or AVX512-BF16), fp16 with a gradient scaler (GPUs without fast bf16)
     bf16: bool = False  # older name for precision = "bf16" (config.toml keeps both in step)
     compile: bool = False  # torch.compile the model
+    parallel: Literal["ddp", "fsdp"] = "ddp"  # several processes (torchrun): "ddp" keeps the
+    # whole model, gradients and optimizer on every rank; "fsdp" shards them over the ranks,
+    # each transformer layer a unit (docs/distributed.md)
     checkpoint_activations: bool = False  # recompute each layer's activations in the backward
     # pass instead of keeping them: less memory, about a third more compute; same gradients
     tensorboard: bool = False  # TensorBoard event files in RUN_DIR/tensorboard/ (rank 0)
@@ -250,6 +253,10 @@ class TrainConfig(ConfigBase):
             raise ValueError(f"max_minutes ({self.max_minutes}) must be >= 0")
         if self.bf16 and self.precision == "fp16":
             raise ValueError("bf16 = true and precision = 'fp16' disagree: set precision only")
+        if self.parallel == "fsdp" and self.precision == "fp16":
+            raise ValueError("parallel = 'fsdp' trains in fp32 or bf16, not fp16 (FSDP's "
+                             "sharded gradients have no gradient scaler here): set precision "
+                             "= 'bf16' or 'fp32'")
         if self.schedule_steps is not None and self.schedule_steps <= 0:
             raise ValueError(f"schedule_steps ({self.schedule_steps}) must be positive")
         for name in ("warmup", "patience", "eval_batches", "metric_examples", "max_skipped_steps",

@@ -5,6 +5,10 @@ rank and world size that torchrun puts in its environment (the CLI passes them h
 the same global batches, and trains on its own slice of each. Gradients are averaged by DDP;
 the loss is normalised by the token count of the *global* batch, so N processes take exactly
 the step one process would take on the combined batch.
+
+With ``[train] parallel = "fsdp"`` the model is sharded instead (sharding.py); FSDP needs a
+process group even for one process, so one of size 1 is made then (a run saved by N sharded
+processes resumes in one, and a single GPU trains the way N do).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    owns_group: bool = False  # init() made the process group, shutdown() ends it
     enabled: bool = field(init=False)  # more than one process
     is_main: bool = field(init=False)  # rank 0: the one that writes files and logs
 
@@ -53,13 +58,26 @@ class Dist:
             dist.barrier()
 
 
-def init(rank: int, world: int, local_rank: int, device: torch.device) -> Dist:
-    """Join the process group torchrun set up (no-op for a single process)."""
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return Dist(rank, world, local_rank)
+def backend(device: torch.device) -> str:
+    """NCCL between GPUs, gloo between CPU processes (and on machines without NCCL)."""
+    return "nccl" if device.type == "cuda" and dist.is_nccl_available() else "gloo"
+
+
+def init(rank: int, world: int, local_rank: int, device: torch.device, *,
+         group_of_one: bool = False) -> Dist:
+    """Join the process group torchrun set up (no-op for a single process, unless
+    ``group_of_one``: then a group of this process alone, as FSDP needs one)."""
+    if dist.is_initialized():
+        return Dist(rank, world, local_rank)
+    if world > 1:
+        dist.init_process_group(backend(device))
+    elif group_of_one:
+        dist.init_process_group(backend(device), store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        return Dist(rank, world, local_rank)
+    return Dist(rank, world, local_rank, owns_group=True)
 
 
 def shutdown(d: Dist) -> None:
-    if d.enabled and dist.is_initialized():
+    if d.owns_group and dist.is_initialized():
         dist.destroy_process_group()

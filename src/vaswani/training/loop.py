@@ -40,6 +40,7 @@ from ..evaluation.metrics import perplexity
 from ..models import build_model
 from ..nn.layers import Stack
 from ..tasks import Task, TaskData
+from . import sharding
 from .distributed import Dist
 from .progress import Report
 from .schedules import lr_factor
@@ -81,6 +82,12 @@ class Trainer:
         for module in self.model.modules():  # [train] checkpoint_activations: every stack
             if isinstance(module, Stack):
                 module.checkpoint_activations = t.checkpoint_activations
+        if t.init_from and not resume:  # fine-tuning from pretrained weights
+            fresh = ("head.",) if cfg.model.arch == "encoder" else ()  # a classifier's new head
+            checkpoint.load_weights(self.model, Path(t.init_from) / rundir.BEST, fresh=fresh)
+        self.sharded = t.parallel == "fsdp"
+        if self.sharded:  # weights loaded, optimizer not yet made: it steps the slices
+            sharding.shard(self.model, t.precision)
         self.optimizer = make_optimizer(self.model, t)
         self.batches = task.batches(data, dist.rank, dist.world)
         # fp16 gradients underflow without a scale; it adapts, and resumes with the run
@@ -90,12 +97,10 @@ class Trainer:
         self.state = RunState()
         if resume:
             self.state = self.checkpoints.restore(self.model, self.optimizer)
-        elif t.init_from:  # fine-tuning: pretrained body, freshly initialised head
-            checkpoint.load_weights(self.model, Path(t.init_from) / rundir.BEST, fresh=("head.",))
         self.skipped_in_a_row = 0  # steps with a non-finite loss or gradient, lately
         self.grad_norm = float("nan")  # the last step's gradient norm
         self.train_model: nn.Module = self.model
-        if dist.enabled:
+        if dist.enabled and not self.sharded:
             ids = [device.index] if device.type == "cuda" else None
             self.train_model = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         if t.compile:
@@ -164,13 +169,26 @@ class Trainer:
         loss_sum = torch.zeros(1, dtype=torch.float64, device=self.device)
         for k, batch in enumerate(micro):
             last = k == len(micro) - 1
-            sync = contextlib.nullcontext() if last or not self.dist.enabled else model.no_sync()
-            with sync:
+            with self._gradient_sync(last):
                 with autocast:
                     loss, _, _ = self.task.loss(model, batch, t.label_smoothing)
                 self.scaler.scale(loss * scale).backward()
             loss_sum += loss.detach().double()
         return float(self.dist.all_sum(loss_sum).item()), total
+
+    @contextlib.contextmanager
+    def _gradient_sync(self, sync: bool):
+        """Reduce gradients over the ranks in this backward only if ``sync`` (the last
+        micro-batch of a step): the others accumulate locally (FSDP: unsharded, at the full
+        size of the parameters; no_sync would cost that much memory under DDP too)."""
+        if self.sharded:
+            self.model.set_requires_gradient_sync(sync)
+            yield
+        elif sync or not self.dist.enabled:
+            yield
+        else:
+            with self.train_model.no_sync():
+                yield
 
     def optimizer_step(self, finite_loss: bool = True) -> float:
         """Set this step's learning rate, clip, update and clear the gradients; returns the
@@ -183,7 +201,7 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)  # (no-op unless fp16)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                               t.clip_norm if t.clip_norm > 0 else math.inf)
-        self.grad_norm = float(norm)  # before clipping (reported on log lines)
+        self.grad_norm = float(sharding.full(norm))  # before clipping (on log lines)
         if self.scaler.is_enabled() and finite_loss:
             # fp16: an overflowing gradient is the scaler's to handle: it skips the update
             # and lowers the scale; only a non-finite loss counts towards divergence
@@ -208,10 +226,11 @@ class Trainer:
 
     # --- evaluation ---------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self) -> dict:
-        """Validation NLL (mean per target), perplexity and the task metric."""
+    def evaluate(self, model: nn.Module | None = None) -> dict:
+        """Validation NLL (mean per target), perplexity and the task metric, of ``model``
+        (the trained model by default)."""
         t = self.cfg.train
-        model = self.model.eval()
+        model = (model or self.model).eval()
         nll = count = 0.0
         autocast = self.autocast()
         for i, batch in enumerate(self.batches.valid_batches()):
@@ -236,17 +255,26 @@ class Trainer:
     def _eval_step(self) -> tuple[dict, bool]:
         """Evaluate on rank 0, keep the best weights, decide early stopping (on every rank);
         returns (the evaluation, whether to stop). An evaluation cut short by a stop request
-        records nothing."""
-        stop, result = torch.zeros(1, device=self.device), {}
+        records nothing. A sharded model is gathered (every rank takes part) into an
+        unsharded copy that rank 0 evaluates alone (sharding.py says why)."""
+        flags, result = torch.zeros(2, device=self.device), {}  # (stop, improved)
+        weights = sharding.full_tensors(self.model) if self.sharded else self.model
         if self.dist.is_main:
+            model = self.model
+            if self.sharded:
+                model = build_model(self.cfg.model).to(self.device)
+                checkpoint.load_tensors(model, weights, "the gathered weights")
             try:
-                result = self.evaluate()
+                result = self.evaluate(model)
             except _Abandoned:
                 result = {}
             if result:
-                stop[0] = self.checkpoints.keep_if_best(self.model, self.state, result)
-        self.dist.broadcast(stop)
-        return result, bool(stop.item())
+                better, stop = self.checkpoints.judge(self.state, result)
+                flags[0] = float(stop)
+                if better:
+                    self.checkpoints.save_best(weights, self.state)
+        self.dist.broadcast(flags)
+        return result, bool(flags[0])
 
     # --- the loop -----------------------------------------------------------------------
     def fit(self) -> dict:

@@ -11,6 +11,7 @@ run stopped and resumed takes exactly the steps a straight run takes.
 from __future__ import annotations
 
 import math
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from torch import nn
 from .. import checkpoint, rundir
 from ..config import RunConfig
 from ..data.encode import TaskData
+from . import sharding
 from .distributed import Dist
 from .progress import trim_metrics
 
@@ -77,8 +79,9 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict, model: 
                                  f"parameter {tuple(p.shape)}; it belongs to another model")
 
 
-def all_finite(model: nn.Module) -> bool:
-    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+def all_finite(weights: checkpoint.Weights) -> bool:
+    tensors = weights.values() if isinstance(weights, dict) else weights.parameters()
+    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
 
 
 @dataclass
@@ -104,43 +107,72 @@ class Checkpoints:
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None  # fp16
 
     def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: RunState) -> None:
-        """``last/`` (and a kept checkpoint), after a whole step."""
+        """``last/`` (and a kept checkpoint), after a whole step. Every rank calls it: a
+        sharded run's ranks each write their slices, then rank 0 the weights in one file."""
         saved = self._state_json(state)
-        trainer_state = self._trainer_state(optimizer)  # a collective: every rank
+        trainer_state = self._trainer_state(model, optimizer)  # a collective: every rank
+        folder = None
+        if sharding.is_sharded(model):
+            folder = self.run_dir / (rundir.SHARDED + ".tmp")  # moved into last/ when whole
+            if self.dist.is_main:
+                shutil.rmtree(folder, ignore_errors=True)  # a save killed part-way
+            self.dist.barrier()
+            sharding.save_sharded(model, optimizer, folder)
+        weights = self._weights(model)  # a collective when sharded
         if self.dist.is_main:
-            require_finite(model, state.step, self.run_dir)
-            checkpoint.save_last(self.run_dir, model, trainer_state, saved)
+            require_finite(weights, state.step, self.run_dir)
+            checkpoint.save_last(self.run_dir, weights, trainer_state, saved, sharded=folder)
             if self.cfg.train.keep_checkpoints:
-                checkpoint.save_checkpoint(self.run_dir, model, state.step,
+                checkpoint.save_checkpoint(self.run_dir, weights, state.step,
                                            self.cfg.train.keep_checkpoints)
         self.dist.barrier()
 
-    def keep_if_best(self, model: nn.Module, state: RunState, result: dict) -> bool:
-        """After an evaluation on rank 0: save the weights if ``[train] best_metric``
-        improved; returns whether early stopping (``patience``) says to stop."""
+    def judge(self, state: RunState, result: dict) -> tuple[bool, bool]:
+        """After an evaluation on rank 0: whether ``[train] best_metric`` improved (the
+        caller then saves the weights with :meth:`save_best`), and whether early stopping
+        (``patience``) says to stop."""
         t = self.cfg.train
         value = result.get(t.best_metric)
-        if value is not None and improved(value, state.best, t.best_metric == "valid_loss"):
+        better = value is not None and improved(value, state.best,
+                                                t.best_metric == "valid_loss")
+        if better:
             state.best, state.bad_evals = value, 0
-            require_finite(model, state.step, self.run_dir)
-            checkpoint.save_weights(model, self.run_dir / rundir.BEST)
         else:
             state.bad_evals += 1
-        return bool(t.patience) and state.bad_evals >= t.patience
+        return better, bool(t.patience) and state.bad_evals >= t.patience
+
+    def save_best(self, weights: checkpoint.Weights, state: RunState) -> None:
+        """The best weights so far (rank 0: the model, or a sharded model's gathered
+        tensors)."""
+        require_finite(weights, state.step, self.run_dir)
+        checkpoint.save_weights(weights, self.run_dir / rundir.BEST)
+
+    def _weights(self, model: nn.Module) -> checkpoint.Weights:
+        """What the weights files hold: gathered to rank 0 when sharded."""
+        return sharding.full_tensors(model) if sharding.is_sharded(model) else model
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> RunState:
         """Load ``last/`` into the model, the optimizer and the random-number generators;
         returns the run's state. Resuming on other data is refused."""
-        trainer_state, saved = checkpoint.load_last(self.run_dir, model)
+        last = checkpoint.find_last(self.run_dir)
+        if (last / rundir.SHARDED).is_dir():  # a sharded run: any number of ranks reads it
+            trainer_state, saved = checkpoint.read_last(self.run_dir)
+        elif sharding.is_sharded(model):
+            raise ValueError(f"{last} was saved by unsharded training (parallel = 'ddp'); "
+                             "resume it with --set train.parallel=ddp")
+        else:
+            trainer_state, saved = checkpoint.load_last(self.run_dir, model)
         recorded = saved.get("data_fingerprint")
         same = recorded == self.data.fingerprint() or (  # runs saved before encoded datasets
             "fingerprint_format" not in saved and recorded == self.data.legacy_fingerprint())
         if not same:
             raise ValueError(f"the training data differs from the data {self.run_dir} was "
                              "trained on; resume with the same [data] files")
-        check_optimizer_state(optimizer, trainer_state["optimizer"], model,
-                              checkpoint.find_last(self.run_dir))
-        optimizer.load_state_dict(trainer_state["optimizer"])
+        if (last / rundir.SHARDED).is_dir():
+            sharding.load_sharded(model, optimizer, last / rundir.SHARDED)
+        else:
+            check_optimizer_state(optimizer, trainer_state["optimizer"], model, last)
+            optimizer.load_state_dict(trainer_state["optimizer"])
         if self.scaler is not None and "grad_scaler" in trainer_state:
             self.scaler.load_state_dict(trainer_state["grad_scaler"])
         ranks = trainer_state.get("rng_cpu_ranks") or [trainer_state["rng_cpu"]]
@@ -158,11 +190,13 @@ class Checkpoints:
             trim_metrics(self.run_dir, state.step)
         return state
 
-    def _trainer_state(self, optimizer: torch.optim.Optimizer) -> dict:
-        """Optimizer and random-number state (every rank's: dropout differs per rank)."""
+    def _trainer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        """Optimizer and random-number state (every rank's: dropout differs per rank). A
+        sharded optimizer is saved with the sharded weights instead."""
         rng = torch.get_rng_state()
-        out = {"optimizer": optimizer.state_dict(), "rng_cpu": rng,
-               "rng_cpu_ranks": self.dist.all_gather(rng)}
+        out = {"rng_cpu": rng, "rng_cpu_ranks": self.dist.all_gather(rng)}
+        if not sharding.is_sharded(model):
+            out["optimizer"] = optimizer.state_dict()
         if self.device.type == "cuda":
             out["rng_cuda"] = torch.cuda.get_rng_state(self.device)
         if self.scaler is not None:
@@ -187,10 +221,10 @@ def improved(value: float, best: float | None, lower_is_better: bool) -> bool:
     return value < best if lower_is_better else value > best
 
 
-def require_finite(model: nn.Module, step: int, run_dir: Path) -> None:
+def require_finite(weights: checkpoint.Weights, step: int, run_dir: Path) -> None:
     """Weights that are no longer finite are never saved: the run stops, keeping the last
     checkpoint."""
-    if not all_finite(model):
+    if not all_finite(weights):
         raise Diverged(f"the weights are no longer finite at step {step}; the last "
                        f"checkpoint in {run_dir} is kept (lower [train] lr?)")
 

@@ -76,7 +76,8 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
                           "pip install 'vaswani[tensorboard]'")
     task = task_for(cfg)
     task.check_training_config()
-    dist = init(launch.rank, launch.world, launch.local_rank, device)
+    dist = init(launch.rank, launch.world, launch.local_rank, device,
+                group_of_one=cfg.train.parallel == "fsdp")
     created = not run_dir.exists()
     try:
         with _lock(run_dir, dist, device):
@@ -131,11 +132,14 @@ def configure(config: str, overrides: list[str]) -> tuple[RunConfig, Tokenizers 
     if base.arch != cfg.model.arch:
         raise ValueError(f"[train] init_from ({base_dir}) holds a {base.arch!r} model but "
                          f"[model] arch is {cfg.model.arch!r}")
-    if base.arch != "encoder":
+    if base.arch == "encoder":  # a classifier: the body, a new head for the data's classes
+        model = base.replace(n_classes=None, dropout=cfg.model.dropout,
+                             attn_dropout=cfg.model.attn_dropout, pooling=cfg.model.pooling)
+    elif base.arch == "decoder":  # a language model, trained on: every weight
+        model = base.replace(dropout=cfg.model.dropout, attn_dropout=cfg.model.attn_dropout)
+    else:
         raise ValueError("[train] init_from supports encoder models (fine-tuning a "
-                         "classifier) for now")
-    model = base.replace(n_classes=None, dropout=cfg.model.dropout,
-                         attn_dropout=cfg.model.attn_dropout, pooling=cfg.model.pooling)
+                         "classifier) and decoder language models for now")
     source, target, _ = rundir.read_tokenizers(base_dir)
     return cfg.replace(model=model), (source, target)
 

@@ -1,0 +1,112 @@
+"""Sharded data parallelism, ``[train] parallel = "fsdp"``: PyTorch's FSDP2 and its sharded
+checkpoints (torch.distributed.checkpoint, DCP), as torchtune and torchtitan use them.
+
+With DDP every rank holds the whole model, its gradients and both AdamW moments: 16 bytes a
+parameter in fp32. ``fully_shard`` splits each parameter into one slice a rank (a DTensor);
+a unit's full parameters exist only while the unit runs, gathered just before and freed just
+after, and its gradients are reduce-scattered back into slices. So each rank holds about
+1/N of the parameters, gradients and optimizer state, plus one unit's full parameters at a
+time. The units here: every transformer layer, then the root (the embeddings, the output head
+tied to them, the final norms), which stays gathered between forward and backward.
+
+What the rest of training sees:
+
+- the optimizer is made after :func:`shard` (over the DTensor slices) and steps each rank's
+  slice; gradient clipping's norm is a DTensor, summed over the ranks;
+- :func:`full_tensors` gathers the fp32 weights to rank 0's memory, one tensor at a time: for
+  the single-file weights (best, last, kept checkpoints) that every other command reads, and
+  for evaluation, which rank 0 runs alone on an unsharded copy, as with DDP. (Evaluating the
+  sharded model itself would make every rank run the same decoding in lockstep, and leave
+  FSDP's record of the forward order, which its backward prefetching follows, differing
+  between ranks that evaluated and ranks that did not: a deadlock at the next backward.);
+- :func:`save_sharded` / :func:`load_sharded` write and read every rank's slices of the model
+  and the optimizer (keyed by parameter name), which DCP re-slices when the number of ranks
+  changes: a run saved by 2 processes resumes in 1, and one saved by 1 in 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from ..nn.layers import Stack
+
+
+def shard(model: nn.Module, precision: str = "fp32") -> nn.Module:
+    """Shard ``model`` in place over the default process group: each layer of each
+    :class:`Stack` a unit, the rest the root's. Load weights before (every rank the same),
+    make the optimizer after. bf16: layers compute in bf16, gradients are reduced and the
+    sharded master weights kept in fp32."""
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if precision == "bf16" else MixedPrecisionPolicy()
+    for module in model.modules():
+        if isinstance(module, Stack):
+            for layer in module.layers:
+                fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor (all of a plain one)."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor gathered (a collective), a plain tensor as it is."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def full_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights as one state dict in rank 0's CPU memory (a collective; the other
+    ranks get ``{}``), each tied tensor under its first name, as checkpoint.model_tensors
+    gives for an unsharded model."""
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                  cpu_offload=True))
+    keep = {name for name, _ in model.named_parameters()}  # one name per tied parameter
+    keep |= {name for name, _ in model.named_buffers()}
+    return {k: v.contiguous() for k, v in state.items() if k in keep}
+
+
+def save_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """Every rank writes its slices of the weights and the optimizer state into ``folder``
+    (a collective; DCP writes the metadata that maps slices to names last)."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(folder))
+
+
+def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """Load what :func:`save_sharded` wrote, re-sliced for this many ranks, into ``model``
+    and ``optimizer`` (sharded or not: a single unsharded process reads it too)."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])
+
+
+def training_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes this rank holds in parameters, gradients and optimizer state (its slices under
+    FSDP; the gathered copies that exist only while a unit runs are not counted)."""
+    params = list(model.parameters())
+    out = {"parameters": sum(local(p).nbytes for p in params),
+           "gradients": sum(local(p.grad).nbytes for p in params if p.grad is not None),
+           "optimizer": sum(local(v).nbytes for s in optimizer.state.values()
+                            for v in s.values() if isinstance(v, torch.Tensor))}
+    out["total"] = sum(out.values())
+    return out

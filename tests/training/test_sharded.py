@@ -1,0 +1,123 @@
+"""[train] parallel = "fsdp": sharded training on two CPU processes (gloo), its sharded
+checkpoints (DCP), resuming on another number of processes, and a save killed part-way."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.testing import assert_close
+
+from tests.training.fixtures import config, reverse_task
+from tests.training.test_trainer import free_port, losses
+from vaswani.training.train import Launch, train
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+STEPS = 6
+
+
+def vaswani(*args: str, nproc: int = 1, script: str | None = None, env: dict | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+    """``vaswani ARGS`` in a subprocess: one process, or ``nproc`` under torchrun."""
+    main = [script] if script else ["-m", "vaswani"]
+    launcher = [] if nproc == 1 and not script else [
+        "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}"]
+    done = subprocess.run([sys.executable, *launcher, *main, *args, "--no-progress"],
+                          env={**ENV, **(env or {})}, capture_output=True, text=True,
+                          timeout=300)
+    if check:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One config, and a straight 6-step run of it in one unsharded process."""
+    tmp = tmp_path_factory.mktemp("sharded")
+    data = reverse_task(tmp / "pairs.tsv")
+    cfg = config(tmp / "c.toml", "encoder-decoder", data,
+                 train={"max_steps": STEPS, "eval_every": 3, "save_every": 3,
+                        "metric_examples": 8})
+    vaswani("train", str(cfg), "--out", str(tmp / "straight"))
+    return tmp, cfg
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    """Equal losses at every step and equal final weights, to fp32 roundoff."""
+    la, lb = losses(a), losses(b)
+    assert sorted(la) == sorted(lb) == list(range(1, STEPS + 1))
+    for step in la:
+        assert abs(la[step] - lb[step]) <= 1e-5, (step, la[step], lb[step])
+    wa, wb = (load_file(str(run / "last/model.safetensors")) for run in (a, b))
+    assert wa.keys() == wb.keys()
+    d = 32
+    for name in wa:
+        x, y = wa[name], wb[name]
+        if name.endswith("in_proj.bias"):  # the key bias: see test_key_bias_gradient_is_zero
+            x, y = torch.cat([x[:d], x[2 * d:]]), torch.cat([y[:d], y[2 * d:]])
+        assert_close(x, y, rtol=0, atol=1e-5, msg=name)
+
+
+def test_fsdp_on_two_processes_equals_one_process(runs):
+    tmp, cfg = runs
+    out = tmp / "fsdp2"
+    vaswani("train", str(cfg), "--out", str(out), "--set", "train.parallel=fsdp", nproc=2)
+    assert_same_run(tmp / "straight", out)
+    shards = sorted(p.name for p in (out / "last/sharded").iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    # the run is used as any run is, by one process, from its single-file weights
+    from vaswani.inference import load
+
+    assert isinstance(load(out).translate(["abc"])[0], str)
+    assert (out / "model.safetensors").exists()  # the best weights, gathered
+
+
+def test_a_sharded_run_resumes_on_another_number_of_processes(runs):
+    """2 -> 1 and 1 -> 2 processes, with activation checkpointing: each equals the straight
+    run (no dropout here: with dropout, masks depend on the number of processes)."""
+    tmp, cfg = runs
+    sharded = ["--set", "train.parallel=fsdp", "--set", "train.checkpoint_activations=true"]
+    for first, then in [(2, 1), (1, 2)]:
+        out = tmp / f"resume-{first}-{then}"
+        vaswani("train", str(cfg), "--out", str(out), "--set", "train.max_steps=3", *sharded,
+                nproc=first)
+        vaswani("train", "--resume", str(out), "--set", f"train.max_steps={STEPS}",
+                nproc=then)
+        assert_same_run(tmp / "straight", out)
+
+
+def test_a_sharded_save_killed_part_way_leaves_the_last_checkpoint(runs):
+    tmp, cfg = runs
+    out = tmp / "killed"
+    helper = str(Path(__file__).with_name("kill_in_save.py"))
+    done = vaswani("train", str(cfg), "--out", str(out), "--set", "train.parallel=fsdp",
+                   nproc=2, script=helper, env={"KILL_AT": "2", "KILL_RANK": "1"},
+                   check=False)
+    assert done.returncode != 0
+    assert json.loads((out / "last/state.json").read_text())["step"] == 3  # the step-3 save
+    assert (out / "sharded.tmp").is_dir()  # step 6's shards, never moved into last/
+    vaswani("train", "--resume", str(out), nproc=2)
+    assert not (out / "sharded.tmp").exists()
+    assert_same_run(tmp / "straight", out)
+
+
+def test_resuming_an_unsharded_run_sharded_is_refused(tmp_path):
+    data = reverse_task(tmp_path / "pairs.tsv")
+    cfg = config(tmp_path / "c.toml", "encoder-decoder", data, train={"max_steps": 2})
+    train(str(cfg), [], out=str(tmp_path / "run"), launch=Launch(progress=False))
+    with pytest.raises(ValueError, match="resume it with --set train.parallel=ddp"):
+        train(None, ["train.max_steps=4", "train.parallel=fsdp"], resume=str(tmp_path / "run"),
+              launch=Launch(progress=False))
+    assert not torch.distributed.is_initialized()  # the group of one was ended
+
+
+def test_fsdp_refuses_fp16():
+    from vaswani.config import TrainConfig
+
+    with pytest.raises(ValueError, match="fsdp' trains in fp32 or bf16"):
+        TrainConfig(parallel="fsdp", precision="fp16").validate()
