@@ -121,3 +121,25 @@ def test_fsdp_refuses_fp16():
 
     with pytest.raises(ValueError, match="fsdp' trains in fp32 or bf16"):
         TrainConfig(parallel="fsdp", precision="fp16").validate()
+
+
+def test_bf16_shards_compute_in_bf16_and_keep_fp32_master_weights():
+    from vaswani import ModelConfig, build_model
+    from vaswani.training import distributed, sharding
+
+    group = distributed.init(0, 1, 0, torch.device("cpu"), group_of_one=True)
+    try:
+        torch.manual_seed(0)
+        cfg = ModelConfig(arch="decoder", vocab_size=50, d_model=16, n_heads=2, d_ff=32,
+                          n_layers=2, max_len=16, dropout=0.0)
+        model = sharding.shard(build_model(cfg), "bf16")
+        assert model.embed.token.weight.__class__.__name__ == "DTensor"
+        x = torch.randint(0, 50, (2, 5))
+        logits = model(x, mask=torch.ones_like(x, dtype=torch.bool))
+        assert logits.dtype == torch.bfloat16  # gathered in bf16, computed in bf16
+        logits.float().sum().backward()
+        for name, p in model.named_parameters():  # the sharded master weights and gradients
+            assert p.dtype == p.grad.dtype == torch.float32, name
+        assert model.output_proj.weight is model.embed.token.weight  # still tied
+    finally:
+        distributed.shutdown(group)
