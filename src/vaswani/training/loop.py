@@ -179,8 +179,9 @@ class Trainer:
     @contextlib.contextmanager
     def _gradient_sync(self, sync: bool):
         """Reduce gradients over the ranks in this backward only if ``sync`` (the last
-        micro-batch of a step): the others accumulate locally (FSDP: unsharded, at the full
-        size of the parameters; no_sync would cost that much memory under DDP too)."""
+        micro-batch of a step); the others accumulate locally. Under FSDP those local
+        gradients are unsharded: with ``grad_accum`` > 1 a rank holds the full gradients
+        until the step's last backward."""
         if self.sharded:
             self.model.set_requires_gradient_sync(sync)
             yield
