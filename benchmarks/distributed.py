@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -37,6 +36,7 @@ import torch
 import torch.multiprocessing as mp
 
 from .common import hardware
+from .serve import free_port
 
 MODES = {"ddp": {"parallel": "ddp"}, "fsdp": {"parallel": "fsdp"},
          "fsdp+checkpointing": {"parallel": "fsdp", "checkpoint_activations": True}}
@@ -116,12 +116,6 @@ def _worker(rank: int, world: int, port: int, cfg_path: str, cache: str, steps: 
     distributed.shutdown(dist)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_mode(name: str, folder: Path, args) -> list[dict]:
     from vaswani.config import load_run_config
     from vaswani.tasks import task_for
@@ -133,7 +127,7 @@ def run_mode(name: str, folder: Path, args) -> list[dict]:
     task_for(load_run_config(cfg_path)).load(folder / "cache", progress=False)  # once
     outs = [folder / f"{name}-{r}.json" for r in range(args.nproc)]
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, args.nproc, port, str(cfg_path),
                                                str(folder / "cache"), args.steps, str(outs[r])))
              for r in range(args.nproc)]

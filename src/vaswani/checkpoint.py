@@ -114,7 +114,6 @@ def load_weights(model: nn.Module, path: Path, *, fresh: tuple[str, ...] = ()) -
 def load_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], where: Path | str, *,
                  fresh: tuple[str, ...] = ()) -> None:
     """:func:`load_weights` of tensors in memory (``where`` names them in errors)."""
-    path = where
     tensors = {k.replace("_orig_mod.", ""): v for k, v in tensors.items()}
     if fresh:
         tensors = {k: v for k, v in tensors.items() if not k.startswith(fresh)}
@@ -123,14 +122,14 @@ def load_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], where: Path
     wrong = [f"{k} {tuple(v.shape)} (the model's: {tuple(expected[k].shape)})"
              for k, v in tensors.items() if k in expected and v.shape != expected[k].shape]
     if wrong:
-        raise ValueError(f"{path} does not match the model built from the config: "
+        raise ValueError(f"{where} does not match the model built from the config: "
                          f"{'; '.join(wrong[:3])}{' ...' if len(wrong) > 3 else ''} (was "
                          "config.toml edited?)")
     missing, unexpected = target.load_state_dict(tensors, strict=False)
     tied = {name for name in missing if _is_tied(target, name, tensors)}
     missing = [m for m in missing if m not in tied and not (fresh and m.startswith(fresh))]
     if missing or unexpected:
-        raise ValueError(f"{path} does not match the model: missing {missing[:5]}, "
+        raise ValueError(f"{where} does not match the model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
 
 
