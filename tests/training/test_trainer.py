@@ -12,16 +12,19 @@ import torch
 from safetensors.torch import load_file
 from torch.testing import assert_close
 
-from tests.training.fixtures import config, reverse_task, text_file
+from tests import conftest
+from tests.training.fixtures import classification_file, config, reverse_task, text_file
 from vaswani.config import load_run_config
 from vaswani.tasks import task_for
 from vaswani.training.loop import Trainer
 from vaswani.training.train import Launch, resolve_model, train
 
 
-def make_trainer(tmp_path, grad_accum):
-    data = reverse_task(tmp_path / "pairs.tsv")
-    cfg_path = config(tmp_path / f"c{grad_accum}.toml", "encoder-decoder", data,
+def make_trainer(tmp_path, grad_accum, arch="encoder-decoder", device=None):
+    make, name = {"encoder-decoder": (reverse_task, "pairs.tsv"), "decoder": (text_file, "a.txt"),
+                  "encoder": (classification_file, "labels.tsv")}[arch]
+    data = make(tmp_path / name)
+    cfg_path = config(tmp_path / f"c{grad_accum}.toml", arch, data,
                       train={"grad_accum": grad_accum, "label_smoothing": 0.1})
     cfg = load_run_config(cfg_path)
     task = task_for(cfg)
@@ -29,7 +32,8 @@ def make_trainer(tmp_path, grad_accum):
     cfg = resolve_model(cfg, task, ds)
     run = tmp_path / f"run{grad_accum}"
     run.mkdir()
-    trainer = Trainer(cfg, task_for(cfg), ds, run, device=torch.device("cpu"), progress=False)
+    trainer = Trainer(cfg, task_for(cfg), ds, run, device=device or torch.device("cpu"),
+                      progress=False)
     trainer.model.double()
     return trainer, ds
 
@@ -42,7 +46,7 @@ def test_grad_accumulation_4x8_equals_one_batch_of_32(tmp_path):
     quarters = [acc.task.collate(examples[k * 8:(k + 1) * 8]) for k in range(4)]
     loss_acc, n_acc = acc.accumulate(quarters)
     assert n_big == n_acc  # non-pad target tokens of the whole step
-    assert loss_big == pytest.approx(loss_acc, rel=1e-12)
+    assert float(loss_big) == pytest.approx(float(loss_acc), rel=1e-12)
     for (name, p), q in zip(big.model.named_parameters(), acc.model.parameters(), strict=True):
         assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-10, msg=name)
     big.optimizer_step()
@@ -50,6 +54,52 @@ def test_grad_accumulation_4x8_equals_one_batch_of_32(tmp_path):
     for p, q in zip(big.model.parameters(), acc.model.parameters(), strict=True):
         assert_close(p, q, rtol=0, atol=1e-5)
 
+
+
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder", "encoder"])
+def test_a_step_never_reads_the_device_and_skips_a_nan_on_the_device(tmp_path, monkeypatch,
+                                                                    arch):
+    """No tensor is read back to the host inside a training step (on a GPU each read waits
+    for the step's kernels), a NaN loss among them included: the optimizer skips that update
+    itself, and the skip is counted on the device and read by settle(). On CUDA the
+    device's own sync check (``set_sync_debug_mode("error")``) watches too."""
+    trainer, _ = make_trainer(tmp_path, 2, arch, conftest.DEVICE)
+    real_loss, calls = type(trainer.task).loss, {"n": 0}
+
+    def loss(self, model, batch, smoothing):
+        calls["n"] += 1
+        out = real_loss(self, model, batch, smoothing)
+        return (out[0] * float("nan"), *out[1:]) if calls["n"] in (3, 4) else out
+
+    monkeypatch.setattr(type(trainer.task), "loss", loss)
+    # the batches are made on the host (numpy and CPU tensors) before they meet the device
+    made = {i: trainer.batches.micro_batch(i) for i in range(6)}
+    monkeypatch.setattr(trainer.batches, "micro_batch", made.__getitem__)
+
+    def read(*_):
+        raise AssertionError("a tensor was read back to the host inside a training step")
+
+    cuda = trainer.device.type == "cuda"
+    weights = []
+    for _ in range(3):
+        with monkeypatch.context() as m:
+            for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
+                m.setattr(torch.Tensor, name, read)
+            if cuda:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                trainer.train_step()
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+        weights.append([p.detach().clone() for p in trainer.model.parameters()])
+    assert trainer.state.skipped == 0  # not read yet
+    trainer.settle()
+    assert trainer.state.skipped == 1 and trainer.state.step == 3
+    # step 2 (micro-batches 3 and 4) changed nothing, steps 1 and 3 did
+    assert all(torch.equal(a, b) for a, b in zip(weights[0], weights[1], strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(weights[1], weights[2], strict=True))
+    assert trainer.optimizer.state[next(trainer.model.parameters())]["step"] == 2
 
 def losses(run_dir: Path) -> dict[int, float]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

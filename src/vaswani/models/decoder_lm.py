@@ -58,8 +58,9 @@ class DecoderLM(nn.Module):
 
     def _forward(self, ids, mask, positions, cache, need_weights=False):
         default_positions, attn_mask = decoder_inputs(ids, mask, cache, self.config.pad_id)
+        x = self.embed(ids, positions=positions, start=0 if cache is None else cache.length)
         positions = default_positions if positions is None else positions
-        h, weights = self.decoder(self.embed(ids, positions=positions), mask=attn_mask,
+        h, weights = self.decoder(x, mask=attn_mask,
                                   cache=cache, positions=positions, need_weights=need_weights)
         return self.output_proj(h), weights
 

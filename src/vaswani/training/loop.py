@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from .. import checkpoint, devices, rundir
 from ..config import RunConfig
@@ -44,7 +44,7 @@ from . import sharding
 from .distributed import Dist
 from .progress import Report
 from .schedules import lr_factor
-from .state import Checkpoints, Diverged, RunState, Stopped, StopRequest
+from .state import Checkpoints, Diverged, RunState, SkipCounter, Stopped, StopRequest
 
 
 class _Abandoned(Exception):
@@ -97,8 +97,9 @@ class Trainer:
         self.state = RunState()
         if resume:
             self.state = self.checkpoints.restore(self.model, self.optimizer)
-        self.skipped_in_a_row = 0  # steps with a non-finite loss or gradient, lately
-        self.grad_norm = float("nan")  # the last step's gradient norm
+        # steps with a non-finite loss or gradient, counted on the device
+        self.skips = SkipCounter(device, limit=t.max_skipped_steps, total=self.state.skipped)
+        self.grad_norm = torch.full((), math.nan, device=device)  # the last step's, unclipped
         self.train_model: nn.Module = self.model
         if dist.enabled and not self.sharded:
             ids = [device.index] if device.type == "cuda" else None
@@ -140,9 +141,13 @@ class Trainer:
         state.planned_steps = planned if planned < t.schedule_steps else None
 
     # --- one optimizer step -------------------------------------------------------------
-    def train_step(self) -> tuple[float, int, float]:
-        """One optimizer step on the next global batch; returns (mean smoothed loss, input
-        tokens processed, the learning rate it used)."""
+    def train_step(self) -> tuple[Tensor, int, float]:
+        """One optimizer step on the next global batch; returns (mean smoothed loss, a
+        0-dim tensor on the device, input tokens processed, the learning rate it used).
+
+        Nothing in a step waits for the device (on a GPU the host queues the next step's
+        kernels while this one runs): the loss stays a tensor until a log line reads it, and
+        a non-finite step is skipped by the optimizer itself (see :meth:`optimizer_step`)."""
         t = self.cfg.train
         micro, tokens = [], 0
         for k in range(t.grad_accum):
@@ -150,12 +155,13 @@ class Trainer:
             micro.append(batch.to(self.device))
             tokens += batch.tokens * self.dist.world  # about, over ranks
         loss_sum, total = self.accumulate(micro)
-        lr = self.optimizer_step(finite_loss=math.isfinite(loss_sum))
+        lr = self.optimizer_step(loss_sum)
         return loss_sum / total, tokens, lr
 
-    def accumulate(self, micro: list[Batch]) -> tuple[float, float]:
+    def accumulate(self, micro: list[Batch]) -> tuple[Tensor, float]:
         """Backward over micro-batches, each loss scaled by world / (targets in the global
-        batch). Returns (smoothed loss sum over all ranks, global target count)."""
+        batch). Returns (smoothed loss sum over all ranks, a float64 tensor on the device;
+        global target count)."""
         t, model = self.cfg.train, self.train_model
         model.train()
         total = float(sum(b.targets for b in micro))  # counted on the host when batched
@@ -174,7 +180,7 @@ class Trainer:
                     loss, _, _ = self.task.loss(model, batch, t.label_smoothing)
                 self.scaler.scale(loss * scale).backward()
             loss_sum += loss.detach().double()
-        return float(self.dist.all_sum(loss_sum).item()), total
+        return self.dist.all_sum(loss_sum)[0], total
 
     @contextlib.contextmanager
     def _gradient_sync(self, sync: bool):
@@ -191,10 +197,15 @@ class Trainer:
             with self.train_model.no_sync():
                 yield
 
-    def optimizer_step(self, finite_loss: bool = True) -> float:
+    def optimizer_step(self, loss_sum: Tensor | None = None) -> float:
         """Set this step's learning rate, clip, update and clear the gradients; returns the
-        rate. A non-finite loss or gradient norm skips the update (the step still counts, and
-        consumes its batch, so batches stay a function of the step)."""
+        rate. A non-finite loss (``loss_sum``) or gradient norm skips the update (the step
+        still counts, and consumes its batch, so batches stay a function of the step).
+
+        The skip is decided on the device: fused AdamW takes a ``found_inf`` flag (the one a
+        gradient scaler hands it) and leaves the weights, its moments and its step count
+        alone when the flag is set. The skips are counted on the device too and read by
+        :meth:`settle` on the steps that log or save."""
         t, state = self.cfg.train, self.state
         lr = self.lr_at(state.step)
         for group in self.optimizer.param_groups:
@@ -202,28 +213,42 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)  # (no-op unless fp16)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                               t.clip_norm if t.clip_norm > 0 else math.inf)
-        self.grad_norm = float(sharding.full(norm))  # before clipping (on log lines)
-        if self.scaler.is_enabled() and finite_loss:
+        self.grad_norm = norm = sharding.full(norm).detach()  # before clipping (log lines)
+        finite_loss = (torch.ones((), dtype=torch.bool, device=norm.device) if loss_sum is None
+                       else torch.isfinite(loss_sum))
+        if self.scaler.is_enabled():
             # fp16: an overflowing gradient is the scaler's to handle: it skips the update
-            # and lowers the scale; only a non-finite loss counts towards divergence
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self.skipped_in_a_row = 0
-        elif finite_loss and math.isfinite(float(norm)):
-            self.optimizer.step()
-            self.skipped_in_a_row = 0
+            # and lowers the scale; only a non-finite loss counts towards divergence (this
+            # path reads the loss's finiteness on the host, as the scaler reads its own)
+            finite = finite_loss
+            if bool(finite_loss):
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
         else:
-            state.skipped += 1
-            self.skipped_in_a_row += 1
-            if self.skipped_in_a_row > t.max_skipped_steps:
-                raise Diverged(
-                    f"training diverged: the loss or gradients were not finite for "
-                    f"{self.skipped_in_a_row} steps in a row (up to step {state.step + 1}); "
-                    f"the last checkpoint in {self.run_dir} is kept. Lower [train] lr, or "
-                    "raise max_skipped_steps")
+            finite = finite_loss & torch.isfinite(norm)
+            if self.optimizer.defaults.get("fused"):
+                self.optimizer.found_inf = (~finite).float()
+                self.optimizer.step()
+                del self.optimizer.found_inf
+            elif bool(finite):  # an unfused optimizer cannot skip by itself
+                self.optimizer.step()
+        self.skips.count(finite, state.step + 1)
         self.optimizer.zero_grad(set_to_none=True)
         state.step += 1
         return lr
+
+    def settle(self) -> None:
+        """Read the device's skip counters into the run's state (waits for the device);
+        raise :class:`Diverged` if more than ``max_skipped_steps`` steps in a row were
+        skipped."""
+        t = self.cfg.train
+        self.state.skipped, streak = self.skips.read()
+        if streak is not None:
+            raise Diverged(
+                f"training diverged: the loss or gradients were not finite for "
+                f"{t.max_skipped_steps + 1} steps in a row (up to step {streak}); "
+                f"the last checkpoint in {self.run_dir} is kept. Lower [train] lr, or "
+                "raise max_skipped_steps")
 
     # --- evaluation ---------------------------------------------------------------------
     @torch.no_grad()
@@ -297,8 +322,10 @@ class Trainer:
                            or out_of_time) and not stop
                 line = None
                 if state.step % t.log_every == 0 or is_eval or stop:
-                    line = {"step": state.step, "loss": loss, "lr": lr,
-                            "grad_norm": self.grad_norm, "peak_memory_mib": self.peak_memory(),
+                    self.settle()  # the step's one wait for the device
+                    line = {"step": state.step, "loss": float(loss), "lr": lr,
+                            "grad_norm": float(self.grad_norm),
+                            "peak_memory_mib": self.peak_memory(),
                             "tokens_per_s": tokens / max(time.perf_counter() - clock, 1e-9),
                             "elapsed": round(state.elapsed, 1)}
                     if state.skipped:
@@ -315,6 +342,7 @@ class Trainer:
                 if is_eval and not stop:  # asked to stop during the evaluation?
                     stop = self._should_stop()[1]
                 if state.step % t.save_every == 0 or done or stop or state.step == t.max_steps:
+                    self.settle()
                     state.elapsed = before + time.perf_counter() - began
                     self.checkpoints.save(self.model, self.optimizer, state)
                 if stop:
@@ -342,8 +370,9 @@ class Trainer:
         the budget; a stop request on any rank stops them all."""
         limit = self.cfg.train.max_minutes * 60
         spent = bool(limit) and self.state.elapsed >= limit
+        if not self.dist.enabled:  # decided on the host: no wait for the device
+            return spent, self.stop.requested
         flags = torch.tensor([float(spent and self.dist.is_main), float(self.stop.requested)],
                              device=self.device)
-        if self.dist.enabled:
-            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
         return bool(flags[0]), bool(flags[1])

@@ -60,6 +60,31 @@ class Diverged(ValueError):
     """The loss or the gradients stayed non-finite; the last checkpoint was kept."""
 
 
+class SkipCounter:
+    """Optimizer steps skipped for a non-finite loss or gradient, counted on the device so
+    that no step waits for the device to say whether it was skipped: the run's total, the
+    current streak, and the step at which a streak first grew past ``limit`` (-1: none yet).
+    :meth:`read` brings them to the host (one wait), on the steps that log or save."""
+
+    def __init__(self, device: torch.device, *, limit: int, total: int = 0) -> None:
+        self.limit = limit
+        self.total = torch.tensor(total, dtype=torch.int64, device=device)
+        self.streak = torch.zeros((), dtype=torch.int64, device=device)
+        self.over_at = torch.full((), -1, dtype=torch.int64, device=device)
+
+    def count(self, finite: torch.Tensor, step: int) -> None:
+        """Step ``step`` (1-based) was skipped unless ``finite`` (a 0-dim bool tensor)."""
+        skipped = (~finite).long()
+        self.total += skipped
+        self.streak.add_(1).mul_(skipped)
+        self.over_at.masked_fill_((self.streak > self.limit) & (self.over_at < 0), step)
+
+    def read(self) -> tuple[int, int | None]:
+        """(skipped steps in the run, the step at which a streak passed the limit or None)."""
+        total, over_at = torch.stack([self.total, self.over_at]).tolist()
+        return total, None if over_at < 0 else over_at
+
+
 def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict, model: nn.Module,
                           where: Path) -> None:
     """A saved optimizer state must fit the parameters it is loaded into. PyTorch matches them
