@@ -8,6 +8,7 @@ from vaswani.data.batching import (
     BatchPlan,
     lm_eval_windows,
     lm_windows,
+    pad,
     shard,
     token_budget_batches,
 )
@@ -92,3 +93,49 @@ def test_split_is_deterministic_and_disjoint():
     assert (train, valid) == split(examples, 0.1, seed=4)
     assert len(valid) == 10 and not set(train) & set(valid)
     assert split(examples, 0.1, seed=5)[1] != valid
+
+
+def test_pad_to_a_multiple_rounds_the_width_up_within_the_cap():
+    rows = [[5, 6, 7], [5] * 10]
+    assert pad(rows, 0).shape == (2, 10)
+    assert pad(rows, 0, multiple=8).shape == (2, 16)
+    assert pad(rows, 0, multiple=8, plus=1).shape == (2, 17)  # tgt[:, :-1] is 16 wide
+    assert pad(rows, 0, multiple=8, cap=12).shape == (2, 12)  # never past max_len
+    assert pad(rows, 0, multiple=8, cap=4).shape == (2, 10)  # nor shorter than a row
+    out = pad(rows, 0, multiple=8)
+    assert out[0].tolist() == [5, 6, 7] + [0] * 13
+
+
+def test_padding_to_a_multiple_changes_no_loss_and_no_gradient(tmp_path):
+    """A translation batch padded to a multiple of 8 gives the unpadded batch's loss sums and
+    gradients: padding is masked in attention and in the loss."""
+    from tests import conftest
+    from tests.training.fixtures import config, reverse_task
+    from vaswani.config import load_run_config
+    from vaswani.models import build_model
+    from vaswani.tasks import task_for
+    from vaswani.training.train import resolve_model
+
+    cfg = load_run_config(config(tmp_path / "c.toml", "encoder-decoder",
+                                 reverse_task(tmp_path / "pairs.tsv")))
+    task = task_for(cfg)
+    data = task.load(tmp_path / "cache")
+    cfg = resolve_model(cfg, task, data)
+    torch.manual_seed(0)
+    model = build_model(cfg.model).double().to(conftest.DEVICE)
+    examples = data.train[:16]
+    results = []
+    for multiple in (0, 8):
+        task.config = cfg.replace(data=cfg.data.replace(pad_to_multiple=multiple))
+        batch = task.collate(examples).to(conftest.DEVICE)
+        model.zero_grad()
+        loss, nll, count = task.loss(model, batch, 0.1)
+        loss.backward()
+        results.append((batch, loss, nll, count, [p.grad.clone() for p in model.parameters()]))
+    (plain, *a), (padded, *b) = results
+    assert (padded["src"].size(1) % 8, (padded["tgt"].size(1) - 1) % 8) == (0, 0)
+    assert padded["src"].size(1) > plain["src"].size(1)
+    for x, y in zip(a[:3], b[:3], strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-10)
+    for x, y in zip(a[3], b[3], strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-8, atol=1e-10)

@@ -159,6 +159,8 @@ class DataConfig(ConfigBase):
     max_tokens: int = 4096  # token budget of one (micro-)batch, padding included
     batch_size: int = 32  # language modelling: windows per batch
     block_size: int = 256  # language modelling: tokens per window
+    pad_to_multiple: int = 0  # pairs and labelled texts: pad each batch's length up to a
+    # multiple of this (0: to its longest): fewer shapes for torch.compile, aligned GPU matmuls
     max_skip: int = 0  # bad lines to skip (counted and reported) before failing
     tokenizer_sample: int = 20_000_000  # bytes of training data the tokenizer learns from at
     # most: a larger training set gives a seeded random sample of whole examples (or lines)
@@ -173,8 +175,9 @@ class DataConfig(ConfigBase):
         for name in ("vocab_size", "max_tokens", "batch_size", "block_size", "tokenizer_sample"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
-        if self.max_skip < 0:
-            raise ValueError(f"max_skip ({self.max_skip}) must be >= 0")
+        for name in ("max_skip", "pad_to_multiple"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -94,9 +94,17 @@ def shard(items: list, rank: int, world: int) -> list:
     return items[rank::world]
 
 
-def pad(rows, pad_id: int) -> Tensor:
-    """Right-pad sequences of ids (lists or arrays) into a (B, L) long tensor."""
+def pad(rows, pad_id: int, *, multiple: int = 0, plus: int = 0, cap: int = 0) -> Tensor:
+    """Right-pad sequences of ids (lists or arrays) into a (B, L) long tensor.
+
+    L is the longest row, or with ``multiple`` (``[data] pad_to_multiple``) the next length
+    whose ``L - plus`` is a multiple of it (``plus=1`` for a target whose input is
+    ``tgt[:, :-1]``) but not past ``cap``: a few distinct shapes instead of one per length,
+    so that torch.compile compiles each once and GPU matmuls get aligned sizes."""
     width = max(len(r) for r in rows)
+    if multiple > 1:
+        rounded = -(-(width - plus) // multiple) * multiple + plus
+        width = max(width, min(rounded, cap or rounded))
     out = np.full((len(rows), width), pad_id, dtype=np.int64)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r

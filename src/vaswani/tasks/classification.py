@@ -84,7 +84,9 @@ class Classification(Task):
                              seed=self.config.train.seed, rank=rank, world=world)
 
     def collate(self, examples: list) -> Batch:
-        return Batch({"ids": pad([ids for ids, _ in examples], self.pad_id),
+        return Batch({"ids": pad([ids for ids, _ in examples], self.pad_id,
+                                 multiple=self.config.data.pad_to_multiple,
+                                 cap=self.config.model.max_len),
                       "label": torch.tensor([int(label) for _, label in examples])},
                      targets=len(examples), tokens=sum(len(ids) for ids, _ in examples))
 

@@ -84,8 +84,10 @@ class Translation(Task):
     def collate(self, pairs: list) -> Batch:
         """Padded sources and targets; the targets predicted are every target token after
         <bos>."""
-        return Batch({"src": pad([s for s, _ in pairs], self.pad_id),
-                      "tgt": pad([t for _, t in pairs], self.pad_id)},
+        m, max_len = self.config.data.pad_to_multiple, self.config.model.max_len
+        return Batch({"src": pad([s for s, _ in pairs], self.pad_id, multiple=m, cap=max_len),
+                      "tgt": pad([t for _, t in pairs], self.pad_id, multiple=m, plus=1,
+                                 cap=max_len + 1)},
                      targets=sum(len(t) - 1 for _, t in pairs),
                      tokens=sum(len(s) + len(t) for s, t in pairs))
 
