@@ -6,7 +6,9 @@ CTranslate2 on the same exported model.
 1. A decode step: 32 prompts of 5-60 tokens continued by 64 tokens, greedy, by the engine and
    by generation/decode.py ``generate_batch`` (the left-padded batch with a concatenating KV
    cache that serving used before the engine), alternating, best of four; outputs compared.
-2. 1,000 sentences (``vaswani translate``'s path: ``Translator.translate``), greedy and beam 4
+2. One layer's attention of a 128-row decode step through the paged cache (gather, SDPA) and
+   over a contiguous slot per row: what the paged cache's gather costs.
+3. 1,000 sentences (``vaswani translate``'s path: ``Translator.translate``), greedy and beam 4
    (length penalty 0, the same length cap), against CTranslate2 ``translate_batch`` of the
    run exported with ``vaswani export --format ct2``; 1,000 prompts (``generate_many``) against
    ``generate_batch``, greedy. Each side runs twice, alternating, and its best time counts.
@@ -67,6 +69,48 @@ def decode_step(quick: bool) -> dict:
     return {"tokens_per_s": {k: round(v) for k, v in best.items()},
             "engine_over_generate_batch": round(best["engine"] / best["generate_batch"], 2),
             "same_outputs": outputs["engine"] == outputs["old"]}
+
+
+def attention_read(quick: bool) -> dict:
+    """One layer's attention in one decode step of 128 rows over 128 cached keys (the LM
+    run's heads), two ways: through the engine's paged cache (engine/cache.py ``PagedKV``:
+    gather each row's blocks from the pool, then SDPA) and over a contiguous per-row slot
+    (SDPA on a view, as a static cache would read it), alternating, best time. What the
+    paged cache's gather costs at the shapes of the offline LM row."""
+    import torch.nn.functional as F
+
+    from vaswani.engine.cache import KVPool, PagedKV
+
+    R, H, D, Tk, bs = 128, 4, 64, 128, 16
+    g = torch.Generator().manual_seed(0)
+    pool = KVPool(1, R * Tk // bs + 1, bs, H, D, dtype=torch.float32,
+                  device=torch.device("cpu"))
+    pool.k.normal_(generator=g)
+    pool.v.normal_(generator=g)
+    read = (torch.randperm(R * Tk // bs, generator=g) + 1).view(R, Tk // bs)  # scattered
+    q = torch.randn(R, H, 1, D, generator=g)
+    lengths = torch.randint(Tk // 2, Tk + 1, (R,), generator=g)
+    mask = (torch.arange(Tk) < lengths[:, None])[:, None, None, :]
+    first = PagedKV(pool, 0, read)
+    slot_k, slot_v = first.k.contiguous(), first.v.contiguous()  # (R, H, Tk, D) each
+
+    def paged():
+        kv = PagedKV(pool, 0, read)
+        return F.scaled_dot_product_attention(q, kv.k, kv.v, attn_mask=mask)
+
+    def slot():
+        return F.scaled_dot_product_attention(q, slot_k, slot_v, attn_mask=mask)
+
+    best = {"paged": float("inf"), "slot": float("inf")}
+    for _ in range(3 if quick else 10):
+        for name, fn in (("paged", paged), ("slot", slot)):
+            start = time.perf_counter()
+            for _ in range(10):
+                out = fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / 10)
+    return {"ms": {k: round(v * 1e3, 2) for k, v in best.items()},
+            "paged_over_slot": round(best["paged"] / best["slot"], 2),
+            "same_outputs": bool(torch.allclose(paged(), out, atol=1e-5))}
 
 
 ROUNDS = 2  # each contender runs this many times, alternating; the best time counts
@@ -138,7 +182,7 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-offline-"))
     work.mkdir(parents=True, exist_ok=True)
-    results = {"decode_step": decode_step(args.quick)}
+    results = {"decode_step": decode_step(args.quick), "attention_read": attention_read(args.quick)}
     try:
         import ctranslate2  # noqa: F401
 
@@ -150,6 +194,10 @@ def main() -> None:
     rows = [("decode 32 x 64 tokens, engine / generate_batch",
              f"{step['engine_over_generate_batch']}x ({step['tokens_per_s']}; same outputs: "
              f"{step['same_outputs']})")]
+    read = results["attention_read"]
+    rows.append(("one layer's attention, 128 rows x 128 keys: paged (gather + SDPA) / a "
+                 "contiguous slot", f"{read['paged_over_slot']}x the time ({read['ms']} ms; "
+                 f"same outputs: {read['same_outputs']})"))
     ct2 = results["ctranslate2"]
     for name, r in ct2.items() if isinstance(ct2, dict) else []:
         same = f"; same outputs {r['same_outputs']:.0%}" if "same_outputs" in r else ""
