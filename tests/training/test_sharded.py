@@ -143,3 +143,26 @@ def test_bf16_shards_compute_in_bf16_and_keep_fp32_master_weights():
         assert model.output_proj.weight is model.embed.token.weight  # still tied
     finally:
         distributed.shutdown(group)
+
+
+@pytest.mark.parametrize("fail", ["best", "disk"])
+def test_when_rank_0_fails_alone_every_rank_stops_at_once(runs, fail):
+    """Rank 0 fails the work it does alone: keeping the best weights of the first evaluation
+    (step 3: non-finite weights) or writing last/ at step 6 (a full disk). Rank 1 stops too
+    with a message, instead of waiting at the next collective until the process group times
+    out (the subprocess timeout would fail the test first); what was saved stays."""
+    tmp, cfg = runs
+    out = tmp / f"fail-{fail}"
+    helper = str(Path(__file__).with_name("fail_in_save.py"))
+    step = 3 if fail == "best" else 6
+    done = vaswani("train", str(cfg), "--out", str(out), "--set", "train.parallel=ddp",
+                   nproc=2, script=helper, env={"FAIL_STEP": str(step), "FAIL": fail},
+                   check=False)
+    assert done.returncode != 0
+    if fail == "best":
+        assert not (out / "last").exists()
+        assert "rank 0 found the weights no longer finite while evaluating step 3" in done.stderr
+    else:
+        assert json.loads((out / "last/state.json").read_text())["step"] == 3
+        assert "rank 0 failed while saving step 6" in done.stderr
+    assert "No space left" in done.stderr or "no longer finite at step 3 (test)" in done.stderr

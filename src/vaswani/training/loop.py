@@ -285,22 +285,32 @@ class Trainer:
         unsharded copy that rank 0 evaluates alone (sharding.py says why)."""
         flags, result = torch.zeros(2, device=self.device), {}  # (stop, improved)
         weights = sharding.full_tensors(self.model) if self.sharded else self.model
+        failure = None
         if self.dist.is_main:
-            model = self.model
-            if self.sharded:
-                model = build_model(self.cfg.model).to(self.device)
-                checkpoint.load_tensors(model, weights, "the gathered weights")
             try:
-                result = self.evaluate(model)
-            except _Abandoned:
-                result = {}
-            if result:
-                better, stop = self.checkpoints.judge(self.state, result)
-                flags[0] = float(stop)
-                if better:
-                    self.checkpoints.save_best(weights, self.state)
+                result = self._evaluate_and_keep_best(weights, flags)
+            except Exception as error:  # the other ranks must hear of it, not wait for it
+                failure = error
+        self.checkpoints.agree(failure, f"evaluating step {self.state.step}")
         self.dist.broadcast(flags)
         return result, bool(flags[0])
+
+    def _evaluate_and_keep_best(self, weights: checkpoint.Weights, flags: Tensor) -> dict:
+        """Rank 0's part of :meth:`_eval_step`: evaluate, judge, save the best weights."""
+        model = self.model
+        if self.sharded:
+            model = build_model(self.cfg.model).to(self.device)
+            checkpoint.load_tensors(model, weights, "the gathered weights")
+        try:
+            result = self.evaluate(model)
+        except _Abandoned:
+            return {}
+        if result:
+            better, stop = self.checkpoints.judge(self.state, result)
+            flags[0] = float(stop)
+            if better:
+                self.checkpoints.save_best(weights, self.state)
+        return result
 
     # --- the loop -----------------------------------------------------------------------
     def fit(self) -> dict:

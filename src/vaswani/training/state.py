@@ -144,13 +144,34 @@ class Checkpoints:
             self.dist.barrier()
             sharding.save_sharded(model, optimizer, folder)
         weights = self._weights(model)  # a collective when sharded
+        failure = None
         if self.dist.is_main:
-            require_finite(weights, state.step, self.run_dir)
-            checkpoint.save_last(self.run_dir, weights, trainer_state, saved, sharded=folder)
-            if self.cfg.train.keep_checkpoints:
-                checkpoint.save_checkpoint(self.run_dir, weights, state.step,
-                                           self.cfg.train.keep_checkpoints)
-        self.dist.barrier()
+            try:
+                require_finite(weights, state.step, self.run_dir)
+                checkpoint.save_last(self.run_dir, weights, trainer_state, saved,
+                                     sharded=folder)
+                if self.cfg.train.keep_checkpoints:
+                    checkpoint.save_checkpoint(self.run_dir, weights, state.step,
+                                               self.cfg.train.keep_checkpoints)
+            except Exception as error:  # the other ranks must hear of it, not wait for it
+                failure = error
+        self.agree(failure, f"saving step {state.step}")
+
+    def agree(self, failure: Exception | None, doing: str) -> None:
+        """After a part of the work that rank 0 does alone (saving, evaluating): every rank
+        learns whether it failed and raises too, instead of waiting at the next collective
+        for a rank that has left (until the process group's timeout, many minutes later).
+        Rank 0 raises its own error; the others say what rank 0 was ``doing``."""
+        code = 0 if failure is None else 1 if isinstance(failure, Diverged) else 2
+        code = int(self.dist.broadcast(torch.tensor([code], device=self.device)).item())
+        if failure is not None:
+            raise failure
+        if code == 1:
+            raise Diverged(f"rank 0 found the weights no longer finite while {doing}; the "
+                           f"last checkpoint in {self.run_dir} is kept")
+        if code == 2:
+            raise RuntimeError(f"rank 0 failed while {doing} (its error says why); the last "
+                               f"checkpoint in {self.run_dir} is kept")
 
     def judge(self, state: RunState, result: dict) -> tuple[bool, bool]:
         """After an evaluation on rank 0: whether ``[train] best_metric`` improved (the
