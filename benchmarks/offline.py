@@ -1,7 +1,7 @@
 """Offline decoding through the inference engine, against the old batched decoder and against
 CTranslate2 on the same exported model.
 
-    python -m benchmarks.offline [--quick] [--json OUT.json] [--work DIR]
+    python -m benchmarks.offline [--quick] [--json OUT.json] [--work DIR] [--profile]
 
 1. A decode step: 32 prompts of 5-60 tokens continued by 64 tokens, greedy, by the engine and
    by generation/decode.py ``generate_batch`` (the left-padded batch with a concatenating KV
@@ -15,6 +15,9 @@ CTranslate2 on the same exported model.
    Greedy outputs are compared (the algorithms agree there). The LM row runs once more with
    the paged cache's gather replaced by a read of a ready contiguous buffer (wrong outputs):
    the ceiling of what a cache that SDPA reads in place would buy.
+
+``--profile`` runs only torch.profiler over the LM row (300 prompts) and prints the share of
+the linear layers, SDPA, the paged gather and the rest.
 
 The models are those of benchmarks/serve.py (the bible preset's and the shakespeare-char
 preset's size, effectively random weights: outputs run to their length cap), fp32, on this
@@ -212,14 +215,46 @@ def against_ct2(work: Path, n: int, threads: int) -> dict:
                             CT2LanguageModel(folder / "lm", threads=threads), prompts)}
 
 
+def profile_lm(work: Path, n: int = 300) -> dict:
+    """Where the engine's time goes in the LM row: torch.profiler over ``generate_many`` of
+    ``n`` of its prompts, the self CPU time of the operators by kind, as shares."""
+    from torch.profiler import profile
+
+    import vaswani
+
+    run = vaswani.load(make_runs(work)["lm"])
+    rng = random.Random(3)
+    prompts = [sentence(rng, 3, 12)[:60] for _ in range(n)]
+    run.generate_many(prompts[:32], max_new_tokens=64, temperature=0)  # warm up
+    with profile() as prof:
+        run.generate_many(prompts, max_new_tokens=64, temperature=0)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    kinds = {"linear layers (addmm, mm)": lambda k: k in ("aten::addmm", "aten::mm"),
+             "attention (SDPA)": lambda k: "scaled_dot_product" in k,
+             "paged KV gather (index_select)": lambda k: k == "aten::index_select"}
+    shares = {kind: sum(e.self_cpu_time_total for e in events if match(e.key)) / total
+              for kind, match in kinds.items()}
+    shares["everything else"] = 1 - sum(shares.values())
+    return {kind: round(share, 3) for kind, share in shares.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="200 sentences, fewer rounds")
     parser.add_argument("--json", metavar="OUT.json")
     parser.add_argument("--work", metavar="DIR", help="where the runs go (default: a temp dir)")
+    parser.add_argument("--profile", action="store_true",
+                        help="only profile the LM row: the share of each kind of operator")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-offline-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        shares = profile_lm(work)
+        report("Where the LM row's time goes (self CPU time)",
+               [(kind, f"{share:.0%}") for kind, share in shares.items()],
+               {"profile_lm": shares}, args.json)
+        return
     results = {"decode_step": decode_step(args.quick), "attention_read": attention_read(args.quick)}
     try:
         import ctranslate2  # noqa: F401
