@@ -2,7 +2,7 @@
 request batching on and off.
 
     python -m benchmarks.serve [--quick] [--json OUT.json] [--work DIR] [--parts ...]
-                               [--baseline CHECKOUT]
+                               [--baseline CHECKOUT] [--clients 1,8,32] [--device cuda]
 
 1. Translation: an encoder-decoder of the bible-en-es preset's size (3+3 layers, d_model 256,
    shared BPE vocabulary of 8000, learnt from sentences of a made-up language; weights after
@@ -25,6 +25,10 @@ request batching on and off.
 Each server is a separate ``vaswani serve`` process (as a user runs it) on 127.0.0.1; the
 clients are threads in this process. The two settings alternate (off, on, off, on) and the
 better of two rounds is kept, so a change in the machine's load hits both alike.
+``--clients`` sets the client counts of parts 1 and 2 (batching on then takes up to
+max(32, clients) rows); ``--device`` the servers' device: on a GPU,
+``--parts streaming --clients 1,64 --device cuda`` gives the engine's 64-client / 1-client
+tokens/s (issue 26's GPU goal: >= 10x).
 """
 
 from __future__ import annotations
@@ -130,9 +134,9 @@ class ServeProcess:
 class Server(ServeProcess):
     """``vaswani serve RUN`` of one run under ``name``."""
 
-    def __init__(self, run: Path, name: str, max_batch: int) -> None:
+    def __init__(self, run: Path, name: str, max_batch: int, device: str | None = None) -> None:
         super().__init__([str(run), "--name", name, "--max-batch", str(max_batch),
-                          "--max-wait-ms", "5"])
+                          "--max-wait-ms", "5", *(["--device", device] if device else [])])
 
 
 def load(url: str, clients: int, per_client: int, request) -> dict:
@@ -215,7 +219,12 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="CHECKOUT",
                         help="mixed: also serve from this checkout of vaswani and compare "
                              "(e.g. `git worktree add /tmp/old 8c1487e`)")
+    parser.add_argument("--clients", default="1,8,32",
+                        help="translation and streaming: the numbers of concurrent clients")
+    parser.add_argument("--device", help="the servers' device (default: vaswani serve's own, "
+                                         "the GPU if there is one); the mixed part runs on CPU")
     args = parser.parse_args()
+    counts = [int(c) for c in args.clients.split(",")]
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-serve-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"training the two runs one step each in {work} ...", flush=True)
@@ -229,12 +238,12 @@ def main() -> None:
         kept = json.loads(Path(args.json).read_text())
         results.update({k: kept[k] for k in results if k not in parts and k in kept})
 
-    for clients in (1, 8, 32) if "translation" in parts else ():
+    for clients in counts if "translation" in parts else ():
         per_client = max(2, (16 if args.quick else 32) // clients)
         best: dict[str, dict] = {}
         for _ in range(rounds):
-            for setting, max_batch in (("off", 1), ("on", 32)):
-                with Server(runs["translator"], "bible", max_batch) as server:
+            for setting, max_batch in (("off", 1), ("on", max(32, clients))):
+                with Server(runs["translator"], "bible", max_batch, args.device) as server:
                     load(server.url, 1, 1, translate_request(sentences))  # warm-up
                     out = load(server.url, clients, per_client, translate_request(sentences))
                 if setting not in best or out["requests_per_s"] > best[setting]["requests_per_s"]:
@@ -244,11 +253,11 @@ def main() -> None:
         results["translation"][str(clients)] = best
 
     tokens = 60 if args.quick else 120
-    for clients in (1, 8, 32) if "streaming" in parts else ():
+    for clients in counts if "streaming" in parts else ():
         best = {}
         for _ in range(rounds):
-            for setting, max_batch in (("off", 1), ("on", 32)):
-                with Server(runs["lm"], "lm", max_batch) as server:
+            for setting, max_batch in (("off", 1), ("on", max(32, clients))):
+                with Server(runs["lm"], "lm", max_batch, args.device) as server:
                     out = stream(server.url, clients, tokens)
                 if setting not in best or out["tokens_per_s"] > best[setting]["tokens_per_s"]:
                     best[setting] = out
@@ -277,6 +286,10 @@ def main() -> None:
                          f"batching {setting}",
                          f"{x['tokens_per_s']} tokens/s, first token {x['first_token_s']} s"))
         rows.append((f"stream, {clients} clients: batching on / off", f"{r['speedup']}x"))
+        one = results["streaming"].get("1")
+        if one and clients != "1":
+            rows.append((f"stream, batching on: {clients} clients / 1 client, tokens/s",
+                         f"{r['on']['tokens_per_s'] / one['on']['tokens_per_s']:.2f}x"))
     for name, r in results["mixed"].items():
         if not isinstance(r, dict):
             rows.append(("mixed: engine / baseline tokens/s", f"{r}x"))
