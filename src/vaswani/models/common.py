@@ -45,8 +45,10 @@ def output_projection(c: ModelConfig, embed: Embeddings, vocab_size: int) -> nn.
 
 
 def decoder_inputs(ids: Tensor, keep: Tensor | None, cache: KVCache | None,
-                   pad_id: int) -> tuple[Tensor, Tensor | None]:
-    """(positions (T,), self-attention mask) for the new tokens ``ids`` (B, T) of a decoder.
+                   pad_id: int) -> tuple[int, Tensor, Tensor | None]:
+    """(first position, positions (T,), self-attention mask) for the new tokens ``ids``
+    (B, T) of a decoder; the first position is known on the host (the embedding checks it
+    against max_len without reading the device).
 
     Without a cache the tokens start at position 0 and ``keep`` (B, T), True = real token,
     defaults to ``ids != pad_id``. With a KV cache they come after ``cache.length`` cached
@@ -59,8 +61,8 @@ def decoder_inputs(ids: Tensor, keep: Tensor | None, cache: KVCache | None,
         keep = masks.padding_mask(ids, pad_id)
     positions = torch.arange(start, start + T, device=ids.device)
     if keep is None and T == 1:
-        return positions, None  # one new query may see every key: no mask needed
-    return positions, masks.decoder_self_mask(keep, T, start + T, device=ids.device)
+        return start, positions, None  # one new query may see every key: no mask needed
+    return start, positions, masks.decoder_self_mask(keep, T, start + T, device=ids.device)
 
 
 def stack_weights(layers: list[LayerWeights], which: str) -> Tensor:

@@ -57,8 +57,9 @@ class DecoderLM(nn.Module):
         return logits, {"decoder": stack_weights(weights, "self_attn")}
 
     def _forward(self, ids, mask, positions, cache, need_weights=False):
-        default_positions, attn_mask = decoder_inputs(ids, mask, cache, self.config.pad_id)
-        x = self.embed(ids, positions=positions, start=0 if cache is None else cache.length)
+        start, default_positions, attn_mask = decoder_inputs(ids, mask, cache,
+                                                             self.config.pad_id)
+        x = self.embed(ids, positions=positions, start=start)
         positions = default_positions if positions is None else positions
         h, weights = self.decoder(x, mask=attn_mask,
                                   cache=cache, positions=positions, need_weights=need_weights)

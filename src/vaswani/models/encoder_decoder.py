@@ -91,9 +91,8 @@ class EncoderDecoder(nn.Module):
         return self.encoder(self.src_embed(src), mask=attn_mask, need_weights=need_weights)
 
     def _decode(self, tgt, memory, src_mask, tgt_mask, cache, need_weights=False):
-        positions, self_mask = decoder_inputs(tgt, tgt_mask, cache, self.config.pad_id)
+        start, positions, self_mask = decoder_inputs(tgt, tgt_mask, cache, self.config.pad_id)
         memory_mask = None if src_mask is None else masks.key_padding_mask(src_mask)
-        start = 0 if cache is None else cache.length  # = positions[0], known on the host
         h, weights = self.decoder(self.tgt_embed(tgt, start=start), mask=self_mask,
                                   memory=memory, memory_mask=memory_mask, cache=cache,
                                   positions=positions, need_weights=need_weights)
