@@ -12,7 +12,7 @@
 * **lm**: a GPT-2-small-shaped decoder (d 768, 12 layers, 12 heads, vocabulary 50,257,
   16 x 1024 tokens) through the task loss, against Hugging Face's GPT-2 eager and compiled
   (when ``transformers`` is installed).
-* **decode**: the same LM, random weights, through the engine (paged KV cache, CUDA graphs):
+* **decode**: the same LM, random weights, through the engine (slot KV cache, CUDA graphs):
   batch-1 and batch-32 greedy tokens/s, against Hugging Face ``generate`` (static cache off).
 
 MFU = the step's FLOPs (``torch.utils.flop_counter.FlopCounterMode`` on forward + backward)

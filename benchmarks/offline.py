@@ -6,18 +6,14 @@ CTranslate2 on the same exported model.
 1. A decode step: 32 prompts of 5-60 tokens continued by 64 tokens, greedy, by the engine and
    by generation/decode.py ``generate_batch`` (the left-padded batch with a concatenating KV
    cache that serving used before the engine), alternating, best of four; outputs compared.
-2. One layer's attention of a 128-row decode step through the paged cache (gather, SDPA) and
-   over a contiguous slot per row: what the paged cache's gather costs.
-3. 1,000 sentences (``vaswani translate``'s path: ``Translator.translate``), greedy and beam 4
+2. 1,000 sentences (``vaswani translate``'s path: ``Translator.translate``), greedy and beam 4
    (length penalty 0, the same length cap), against CTranslate2 ``translate_batch`` of the
    run exported with ``vaswani export --format ct2``; 1,000 prompts (``generate_many``) against
    ``generate_batch``, greedy. Each side runs twice, alternating, and its best time counts.
-   Greedy outputs are compared (the algorithms agree there). The LM row runs once more with
-   the paged cache's gather replaced by a read of a ready contiguous buffer (wrong outputs):
-   the ceiling of what a cache that SDPA reads in place would buy.
+   Greedy outputs are compared (the algorithms agree there).
 
 ``--profile`` runs only torch.profiler over the LM row (300 prompts) and prints the share of
-the linear layers, SDPA, the paged gather and the rest.
+the linear layers, SDPA, the cache's writes and copies, and the rest.
 
 The models are those of benchmarks/serve.py (the bible preset's and the shakespeare-char
 preset's size, effectively random weights: outputs run to their length cap), fp32, on this
@@ -27,7 +23,6 @@ machine's CPU threads.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import random
 import tempfile
 import time
@@ -77,48 +72,6 @@ def decode_step(quick: bool) -> dict:
             "same_outputs": outputs["engine"] == outputs["old"]}
 
 
-def attention_read(quick: bool) -> dict:
-    """One layer's attention in one decode step of 128 rows over 128 cached keys (the LM
-    run's heads), two ways: through the engine's paged cache (engine/cache.py ``PagedKV``:
-    gather each row's blocks from the pool, then SDPA) and over a contiguous per-row slot
-    (SDPA on a view, as a static cache would read it), alternating, best time. What the
-    paged cache's gather costs at the shapes of the offline LM row."""
-    import torch.nn.functional as F
-
-    from vaswani.engine.cache import KVPool, PagedKV
-
-    R, H, D, Tk, bs = 128, 4, 64, 128, 16
-    g = torch.Generator().manual_seed(0)
-    pool = KVPool(1, R * Tk // bs + 1, bs, H, D, dtype=torch.float32,
-                  device=torch.device("cpu"))
-    pool.k.normal_(generator=g)
-    pool.v.normal_(generator=g)
-    read = (torch.randperm(R * Tk // bs, generator=g) + 1).view(R, Tk // bs)  # scattered
-    q = torch.randn(R, H, 1, D, generator=g)
-    lengths = torch.randint(Tk // 2, Tk + 1, (R,), generator=g)
-    mask = (torch.arange(Tk) < lengths[:, None])[:, None, None, :]
-    first = PagedKV(pool, 0, read)
-    slot_k, slot_v = first.k.contiguous(), first.v.contiguous()  # (R, H, Tk, D) each
-
-    def paged():
-        kv = PagedKV(pool, 0, read)
-        return F.scaled_dot_product_attention(q, kv.k, kv.v, attn_mask=mask)
-
-    def slot():
-        return F.scaled_dot_product_attention(q, slot_k, slot_v, attn_mask=mask)
-
-    best = {"paged": float("inf"), "slot": float("inf")}
-    for _ in range(3 if quick else 10):
-        for name, fn in (("paged", paged), ("slot", slot)):
-            start = time.perf_counter()
-            for _ in range(10):
-                out = fn()
-            best[name] = min(best[name], (time.perf_counter() - start) / 10)
-    return {"ms": {k: round(v * 1e3, 2) for k, v in best.items()},
-            "paged_over_slot": round(best["paged"] / best["slot"], 2),
-            "same_outputs": bool(torch.allclose(paged(), out, atol=1e-5))}
-
-
 ROUNDS = 2  # each contender runs this many times, alternating; the best time counts
 
 
@@ -149,49 +102,17 @@ def translations(run, ct2, sources: list[str]) -> dict:
     return out
 
 
-@contextlib.contextmanager
-def without_the_gather():
-    """The engine with PagedKV's gather replaced by a read of a contiguous buffer of the
-    same shape, made once: the outputs are wrong, the time is that of an engine whose cache
-    SDPA reads in place (the most such a cache could buy)."""
-    from vaswani.engine import cache
-
-    real, buffers = cache.PagedKV._gather, {}
-
-    def read(self, source, which):
-        R, n = self.read.shape
-        key = (which, source.data_ptr())
-        width = n * self.block_size
-        if key not in buffers or buffers[key].size(0) < R or buffers[key].size(2) < width:
-            H, D = source.shape[1:]
-            buffers[key] = torch.randn(max(R, 256), H, max(width, 128), D)
-        return buffers[key][:R, :, :width]
-
-    cache.PagedKV._gather = read
-    try:
-        yield
-    finally:
-        cache.PagedKV._gather = real
-
-
 def continuations(run, ct2, prompts: list[str], tokens: int = 64) -> dict:
     n = len(prompts)
 
     def ours():
         return run.generate_many(prompts, max_new_tokens=tokens, temperature=0)
 
-    def no_gather():
-        with without_the_gather():
-            return ours()
-
     outs, t_ours, theirs, t_ct2 = alternating(
         ours, lambda: ct2.generate_many(prompts, max_new_tokens=tokens, temperature=0))
-    _, t_ceiling, _, _ = alternating(no_gather, lambda: None)
     return {f"generate {n} prompts, greedy": {
-        "per_s": {"vaswani": round(n / t_ours, 1), "ctranslate2": round(n / t_ct2, 1),
-                  "vaswani without the gather (wrong outputs)": round(n / t_ceiling, 1)},
+        "per_s": {"vaswani": round(n / t_ours, 1), "ctranslate2": round(n / t_ct2, 1)},
         "vaswani_over_ct2": round(t_ct2 / t_ours, 2),
-        "without_the_gather_over_ct2": round(t_ct2 / t_ceiling, 2),
         "same_outputs": sum(a == b for a, b in zip(outs, theirs, strict=True)) / n}}
 
 
@@ -232,7 +153,9 @@ def profile_lm(work: Path, n: int = 300) -> dict:
     total = sum(e.self_cpu_time_total for e in events)
     kinds = {"linear layers (addmm, mm)": lambda k: k in ("aten::addmm", "aten::mm"),
              "attention (SDPA)": lambda k: "scaled_dot_product" in k,
-             "paged KV gather (index_select)": lambda k: k == "aten::index_select"}
+             "KV cache writes and copies (index_put, index)":
+                 lambda k: k in ("aten::index_put_", "aten::_index_put_impl_", "aten::index",
+                                 "aten::index_select")}
     shares = {kind: sum(e.self_cpu_time_total for e in events if match(e.key)) / total
               for kind, match in kinds.items()}
     shares["everything else"] = 1 - sum(shares.values())
@@ -255,7 +178,7 @@ def main() -> None:
                [(kind, f"{share:.0%}") for kind, share in shares.items()],
                {"profile_lm": shares}, args.json)
         return
-    results = {"decode_step": decode_step(args.quick), "attention_read": attention_read(args.quick)}
+    results = {"decode_step": decode_step(args.quick)}
     try:
         import ctranslate2  # noqa: F401
 
@@ -267,18 +190,11 @@ def main() -> None:
     rows = [("decode 32 x 64 tokens, engine / generate_batch",
              f"{step['engine_over_generate_batch']}x ({step['tokens_per_s']}; same outputs: "
              f"{step['same_outputs']})")]
-    read = results["attention_read"]
-    rows.append(("one layer's attention, 128 rows x 128 keys: paged (gather + SDPA) / a "
-                 "contiguous slot", f"{read['paged_over_slot']}x the time ({read['ms']} ms; "
-                 f"same outputs: {read['same_outputs']})"))
     ct2 = results["ctranslate2"]
     for name, r in ct2.items() if isinstance(ct2, dict) else []:
         same = f"; same outputs {r['same_outputs']:.0%}" if "same_outputs" in r else ""
         rows.append((f"{name}: vaswani / CTranslate2",
                      f"{r['vaswani_over_ct2']}x ({r['per_s']} per s{same})"))
-        if "without_the_gather_over_ct2" in r:
-            rows.append((f"{name}: vaswani without the paged gather / CTranslate2",
-                         f"{r['without_the_gather_over_ct2']}x (outputs wrong: a ceiling)"))
     report("Offline decoding (CPU)", rows, results, args.json)
 
 

@@ -42,7 +42,7 @@ def alone(lm, p, params):
 
 
 def engine(m, **kw):
-    return Engine(m, bos_id=BOS, eos_id=EOS, config=EngineConfig(**{"block_size": 4, **kw}))
+    return Engine(m, bos_id=BOS, eos_id=EOS, config=EngineConfig(**kw))
 
 
 def test_every_decoding_rule_together_equals_each_request_alone():
@@ -70,17 +70,20 @@ def test_translations_greedy_and_beam_equal_the_reference():
     greedy = [Request(s, Params(max_new_tokens=0, rules=RULES[i % len(RULES)]), start=[BOS],
                       history_start=1, limit=int(1.5 * len(s) + 5))
               for i, s in enumerate(sources)]
-    beams = [Request(s, Params(max_new_tokens=0, beam=4, n_best=3, length_penalty=0.6,
+    widths = [2 + 2 * (i % 2) for i in range(len(sources))]  # searches of 2 and 4 together
+    beams = [Request(s, Params(max_new_tokens=0, beam=k, n_best=min(3, k), length_penalty=0.6,
                                rules=RULES[i % 3]), start=[BOS], history_start=1,
-                     limit=int(1.5 * len(s) + 5)) for i, s in enumerate(sources)]
+                     limit=int(1.5 * len(s) + 5))
+             for i, (s, k) in enumerate(zip(sources, widths, strict=True))]
     engine(mt, max_rows=12).run(greedy + beams)
     for i, (s, g, b) in enumerate(zip(sources, greedy, beams, strict=True)):
         src = torch.tensor([s], device=DEVICE)
         want = greedy_decode(mt, src, bos_id=BOS, eos_id=EOS, max_len_a=1.5, max_len_b=5,
                              rules=RULES[i % len(RULES)])[0]
         assert g.output == want
-        want = beam_decode(mt, src, beam=4, n_best=3, alpha=0.6, bos_id=BOS, eos_id=EOS,
-                           max_len_a=1.5, max_len_b=5, rules=RULES[i % 3])[0]
+        want = beam_decode(mt, src, beam=widths[i], n_best=min(3, widths[i]), alpha=0.6,
+                           bos_id=BOS, eos_id=EOS, max_len_a=1.5, max_len_b=5,
+                           rules=RULES[i % 3])[0]
         got = b.hypotheses()
         assert [h for h, _ in got] == [h for h, _ in want]
         assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-5)
@@ -101,12 +104,15 @@ def test_a_tiny_cache_preempts_and_still_answers_everything_exactly():
     cases = [(p, Params(max_new_tokens=25, temperature=0.9, seed=i))
              for i, p in enumerate(prompts(10, seed=3))]
     requests = [lm_request(p, params) for p, params in cases]
-    eng = engine(lm, max_rows=10, cache_tokens=60)  # room for ~2 requests' tokens at once
+    eng = engine(lm, max_rows=10, cache_tokens=60)  # 2 full-length rows (the least allowed)
+    assert eng.cache.width == 16  # slots start narrow: 6 of them
     eng.run(requests)
-    assert eng.scheduler.preemptions > 0
+    assert eng.cache.resizes > 1 and eng.scheduler.preemptions > 0  # widened, preempted
     for (p, params), request in zip(cases, requests, strict=True):
         assert request.output == alone(lm, p, params)
-    assert eng.blocks.used == 0  # every block came back
+    assert eng.cache.used == 0  # every slot came back
+    eng.step()  # idle: the slots narrow again
+    assert eng.cache.width == 16
 
 
 def test_beams_share_and_return_their_blocks_under_preemption():
@@ -120,7 +126,7 @@ def test_beams_share_and_return_their_blocks_under_preemption():
         want = beam_decode(mt, torch.tensor([s], device=DEVICE), beam=3, n_best=2, alpha=0.0,
                            bos_id=BOS, eos_id=EOS, max_len_a=0, max_len_b=20)[0]
         assert [h for h, _ in r.hypotheses()] == [h for h, _ in want]
-    assert eng.blocks.used == 0 and all(n == 0 for n in eng.blocks.refs)
+    assert eng.cache.used == 0
 
 
 def test_cancelling_mid_stream_frees_the_blocks_at_once():
@@ -133,11 +139,11 @@ def test_cancelling_mid_stream_frees_the_blocks_at_once():
     eng.submit(victim), eng.submit(other)
     while len(seen) < 3:
         eng.step()
-    used = eng.blocks.used
+    used = eng.cache.used
     victim.cancel()
     finished = eng.step()
     assert victim in finished and victim.reason == "cancelled"
-    assert eng.blocks.used < used and len(victim.output) == 3
+    assert eng.cache.used < used and len(victim.output) == 3
     eng.run([])
     while eng.busy:
         eng.step()
@@ -174,7 +180,7 @@ def test_200_random_arrivals_and_cancellations_finish_each_request_exactly_once(
         assert request.status is Status.FINISHED
         if request.reason != "cancelled":
             assert request.output == alone(lm, p, params)
-    assert eng.blocks.used == 0
+    assert eng.cache.used == 0
 
 
 def test_a_request_no_cache_could_hold_fails_alone():

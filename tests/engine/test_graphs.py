@@ -37,8 +37,7 @@ def test_padded_static_decode_equals_the_dynamic_step():
     for m, sources in [(model("decoder"), None),
                        (model("encoder-decoder"), prompts(5, seed=9, low=3))]:
         eng, rows = running(m, sources)
-        static = StaticDecoder(m, eng.pool, max_rows=16, max_len=m.config.max_len, pad_id=PAD,
-                               seq2seq=sources is not None, capture=False)
+        static = StaticDecoder(m, eng.cache, pad_id=PAD, capture=False)
         want = eng.runner.forward([(r, s, 1) for r, s in rows])
         eng.runner.static = static
         got = eng.runner.decode(rows)  # 7 (or 5) rows padded to a bucket of 8

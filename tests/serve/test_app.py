@@ -228,8 +228,9 @@ def test_metrics_are_prometheus_text_with_the_engines_state(client):
                for s in family.samples}
     assert samples[("vaswani_generated_tokens_total", "lm")] >= 5
     assert samples[("vaswani_requests_running", "copy")] == 0
-    assert samples[("vaswani_cache_blocks", "copy")] > samples[("vaswani_cache_blocks_used",
-                                                                 "copy")] == 0
+    assert samples[("vaswani_cache_slots", "copy")] > samples[("vaswani_cache_slots_used",
+                                                                "copy")] == 0
+    assert samples[("vaswani_cache_slot_width", "copy")] > 0
     assert samples[("vaswani_time_to_first_token_seconds_count", "lm")] >= 1
     assert samples[("vaswani_time_per_output_token_seconds_count", "lm")] >= 1
     assert ("vaswani_requests_waiting", "clf") in samples  # an encoder's queue

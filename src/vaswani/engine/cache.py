@@ -1,184 +1,237 @@
-"""The engine's key/value cache: a pool of fixed-size blocks, allocated once, written in
-place, handed to sequences a block at a time.
+"""The engine's key/value cache: one slot per running row, preallocated, written in place and
+read in place.
 
-Why blocks (paging) rather than one max_len slot per sequence (docs/architecture.md): memory
-follows the tokens actually cached, so many short requests fit where slots would reserve
-``max_len`` each; a translation's beams share the blocks of their common prefix and of their
-source (copy-on-write of a partly filled last block when they part); and when the pool runs
-out the scheduler can preempt a request and recompute it later instead of refusing work. The
-price is a gather: each forward pass collects the keys and values it attends over from the
-pool into a (B, Hkv, T, Dh) tensor for SDPA (the bytes attention reads anyway).
+Why slots rather than paged blocks (docs/architecture.md): on a CPU attention is bound by
+memory traffic, and a paged cache must first gather each row's blocks into one tensor for
+SDPA, every layer of every step (measured: 2.5-2.9x the time of the attention itself). Here
+row i of the running batch lives in slot i, so a decode step's keys are a *view* of the cache,
+``k[:R, :, :Tk]``, that SDPA reads where it lies; nothing is copied per step.
 
-Layout, per decoder layer: keys and values of every cached token in two tensors of
-``n_blocks * block_size`` slots, (slots, Hkv, Dh). Block b holds slots ``b * bs .. b * bs +
-bs - 1``; a sequence's block table lists its blocks, and its token at position t sits in
-slot ``table[t // bs] * bs + t % bs``. A layer's self-attention and its cross-attention (the
-source's keys and values of a translation) share the layer's pool, in different blocks.
-Block 0 is never handed out: the padding of a batch writes there, and reads of padding point
-there (masked).
+Layout, per decoder layer: keys and values of shape (rows, Hkv, width, Dh), and for a
+translator the source's keys and values for cross-attention, (rows, Hkv, cross_width, Dh).
+The running rows hold slots ``0 .. used - 1``, kept compact: when a row leaves, the last
+row's slot moves into the hole (one batched copy a step). A beam search's hypotheses are
+rows of their request; a hypothesis that forks copies its parent's slot (as CTranslate2
+reorders its cache). The last column of a slot is scratch: padding queries write there and
+nothing reads it.
+
+Memory follows the rows, not ``max_len``: the cache holds ``tokens`` token positions in all;
+slots are as wide as the longest running context needs (grown by doubling, up to
+``max_len + 1``), so many rows of short contexts fit where full-length slots would not, and
+when a growing row needs more than the cache holds, the scheduler preempts the youngest
+request (to be recomputed later) rather than refuse work.
 
 Shapes: R rows of a forward pass, T new tokens, Tk keys, Hkv key/value heads, Dh head dim.
 """
 
 from __future__ import annotations
 
-from functools import cached_property
-
 import torch
 from torch import Tensor
 
-SCRATCH = 0  # the block that padding writes to and reads from
+ALIGN = 16  # slot widths are multiples of this many tokens
 
 
-class OutOfBlocks(Exception):
-    """The pool has fewer free blocks than asked for."""
+def aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
 
 
-class BlockManager:
-    """Which blocks are free, and how many tables hold each of the others (a block shared
-    by several beams is freed when the last one lets it go)."""
+class SlotCache:
+    """The preallocated tensors and which row holds which slot.
 
-    def __init__(self, n_blocks: int, block_size: int) -> None:
-        self.block_size = block_size
-        # Block 0 is the scratch block. Free blocks are a stack: the block freed last is
-        # handed out first, so the engine keeps working in memory it touched recently (in
-        # the CPU's caches, and resident: a long-idle page of a large pool can cost a fault).
-        self.free: list[int] = list(range(n_blocks - 1, 0, -1))
-        self.refs = [0] * n_blocks
-        self.total = n_blocks - 1
+    ``owners[i]`` is the row (a request's Sequence, or a placeholder holding a slot a beam
+    search will fork into) in slot i; ``sources[i]`` its source's length (translation)."""
+
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, *, tokens: int,
+                 max_rows: int, max_len: int, seq2seq: bool, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.n_layers, self.shape = n_layers, (n_kv_heads, head_dim)
+        self.max_rows, self.seq2seq = max_rows, seq2seq
+        self.max_width = aligned(max_len + 1)  # every position, and the scratch column
+        self.max_cross = aligned(max_len) if seq2seq else 0
+        # at least two full rows, so that a request of max_len never waits forever
+        self.tokens = max(tokens, 2 * (self.max_width + self.max_cross))
+        self.dtype, self.device = dtype, device
+        self.owners: list = []  # the rows in slots 0, 1, ...; None: a hole
+        self.sources: list[int] = []
+        self.live = 0  # slots held
+        self.resizes = 0  # how many times the tensors were made (CUDA graphs read them)
+        self.width = self.cross_width = 0
+        self.k: list[Tensor] = []
+        self.v: list[Tensor] = []
+        self.ck: list[Tensor] = []
+        self.cv: list[Tensor] = []
+        self.resize(*self.initial)
+
+    @property
+    def initial(self) -> tuple[int, int]:
+        """The slot widths to start at: as wide as ``max_rows`` slots can be (a translator's
+        shared between target and source), at most full-length (grown when a row needs
+        more; back to these when the engine is idle)."""
+        per = self.tokens // self.max_rows // (2 if self.seq2seq else 1)
+        width = max(ALIGN, per // ALIGN * ALIGN)
+        return min(width, self.max_width), min(width, self.max_cross)
+
+    # --- size ---------------------------------------------------------------------------
+    def rows_at(self, width: int, cross_width: int) -> int:
+        """Slots the cache holds when they are this wide."""
+        return min(self.max_rows, self.tokens // (width + cross_width))
+
+    @property
+    def rows(self) -> int:
+        return self.rows_at(self.width, self.cross_width)
 
     @property
     def used(self) -> int:
-        return self.total - len(self.free)
-
-    def blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.block_size)
-
-    def allocate(self, n: int) -> list[int]:
-        if n > len(self.free):
-            raise OutOfBlocks(f"{n} blocks asked, {len(self.free)} free")
-        blocks = [self.free.pop() for _ in range(n)]
-        for b in blocks:
-            self.refs[b] = 1
-        return blocks
-
-    def share(self, table: list[int]) -> list[int]:
-        """Another holder of the same blocks (read-only for both: a source's keys)."""
-        for b in table:
-            self.refs[b] += 1
-        return list(table)
-
-    def release(self, table: list[int]) -> None:
-        for b in table:
-            self.refs[b] -= 1
-            if self.refs[b] == 0:
-                self.free.append(b)
-        table.clear()
-
-
-class KVPool:
-    """The preallocated tensors: keys and values of every layer's cached tokens."""
-
-    def __init__(self, n_layers: int, n_blocks: int, block_size: int, n_kv_heads: int,
-                 head_dim: int, *, dtype: torch.dtype, device: torch.device) -> None:
-        shape = (n_layers, n_blocks * block_size, n_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.block_size = block_size
-        # What an attention reads is gathered into two buffers that every attention of a
-        # forward pass reuses (one attention ends before the next reads): a fresh tensor of
-        # several MB a layer, allocated and freed every step, costs the CPU a page fault per
-        # 4 KB each time (malloc gives large blocks back to the system).
-        self.reads = {"k": torch.empty(0, dtype=dtype, device=device),
-                      "v": torch.empty(0, dtype=dtype, device=device)}
-
-    def read_buffer(self, which: str, numel: int) -> Tensor:
-        """The first ``numel`` elements of the keys' (``which="k"``) or values' read buffer,
-        grown when a forward pass needs more."""
-        if self.reads[which].numel() < numel:
-            self.reads[which] = torch.empty(numel, dtype=self.k.dtype, device=self.k.device)
-        return self.reads[which][:numel]
+        return self.live
 
     @property
     def bytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return sum(2 * t.numel() * t.element_size() for t in (*self.k, *self.ck))
 
-    def copy_block(self, source: int, target: int) -> None:
-        """Copy one block's keys and values, every layer (copy-on-write of a shared block)."""
-        bs = self.block_size
-        self.k[:, target * bs:(target + 1) * bs] = self.k[:, source * bs:(source + 1) * bs]
-        self.v[:, target * bs:(target + 1) * bs] = self.v[:, source * bs:(source + 1) * bs]
+    def widths_for(self, context: int, source: int = 0) -> tuple[int, int]:
+        """The slot widths a row of ``context`` tokens (and a ``source``) needs, at least the
+        present ones."""
+        return (max(self.width, min(self.max_width, aligned(context + 1))),
+                max(self.cross_width, aligned(source)))
+
+    def grown(self, context: int) -> int:
+        """The width to grow to for a context of ``context`` tokens: double, unless that
+        leaves fewer slots than are used and the bare need does not."""
+        need = self.widths_for(context)[0]
+        doubled = min(self.max_width, max(need, 2 * self.width))
+        return doubled if self.rows_at(doubled, self.cross_width) >= self.used else need
+
+    def resize(self, width: int, cross_width: int) -> None:
+        """Make the tensors for slots this wide, keeping what the used slots hold (every
+        used slot must fit: the scheduler preempts first)."""
+        self.compact()
+        rows = self.rows_at(width, cross_width)
+        assert self.used <= rows, (self.used, rows)
+
+        def remake(old: list[Tensor], w: int, keep: int) -> list[Tensor]:
+            out = []
+            for i in range(self.n_layers):
+                new = torch.zeros(rows, self.shape[0], w, self.shape[1], dtype=self.dtype,
+                                  device=self.device)
+                if old:
+                    new[:self.used, :, :keep] = old[i][:self.used, :, :keep]
+                    old[i] = None  # one layer's old tensor alive at a time
+                out.append(new)
+            return out
+
+        keep = min(width, self.width)
+        self.k, self.v = remake(self.k, width, keep), remake(self.v, width, keep)
+        if self.seq2seq:
+            keep = min(cross_width, self.cross_width)
+            self.ck = remake(self.ck, cross_width, keep)
+            self.cv = remake(self.cv, cross_width, keep)
+        self.width, self.cross_width = width, cross_width
+        self.resizes += 1
+
+    # --- which row holds which slot -----------------------------------------------------
+    def take(self, row, source: int = 0) -> None:
+        self.compact()
+        row.slot = len(self.owners)
+        self.owners.append(row)
+        self.sources.append(max(1, source))
+        self.live += 1
+
+    def put(self, slot: int, row) -> None:
+        """``row`` holds ``slot`` now (a beam search's child in its parent's place)."""
+        row.slot = slot
+        self.owners[slot] = row
+
+    def free(self, row) -> None:
+        """Let a row's slot go; the hole is filled at the next :meth:`compact`."""
+        if row.slot >= 0:
+            self.owners[row.slot] = None
+            row.slot = -1
+            self.live -= 1
+
+    def compact(self) -> None:
+        """Move the last rows into the holes, so that the used slots are 0 .. used - 1 again
+        (one copy of each moved slot, all layers at once)."""
+        live = self.live
+        if live == len(self.owners):
+            return
+        holes = [i for i in range(live) if self.owners[i] is None]
+        tail = [j for j in range(live, len(self.owners)) if self.owners[j] is not None]
+        if holes:
+            self._copy(holes, tail, max(o.cached for o in (self.owners[j] for j in tail)),
+                       cross=True)
+            for i, j in zip(holes, tail, strict=True):
+                self.owners[i], self.sources[i] = self.owners[j], self.sources[j]
+                self.owners[i].slot = i
+        del self.owners[live:], self.sources[live:]
+
+    def fork(self, targets: list[int], parents: list[int], length: int) -> None:
+        """Slots ``targets`` start as copies of the first ``length`` keys and values of
+        slots ``parents`` (a beam search's hypotheses that fork; their source is the same)."""
+        if targets:
+            self._copy(targets, parents, length, cross=False)
+
+    def _copy(self, targets: list[int], sources: list[int], length: int, *,
+              cross: bool) -> None:
+        to = torch.tensor(targets, device=self.device)
+        of = torch.tensor(sources, device=self.device)
+        pairs = [(self.k, length), (self.v, length)]
+        if cross and self.seq2seq:
+            pairs += [(self.ck, self.cross_width), (self.cv, self.cross_width)]
+        for tensors, n in pairs:
+            if n > 0:
+                for t in tensors:
+                    t[to, :, :n] = t[of, :, :n]  # the right side is gathered first
+
+    # --- one forward pass ---------------------------------------------------------------
+    def step(self, rows: Tensor | None, columns: Tensor, width: int,
+             cross_width: int = 0) -> StepCache:
+        """The cache as one forward pass sees it: ``rows`` (R,) the slots of its rows (None:
+        the first R slots, read in place), ``columns`` (R, T) where the new tokens' keys go,
+        ``width`` keys read per row (and ``cross_width`` source keys)."""
+        return StepCache(self, rows, columns, width, cross_width)
 
 
-def fork(manager: BlockManager, pool: KVPool, table: list[int], length: int) -> list[int]:
-    """A table for a new sequence that starts as a copy of one holding ``length`` tokens in
-    ``table``: full blocks are shared; a partly filled last block, which the new sequence
-    will write into, is copied into a block of its own."""
-    full = length // manager.block_size
-    out = manager.share(table[:full])
-    if full < len(table):
-        (own,) = manager.allocate(1)
-        pool.copy_block(table[full], own)
-        out.append(own)
-    return out
+class SlotKV:
+    """One attention's view of the cache in one forward pass, as nn/kv_cache.py's ``KV``:
+    ``append`` writes the new keys and values into their slots and returns the keys to
+    attend over; a cross-attention's keys are there already (``k``, ``v``)."""
 
-
-def slots(tables: Tensor, positions: Tensor, block_size: int) -> Tensor:
-    """tables (R, n_blocks) of block ids, positions (R, T) -> slot ids (R, T)."""
-    return tables.gather(1, positions // block_size) * block_size + positions % block_size
-
-
-class PagedKV:
-    """One attention's view of its layer's pool in one forward pass: where the new tokens'
-    keys and values go (``write``, (R, T) slots; None for a cross-attention, whose keys are
-    in the pool already) and which blocks it attends over (``read``, (R, n) block tables:
-    keys at positions 0 .. n * block_size - 1, the ones past a row's length masked). It
-    follows the ``KV`` protocol of nn/kv_cache.py, so the model's layers use it unchanged.
-
-    Reading whole blocks, each one contiguous run of ``block_size * Hkv * Dh`` values, is
-    several times faster than reading token by token from a large pool."""
-
-    def __init__(self, pool: KVPool, layer: int, read: Tensor,
-                 write: Tensor | None = None) -> None:
-        self.pool, self.read, self.write = pool, read, write
-        self.k_pool, self.v_pool = pool.k[layer], pool.v[layer]
-        self.block_size = pool.block_size
+    def __init__(self, k: Tensor, v: Tensor, rows: Tensor | None, n: int, width: int,
+                 columns: Tensor | None = None) -> None:
+        self.k_all, self.v_all = k, v
+        self.rows, self.n, self.width, self.columns = rows, n, width, columns
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store the new keys/values (R, Hkv, T, Dh) in place; return the ones to attend
-        over, (R, Hkv, Tk, Dh)."""
-        R, H, T, D = k.shape
-        where = self.write.reshape(R * T)
-        self.k_pool.index_copy_(0, where, k.transpose(1, 2).reshape(R * T, H, D))  # (R*T, H, D)
-        self.v_pool.index_copy_(0, where, v.transpose(1, 2).reshape(R * T, H, D))
+        """k, v (R, Hkv, T, Dh) into columns (R, T) of their slots -> (R, Hkv, Tk, Dh)."""
+        slots = torch.arange(self.n, device=k.device) if self.rows is None else self.rows
+        slots = slots[:, None]
+        self.k_all[slots, :, self.columns] = k.transpose(1, 2)  # (R, T, Hkv, Dh)
+        self.v_all[slots, :, self.columns] = v.transpose(1, 2)
         return self.k, self.v
 
-    def _gather(self, source: Tensor, which: str) -> Tensor:
-        """The blocks ``read`` names, into the pool's read buffer (valid until the next
-        attention reads)."""
-        R, n = self.read.shape
-        H, D = source.shape[1:]
-        blocks = source.view(-1, self.block_size * H * D)  # (n_blocks, bs * H * D)
-        out = self.pool.read_buffer(which, R * n * blocks.size(1)).view(R * n, blocks.size(1))
-        torch.index_select(blocks, 0, self.read.reshape(-1), out=out)
-        return out.view(R, n * self.block_size, H, D).transpose(1, 2)  # (R, Hkv, Tk, Dh)
+    def _read(self, t: Tensor) -> Tensor:
+        if self.rows is None:  # the leading slots: a view, no copy
+            return t[:self.n, :, :self.width]
+        return t[:, :, :self.width].index_select(0, self.rows)
 
-    @cached_property
+    @property
     def k(self) -> Tensor:
-        return self._gather(self.k_pool, "k")
+        return self._read(self.k_all)
 
-    @cached_property
+    @property
     def v(self) -> Tensor:
-        return self._gather(self.v_pool, "v")
+        return self._read(self.v_all)
 
 
 class StepCache:
-    """The cache as one forward pass sees it: per decoder layer a self-attention
-    :class:`PagedKV` (and a cross-attention one for a translator), as ``layers[i]`` of
-    nn/kv_cache.py's ``KVCache``."""
+    """Per decoder layer a self-attention :class:`SlotKV` (and a cross-attention one for a
+    translator), as ``layers[i]`` of nn/kv_cache.py's ``KVCache``."""
 
-    def __init__(self, pool: KVPool, self_read: Tensor, self_write: Tensor,
-                 cross_read: Tensor | None = None) -> None:
-        self.layers = [(PagedKV(pool, i, self_read, self_write),
-                        None if cross_read is None else PagedKV(pool, i, cross_read))
-                       for i in range(pool.k.size(0))]
+    def __init__(self, cache: SlotCache, rows: Tensor | None, columns: Tensor, width: int,
+                 cross_width: int) -> None:
+        n = columns.size(0)
+        self.layers = [(SlotKV(cache.k[i], cache.v[i], rows, n, width, columns),
+                        SlotKV(cache.ck[i], cache.cv[i], rows, n, cross_width)
+                        if cache.seq2seq else None)
+                       for i in range(cache.n_layers)]

@@ -27,7 +27,7 @@ from ..generation.rules import Rules
 from ..generation.sampling import sample_rows
 from ..generation.search import Beam
 from ..models import EncoderDecoder
-from .cache import BlockManager, KVPool, fork
+from .cache import SlotCache
 from .graphs import StaticDecoder
 from .request import Params, Request, Sequence, Status
 from .runner import Runner
@@ -40,14 +40,13 @@ class EngineConfig:
 
     max_rows: int = 64  # sequences decoded together at most (a beam search takes `beam`)
     max_step_tokens: int = 1024  # prompt tokens prefilled in one step at most (longer: chunks)
-    block_size: int = 16  # tokens per cache block
-    cache_tokens: int = 0  # tokens the cache holds; 0: max_rows full-length rows (and their
-    # sources), within cache_bytes
+    cache_tokens: int = 0  # token positions the cache holds, all rows and sources together;
+    # 0: max_rows full-length rows (and their sources), within cache_bytes
     cache_bytes: int = 1 << 30  # the cache's memory at most, when cache_tokens is 0
     cuda_graphs: bool = True  # on a GPU: decode steps as CUDA graphs (graphs.py)
 
     def __post_init__(self) -> None:
-        for name in ("max_rows", "max_step_tokens", "block_size"):
+        for name in ("max_rows", "max_step_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
 
@@ -65,24 +64,17 @@ class Engine:
         layers = c.n_decoder_layers
         head_dim = c.d_model // c.n_heads
         per_token = 2 * layers * c.n_kv_heads * head_dim * param.element_size()
-        bs = config.block_size
-        full = -(-self.max_len // bs) * (2 if self.seq2seq else 1)  # one row and its source
-        tokens = config.cache_tokens or min(config.max_rows * full * bs,
-                                            config.cache_bytes // per_token)
-        n_blocks = max(-(-tokens // bs), 2 * full) + 1  # + the scratch block
-        self.blocks = BlockManager(n_blocks, bs)
-        self.pool = KVPool(layers, n_blocks, bs, c.n_kv_heads, head_dim, dtype=param.dtype,
-                           device=self.device)
-        self.scheduler = Scheduler(self.blocks, max_rows=config.max_rows,
+        self.cache = SlotCache(layers, c.n_kv_heads, head_dim,
+                               tokens=config.cache_tokens or config.cache_bytes // per_token,
+                               max_rows=config.max_rows, max_len=self.max_len,
+                               seq2seq=self.seq2seq, dtype=param.dtype, device=self.device)
+        self.scheduler = Scheduler(self.cache, max_rows=config.max_rows,
                                    max_step_tokens=config.max_step_tokens,
                                    max_len=self.max_len)
         static = None
         if config.cuda_graphs and self.device.type == "cuda":
-            static = StaticDecoder(model, self.pool, max_rows=config.max_rows,
-                                   max_len=self.max_len, pad_id=self.pad_id,
-                                   seq2seq=self.seq2seq, capture=True)
-        self.runner = Runner(model, self.pool, block_size=bs, pad_id=self.pad_id,
-                             static=static)
+            static = StaticDecoder(model, self.cache, pad_id=self.pad_id, capture=True)
+        self.runner = Runner(model, self.cache, pad_id=self.pad_id, static=static)
         self.tokens_out = 0  # tokens generated so far (for throughput)
         self.steps = 0
 
@@ -111,7 +103,7 @@ class Engine:
         return request
 
     def take_back(self) -> list[Request]:
-        """Every request out of the engine, its blocks freed, ready to be submitted again
+        """Every request out of the engine, its slots freed, ready to be submitted again
         where it stands (nothing of it cached; its tokens, generator and beam kept)."""
         requests = [*self.scheduler.running, *self.scheduler.waiting]
         for request in requests:
@@ -138,7 +130,8 @@ class Engine:
     def stats(self) -> dict:
         s = self.scheduler
         return {"waiting": len(s.waiting), "running": len(s.running), "rows": s.rows,
-                "blocks_used": self.blocks.used, "blocks": self.blocks.total,
+                "slots_used": self.cache.used, "slots": self.cache.rows,
+                "slot_width": self.cache.width,
                 "preemptions": s.preemptions, "tokens_out": self.tokens_out,
                 "steps": self.steps}
 
@@ -154,6 +147,7 @@ class Engine:
         for request in self.scheduler.failed:
             self._finish(request, "error", finished)
         self.scheduler.failed.clear()
+        self.cache.compact()
         if plan.encode:
             self.runner.encode(plan.encode)
         if plan.prefill:  # first tokens go out before the batch's decode runs
@@ -166,6 +160,7 @@ class Engine:
             if chosen:
                 self._advance(chosen, finished)
         if plan.decode:
+            self.cache.compact()  # rows that finished in the prefill left holes
             logits = self.runner.decode(plan.decode)
             for _, seq in plan.decode:
                 seq.cached += 1
@@ -195,8 +190,12 @@ class Engine:
         for r, s, row in chosen:
             if r.beam is not None:
                 beams.setdefault(r.id, []).append((r, s, row))
-        for rows in beams.values():
-            self._search(rows, finished)
+        forks: list[tuple[int, int, int]] = []  # (slot, parent's slot, keys to copy)
+        if beams:
+            self._search(list(beams.values()), finished, forks)
+        if forks:  # every search's copies at once
+            targets, parents, lengths = zip(*forks, strict=True)
+            self.cache.fork(list(targets), list(parents), max(lengths))
 
     def _scores(self, rows: list[tuple[Request, Sequence, Tensor]], log: bool) -> Tensor:
         """Next-token scores (logits, or log-probabilities), <pad> and <bos> never chosen,
@@ -244,35 +243,70 @@ class Engine:
         if stop or request.generated >= request.limit:
             self._finish(request, "stop" if stop else "length", finished)
 
-    def _search(self, rows: list[tuple[Request, Sequence, Tensor]], finished: list) -> None:
-        """A beam search's step: its live hypotheses' next tokens, forked into rows that
-        share their parents' blocks."""
+    def _search(self, searches: list[list[tuple[Request, Sequence, Tensor]]], finished: list,
+                forks: list[tuple[int, int, int]]) -> None:
+        """A step of every beam search due: their candidates scored and ranked together
+        (one log-softmax and one top-k for all), then each search's
+        generation/search.py ``Beam`` picks its finished and live hypotheses."""
+        logp = self._scores([row for rows in searches for row in rows], log=True)  # (N, V)
+        V = logp.size(-1)
+        # A search's best candidates are among each of its rows' best 2 * beam tokens: rank
+        # those, not every (row, token), in float64 as Beam does.
+        m = min(2 * max(rows[0][0].beam.K for rows in searches), V)
+        best, tokens = logp.topk(m, dim=-1)  # (N, m)
+        K = max(len(rows) for rows in searches)  # rows per search (fewer: -inf padding)
+        at = torch.tensor([i * K + j for i, rows in enumerate(searches)
+                           for j in range(len(rows))], device=logp.device)
+        scores = torch.tensor([s.score for rows in searches for _, s, _ in rows],
+                              dtype=torch.float64, device=logp.device)
+        candidates = torch.full((len(searches) * K, m), float("-inf"), dtype=torch.float64,
+                                device=logp.device)
+        candidates[at] = scores[:, None] + best
+        ids = torch.zeros((len(searches) * K, m), dtype=torch.long, device=logp.device)
+        ids[at] = tokens
+        top = candidates.view(len(searches), K * m).topk(min(m, K * m))
+        token = ids.view(len(searches), K * m).gather(1, top.indices)
+        index = top.indices // m * V + token  # Beam's candidate index: row * V + token
+        for rows, top_scores, top_index in zip(searches, top.values.tolist(), index.tolist(),
+                                               strict=True):
+            n = rows[0][0].beam.candidates(len(rows) * V)
+            self._fork(rows, top_scores[:n], top_index[:n], V, finished, forks)
+
+    def _fork(self, rows: list[tuple[Request, Sequence, Tensor]], top_scores: list[float],
+              top_index: list[int], V: int, finished: list,
+              forks: list[tuple[int, int, int]]) -> None:
+        """One search's step from its ranked candidates: the first child of a hypothesis
+        takes its parent's slot over; another child takes a slot of the request that no
+        child holds, and is queued in ``forks`` to get a copy of its parent's."""
         request = rows[0][0]
-        logp = self._scores(rows, log=True)
-        scores = torch.tensor([s.score for _, s, _ in rows], dtype=torch.float64,
-                              device=logp.device)
         histories = [s.tokens[len(request.start):] for _, s, _ in rows]
-        length = len(histories[0]) + 1
-        alive = request.beam.step(length, scores, logp, histories)
+        alive = request.beam.advance(len(histories[0]) + 1, top_scores, top_index, V,
+                                     histories)
         self.tokens_out += len(rows)
         request.first_token = request.first_token or time.perf_counter()
         if request.beam.done:
             return self._finish(request, "stop", finished)
         parents = [s for _, s, _ in rows]
-        taken: set[int] = set()
-        children = []
+        children: list[Sequence] = []
+        homes: dict[int, int] = {}  # parent's row -> the slot of its keys (its first child's)
+        orphans = []  # (child, parent's row): children whose parent's slot a sibling took
         for row, token, score in alive:
-            parent = parents[row]
-            child = Sequence(parent.tokens + [token], score)
-            child.cached = parent.cached
-            if row in taken:  # a second child: share the full blocks, copy the last one
-                child.table = fork(self.blocks, self.pool, parent.table, parent.cached)
-            else:  # the first child takes its parent's blocks over
-                child.table, taken = parent.table, taken | {row}
+            child = Sequence(parents[row].tokens + [token], score)
+            child.cached = parents[row].cached
+            if row in homes:
+                orphans.append((child, row))
+            else:
+                homes[row] = parents[row].slot
+                self.cache.put(parents[row].slot, child)
             children.append(child)
-        for row, parent in enumerate(parents):
-            if row not in taken:
-                self.blocks.release(parent.table)
+        free = [p.slot for row, p in enumerate(parents) if row not in homes]
+        free += [spare.slot for spare in request.spares]
+        for child, row in orphans:
+            self.cache.put(free.pop(), child)
+            forks.append((child.slot, homes[row], parents[row].cached))
+        request.spares = [Sequence([]) for _ in free]  # slots kept for later children
+        for slot, spare in zip(free, request.spares, strict=True):
+            self.cache.put(slot, spare)
         request.sequences = children
 
     def _finish(self, request: Request, reason: str, finished: list) -> None:

@@ -46,7 +46,7 @@ class Status(Enum):
 
 class Sequence:
     """One row: the tokens it has seen (a language model's prompt and output; a translation's
-    ``<bos>`` and output), how many of them are in the cache, and the blocks holding them.
+    ``<bos>`` and output), how many of them are in the cache, and the cache slot holding them.
 
     A language model's context is ``tokens[offset:]``: past ``max_len`` it slides (the
     offset moves on, the cache is dropped and the new context recomputed), and its positions
@@ -56,7 +56,7 @@ class Sequence:
         self.tokens = tokens
         self.offset = 0  # where the context starts (sliding window)
         self.cached = 0  # tokens of the context whose keys and values are in the cache
-        self.table: list[int] = []  # block ids
+        self.slot = -1  # its slot in the engine's cache (cache.py), -1 when it has none
         self.score = score  # beam search: the hypothesis' log-probability
 
     @property
@@ -90,7 +90,7 @@ class Request:
         self.on_token, self.on_finish = on_token, on_finish
         self.status = Status.WAITING
         self.sequences = [Sequence(list(self.start))]
-        self.cross: list[int] = []  # blocks of the source's keys and values (translation)
+        self.spares: list[Sequence] = []  # beam search: slots held for hypotheses to come
         self.beam: Beam | None = None  # beam search: made by the engine, which knows <eos>
         self.generator: torch.Generator | None = None  # made on the model's device
         self.cancelled = False

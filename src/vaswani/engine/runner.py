@@ -1,13 +1,18 @@
 """Running the model over the engine's rows: encoding sources into the cache, and one forward
-pass over a batch of rows that each feed some tokens (a prefill chunk, or the one token of a
-decode step) and want the next-token logits after them.
+pass over rows that each feed some tokens (a prefill chunk, or the one token of a decode step)
+and want the next-token logits after them.
 
-A batch is padded to its longest row. Row r's new tokens sit at cache positions
-``cached .. cached + n - 1``; their keys and values are written into the row's blocks, and it
-attends over its own blocks, whole: a (R, 1, T, Tk) mask from the queries' positions
-(nn/masks.py ``position_mask``) hides the keys after each query. Padding writes to the
-scratch block and reads from it, masked; a padding query sits at position 0, so it always
-sees one real key and computes nothing that is not finite.
+Row r's new tokens sit at positions ``cached .. cached + n - 1`` of its context; their keys
+and values are written into those columns of the row's cache slot, and it attends over the
+slot's first ``Tk`` columns: a (R, 1, T, Tk) mask from the queries' positions (nn/masks.py
+``position_mask``) hides the keys after each query. A padding query sits at position 0 (it
+always sees one real key and computes nothing that is not finite) and writes to the slot's
+scratch column, which nothing reads.
+
+A decode step runs over every used slot, 0 .. R - 1, in slot order, so that its keys are a
+view of the cache (cache.py); a slot whose row is not decoded this step (it is being
+prefilled) rides along as padding. A prefill reads its rows' slots by index (a copy; a
+prompt's many new tokens pay for it).
 
 Shapes: R rows, T new tokens (the longest row's), Tk keys, S source tokens, V vocabulary.
 """
@@ -18,29 +23,23 @@ import torch
 from torch import Tensor
 
 from ..nn import masks
-from .cache import SCRATCH, KVPool, StepCache, slots
+from .cache import SlotCache
 from .graphs import StaticDecoder
 from .request import Request, Sequence
 
 
 class Runner:
-    def __init__(self, model: torch.nn.Module, pool: KVPool, *, block_size: int,
-                 pad_id: int, static: StaticDecoder | None = None) -> None:
-        self.model, self.pool = model, pool
-        self.block_size, self.pad_id = block_size, pad_id
+    def __init__(self, model: torch.nn.Module, cache: SlotCache, *, pad_id: int,
+                 static: StaticDecoder | None = None) -> None:
+        self.model, self.cache, self.pad_id = model, cache, pad_id
         self.static = static  # decode steps as CUDA graphs (graphs.py), on a GPU
         self.device = next(model.parameters()).device
-
-    def _tables(self, tables: list[list[int]]) -> Tensor:
-        """Block tables (R, longest), padded with the scratch block."""
-        width = max(1, max(len(t) for t in tables))
-        return torch.tensor([t + [SCRATCH] * (width - len(t)) for t in tables],
-                            dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
     def encode(self, requests: list[Request]) -> None:
         """Encode the requests' sources and store each decoder layer's cross-attention keys
-        and values in their cross blocks (once per request; its beams share them)."""
+        and values in every slot of their request (its hypotheses', and those held for
+        them)."""
         lengths = torch.tensor([len(r.prompt) for r in requests], device=self.device)
         S = int(lengths.max())
         src = torch.full((len(requests), S), self.pad_id, dtype=torch.long, device=self.device)
@@ -48,30 +47,40 @@ class Runner:
             src[i, :len(r.prompt)] = torch.tensor(r.prompt, device=self.device)
         keep = torch.arange(S, device=self.device)[None, :] < lengths[:, None]  # (B, S)
         memory = self.model.encode(src, src_mask=keep)  # (B, S, D)
-        where = slots(self._tables([r.cross for r in requests]),
-                      torch.arange(S, device=self.device).expand(len(requests), S),
-                      self.block_size)
-        where = torch.where(keep, where, SCRATCH).reshape(-1)  # padding to the scratch block
+        slots, of = [], []
+        for i, r in enumerate(requests):
+            for seq in [*r.sequences, *r.spares]:
+                slots.append(seq.slot)
+                of.append(i)
+        to = torch.tensor(slots, device=self.device)
+        of = torch.tensor(of, device=self.device)
         for i, (k, v) in enumerate(self.model.cross_keys_values(memory)):  # (B, Hkv, S, Dh)
-            B, H, _, D = k.shape
-            self.pool.k[i].index_copy_(0, where, k.transpose(1, 2).reshape(B * S, H, D))
-            self.pool.v[i].index_copy_(0, where, v.transpose(1, 2).reshape(B * S, H, D))
+            self.cache.ck[i][to, :, :S] = k[of]
+            self.cache.cv[i][to, :, :S] = v[of]
 
     @torch.inference_mode()
     def decode(self, rows: list[tuple[Request, Sequence]]) -> Tensor:
-        """Each row feeds its one uncached token; returns the next-token logits (R, V) (on a
-        GPU through a captured graph)."""
-        if self.static is None or len(rows) > self.static.rows[-1]:
+        """Each row feeds its one uncached token; returns the next-token logits (R, V)."""
+        n = self.cache.used
+        if 2 * len(rows) < n:  # mostly padding: read the few rows' slots by index instead
             return self.forward([(r, s, 1) for r, s in rows])
+        scratch = self.cache.width - 1
+        ids, positions, columns = [self.pad_id] * n, [0] * n, [scratch] * n
+        for _, seq in rows:
+            ids[seq.slot] = seq.uncached()[0]
+            positions[seq.slot] = columns[seq.slot] = seq.cached
+        width = max(positions) + 1
+        cross = max(self.cache.sources[:n]) if self.cache.seq2seq else 0
         d = self.device
-        ids = torch.tensor([s.uncached()[0] for _, s in rows], device=d)
-        positions = torch.tensor([s.cached for _, s in rows], device=d)
-        tables = self._tables([s.table for _, s in rows])
-        cross = sources = None
-        if rows[0][0].seq2seq:
-            cross = self._tables([r.cross for r, _ in rows])
-            sources = torch.tensor([len(r.prompt) for r, _ in rows], device=d)
-        return self.static.step(ids, positions, tables, cross, sources)
+        ids, positions, columns = (torch.tensor(x, device=d)[:, None]
+                                   for x in (ids, positions, columns))
+        sources = torch.tensor(self.cache.sources[:n], device=d)
+        if self.static is not None and n <= self.static.rows[-1]:
+            logits = self.static.step(ids, positions, columns, sources, width, cross)
+        else:
+            logits = self._run(ids, positions, None, columns, width, sources, cross,
+                               torch.zeros(n, dtype=torch.long, device=d))
+        return logits[torch.tensor([seq.slot for _, seq in rows], device=d)]
 
     @torch.inference_mode()
     def forward(self, rows: list[tuple[Request, Sequence, int]]) -> Tensor:
@@ -88,15 +97,21 @@ class Runner:
         steps = torch.arange(T, device=device)[None, :]
         real = steps < lengths[:, None]  # (R, T)
         positions = torch.where(real, start[:, None] + steps, 0)  # padding: position 0
-        tables = self._tables([seq.table for _, seq, _ in rows])  # (R, n): keys 0 .. n*bs-1
-        write = torch.where(real, slots(tables, positions, self.block_size), SCRATCH)
+        columns = torch.where(real, positions, self.cache.width - 1)  # padding: scratch
+        width = max(seq.cached + n for _, seq, n in rows)
+        slots = torch.tensor([seq.slot for _, seq, _ in rows], device=device)
+        sources = cross = None
+        if self.cache.seq2seq:
+            sources = torch.tensor([len(r.prompt) for r, _, _ in rows], device=device)
+            cross = max(len(r.prompt) for r, _, _ in rows)
+        return self._run(ids.to(device), positions, slots, columns, width, sources, cross,
+                         lengths - 1)
+
+    def _run(self, ids: Tensor, positions: Tensor, slots: Tensor | None, columns: Tensor,
+             width: int, sources: Tensor | None, cross: int | None, last: Tensor) -> Tensor:
         kwargs = {}
-        cross_read = None
-        if rows[0][0].seq2seq:
-            cross_read = self._tables([r.cross for r, _, _ in rows])
-            source = torch.tensor([len(r.prompt) for r, _, _ in rows], device=device)
-            kwargs["memory_mask"] = masks.length_mask(source, cross_read.size(1) * self.block_size)
+        if self.cache.seq2seq:
+            kwargs["memory_mask"] = masks.length_mask(sources, cross)
         return self.model.decode_step(
-            ids.to(device), positions=positions,
-            mask=masks.position_mask(positions, tables.size(1) * self.block_size),
-            cache=StepCache(self.pool, tables, write, cross_read), last=lengths - 1, **kwargs)
+            ids, positions=positions, mask=masks.position_mask(positions, width),
+            cache=self.cache.step(slots, columns, width, cross or 0), last=last, **kwargs)

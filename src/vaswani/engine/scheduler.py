@@ -11,11 +11,12 @@ Every step:
    recomputed) are prefilled, in chunks, under a budget of ``max_step_tokens`` tokens;
 4. waiting requests are admitted in arrival order while rows, blocks and the budget allow.
 
-Blocks are reserved before the step runs: a decoded row that starts a new block gets one,
-and a beam search keeps room to copy a block for each hypothesis it may fork. When the pool
-runs out, the most recently admitted request is preempted: its blocks are freed and it goes
-back to the front of the queue, keeping its tokens, to be recomputed later. No request is
-dropped, and each finishes exactly once.
+Slots are reserved on admission: one for each row (a beam search holds ``beam``, for the
+hypotheses it will fork into), and the cache's slots are widened (cache.py) when a row's
+context needs it. When widening leaves fewer slots than are in use, the most recently
+admitted request is preempted: its slots are freed and it goes back to the front of the
+queue, keeping its tokens, to be recomputed later. No request is dropped, and each finishes
+exactly once.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .cache import BlockManager
+from .cache import SlotCache
 from .request import Request, Sequence, Status
 
 
@@ -40,9 +41,9 @@ class Plan:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, *, max_rows: int, max_step_tokens: int,
+    def __init__(self, cache: SlotCache, *, max_rows: int, max_step_tokens: int,
                  max_len: int) -> None:
-        self.blocks = blocks
+        self.cache = cache
         self.max_rows, self.max_step_tokens, self.max_len = max_rows, max_step_tokens, max_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in order of admission
@@ -54,32 +55,40 @@ class Scheduler:
 
     @property
     def rows(self) -> int:
-        return sum(len(r.sequences) for r in self.running)
+        """Cache slots held by running requests."""
+        return self.cache.used
 
     def plan(self) -> Plan:
         plan = Plan()
         budget = self.max_step_tokens
-        for request in list(self.running):  # decode what is ready; go on with prefills
+        if not self.running and (self.cache.width, self.cache.cross_width) != self.cache.initial:
+            self.cache.resize(*self.cache.initial)  # idle: narrow slots again, more of them
+        for request in self.running:
             for seq in request.sequences:
-                if request.status is not Status.RUNNING:
-                    break  # preempted to make room for an older request
                 if not request.seq2seq and seq.context > self.max_len:
                     self.slide(seq)
+        self._widen()
+        for request in self.running:  # decode what is ready; go on with prefills
+            for seq in request.sequences:
                 n = self._to_prefill(request, seq, budget)
                 if len(seq.uncached()) == 1:
-                    if self._room(request, seq, 1):
-                        plan.decode.append((request, seq))
-                elif n and self._room(request, seq, n):
+                    plan.decode.append((request, seq))
+                elif n:
                     plan.prefill.append((request, seq, n))
                     budget -= n
         while self.waiting and budget > 0:  # admit
             request = self.waiting[0]
-            if self._need(request) > self.blocks.total:  # even an empty cache is too small
-                self._fail(self.waiting.popleft(), self._need(request))
+            rows, (width, cross) = self._need(request)
+            if rows > self.cache.rows_at(width, cross):  # even an empty cache is too small
+                self._fail(self.waiting.popleft(), rows)
                 continue
-            if self.rows + len(request.sequences) > self.max_rows or not self._admit(request):
+            width, cross = max(width, self.cache.width), max(cross, self.cache.cross_width)
+            if (self.rows + rows > min(self.max_rows, self.cache.rows_at(width, cross))):
                 break
+            if (width, cross) != (self.cache.width, self.cache.cross_width):
+                self.cache.resize(width, cross)
             self.waiting.popleft()
+            self._take(request, rows)
             self.running.append(request)
             request.status = Status.RUNNING
             if request.seq2seq:
@@ -91,9 +100,6 @@ class Scheduler:
                 elif n:
                     plan.prefill.append((request, seq, n))
                     budget -= n
-        # a request preempted after some of its rows were planned runs none of them
-        plan.decode = [(r, s) for r, s in plan.decode if r.status is Status.RUNNING]
-        plan.prefill = [(r, s, n) for r, s, n in plan.prefill if r.status is Status.RUNNING]
         return plan
 
     @staticmethod
@@ -107,70 +113,69 @@ class Scheduler:
         return min(n - 1 if request.beam is not None else n, budget)
 
     def finish(self, request: Request) -> None:
-        """Free a request's blocks and drop it (finished or cancelled)."""
-        for seq in request.sequences:
-            self.blocks.release(seq.table)
-        self.blocks.release(request.cross)
+        """Free a request's slots and drop it (finished or cancelled)."""
+        self._free(request)
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
         request.status = Status.FINISHED
 
-    # --- blocks --------------------------------------------------------------------------
-    def _need(self, request: Request) -> int:
-        """Blocks a request needs to be admitted: its source's and each row's context, and
-        a beam search's room to fork."""
-        need = sum(self.blocks.blocks_for(seq.context) for seq in request.sequences)
-        need += self.blocks.blocks_for(len(request.prompt)) if request.seq2seq else 0
-        return need + self._fork_room(request)
+    # --- slots ---------------------------------------------------------------------------
+    def _need(self, request: Request) -> tuple[int, tuple[int, int]]:
+        """Slots a request takes (a beam search: one per hypothesis it may keep) and the
+        slot widths its rows and source need."""
+        rows = max(request.params.beam if request.beam is not None else 0,
+                   len(request.sequences))
+        longest = max(seq.context for seq in request.sequences)
+        return rows, self.cache.widths_for(longest, len(request.prompt) * request.seq2seq)
 
-    def _fail(self, request: Request, need: int) -> None:
+    def _take(self, request: Request, rows: int) -> None:
+        source = len(request.prompt) if request.seq2seq else 0
+        request.spares = [Sequence([]) for _ in range(rows - len(request.sequences))]
+        for seq in [*request.sequences, *request.spares]:
+            self.cache.take(seq, source)
+
+    def _free(self, request: Request) -> None:
+        for seq in [*request.sequences, *request.spares]:
+            self.cache.free(seq)
+        request.spares = []
+
+    def _fail(self, request: Request, rows: int) -> None:
+        c = self.cache
         request.error = ValueError(
-            f"the engine's cache ({self.blocks.total} blocks of {self.blocks.block_size} "
-            f"tokens) cannot hold this request ({need} blocks); give the engine a larger "
-            "cache_tokens")
+            f"the engine's cache ({c.tokens} token positions, {self.max_rows} rows at most) "
+            f"cannot hold this request ({rows} rows); give the engine a larger cache_tokens "
+            "or max_rows")
         self.failed.append(request)
 
-    def _admit(self, request: Request) -> bool:
-        """Blocks for the request's source and for each row's whole context, if the pool
-        has them (no preemption for a newcomer)."""
-        if self._need(request) > len(self.blocks.free):
-            return False
-        if request.seq2seq:
-            request.cross = self.blocks.allocate(self.blocks.blocks_for(len(request.prompt)))
-        for seq in request.sequences:
-            seq.table = self.blocks.allocate(self.blocks.blocks_for(seq.context))
-        return True
-
-    def _room(self, request: Request, seq: Sequence, n: int) -> bool:
-        """Make sure ``seq`` has blocks for ``n`` more tokens (and a beam search room to
-        fork), preempting younger requests if the pool is short; False if ``request`` was
-        the one preempted."""
-        need = self.blocks.blocks_for(seq.cached + n) - len(seq.table)
-        while need + self._fork_room(request) > len(self.blocks.free):
+    def _widen(self) -> None:
+        """Widen the slots if a running row's context needs it, preempting the youngest
+        requests while the wider slots would be fewer than the rows (a request alone and
+        still too big fails)."""
+        longest = max((seq.context for r in self.running for seq in r.sequences), default=0)
+        if self.cache.widths_for(longest)[0] <= self.cache.width:
+            return
+        width = self.cache.grown(longest)
+        while self.rows > self.cache.rows_at(width, self.cache.cross_width):
             victim = self.running[-1]
-            if victim is request and len(self.running) == 1:  # alone, and still too big
-                self.running.remove(request)
-                self._fail(request, len(self.blocks.free) + 1)
-                return False
+            if len(self.running) == 1:
+                self.running.remove(victim)
+                self._free(victim)
+                self._fail(victim, self._need(victim)[0])
+                break
             self._preempt(victim)
-            if victim is request:
-                return False
-        seq.table += self.blocks.allocate(max(0, need))
-        return True
-
-    def _fork_room(self, request: Request) -> int:
-        """Blocks a beam search may need this step: one copy per hypothesis it keeps."""
-        return request.params.beam if request.beam is not None else 0
+        self.cache.compact()
+        longest = max((seq.context for r in self.running for seq in r.sequences), default=0)
+        if self.running:
+            self.cache.resize(self.cache.grown(longest), self.cache.cross_width)
 
     def _preempt(self, request: Request) -> None:
-        """Free all of a request's blocks and queue it first again: it keeps its tokens and
+        """Free all of a request's slots and queue it first again: it keeps its tokens and
         is recomputed when readmitted."""
+        self._free(request)
         for seq in request.sequences:
-            self.blocks.release(seq.table)
             seq.cached = 0
-        self.blocks.release(request.cross)
         self.running.remove(request)
         request.status = Status.WAITING
         self.waiting.appendleft(request)
@@ -178,7 +183,6 @@ class Scheduler:
 
     def slide(self, seq: Sequence) -> None:
         """A language model's context past max_len: keep the last half window (positions
-        restart), and recompute it."""
+        restart), and recompute it (in the same slot)."""
         seq.offset = len(seq.tokens) - max(1, self.max_len // 2)
         seq.cached = 0
-        self.blocks.release(seq.table)

@@ -111,12 +111,22 @@ class Beam:
         """length: tokens each candidate will have generated; scores (k,) float64 raw
         log-probabilities of the live hypotheses; logp (k, V); histories: their generated
         ids. Returns the hypotheses that live on as (live row, next token, raw score)."""
-        V = logp.size(-1)
         candidates = (scores[:, None] + logp).view(-1)  # (k * V,)
-        top_scores, top_index = candidates.topk(min(2 * self.K, candidates.numel()))
+        top_scores, top_index = candidates.topk(self.candidates(candidates.numel()))
+        return self.advance(length, top_scores.tolist(), top_index.tolist(), logp.size(-1),
+                            histories)
+
+    def candidates(self, n: int) -> int:
+        """How many of ``n`` candidates (live hypotheses x vocabulary) a step ranks."""
+        return min(2 * self.K, n)
+
+    def advance(self, length: int, top_scores: list[float], top_index: list[int], V: int,
+                histories: list[list[int]]) -> list[tuple[int, int, float]]:
+        """:meth:`step` once its best candidates are known, best first (raw scores, and
+        indices ``row * V + token``): the inference engine ranks those of many sentences
+        at once."""
         alive: list[tuple[int, int, float]] = []
-        for rank, (s, idx) in enumerate(zip(top_scores.tolist(), top_index.tolist(),
-                                            strict=True)):
+        for rank, (s, idx) in enumerate(zip(top_scores, top_index, strict=True)):
             if s == float("-inf") or len(alive) == self.K:
                 break
             row, token = idx // V, idx % V

@@ -2,7 +2,8 @@
 model (label ``model``):
 
     vaswani_requests_waiting, vaswani_requests_running     requests queued / being decoded
-    vaswani_cache_blocks_used, vaswani_cache_blocks        the engine's key/value cache
+    vaswani_cache_slots_used, vaswani_cache_slots, vaswani_cache_slot_width   the engine's
+                                                           key/value cache
     vaswani_generated_tokens_total                         tokens made (rate() gives tokens/s)
     vaswani_requests_total                                 requests taken
     vaswani_time_to_first_token_seconds                    histogram, from arrival
@@ -51,10 +52,12 @@ class Metrics(Collector):
                                          labels=["model"]),
             "running": GaugeMetricFamily("vaswani_requests_running", "Requests being decoded",
                                          labels=["model"]),
-            "blocks_used": GaugeMetricFamily("vaswani_cache_blocks_used", "Key/value cache "
-                                             "blocks in use", labels=["model"]),
-            "blocks": GaugeMetricFamily("vaswani_cache_blocks", "Key/value cache blocks",
-                                        labels=["model"]),
+            "slots_used": GaugeMetricFamily("vaswani_cache_slots_used", "Key/value cache "
+                                            "slots (rows) in use", labels=["model"]),
+            "slots": GaugeMetricFamily("vaswani_cache_slots", "Key/value cache slots at "
+                                       "their present width", labels=["model"]),
+            "slot_width": GaugeMetricFamily("vaswani_cache_slot_width", "Tokens a key/value "
+                                            "cache slot holds", labels=["model"]),
             "tokens_out": CounterMetricFamily("vaswani_generated_tokens", "Tokens generated",
                                               labels=["model"]),
             "requests": CounterMetricFamily("vaswani_requests", "Requests taken",
