@@ -90,10 +90,8 @@ class SlotCache:
         return sum(2 * t.numel() * t.element_size() for t in (*self.k, *self.ck))
 
     def widths_for(self, context: int, source: int = 0) -> tuple[int, int]:
-        """The slot widths a row of ``context`` tokens (and a ``source``) needs, at least the
-        present ones."""
-        return (max(self.width, min(self.max_width, aligned(context + 1))),
-                max(self.cross_width, aligned(source)))
+        """The slot widths a row of ``context`` tokens (and a ``source``) needs."""
+        return min(self.max_width, aligned(context + 1)), min(self.max_cross, aligned(source))
 
     def grown(self, context: int) -> int:
         """The width to grow to for a context of ``context`` tokens: double, unless that

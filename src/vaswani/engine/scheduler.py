@@ -69,13 +69,7 @@ class Scheduler:
                     self.slide(seq)
         self._widen()
         for request in self.running:  # decode what is ready; go on with prefills
-            for seq in request.sequences:
-                n = self._to_prefill(request, seq, budget)
-                if len(seq.uncached()) == 1:
-                    plan.decode.append((request, seq))
-                elif n:
-                    plan.prefill.append((request, seq, n))
-                    budget -= n
+            budget = self._rows_of(request, plan, budget)
         while self.waiting and budget > 0:  # admit
             request = self.waiting[0]
             rows, (width, cross) = self._need(request)
@@ -83,7 +77,7 @@ class Scheduler:
                 self._fail(self.waiting.popleft(), rows)
                 continue
             width, cross = max(width, self.cache.width), max(cross, self.cache.cross_width)
-            if (self.rows + rows > min(self.max_rows, self.cache.rows_at(width, cross))):
+            if self.rows + rows > min(self.max_rows, self.cache.rows_at(width, cross)):
                 break
             if (width, cross) != (self.cache.width, self.cache.cross_width):
                 self.cache.resize(width, cross)
@@ -93,14 +87,20 @@ class Scheduler:
             request.status = Status.RUNNING
             if request.seq2seq:
                 plan.encode.append(request)
-            for seq in request.sequences:
-                n = self._to_prefill(request, seq, budget)
-                if len(seq.uncached()) == 1:
-                    plan.decode.append((request, seq))
-                elif n:
-                    plan.prefill.append((request, seq, n))
-                    budget -= n
+            budget = self._rows_of(request, plan, budget)
         return plan
+
+    def _rows_of(self, request: Request, plan: Plan, budget: int) -> int:
+        """Plan a request's rows: decode those with one token to feed, prefill the others
+        within the budget; returns the budget left."""
+        for seq in request.sequences:
+            n = self._to_prefill(request, seq, budget)
+            if len(seq.uncached()) == 1:
+                plan.decode.append((request, seq))
+            elif n:
+                plan.prefill.append((request, seq, n))
+                budget -= n
+        return budget
 
     @staticmethod
     def _to_prefill(request: Request, seq: Sequence, budget: int) -> int:
@@ -124,7 +124,7 @@ class Scheduler:
     # --- slots ---------------------------------------------------------------------------
     def _need(self, request: Request) -> tuple[int, tuple[int, int]]:
         """Slots a request takes (a beam search: one per hypothesis it may keep) and the
-        slot widths its rows and source need."""
+        slot widths its rows and source need (whatever the cache's widths are now)."""
         rows = max(request.params.beam if request.beam is not None else 0,
                    len(request.sequences))
         longest = max(seq.context for seq in request.sequences)
