@@ -199,14 +199,14 @@ def test_a_request_no_cache_could_hold_fails_alone():
 def test_a_request_that_fits_narrow_slots_waits_out_wide_ones_instead_of_failing():
     lm = model("decoder")
     eng = engine(lm, max_rows=10, cache_tokens=60)  # slots of 48 tokens: 2; of 16: 6
-    long = Request([5] * 30, Params(max_new_tokens=9))
+    long = Request([5] * 35, Params(max_new_tokens=4))
     eng.submit(long)
     eng.step()
     assert eng.cache.width == 48 and eng.cache.rows == 2
     beams = Request([5, 6], Params(max_new_tokens=4, beam=3))  # 3 rows: only narrow ones
     eng.run([beams])
     assert beams.error is None and beams.reason == "stop" and beams.hypotheses()
-    assert long.output == alone(lm, [5] * 30, long.params)
+    assert long.output == alone(lm, [5] * 35, long.params)
 
 
 def test_a_step_that_fails_fails_only_the_request_that_fails_alone(monkeypatch):
