@@ -1,7 +1,7 @@
 """Offline decoding through the inference engine, against the old batched decoder and against
 CTranslate2 on the same exported model.
 
-    python -m benchmarks.offline [--quick] [--json OUT.json] [--work DIR] [--profile]
+    python -m benchmarks.offline [--quick] [--json OUT.json] [--work DIR] [--profile [ROW]]
 
 1. A decode step: 32 prompts of 5-60 tokens continued by 64 tokens, greedy, by the engine and
    by generation/decode.py ``generate_batch`` (the left-padded batch with a concatenating KV
@@ -12,8 +12,9 @@ CTranslate2 on the same exported model.
    ``generate_batch``, greedy. Each side runs twice, alternating, and its best time counts.
    Greedy outputs are compared (the algorithms agree there).
 
-``--profile`` runs only torch.profiler over the LM row (300 prompts) and prints the share of
-the linear layers, SDPA, the cache's writes and copies, and the rest.
+``--profile [lm|translate]`` runs only torch.profiler over the LM row (300 prompts) or greedy
+translation (300 sentences) and prints the share of the linear layers, SDPA, the cache's
+writes and copies, and the rest.
 
 The models are those of benchmarks/serve.py (the bible preset's and the shakespeare-char
 preset's size, effectively random weights: outputs run to their length cap), fp32, on this
@@ -136,19 +137,30 @@ def against_ct2(work: Path, n: int, threads: int) -> dict:
                             CT2LanguageModel(folder / "lm", threads=threads), prompts)}
 
 
-def profile_lm(work: Path, n: int = 300) -> dict:
-    """Where the engine's time goes in the LM row: torch.profiler over ``generate_many`` of
-    ``n`` of its prompts, the self CPU time of the operators by kind, as shares."""
+def profile_row(work: Path, row: str = "lm", n: int = 300) -> dict:
+    """Where the engine's time goes in a row (``lm``: ``generate_many`` of ``n`` of its
+    prompts; ``translate``: greedy ``translate`` of ``n`` of its sentences): torch.profiler's
+    self CPU time of the operators by kind, as shares."""
     from torch.profiler import profile
 
     import vaswani
 
-    run = vaswani.load(make_runs(work)["lm"])
     rng = random.Random(3)
-    prompts = [sentence(rng, 3, 12)[:60] for _ in range(n)]
-    run.generate_many(prompts[:32], max_new_tokens=64, temperature=0)  # warm up
+    if row == "lm":
+        run = vaswani.load(make_runs(work)["lm"])
+        prompts = [sentence(rng, 3, 12)[:60] for _ in range(n)]
+
+        def work_once(texts):
+            return run.generate_many(texts, max_new_tokens=64, temperature=0)
+    else:
+        run = vaswani.load(make_runs(work)["translator"])
+        prompts = [sentence(rng) for _ in range(n)]
+
+        def work_once(texts):
+            return run.translate(texts, beam=1, length_penalty=0.0)
+    work_once(prompts[:32])  # warm up
     with profile() as prof:
-        run.generate_many(prompts, max_new_tokens=64, temperature=0)
+        work_once(prompts)
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
     kinds = {"linear layers (addmm, mm)": lambda k: k in ("aten::addmm", "aten::mm"),
@@ -167,16 +179,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="200 sentences, fewer rounds")
     parser.add_argument("--json", metavar="OUT.json")
     parser.add_argument("--work", metavar="DIR", help="where the runs go (default: a temp dir)")
-    parser.add_argument("--profile", action="store_true",
-                        help="only profile the LM row: the share of each kind of operator")
+    parser.add_argument("--profile", nargs="?", const="lm", choices=["lm", "translate"],
+                        help="only profile one row (default lm; translate: greedy "
+                        "translation): the share of each kind of operator")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-offline-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.profile:
-        shares = profile_lm(work)
-        report("Where the LM row's time goes (self CPU time)",
+        shares = profile_row(work, args.profile)
+        report(f"Where the {args.profile} row's time goes (self CPU time)",
                [(kind, f"{share:.0%}") for kind, share in shares.items()],
-               {"profile_lm": shares}, args.json)
+               {f"profile_{args.profile}": shares}, args.json)
         return
     results = {"decode_step": decode_step(args.quick)}
     try:

@@ -1,12 +1,16 @@
-"""benchmarks/offline.py: --profile's shares add up (timing is never asserted)."""
+"""benchmarks/offline.py: --profile's shares add up, for both rows it profiles (timing is
+never asserted)."""
 
+import pytest
 from benchmarks import offline
 
 
-def test_the_profile_splits_the_lm_rows_time_into_shares(small_runs, monkeypatch, tmp_path):
-    run_dir, _ = small_runs["decoder"]
-    monkeypatch.setattr(offline, "make_runs", lambda work: {"lm": run_dir})
-    shares = offline.profile_lm(tmp_path, n=8)
+@pytest.mark.parametrize("row", ["lm", "translate"])
+def test_the_profile_splits_a_rows_time_into_shares(row, small_runs, copy_run, monkeypatch,
+                                                    tmp_path):
+    runs = {"lm": small_runs["decoder"][0], "translator": copy_run[0]}
+    monkeypatch.setattr(offline, "make_runs", lambda work: runs)
+    shares = offline.profile_row(tmp_path, row, n=8)
     assert list(shares)[:3] == ["linear layers (addmm, mm)", "attention (SDPA)",
                                 "KV cache writes and copies (index_put, index)"]
     assert all(0 < share < 1 for share in shares.values())  # each kind takes some time
