@@ -79,5 +79,13 @@ def init(rank: int, world: int, local_rank: int, device: torch.device, *,
 
 
 def shutdown(d: Dist) -> None:
+    """End the process group. A run that finished calls ``Dist.barrier`` first: gloo's
+    worker threads let go of a finished collective's tensors after the caller has its
+    result, and a tensor Python also holds needs the GIL to be let go; if that comes while
+    the group's destructor (run when DDP's reducer is freed, GIL held) waits for the
+    threads, the process deadlocks (seen at the end of a two-process CPU run, the thread
+    freeing a broadcast's tensors). A barrier waits with the GIL released until every earlier
+    collective is done. (After a failure there is no barrier: a dead rank would never
+    reach it.)"""
     if d.owns_group and dist.is_initialized():
         dist.destroy_process_group()

@@ -108,6 +108,7 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
                 summary["skipped_steps"] = trainer.state.skipped
             if dist.is_main:
                 summary.update(_finish(run_dir, cfg, data))
+            dist.barrier()  # see distributed.shutdown: nothing left in gloo's threads
             return summary
     finally:
         shutdown(dist)
