@@ -2,14 +2,14 @@
 
 Every step:
 
-1. requests cancelled since the last step are retired (their blocks freed at once);
+1. requests cancelled since the last step are retired (their slots freed at once);
 2. every running row with exactly one token not yet cached is decoded (it feeds that token
    and gets its next one); a language model's row whose context would pass ``max_len``
    slides first (its context is cut to the last half window and recomputed, as
    generation/steppers.py ``LMStepper`` does);
 3. rows with more uncached tokens (a prompt, a slid context, a preempted request being
    recomputed) are prefilled, in chunks, under a budget of ``max_step_tokens`` tokens;
-4. waiting requests are admitted in arrival order while rows, blocks and the budget allow.
+4. waiting requests are admitted in arrival order while slots and the budget allow.
 
 Slots are reserved on admission: one for each row (a beam search holds ``beam``, for the
 hypotheses it will fork into), and the cache's slots are widened (cache.py) when a row's
