@@ -85,10 +85,6 @@ class SlotCache:
     def used(self) -> int:
         return self.live
 
-    @property
-    def bytes(self) -> int:
-        return sum(2 * t.numel() * t.element_size() for t in (*self.k, *self.ck))
-
     def widths_for(self, context: int, source: int = 0) -> tuple[int, int]:
         """The slot widths a row of ``context`` tokens (and a ``source``) needs."""
         return min(self.max_width, aligned(context + 1)), min(self.max_cross, aligned(source))
