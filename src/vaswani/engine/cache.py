@@ -192,16 +192,16 @@ class SlotKV:
     attend over; a cross-attention's keys are there already (``k``, ``v``)."""
 
     def __init__(self, k: Tensor, v: Tensor, rows: Tensor | None, n: int, width: int,
-                 columns: Tensor | None = None) -> None:
+                 write: tuple[Tensor, Tensor] | None = None) -> None:
         self.k_all, self.v_all = k, v
-        self.rows, self.n, self.width, self.columns = rows, n, width, columns
+        self.rows, self.n, self.width, self.write = rows, n, width, write
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k, v (R, Hkv, T, Dh) into columns (R, T) of their slots -> (R, Hkv, Tk, Dh)."""
-        slots = torch.arange(self.n, device=k.device) if self.rows is None else self.rows
-        slots = slots[:, None]
-        self.k_all[slots, :, self.columns] = k.transpose(1, 2)  # (R, T, Hkv, Dh)
-        self.v_all[slots, :, self.columns] = v.transpose(1, 2)
+        """k, v (R, Hkv, T, Dh) into their (slot (R, 1), column (R, T)) places ``write``
+        -> the keys and values to attend over, (R, Hkv, Tk, Dh)."""
+        slots, columns = self.write
+        self.k_all[slots, :, columns] = k.transpose(1, 2)  # (R, T, Hkv, Dh)
+        self.v_all[slots, :, columns] = v.transpose(1, 2)
         return self.k, self.v
 
     def _read(self, t: Tensor) -> Tensor:
@@ -225,7 +225,9 @@ class StepCache:
     def __init__(self, cache: SlotCache, rows: Tensor | None, columns: Tensor, width: int,
                  cross_width: int) -> None:
         n = columns.size(0)
-        self.layers = [(SlotKV(cache.k[i], cache.v[i], rows, n, width, columns),
+        slots = torch.arange(n, device=columns.device) if rows is None else rows
+        write = (slots[:, None], columns)  # where every layer writes its new keys
+        self.layers = [(SlotKV(cache.k[i], cache.v[i], rows, n, width, write),
                         SlotKV(cache.ck[i], cache.cv[i], rows, n, cross_width)
                         if cache.seq2seq else None)
                        for i in range(cache.n_layers)]

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..nn import masks
 from .cache import ALIGN, SlotCache
+from .step import forward_step
 
 
 def batch_ladder(max_rows: int) -> list[int]:
@@ -82,14 +82,9 @@ class StaticDecoder:
 
     def _forward(self, B: int, W: int, X: int) -> Tensor:
         """The padded step on the static buffers: what a graph captures."""
-        positions = self.positions[:B]
-        kwargs = {}
-        if self.cache.seq2seq:
-            kwargs["memory_mask"] = masks.length_mask(self.sources[:B], X)
-        return self.model.decode_step(
-            self.ids[:B], positions=positions, mask=masks.position_mask(positions, W),
-            cache=self.cache.step(None, self.columns[:B], W, X),
-            last=torch.zeros(B, dtype=torch.long, device=self.device), **kwargs)
+        return forward_step(self.model, self.cache, self.ids[:B], self.positions[:B], None,
+                            self.columns[:B], W, self.sources[:B], X,
+                            torch.zeros(B, dtype=torch.long, device=self.device))
 
     def _capture(self, B: int, W: int, X: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         side = torch.cuda.Stream()

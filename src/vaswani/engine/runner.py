@@ -22,10 +22,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..nn import masks
 from .cache import SlotCache
 from .graphs import StaticDecoder
 from .request import Request, Sequence
+from .step import forward_step
 
 
 class Runner:
@@ -75,11 +75,12 @@ class Runner:
         ids, positions, columns = (torch.tensor(x, device=d)[:, None]
                                    for x in (ids, positions, columns))
         sources = torch.tensor(self.cache.sources[:n], device=d)
-        if self.static is not None and n <= self.static.rows[-1]:
+        if self.static is not None:
             logits = self.static.step(ids, positions, columns, sources, width, cross)
         else:
-            logits = self._run(ids, positions, None, columns, width, sources, cross,
-                               torch.zeros(n, dtype=torch.long, device=d))
+            logits = forward_step(self.model, self.cache, ids, positions, None, columns,
+                                  width, sources, cross,
+                                  torch.zeros(n, dtype=torch.long, device=d))
         return logits[torch.tensor([seq.slot for _, seq in rows], device=d)]
 
     @torch.inference_mode()
@@ -104,14 +105,5 @@ class Runner:
         if self.cache.seq2seq:
             sources = torch.tensor([len(r.prompt) for r, _, _ in rows], device=device)
             cross = max(len(r.prompt) for r, _, _ in rows)
-        return self._run(ids.to(device), positions, slots, columns, width, sources, cross,
-                         lengths - 1)
-
-    def _run(self, ids: Tensor, positions: Tensor, slots: Tensor | None, columns: Tensor,
-             width: int, sources: Tensor | None, cross: int | None, last: Tensor) -> Tensor:
-        kwargs = {}
-        if self.cache.seq2seq:
-            kwargs["memory_mask"] = masks.length_mask(sources, cross)
-        return self.model.decode_step(
-            ids, positions=positions, mask=masks.position_mask(positions, width),
-            cache=self.cache.step(slots, columns, width, cross or 0), last=last, **kwargs)
+        return forward_step(self.model, self.cache, ids.to(device), positions, slots, columns,
+                            width, sources, cross, lengths - 1)
