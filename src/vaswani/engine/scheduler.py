@@ -153,10 +153,9 @@ class Scheduler:
         """Widen the slots if a running row's context needs it, preempting the youngest
         requests while the wider slots would be fewer than the rows (a request alone and
         still too big fails)."""
-        longest = max((seq.context for r in self.running for seq in r.sequences), default=0)
-        if self.cache.widths_for(longest)[0] <= self.cache.width:
+        if self.cache.widths_for(self._longest())[0] <= self.cache.width:
             return
-        width = self.cache.grown(longest)
+        width = self.cache.grown(self._longest())
         while self.rows > self.cache.rows_at(width, self.cache.cross_width):
             victim = self.running[-1]
             if len(self.running) == 1:
@@ -165,10 +164,12 @@ class Scheduler:
                 self._fail(victim, self._need(victim)[0])
                 break
             self._preempt(victim)
-        self.cache.compact()
-        longest = max((seq.context for r in self.running for seq in r.sequences), default=0)
-        if self.running:
-            self.cache.resize(self.cache.grown(longest), self.cache.cross_width)
+        if self.running:  # the width again: with fewer rows, doubling may fit now
+            self.cache.resize(self.cache.grown(self._longest()), self.cache.cross_width)
+
+    def _longest(self) -> int:
+        """The longest context of a running row."""
+        return max((seq.context for r in self.running for seq in r.sequences), default=0)
 
     def _preempt(self, request: Request) -> None:
         """Free all of a request's slots and queue it first again: it keeps its tokens and
