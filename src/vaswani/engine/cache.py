@@ -54,7 +54,7 @@ class SlotCache:
         self.dtype, self.device = dtype, device
         self.owners: list = []  # the rows in slots 0, 1, ...; None: a hole
         self.sources: list[int] = []
-        self.live = 0  # slots held
+        self.used = 0  # slots held
         self.resizes = 0  # how many times the tensors were made (CUDA graphs read them)
         self.width = self.cross_width = 0
         self.k: list[Tensor] = []
@@ -80,10 +80,6 @@ class SlotCache:
     @property
     def rows(self) -> int:
         return self.rows_at(self.width, self.cross_width)
-
-    @property
-    def used(self) -> int:
-        return self.live
 
     def widths_for(self, context: int, source: int = 0) -> tuple[int, int]:
         """The slot widths a row of ``context`` tokens (and a ``source``) needs."""
@@ -129,7 +125,7 @@ class SlotCache:
         row.slot = len(self.owners)
         self.owners.append(row)
         self.sources.append(max(1, source))
-        self.live += 1
+        self.used += 1
 
     def put(self, slot: int, row) -> None:
         """``row`` holds ``slot`` now (a beam search's child in its parent's place)."""
@@ -141,12 +137,12 @@ class SlotCache:
         if row.slot >= 0:
             self.owners[row.slot] = None
             row.slot = -1
-            self.live -= 1
+            self.used -= 1
 
     def compact(self) -> None:
         """Move the last rows into the holes, so that the used slots are 0 .. used - 1 again
         (one copy of each moved slot, all layers at once)."""
-        live = self.live
+        live = self.used  # slots 0 .. live - 1 are to hold the rows
         if live == len(self.owners):
             return
         holes = [i for i in range(live) if self.owners[i] is None]
