@@ -136,6 +136,7 @@ class Engine:
                 "steps": self.steps}
 
     # --- one step -------------------------------------------------------------------------
+    @torch.inference_mode()
     def step(self) -> list[Request]:
         """Run one scheduler step; returns the requests that finished in it."""
         self.steps += 1
@@ -152,20 +153,19 @@ class Engine:
             self.runner.encode(plan.encode)
         if plan.prefill:  # first tokens go out before the batch's decode runs
             logits = self.runner.forward(plan.prefill)
-            chosen = []
-            for (request, seq, n), row in zip(plan.prefill, logits, strict=True):
+            due = []
+            for i, (_, seq, n) in enumerate(plan.prefill):
                 seq.cached += n
                 if not seq.uncached():  # the whole context is in: its next token is due
-                    chosen.append((request, seq, row))
-            if chosen:
-                self._advance(chosen, finished)
+                    due.append(i)
+            if due:
+                self._advance([plan.prefill[i][:2] for i in due], logits, due, finished)
         if plan.decode:
             self.cache.compact()  # rows that finished in the prefill left holes
-            logits = self.runner.decode(plan.decode)
+            logits, at = self.runner.decode(plan.decode)
             for _, seq in plan.decode:
                 seq.cached += 1
-            self._advance([(r, s, row) for (r, s), row in zip(plan.decode, logits, strict=True)],
-                          finished)
+            self._advance(plan.decode, logits, at, finished)
         return finished
 
     def run(self, requests: list[Request], progress=None) -> None:
@@ -179,34 +179,49 @@ class Engine:
                 progress(len(done))
 
     # --- tokens out -------------------------------------------------------------------------
-    def _advance(self, chosen: list[tuple[Request, Sequence, Tensor]], finished: list) -> None:
-        """Choose the next token of every due row and move its request on."""
-        singles = [(r, s, row) for r, s, row in chosen if r.beam is None]
+    def _advance(self, rows: list[tuple[Request, Sequence]], logits: Tensor, at: list[int],
+                 finished: list) -> None:
+        """Choose the next token of every due row and move its request on: row i's logits
+        are ``logits[at[i]]``."""
+        singles = sorted((i for i, (r, _) in enumerate(rows) if r.beam is None),
+                         key=at.__getitem__)  # in the logits' order: often all of them, as is
         if singles:
-            tokens = self._choose(singles).tolist()
-            for (request, seq, _), token in zip(singles, tokens, strict=True):
+            chosen = [rows[i] for i in singles]
+            tokens = self._choose(chosen, self._rows(logits, [at[i] for i in singles]))
+            for (request, seq), token in zip(chosen, tokens.tolist(), strict=True):
                 self._extend(request, seq, token, finished)
-        beams: dict[int, list[tuple[Request, Sequence, Tensor]]] = {}
-        for r, s, row in chosen:
+        searches: dict[int, list[int]] = {}  # a beam search's rows, in its hypotheses' order
+        for i, (r, _) in enumerate(rows):
             if r.beam is not None:
-                beams.setdefault(r.id, []).append((r, s, row))
+                searches.setdefault(r.id, []).append(i)
         forks: list[tuple[int, int, int]] = []  # (slot, parent's slot, keys to copy)
-        if beams:
-            self._search(list(beams.values()), finished, forks)
+        if searches:
+            order = [i for index in searches.values() for i in index]
+            self._search([[rows[i] for i in index] for index in searches.values()],
+                         self._rows(logits, [at[i] for i in order]), finished, forks)
         if forks:  # every search's copies at once
             targets, parents, lengths = zip(*forks, strict=True)
             self.cache.fork(list(targets), list(parents), max(lengths))
 
-    def _scores(self, rows: list[tuple[Request, Sequence, Tensor]], log: bool) -> Tensor:
-        """Next-token scores (logits, or log-probabilities), <pad> and <bos> never chosen,
-        each request's rules applied with the history its reference decoder gives them."""
-        scores = torch.stack([row for _, _, row in rows])
-        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    @staticmethod
+    def _rows(logits: Tensor, index: list[int]) -> Tensor:
+        """``logits[index]``: the tensor itself (not a copy) when that is all of it, in order,
+        which the caller may then change in place."""
+        if index == list(range(logits.size(0))):
+            return logits
+        return logits.index_select(0, torch.tensor(index, device=logits.device))
+
+    def _scores(self, rows: list[tuple[Request, Sequence]], logits: Tensor, log: bool
+                ) -> Tensor:
+        """Next-token scores of ``rows`` from their ``logits`` (N, V), changed in place (the
+        caller's own tensor): <pad> and <bos> never chosen, each request's rules applied with
+        the history its reference decoder gives them; log-probabilities with ``log``."""
+        scores = logits.to(torch.promote_types(logits.dtype, torch.float32))
         scores[:, [self.pad_id, self.bos_id]] = float("-inf")
         if log:
             scores = scores.log_softmax(-1)
         groups: dict[Rules, list[int]] = {}
-        for i, (request, _, _) in enumerate(rows):
+        for i, (request, _) in enumerate(rows):
             if request.params.rules.active:
                 groups.setdefault(request.params.rules, []).append(i)
         for rules, index in groups.items():
@@ -222,13 +237,13 @@ class Engine:
         return torch.tensor([r + [self.pad_id] * (width - len(r)) for r in rows],
                             dtype=torch.long, device=self.device)
 
-    def _choose(self, rows: list[tuple[Request, Sequence, Tensor]]) -> Tensor:
-        params = [r.params for r, _, _ in rows]
-        return sample_rows(self._scores(rows, log=False),
+    def _choose(self, rows: list[tuple[Request, Sequence]], logits: Tensor) -> Tensor:
+        params = [r.params for r, _ in rows]
+        return sample_rows(self._scores(rows, logits, log=False),
                            torch.tensor([p.temperature for p in params], device=self.device),
                            torch.tensor([p.top_k for p in params], device=self.device),
                            torch.tensor([p.top_p for p in params], device=self.device),
-                           [r.generator for r, _, _ in rows])
+                           [r.generator for r, _ in rows])
 
     def _extend(self, request: Request, seq: Sequence, token: int, finished: list) -> None:
         """A one-row request's new token: the end at <eos>, at its limit, or when its
@@ -243,12 +258,13 @@ class Engine:
         if stop or request.generated >= request.limit:
             self._finish(request, "stop" if stop else "length", finished)
 
-    def _search(self, searches: list[list[tuple[Request, Sequence, Tensor]]], finished: list,
-                forks: list[tuple[int, int, int]]) -> None:
-        """A step of every beam search due: their candidates scored and ranked together
-        (one log-softmax and one top-k for all), then each search's
-        generation/search.py ``Beam`` picks its finished and live hypotheses."""
-        logp = self._scores([row for rows in searches for row in rows], log=True)  # (N, V)
+    def _search(self, searches: list[list[tuple[Request, Sequence]]], logits: Tensor,
+                finished: list, forks: list[tuple[int, int, int]]) -> None:
+        """A step of every beam search due (``logits`` (N, V): their rows, search after
+        search): their candidates scored and ranked together (one log-softmax and one top-k
+        for all), then each search's generation/search.py ``Beam`` picks its finished and
+        live hypotheses."""
+        logp = self._scores([row for rows in searches for row in rows], logits, log=True)
         V = logp.size(-1)
         # A search's best candidates are among each of its rows' best 2 * beam tokens: rank
         # those, not every (row, token), in float64 as Beam does.
@@ -257,7 +273,7 @@ class Engine:
         K = max(len(rows) for rows in searches)  # rows per search (fewer: -inf padding)
         at = torch.tensor([i * K + j for i, rows in enumerate(searches)
                            for j in range(len(rows))], device=logp.device)
-        scores = torch.tensor([s.score for rows in searches for _, s, _ in rows],
+        scores = torch.tensor([s.score for rows in searches for _, s in rows],
                               dtype=torch.float64, device=logp.device)
         candidates = torch.full((len(searches) * K, m), float("-inf"), dtype=torch.float64,
                                 device=logp.device)
@@ -272,21 +288,21 @@ class Engine:
             n = rows[0][0].beam.candidates(len(rows) * V)
             self._fork(rows, top_scores[:n], top_index[:n], V, finished, forks)
 
-    def _fork(self, rows: list[tuple[Request, Sequence, Tensor]], top_scores: list[float],
+    def _fork(self, rows: list[tuple[Request, Sequence]], top_scores: list[float],
               top_index: list[int], V: int, finished: list,
               forks: list[tuple[int, int, int]]) -> None:
         """One search's step from its ranked candidates: the first child of a hypothesis
         takes its parent's slot over; another child takes a slot of the request that no
         child holds, and is queued in ``forks`` to get a copy of its parent's."""
         request = rows[0][0]
-        histories = [s.tokens[len(request.start):] for _, s, _ in rows]
+        histories = [s.tokens[len(request.start):] for _, s in rows]
         alive = request.beam.advance(len(histories[0]) + 1, top_scores, top_index, V,
                                      histories)
         self.tokens_out += len(rows)
         request.first_token = request.first_token or time.perf_counter()
         if request.beam.done:
             return self._finish(request, "stop", finished)
-        parents = [s for _, s, _ in rows]
+        parents = [s for _, s in rows]
         children: list[Sequence] = []
         homes: dict[int, int] = {}  # parent's row -> the slot of its keys (its first child's)
         orphans = []  # (child, parent's row): children whose parent's slot a sibling took

@@ -59,11 +59,12 @@ class Runner:
             self.cache.cv[i][to, :, :S] = v[of]
 
     @torch.inference_mode()
-    def decode(self, rows: list[tuple[Request, Sequence]]) -> Tensor:
-        """Each row feeds its one uncached token; returns the next-token logits (R, V)."""
+    def decode(self, rows: list[tuple[Request, Sequence]]) -> tuple[Tensor, list[int]]:
+        """Each row feeds its one uncached token; returns the next-token logits (N, V) and,
+        for each row, which of them are its own (its slot: the logits are not reordered)."""
         n = self.cache.used
         if 2 * len(rows) < n:  # mostly padding: read the few rows' slots by index instead
-            return self.forward([(r, s, 1) for r, s in rows])
+            return self.forward([(r, s, 1) for r, s in rows]), list(range(len(rows)))
         scratch = self.cache.width - 1
         ids, positions, columns = [self.pad_id] * n, [0] * n, [scratch] * n
         for _, seq in rows:
@@ -81,7 +82,7 @@ class Runner:
             logits = forward_step(self.model, self.cache, ids, positions, None, columns,
                                   width, sources, cross,
                                   torch.zeros(n, dtype=torch.long, device=d))
-        return logits[torch.tensor([seq.slot for _, seq in rows], device=d)]
+        return logits, [seq.slot for _, seq in rows]
 
     @torch.inference_mode()
     def forward(self, rows: list[tuple[Request, Sequence, int]]) -> Tensor:
