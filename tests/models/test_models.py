@@ -130,6 +130,37 @@ def test_weight_tying_and_shared_embeddings():
     assert lm.output_proj.weight is lm.embed.token.weight
 
 
+def test_the_output_projection_follows_its_weight_through_every_change():
+    """Inference on a CPU multiplies by a transposed copy of the weight (models/common.py
+    OutputProjection): it equals F.linear, and an optimizer step, an in-place edit, a load
+    or a new dtype is seen at the next call, never the stale copy."""
+    lm = make("decoder").float()
+    proj, x = lm.output_proj, torch.randn(5, 16)
+
+    def check():
+        with torch.no_grad():
+            assert_close(proj(x), torch.nn.functional.linear(x, proj.weight))
+        with torch.inference_mode():
+            assert_close(proj(x), torch.nn.functional.linear(x, proj.weight))
+
+    check()
+    assert proj._copy is not None and proj._copy.is_contiguous()
+    optimizer = torch.optim.SGD(lm.parameters(), lr=1.0)
+    lm(torch.tensor([[3, 4, 5]]))[0].sum().backward()  # grad on: the weight itself
+    optimizer.step()
+    check()
+    with torch.no_grad():
+        lm.embed.token.weight[7] += 1.0  # the tied embedding, edited in place
+    check()
+    lm.load_state_dict({k: v * 2 for k, v in lm.state_dict().items()})
+    check()
+    assert "output_proj._copy" not in lm.state_dict()
+    lm.double()
+    x = x.double()
+    check()
+    assert proj._copy.dtype == torch.float64
+
+
 def test_init_is_xavier_with_a_zero_padding_row():
     model = make("decoder")
     emb = model.embed.token.weight
