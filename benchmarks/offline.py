@@ -2,6 +2,7 @@
 CTranslate2 on the same exported model.
 
     python -m benchmarks.offline [--quick] [--json OUT.json] [--work DIR] [--profile [ROW]]
+    python -m benchmarks.offline --projection [--json OUT.json]
 
 1. A decode step: 32 prompts of 5-60 tokens continued by 64 tokens, greedy, by the engine and
    by generation/decode.py ``generate_batch`` (the left-padded batch with a concatenating KV
@@ -12,9 +13,13 @@ CTranslate2 on the same exported model.
    ``generate_batch``, greedy. Each side runs twice, alternating, and its best time counts.
    Outputs are compared (the algorithms agree, beam search included).
 
-``--profile [lm|translate]`` runs only torch.profiler over the LM row (300 prompts) or greedy
-translation (300 sentences) and prints the share of the linear layers, SDPA, the cache's
-writes and copies, and the rest.
+``--projection`` only times the vocabulary projection's two weight layouts (``F.linear`` over
+the (V, D) weight, or a product with a (D, V) copy, as models/common.py ``OutputProjection``
+does on a CPU) with the weight out of the cache, for three vocabularies and 1, 8, 64 rows.
+
+``--profile [lm|translate|beam]`` runs only torch.profiler over the LM row (300 prompts),
+greedy translation or beam-4 translation (300 sentences) and prints the share of the linear
+layers, SDPA, the cache's writes and copies, choosing tokens, and the rest.
 
 The models are those of benchmarks/serve.py (the bible preset's and the shakespeare-char
 preset's size, effectively random weights: outputs run to their length cap), fp32, on this
@@ -138,8 +143,8 @@ def against_ct2(work: Path, n: int, threads: int) -> dict:
 
 def profile_row(work: Path, row: str = "lm", n: int = 300) -> dict:
     """Where the engine's time goes in a row (``lm``: ``generate_many`` of ``n`` of its
-    prompts; ``translate``: greedy ``translate`` of ``n`` of its sentences): torch.profiler's
-    self CPU time of the operators by kind, as shares."""
+    prompts; ``translate`` / ``beam``: greedy / beam-4 ``translate`` of ``n`` of its
+    sentences): torch.profiler's self CPU time of the operators by kind, as shares."""
     from torch.profiler import profile
 
     import vaswani
@@ -156,7 +161,7 @@ def profile_row(work: Path, row: str = "lm", n: int = 300) -> dict:
         prompts = [sentence(rng) for _ in range(n)]
 
         def work_once(texts):
-            return run.translate(texts, beam=1, length_penalty=0.0)
+            return run.translate(texts, beam=4 if row == "beam" else 1, length_penalty=0.0)
     work_once(prompts[:32])  # warm up
     with profile() as prof:
         work_once(prompts)
@@ -166,11 +171,44 @@ def profile_row(work: Path, row: str = "lm", n: int = 300) -> dict:
              "attention (SDPA)": lambda k: "scaled_dot_product" in k,
              "KV cache writes and copies (index_put, index)":
                  lambda k: k in ("aten::index_put_", "aten::_index_put_impl_", "aten::index",
-                                 "aten::index_select")}
+                                 "aten::index_select"),
+             "choosing tokens (argmax, log-softmax, top-k)":
+                 lambda k: k in ("aten::argmax", "aten::_log_softmax", "aten::topk")}
     shares = {kind: sum(e.self_cpu_time_total for e in events if match(e.key)) / total
               for kind, match in kinds.items()}
     shares["everything else"] = 1 - sum(shares.values())
     return {kind: round(share, 3) for kind, share in shares.items()}
+
+
+SHAPES = [(8000, 256), (32000, 2048), (50257, 768)]  # (V, D): the translator, LLaMA-2, GPT-2
+
+
+def projection_layouts(shapes=SHAPES, rows=(1, 8, 64), repeats: int = 5) -> dict:
+    """The vocabulary projection's two layouts (models/common.py ``OutputProjection``):
+    ``F.linear`` with the (V, D) weight as stored, and a product with a (D, V) copy, each call
+    timed after writing 64 MB elsewhere (the weight leaves the cache, as in a decode step that
+    reads every layer's weights and keys in between), alternating, best of ``repeats``."""
+    import torch.nn.functional as F
+
+    flush = torch.zeros(16 * 1024 * 1024)
+    out = {}
+    for V, D in shapes:
+        weight = torch.randn(V, D)
+        copy = weight.t().contiguous()
+        for n in rows:
+            x = torch.randn(n, D)
+            assert torch.allclose(F.linear(x, weight), x @ copy, rtol=1e-4, atol=1e-4)
+            best = [float("inf"), float("inf")]
+            for _ in range(repeats):
+                for i in range(2):
+                    flush.add_(1.0)
+                    start = time.perf_counter()
+                    _ = F.linear(x, weight) if i == 0 else x @ copy
+                    best[i] = min(best[i], time.perf_counter() - start)
+            out[f"{V} x {D}, {n} rows"] = {"linear_ms": round(best[0] * 1e3, 3),
+                                           "copy_ms": round(best[1] * 1e3, 3),
+                                           "linear_over_copy": round(best[0] / best[1], 2)}
+    return out
 
 
 def main() -> None:
@@ -178,10 +216,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="200 sentences, fewer rounds")
     parser.add_argument("--json", metavar="OUT.json")
     parser.add_argument("--work", metavar="DIR", help="where the runs go (default: a temp dir)")
-    parser.add_argument("--profile", nargs="?", const="lm", choices=["lm", "translate"],
+    parser.add_argument("--profile", nargs="?", const="lm", choices=["lm", "translate", "beam"],
                         help="only profile one row (default lm; translate: greedy "
-                        "translation): the share of each kind of operator")
+                        "translation; beam: beam 4): the share of each kind of operator")
+    parser.add_argument("--projection", action="store_true",
+                        help="only time the vocabulary projection's two weight layouts")
     args = parser.parse_args()
+    if args.projection:
+        layouts = projection_layouts()
+        report("The vocabulary projection: F.linear over the (V, D) weight / a (D, V) copy",
+               [(shape, f"{r['linear_over_copy']}x ({r['linear_ms']} ms / {r['copy_ms']} ms)")
+                for shape, r in layouts.items()], {"projection": layouts}, args.json)
+        return
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-offline-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.profile:

@@ -41,11 +41,11 @@ class OutputProjection(nn.Linear):
 
     Inference on a CPU multiplies by a (D, V) copy of the weight, made again whenever the
     weight changes: MKL's product with the (V, D) matrix as stored, transposed (what
-    ``F.linear`` asks for), is 1.1-2.5x slower at the few rows of a decode step (8,000 x 256
-    and 32,000 x 2,048 matrices, 1 to 64 rows, measured on an AVX2 CPU), and this is the
-    largest matrix of a small model: the greedy translation row of ``python -m
-    benchmarks.offline`` is about 15% faster with it. The price is V x D more memory while the
-    copy lives. Training, other devices and tracing (ONNX export) use the weight itself."""
+    ``F.linear`` asks for), is 1.1-2.4x slower at the 1-64 rows of a decode step when the
+    weight is out of cache (``python -m benchmarks.offline --projection``, on an AVX2 CPU),
+    and this is the largest matrix of a small model (docs/performance.md section 7). The
+    price is V x D more memory while the copy lives. Training, other devices and tracing
+    (ONNX export) use the weight itself."""
 
     def __init__(self, d_model: int, vocab_size: int) -> None:
         super().__init__(d_model, vocab_size, bias=False)
