@@ -148,8 +148,8 @@ class SlotCache:
         holes = [i for i in range(live) if self.owners[i] is None]
         tail = [j for j in range(live, len(self.owners)) if self.owners[j] is not None]
         if holes:
-            self._copy(holes, tail, max(o.cached for o in (self.owners[j] for j in tail)),
-                       cross=True)
+            self._copy(holes, tail, max(self.owners[j].cached for j in tail),
+                       cross=max(self.sources[j] for j in tail))
             for i, j in zip(holes, tail, strict=True):
                 self.owners[i], self.sources[i] = self.owners[j], self.sources[j]
                 self.owners[i].slot = i
@@ -159,15 +159,18 @@ class SlotCache:
         """Slots ``targets`` start as copies of the first ``length`` keys and values of
         slots ``parents`` (a beam search's hypotheses that fork; their source is the same)."""
         if targets:
-            self._copy(targets, parents, length, cross=False)
+            self._copy(targets, parents, length)
 
-    def _copy(self, targets: list[int], sources: list[int], length: int, *,
-              cross: bool) -> None:
+    def _copy(self, targets: list[int], sources: list[int], length: int,
+              cross: int = 0) -> None:
+        """Slots ``targets`` get the first ``length`` keys and values of slots ``sources``,
+        and their first ``cross`` source keys and values (what a source slot holds past its
+        own source's length is never attended to)."""
         to = torch.tensor(targets, device=self.device)
         of = torch.tensor(sources, device=self.device)
         pairs = [(self.k, length), (self.v, length)]
-        if cross and self.seq2seq:
-            pairs += [(self.ck, self.cross_width), (self.cv, self.cross_width)]
+        if self.seq2seq:
+            pairs += [(self.ck, cross), (self.cv, cross)]
         for tensors, n in pairs:
             if n > 0:
                 for t in tensors:
