@@ -187,7 +187,7 @@ class Engine:
                          key=at.__getitem__)  # in the logits' order: often all of them, as is
         if singles:
             chosen = [rows[i] for i in singles]
-            tokens = self._choose(chosen, self._rows(logits, [at[i] for i in singles]))
+            tokens = self._choose(chosen, self._rows_of(logits, [at[i] for i in singles]))
             for (request, seq), token in zip(chosen, tokens.tolist(), strict=True):
                 self._extend(request, seq, token, finished)
         searches: dict[int, list[int]] = {}  # a beam search's rows, in its hypotheses' order
@@ -198,13 +198,13 @@ class Engine:
         if searches:
             order = [i for index in searches.values() for i in index]
             self._search([[rows[i] for i in index] for index in searches.values()],
-                         self._rows(logits, [at[i] for i in order]), finished, forks)
+                         self._rows_of(logits, [at[i] for i in order]), finished, forks)
         if forks:  # every search's copies at once
             targets, parents, lengths = zip(*forks, strict=True)
             self.cache.fork(list(targets), list(parents), max(lengths))
 
     @staticmethod
-    def _rows(logits: Tensor, index: list[int]) -> Tensor:
+    def _rows_of(logits: Tensor, index: list[int]) -> Tensor:
         """``logits[index]``: the tensor itself (not a copy) when that is all of it, in order,
         which the caller may then change in place."""
         if index == list(range(logits.size(0))):
