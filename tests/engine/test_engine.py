@@ -222,13 +222,13 @@ def test_a_step_that_fails_fails_only_the_request_that_fails_alone(monkeypatch):
         return forward(rows)
 
     monkeypatch.setattr(eng.runner, "forward", poisoned)
-    loop = EngineLoop(eng, name="test")
+    loop = EngineLoop({"test": eng})
     cases = [(p, Params(max_new_tokens=8)) for p in ([5, 6], [13, 7], [8, 9, 10])]
     done = []
     requests = [Request(p, params, on_finish=done.append) for p, params in cases]
     try:
         for r in requests:
-            loop.submit(r)
+            loop.submit("test", r)
         loop.call(lambda: None).result(timeout=60)
         for _ in range(600):
             if len(done) == 3:

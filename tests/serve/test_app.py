@@ -18,6 +18,32 @@ def test_health_and_models(client):
     assert models["clf"]["labels"] == ["neg", "pos"] and models["bert"]["labels"] == []
 
 
+def test_every_model_runs_in_one_thread_with_the_threads_it_was_given(served):
+    """Engines, an encoder's batches and one-off jobs all run in the engines' thread (one
+    team of OpenMP threads: engine/loop.py), with the torch threads create_app was given."""
+    import asyncio
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from vaswani.serve import create_app
+
+    threads = torch.get_num_threads()
+    with TestClient(create_app(served, threads=1), base_url="http://127.0.0.1") as c:
+        server = c.app.state.server
+        where = {name: asyncio.run(server.call(name, lambda: (threading.get_ident(),
+                                                              torch.get_num_threads())))
+                 for name in served}
+        assert c.post("/v1/classify", json={"model": "clf", "input": "a good b"}).is_success
+        assert c.post("/v1/completions", json={"model": "lm", "prompt": "to",
+                                               "max_tokens": 2}).is_success
+        assert server.loop.thread.is_alive()
+        assert set(where.values()) == {(server.loop.thread.ident, 1)}, where
+        engines = {n for n, r in served.items() if r.decodes}
+        assert set(server.engines) == engines and len(engines) >= 2  # one thread, several
+    torch.set_num_threads(threads)  # what a new thread starts with, as it was
+
+
 def test_translate_equals_the_python_api(client, served):
     body = {"model": "copy", "input": ["abcdef", "jihgf"], "beam": 3, "n_best": 2}
     data = client.post("/v1/translate", json=body).json()["data"]
@@ -194,7 +220,7 @@ def test_a_full_queue_answers_503(client, monkeypatch, model, route, body):
     from vaswani.engine import Busy, EngineLoop
     from vaswani.serve import workers
 
-    def full(self, job):
+    def full(self, *job):
         raise (Busy if isinstance(self, EngineLoop) else workers.Busy)(
             f"model {model!r} has 256 requests waiting; try again shortly")
 

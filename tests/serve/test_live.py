@@ -108,7 +108,7 @@ def test_a_client_that_goes_away_stops_its_generation(live, served):
     while server.served("lm")["cancelled"] < 1:
         assert time.time() < deadline, "the abandoned generation was never cancelled"
         time.sleep(0.1)
-    engine = server.loops["lm"].engine
+    engine = server.engines["lm"]
     assert engine.tokens_out < 2000 and not engine.busy
     r = httpx.post(live.url + "/v1/completions", timeout=60,
                    json={"model": "lm", "prompt": "to", "max_tokens": 2, "temperature": 0})

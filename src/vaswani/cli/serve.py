@@ -68,15 +68,22 @@ def serve(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise ValueError(f"vaswani serve needs FastAPI and uvicorn ({e.name} is missing): "
                          "pip install 'vaswani[serve]'") from None
+    import torch
+
     from ..inference import load
     from ..serve import name_runs
 
+    # This thread answers HTTP; the models run in a thread of their own with torch's threads
+    # (engine/loop.py: a second team of OpenMP threads would slow every operator down).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     runs = {name: load(d, device=args.device)
             for name, d in name_runs(args.run_dirs, args.name).items()}
     key = args.api_key or os.environ.get("VASWANI_API_KEY") or None
     app = create_app(runs, api_key=key, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                      max_queue=args.max_queue, limits=Limits(),
-                     allowed_hosts=allowed_hosts(args.allowed_hosts, args.host))
+                     allowed_hosts=allowed_hosts(args.allowed_hosts, args.host),
+                     threads=threads)
     where = f"http://{args.host}:{args.port}"
     print(f"vaswani serve: {', '.join(f'{n} ({r.task.name})' for n, r in runs.items())} on "
           f"{where}{' (API key required)' if key else ''}; the page is at {where}/",

@@ -1,11 +1,12 @@
 """The server's state and its model work: the loaded runs, the limits a request must keep, the
 errors it answers with, and where each run's work goes (the routes are app.py's).
 
-A run that decodes (a translator, a language model) gets an inference engine in a thread of its
-own (engine/loop.py): every translation and completion is a request of that engine, joining
-the running batch at the next step and leaving it as soon as it ends; its tokens come back to
-the event loop as they are made. An encoder's work (classify, embed) is batched by a worker
-thread (workers.py). A one-off job (the attention explorer) runs in the run's thread too.
+A run that decodes (a translator, a language model) gets an inference engine: every
+translation and completion is a request of that engine, joining the running batch at the next
+step and leaving it as soon as it ends; its tokens come back to the event loop as they are
+made. An encoder's work (classify, embed) is batched by a worker thread (workers.py). Every
+model runs in one thread, the engines' (engine/loop.py says why): it steps each engine in
+turn, and runs an encoder's batches and one-off jobs (the attention explorer) between steps.
 """
 
 from __future__ import annotations
@@ -58,17 +59,17 @@ class Server:
     """The loaded runs, their engines and workers, and the limits."""
 
     def __init__(self, runs: dict[str, Run], *, max_batch: int, max_wait_ms: float,
-                 max_queue: int, limits: Limits) -> None:
+                 max_queue: int, limits: Limits, threads: int | None = None) -> None:
+        """``threads``: PyTorch's threads in the models' thread (default: as many as this
+        thread has)."""
         self.runs, self.limits = runs, limits
-        self.loops: dict[str, EngineLoop] = {}
-        self.workers: dict[str, Worker] = {}
-        for name, run in runs.items():
-            if run.decodes:
-                engine = run.new_engine(EngineConfig(max_rows=max_batch))
-                self.loops[name] = EngineLoop(engine, name=name, max_queue=max_queue)
-            else:
-                self.workers[name] = Worker(name, self._handlers(run), max_batch=max_batch,
-                                            max_wait_ms=max_wait_ms, max_queue=max_queue)
+        self.engines = {name: run.new_engine(EngineConfig(max_rows=max_batch))
+                        for name, run in runs.items() if run.decodes}
+        self.loop = EngineLoop(self.engines, max_queue=max_queue, threads=threads)
+        self.workers = {name: Worker(name, self._handlers(run), max_batch=max_batch,
+                                     max_wait_ms=max_wait_ms, max_queue=max_queue,
+                                     compute=self.loop.call)
+                        for name, run in runs.items() if not run.decodes}
         self.submitted = dict.fromkeys(runs, 0)
         self.cancelled = dict.fromkeys(runs, 0)
         self.started = int(time.time())
@@ -92,7 +93,7 @@ class Server:
             w = self.workers[name]
             return {"batches": w.batches, "requests": w.jobs, "cancelled": w.cancelled,
                     "waiting": w.queue.qsize()}
-        stats = self.loops[name].engine.stats()
+        stats = self.engines[name].stats()
         return {"batches": stats["steps"], "requests": self.submitted[name],
                 "cancelled": self.cancelled[name], **stats}
 
@@ -119,7 +120,7 @@ class Server:
             request.on_finish = finished
         try:
             for request in requests:
-                self.loops[name].submit(request)
+                self.loop.submit(name, request)
                 self.submitted[name] += 1
         except Busy as e:
             for request in requests:
@@ -155,9 +156,9 @@ class Server:
 
     async def call(self, name: str, fn: Callable[[], object]):
         """Run one-off work with a run's model, in the thread that owns it."""
-        if name in self.loops:
+        if name in self.engines:
             try:
-                return await asyncio.wrap_future(self.loops[name].call(fn))
+                return await asyncio.wrap_future(self.loop.call(fn))
             except ValueError as e:
                 raise ApiError(400, str(e)) from None
         loop = asyncio.get_running_loop()
@@ -189,10 +190,9 @@ class Server:
         return await _result(job)
 
     def close(self) -> None:
-        for loop in self.loops.values():
-            loop.stop()
         for worker in self.workers.values():
             worker.stop()
+        self.loop.stop()
 
 
 @dataclass

@@ -3,7 +3,8 @@ translator's or a language model's runs on its inference engine instead, engine/
 
 Each encoder has one :class:`Worker`: a thread that takes jobs from a bounded queue (a full
 queue is a 503 for the caller), waits up to ``max_wait_ms`` for more jobs of the same kind (up
-to ``max_batch`` of them), runs them as one batch, and hands each job its result back on the
+to ``max_batch`` of them), runs them as one batch (in the thread that runs every model of the
+server, engine/loop.py, when it is given one), and hands each job its result back on the
 event loop. A batch computes for each job what the job would get alone (classification and
 embeddings are padding-invariant). A batch that fails is run again job by job, so only a job
 that fails alone gets the error.
@@ -17,6 +18,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -43,8 +45,11 @@ class Job:
 
 class Worker:
     def __init__(self, name: str, handlers: dict[str, Callable[[list[Job]], list]], *,
-                 max_batch: int = 16, max_wait_ms: float = 5.0, max_queue: int = 256) -> None:
-        self.name, self.handlers = name, handlers
+                 max_batch: int = 16, max_wait_ms: float = 5.0, max_queue: int = 256,
+                 compute: Callable[[Callable[[], object]], Future] | None = None) -> None:
+        """``compute(fn)``: runs ``fn`` where the models run and returns its future (None:
+        in the worker's own thread)."""
+        self.name, self.handlers, self.compute = name, handlers, compute
         self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.batches = self.jobs = self.cancelled = 0  # served so far (for /health)
@@ -89,9 +94,15 @@ class Worker:
             if batch:
                 self._run(batch)
 
+    def _handle(self, batch: list[Job]) -> list:
+        handler = self.handlers[batch[0].kind]
+        if self.compute is None:
+            return handler(batch)
+        return self.compute(lambda: handler(batch)).result()
+
     def _run(self, batch: list[Job]) -> None:
         try:
-            results = self.handlers[batch[0].kind](batch)
+            results = self._handle(batch)
         except Exception as e:  # one bad job must not fail the others: each runs alone
             traceback.print_exc()
             results = [e] if len(batch) == 1 else [self._alone(job) for job in batch]
@@ -104,7 +115,7 @@ class Worker:
 
     def _alone(self, job: Job):
         try:
-            return self.handlers[job.kind]([job])[0]
+            return self._handle([job])[0]
         except Exception as e:
             return e
 
