@@ -242,6 +242,34 @@ def test_a_step_that_fails_fails_only_the_request_that_fails_alone(monkeypatch):
         assert r.error is None and r.output == alone(lm, p, params)
 
 
+def test_one_loop_steps_every_engine_and_a_request_joins_the_next_step_of_its_own():
+    """Two engines in one loop step in turn; a request that arrives while one of them steps
+    is taken before the other's next step, not a whole round later."""
+    first, second = engine(model("decoder"), max_rows=4), engine(model("decoder"), max_rows=4)
+    order = []
+    late = Request([7, 8], Params(max_new_tokens=3))
+    for name, eng in (("first", first), ("second", second)):
+        def step(eng=eng, name=name, step=eng.step):
+            if name == "first" and not order:  # arrives while the first engine steps
+                loop.submit("second", late)
+            order.append(name)
+            return step()
+        eng.step = step
+    loop = EngineLoop({"first": first, "second": second})
+    try:
+        early = Request([5, 6], Params(max_new_tokens=3))
+        loop.submit("first", early)
+        for _ in range(600):
+            if early.finished and late.finished:
+                break
+            loop.call(lambda: None).result(timeout=60)
+    finally:
+        loop.stop()
+    assert order[:2] == ["first", "second"], order  # the same round
+    assert late.output == alone(second.model, [7, 8], late.params)
+    assert early.output == alone(first.model, [5, 6], early.params)
+
+
 def test_a_seed_out_of_range_is_refused_when_submitted():
     eng = engine(model("decoder"))
     with pytest.raises(ValueError, match=r"seed \(1180591620717411303424\) must be in"):

@@ -76,22 +76,27 @@ class EngineLoop:
 
         torch.set_num_threads(self.threads)
         torch.set_grad_enabled(False)
-        while True:
-            try:  # wait for work only when there is none
-                item = self.inbox.get(block=not self.busy)
-            except queue.Empty:
-                item = ...
-            while item is not ...:
-                if item is None:
-                    return
-                self._take(item)
-                try:
-                    item = self.inbox.get_nowait()
-                except queue.Empty:
-                    item = ...
+        while self._take_all(wait=not self.busy):  # wait for work only when there is none
             for engine in self.engines.values():  # a step of each, in turn
                 if engine.busy:
                     self._step(engine)
+                if not self._take_all(wait=False):  # what came meanwhile joins the next step
+                    return
+
+    def _take_all(self, wait: bool) -> bool:
+        """Take everything in the inbox (first waiting for an item, with ``wait``); False
+        once told to stop."""
+        try:
+            item = self.inbox.get(block=wait)
+        except queue.Empty:
+            return True
+        while item is not None:
+            self._take(item)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return True
+        return False
 
     def _take(self, item) -> None:
         if isinstance(item[1], Request):
