@@ -11,7 +11,7 @@ rules.py; GNMT beam search with generation/search.py ``Beam``), so a request's o
 depend on what else the engine is running.
 
 ``Engine.run(requests)`` steps until they are all finished (the offline commands);
-loop.py runs an engine in its own thread for the server.
+loop.py runs a server's engines in one thread of their own.
 """
 
 from __future__ import annotations

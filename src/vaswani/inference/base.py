@@ -78,7 +78,7 @@ class Run:
 
     def new_engine(self, config: EngineConfig) -> Engine:
         """Another engine over the run's model, sized by ``config`` (the server runs its own,
-        in a thread of its own)."""
+        in the thread of its models)."""
         tok = self.target_tokenizer or self.source_tokenizer
         return Engine(self.model, bos_id=tok.bos_id, eos_id=tok.eos_id, config=config)
 

@@ -38,7 +38,7 @@ class Metrics(Collector):
             "each request's mean", ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
 
     def finished(self, name: str, request: Request) -> None:
-        """Observe a request's latencies (from the engine's thread)."""
+        """Observe a request's latencies (from the engines' thread)."""
         if request.first_token is None or request.finished is None:
             return
         self.first_token.labels(name).observe(request.first_token - request.arrived)

@@ -97,7 +97,7 @@ class Server:
         return {"batches": stats["steps"], "requests": self.submitted[name],
                 "cancelled": self.cancelled[name], **stats}
 
-    # --- work for a run that decodes (in its engine's thread) ------------------------------
+    # --- work for a run that decodes (in the engines' thread) ------------------------------
     def _submit(self, name: str, requests: list[Request],
                 events: asyncio.Queue | None = None) -> asyncio.Future:
         """Queue engine requests; the future is done when all of them have finished (and
@@ -106,7 +106,7 @@ class Server:
         done = loop.create_future()
         left = [len(requests)]
 
-        def finished(request: Request) -> None:  # in the engine's thread
+        def finished(request: Request) -> None:  # in the engines' thread
             left[0] -= 1
             self.metrics.finished(name, request)
             if request.cancelled:
