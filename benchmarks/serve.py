@@ -63,9 +63,11 @@ def sentence(rng: random.Random, low: int = 12, high: int = 30) -> str:
     return " ".join(words).capitalize() + "."
 
 
-def make_runs(work: Path) -> dict[str, Path]:
+def make_runs(work: Path, checkout: Path | None = None) -> dict[str, Path]:
     """Train the two runs one step each (a real run directory: config, tokenizer, weights),
-    unless ``work`` holds them already."""
+    unless ``work`` holds them already; with the code and presets of ``checkout`` when given
+    (an older one: runs that its code and this one both read)."""
+    work.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     pairs = work / "pairs.tsv"
     pairs.write_text("".join(f"{sentence(rng)}\t{sentence(rng)}\n" for _ in range(20000)))
@@ -76,22 +78,34 @@ def make_runs(work: Path) -> dict[str, Path]:
     runs = {"translator": work / "translator", "lm": work / "lm"}
     if all((run / "model.safetensors").exists() for run in runs.values()):
         return runs  # made by an earlier call with this --work
-    common = ["--set", "train.max_steps=1", "--set", "train.eval_every=1", "--set",
-              "train.precision=fp32", "--set", "train.max_minutes=0", "--overwrite",
+    fp32 = ["--set", "train.precision=fp32" if checkout is None else "train.bf16=false"]
+    common = ["--set", "train.max_steps=1", "--set", "train.eval_every=1", *fp32,
+              "--set", "train.max_minutes=0", "--overwrite",
               "--no-progress",
               "--cache", str(work / "cache")]
-    train([*VASWANI, "train", str(ROOT / "configs" / "bible-en-es.toml"),
+    configs = Path(checkout or ROOT) / "configs"
+    train([*VASWANI, "train", str(configs / "bible-en-es.toml"),
            "--out", str(runs["translator"]), "--set", "data.dataset=",
            "--set", f"data.train={pairs}", "--set", f"data.valid={valid}",
-           "--set", "train.best_metric=valid_loss", "--set", "train.metric_examples=0", *common])
-    train([*VASWANI, "train", str(ROOT / "configs" / "shakespeare-char.toml"),
+           "--set", "train.best_metric=valid_loss", "--set", "train.metric_examples=0", *common],
+          checkout)
+    train([*VASWANI, "train", str(configs / "shakespeare-char.toml"),
            "--out", str(runs["lm"]), "--set", "data.dataset=",
-           "--set", f"data.train={text}", "--set", f"data.valid={text}", *common])
+           "--set", f"data.train={text}", "--set", f"data.valid={text}", *common], checkout)
     return runs
 
 
-def train(command: list[str]) -> None:
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+def checkout_env(checkout: Path | None) -> dict | None:
+    """The environment that runs ``python -m vaswani`` from another checkout's code."""
+    import os
+
+    return None if checkout is None else {**os.environ,
+                                          "PYTHONPATH": str(Path(checkout) / "src")}
+
+
+def train(command: list[str], checkout: Path | None = None) -> None:
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                          env=checkout_env(checkout))
     if done.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
 

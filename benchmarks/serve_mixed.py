@@ -5,9 +5,10 @@ replaced).
 
 One ``vaswani serve`` holds a translator (the bible preset's size) and a language model (the
 shakespeare-char preset's size with ``max_len`` 512), both with effectively random weights
-(one training step), so every answer runs to its length: ``min_tokens`` = ``max_tokens`` for
-completions, the length cap for translations. Measured, for each server in turn (baseline,
-engine, baseline, engine; the better round kept):
+(one training step; with a baseline, trained by the baseline's code, so that both servers
+read the same run directories), so every answer runs to its length: ``min_tokens`` =
+``max_tokens`` for completions, the length cap for translations. Measured, for each server
+in turn (baseline, engine, baseline, engine; the better round kept):
 
 1. throughput: 32 clients, each sending requests back to back from one seeded list that both
    servers get: completions (prompts of 5-200 tokens, ``max_tokens`` 8-256, half streamed)
@@ -16,7 +17,8 @@ engine, baseline, engine; the better round kept):
 2. the first token alone: one client streaming the same kind of completions, median time to
    its first token;
 3. a short request among long ones: 31 clients stream 256-token completions; once they run,
-   an 8-token request; its time against the same request on an idle server.
+   8-token requests, one after another while all 31 still run (up to 5); their median time
+   against the median of the same request on an idle server.
 """
 
 from __future__ import annotations
@@ -32,23 +34,25 @@ from pathlib import Path
 import httpx
 
 from .common import ROOT
-from .serve import VASWANI, ServeProcess
+from .serve import VASWANI, ServeProcess, checkout_env, make_runs
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz ,.\n"
 
 
-def make_lm(work: Path, text: Path) -> Path:
-    """The shakespeare-char preset's model with max_len 512, trained one step."""
+def make_lm(work: Path, text: Path, checkout: Path | None = None) -> Path:
+    """The shakespeare-char preset's model with max_len 512, trained one step (with the code
+    of ``checkout`` when given)."""
     run = work / "lm512"
     if not (run / "model.safetensors").exists():
         from .serve import train
 
-        train([*VASWANI, "train", str(ROOT / "configs" / "shakespeare-char.toml"),
+        fp32 = ["--set", "train.precision=fp32" if checkout is None else "train.bf16=false"]
+        train([*VASWANI, "train", str(Path(checkout or ROOT) / "configs" / "shakespeare-char.toml"),
                "--out", str(run), "--set", "data.dataset=", "--set", f"data.train={text}",
                "--set", f"data.valid={text}", "--set", "model.max_len=512",
                "--set", "train.max_steps=1", "--set", "train.eval_every=1",
-               "--set", "train.max_minutes=0", "--set", "train.precision=fp32", "--overwrite",
-               "--no-progress", "--cache", str(work / "cache")])
+               "--set", "train.max_minutes=0", *fp32, "--overwrite",
+               "--no-progress", "--cache", str(work / "cache")], checkout)
     return run
 
 
@@ -56,10 +60,7 @@ class Served(ServeProcess):
     """``vaswani serve`` of ``runs`` ({name: dir}) from ``checkout`` (None: this one)."""
 
     def __init__(self, runs: dict[str, Path], checkout: Path | None, max_batch: int) -> None:
-        import os
-
-        env = None if checkout is None else {**os.environ,
-                                             "PYTHONPATH": str(Path(checkout) / "src")}
+        env = checkout_env(checkout)
         names = [a for name in runs for a in ("--name", name)]
         super().__init__([*map(str, runs.values()), *names, "--max-batch", str(max_batch),
                           "--max-queue", "1024"], env=env, start_s=180)
@@ -138,11 +139,12 @@ def first_token_alone(url: str, plan: list) -> float:
         return round(statistics.median(send(http, r)["first"] for r in streamed), 3)
 
 
-def short_among_long(url: str, clients: int = 31) -> dict:
+def short_among_long(url: str, clients: int = 31, repeats: int = 5) -> dict:
     short = ("complete", "to be or not to be", 8, False)
     long_ = ("complete", "x" * 100, 256, True)
     with httpx.Client(base_url=url, timeout=900) as http:
-        alone = min(send(http, short)["seconds"] for _ in range(3))
+        send(http, short)  # warm-up
+        alone = statistics.median(send(http, short)["seconds"] for _ in range(repeats))
         def one_long() -> dict:
             with httpx.Client(base_url=url, timeout=900) as other:
                 return send(other, long_)
@@ -150,11 +152,17 @@ def short_among_long(url: str, clients: int = 31) -> dict:
         pool = ThreadPoolExecutor(clients)
         futures = [pool.submit(one_long) for _ in range(clients)]
         time.sleep(1.5)  # the long ones are running
-        loaded = send(http, short)["seconds"]
+        # each started while all the long ones still run (dynamic batching answers the
+        # first only after them, and they are gone by the second)
+        times = []
+        while len(times) < repeats and not any(f.done() for f in futures):
+            times.append(send(http, short)["seconds"])
+        loaded = statistics.median(times)
         longs_left = sum(not f.done() for f in futures)
         pool.shutdown(wait=True)
     return {"alone_s": round(alone, 3), "among_long_s": round(loaded, 3),
-            "ratio": round(loaded / alone, 2), "long_ones_still_running": longs_left}
+            "ratio": round(loaded / alone, 2), "requests_among_long": len(times),
+            "long_ones_still_running": longs_left}
 
 
 def measure(runs: dict[str, Path], checkout: Path | None, plan: list, max_batch: int) -> dict:
@@ -168,7 +176,11 @@ def measure(runs: dict[str, Path], checkout: Path | None, plan: list, max_batch:
 
 def run(work: Path, translator: Path, text: Path, sentences: list[str], baseline: str | None,
         rounds: int, per_client: int) -> dict:
-    runs = {"bible": translator, "lm": make_lm(work, text)}
+    if baseline:  # runs written by the baseline's code, which this code reads too
+        older = Path(baseline)
+        work = work / f"runs-of-{older.name}"
+        translator, text = make_runs(work, older)["translator"], work / "text.txt"
+    runs = {"bible": translator, "lm": make_lm(work, text, baseline and Path(baseline))}
     plan = workload(sentences, 32, per_client)
     contenders = {"engine": None, **({"baseline": Path(baseline)} if baseline else {})}
     best: dict[str, dict] = {}
