@@ -3,6 +3,7 @@ CTranslate2 on the same exported model.
 
     python -m benchmarks.offline [--quick] [--json OUT.json] [--work DIR] [--profile [ROW]]
     python -m benchmarks.offline --projection [--json OUT.json]
+    python -m benchmarks.offline --burst [--json OUT.json]
 
 1. A decode step: 32 prompts of 5-60 tokens continued by 64 tokens, greedy, by the engine and
    by generation/decode.py ``generate_batch`` (the left-padded batch with a concatenating KV
@@ -16,6 +17,11 @@ CTranslate2 on the same exported model.
 ``--projection`` only times the vocabulary projection's two weight layouts (``F.linear`` over
 the (V, D) weight, or a product with a (D, V) copy, as models/common.py ``OutputProjection``
 does on a CPU) with the weight out of the cache, for three vocabularies and 1, 8, 64 rows.
+
+``--burst`` only times the step that prefills 14 prompts of 15-199 tokens arriving together
+(the shakespeare-char preset's shape, ``max_len`` 512), with engine.py ``prefill_groups``
+(rows of like lengths in separate passes, shortest first) and with every row in one padded
+pass, alternating, four rounds; outputs compared.
 
 ``--profile [lm|translate|beam]`` runs only torch.profiler over the LM row (300 prompts),
 greedy translation or beam-4 translation (300 sentences) and prints the share of the linear
@@ -211,6 +217,46 @@ def projection_layouts(shapes=SHAPES, rows=(1, 8, 64), repeats: int = 5) -> dict
     return out
 
 
+def prefill_burst(rounds: int = 4, n: int = 14, d_model: int = 256, layers: int = 4) -> dict:
+    """The first step of an engine given ``n`` prompts of random lengths at once, its prefill
+    rows grouped by length (``prefill_groups``) or all in one pass; milliseconds per round."""
+    import vaswani.engine.engine as engine_module
+    from vaswani import ModelConfig, build_model
+    from vaswani.engine import Engine, EngineConfig, Params, Request
+
+    config = ModelConfig(arch="decoder", vocab_size=70, d_model=d_model, n_heads=4,
+                         d_ff=4 * d_model, n_layers=layers, dropout=0.0, max_len=512,
+                         norm_first=True, positional="learned", activation="gelu")
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    rng = random.Random(0)
+    lengths = [rng.randint(5, 200) for _ in range(n)]
+    ways = {"one pass": lambda rows, slack=32: [rows] if rows else [],
+            "grouped": engine_module.prefill_groups}
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    outputs: dict[str, list] = {}
+    try:
+        for _ in range(rounds):
+            for way, groups in ways.items():
+                engine_module.prefill_groups = groups
+                engine = Engine(model, bos_id=1, eos_id=2, config=EngineConfig(max_rows=32))
+                requests = [Request([5 + i % 50 for i in range(k)], Params(max_new_tokens=4))
+                            for k in lengths]
+                for request in requests:
+                    engine.submit(request)
+                start = time.perf_counter()
+                engine.step()
+                times[way].append(round((time.perf_counter() - start) * 1e3, 1))
+                while engine.busy:
+                    engine.step()
+                outputs[way] = [r.output for r in requests]
+    finally:
+        engine_module.prefill_groups = ways["grouped"]
+    return {"prompt_tokens": sorted(lengths), "first_step_ms": times,
+            "one_pass_over_grouped": round(min(times["one pass"]) / min(times["grouped"]), 2),
+            "same_outputs": outputs["one pass"] == outputs["grouped"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="200 sentences, fewer rounds")
@@ -221,7 +267,16 @@ def main() -> None:
                         "translation; beam: beam 4): the share of each kind of operator")
     parser.add_argument("--projection", action="store_true",
                         help="only time the vocabulary projection's two weight layouts")
+    parser.add_argument("--burst", action="store_true",
+                        help="only time a burst's prefill step, rows grouped or in one pass")
     args = parser.parse_args()
+    if args.burst:
+        burst = prefill_burst()
+        report("A burst of 14 prompts: the step that prefills them",
+               [(way, f"{ms} ms") for way, ms in burst["first_step_ms"].items()]
+               + [("one pass / grouped (best)", f"{burst['one_pass_over_grouped']}x; same "
+                   f"outputs: {burst['same_outputs']}")], {"burst": burst}, args.json)
+        return
     if args.projection:
         layouts = projection_layouts()
         report("The vocabulary projection: F.linear over the (V, D) weight / a (D, V) copy",

@@ -26,3 +26,13 @@ def test_the_projection_layouts_are_timed_on_equal_products():
     assert list(rows) == ["50 x 16, 1 rows", "50 x 16, 4 rows"]
     for r in rows.values():
         assert r["linear_ms"] >= 0 and r["copy_ms"] >= 0 and r["linear_over_copy"] > 0
+
+
+def test_a_bursts_prefill_is_timed_both_ways_with_the_same_outputs():
+    burst = offline.prefill_burst(rounds=1, n=4, d_model=32, layers=1)
+    assert set(burst["first_step_ms"]) == {"one pass", "grouped"}
+    assert all(len(ms) == 1 and ms[0] > 0 for ms in burst["first_step_ms"].values())
+    assert burst["same_outputs"] is True and burst["one_pass_over_grouped"] > 0
+    from vaswani.engine import engine
+
+    assert engine.prefill_groups.__name__ == "prefill_groups"  # put back afterwards

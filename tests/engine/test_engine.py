@@ -270,6 +270,27 @@ def test_one_loop_steps_every_engine_and_a_request_joins_the_next_step_of_its_ow
     assert early.output == alone(first.model, [5, 6], early.params)
 
 
+def test_prefill_rows_of_unlike_lengths_run_apart_shortest_first():
+    from vaswani.engine.engine import prefill_groups
+
+    rows = [(None, None, n) for n in (200, 5, 20, 190, 8)]
+    assert [[r[2] for r in g] for g in prefill_groups(rows)] == [[5, 8, 20], [190, 200]]
+    assert [[r[2] for r in g] for g in prefill_groups(rows, slack=0)] == [
+        [5, 8], [20], [190, 200]]
+    lm = model("decoder", max_len=256)
+    eng = engine(lm, max_rows=8, max_step_tokens=1024)
+    passes = []
+    forward = eng.runner.forward
+    eng.runner.forward = lambda rows: passes.append([n for _, _, n in rows]) or forward(rows)
+    cases = [([5 + i % 7 for i in range(n)], Params(max_new_tokens=4))
+             for n in (150, 3, 140, 6)]
+    requests = [Request(p, params) for p, params in cases]
+    eng.run(requests)
+    assert passes[0] == [3, 6] and passes[1] == [140, 150]  # one step, two passes
+    for (p, params), r in zip(cases, requests, strict=True):
+        assert r.output == alone(lm, p, params)
+
+
 def test_a_seed_out_of_range_is_refused_when_submitted():
     eng = engine(model("decoder"))
     with pytest.raises(ValueError, match=r"seed \(1180591620717411303424\) must be in"):

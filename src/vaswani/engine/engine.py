@@ -1,8 +1,9 @@
 """The inference engine: requests in, tokens out, many requests at once.
 
 ``Engine.step()`` runs one scheduler step (scheduler.py): encode the sources of newly
-admitted translation requests, prefill prompt chunks, decode one token for every running row,
-then choose each row's next token, report it, and retire what finished. Requests join and
+admitted translation requests, prefill prompt chunks (shortest first, rows of like lengths
+together: ``prefill_groups``), decode one token for every running row, then choose each row's
+next token, report it, and retire what finished. Requests join and
 leave the running batch at every step (continuous batching); none waits for another to end.
 
 Tokens are chosen exactly as the reference decoders of generation/ choose them for one
@@ -151,15 +152,15 @@ class Engine:
         self.cache.compact()
         if plan.encode:
             self.runner.encode(plan.encode)
-        if plan.prefill:  # first tokens go out before the batch's decode runs
-            logits = self.runner.forward(plan.prefill)
+        for group in prefill_groups(plan.prefill):  # first tokens go out before the decode
+            logits = self.runner.forward(group)
             due = []
-            for i, (_, seq, n) in enumerate(plan.prefill):
+            for i, (_, seq, n) in enumerate(group):
                 seq.cached += n
                 if not seq.uncached():  # the whole context is in: its next token is due
                     due.append(i)
             if due:
-                self._advance([plan.prefill[i][:2] for i in due], logits, due, finished)
+                self._advance([group[i][:2] for i in due], logits, due, finished)
         if plan.decode:
             self.cache.compact()  # rows that finished in the prefill left holes
             logits, at = self.runner.decode(plan.decode)
@@ -333,6 +334,26 @@ class Engine:
         finished.append(request)
         if request.on_finish is not None:
             request.on_finish(request)
+
+
+def prefill_groups(rows: list[tuple[Request, Sequence, int]], slack: int = 32
+                   ) -> list[list[tuple[Request, Sequence, int]]]:
+    """Prefill rows (each feeding ``n`` tokens) in groups that run as one padded forward
+    pass each, shortest first: a row joins the group before it while the padding that
+    costs stays within a quarter of the group's tokens and ``slack`` more. Prompts of 5 and
+    200 tokens padded together would compute 400 positions for 205 tokens; apart, 205, for
+    one more pass."""
+    groups: list[list[tuple[Request, Sequence, int]]] = []
+    tokens = 0
+    for row in sorted(rows, key=lambda row: row[2]):
+        n = row[2]  # the longest so far: the group is padded to it
+        if groups and (len(groups[-1]) + 1) * n - (tokens + n) <= (tokens + n) // 4 + slack:
+            groups[-1].append(row)
+            tokens += n
+        else:
+            groups.append([row])
+            tokens = n
+    return groups
 
 
 __all__ = ["Engine", "EngineConfig", "Params", "Request"]
