@@ -17,8 +17,8 @@ in turn (baseline, engine, baseline, engine; the better round kept):
 2. the first token alone: one client streaming the same kind of completions, median time to
    its first token;
 3. a short request among long ones: 31 clients stream 256-token completions; once they run,
-   8-token requests, one after another while all 31 still run (up to 5); their median time
-   against the median of the same request on an idle server.
+   8-token requests, one after another (after the first, only while all 31 still run; up to
+   5); their median time against the median of the same request on an idle server.
 """
 
 from __future__ import annotations
@@ -152,9 +152,9 @@ def short_among_long(url: str, clients: int = 31, repeats: int = 5) -> dict:
         pool = ThreadPoolExecutor(clients)
         futures = [pool.submit(one_long) for _ in range(clients)]
         time.sleep(1.5)  # the long ones are running
-        # each started while all the long ones still run (dynamic batching answers the
-        # first only after them, and they are gone by the second)
-        times = []
+        # the first, then more while all the long ones still run (dynamic batching answers
+        # the first only after its batch, and the long ones are gone by the second)
+        times = [send(http, short)["seconds"]]
         while len(times) < repeats and not any(f.done() for f in futures):
             times.append(send(http, short)["seconds"])
         loaded = statistics.median(times)
