@@ -78,7 +78,6 @@ def engine_step():
 
 def measure(repeats: float = 1.0) -> tuple[list, dict]:
     """The table's rows and the results (``repeats``: a share of the full run's)."""
-    torch.set_grad_enabled(False)
     x, w = torch.randn(32, 256), torch.randn(1024, 256)
     cases = {"linear layer": (lambda: F.linear(x, w), 3000), "decode step, 31 rows":
              (engine_step(), 60)}

@@ -1,6 +1,7 @@
 """benchmarks/threads.py: each case timed in the main thread, a second thread and the main
 thread again, with context switches counted (timing is never asserted)."""
 
+import torch
 from benchmarks import threads
 
 
@@ -13,3 +14,4 @@ def test_each_case_is_timed_in_both_threads():
         assert r["main_ms"] > 0 and r["second_thread_ms"] > 0 and r["main_again_ms"] > 0
         assert r["switches_per_s_main"] >= 0 and r["switches_per_s_second_thread"] >= 0
     assert threads.switches() > 0  # /proc is read: this process has switched at least once
+    assert torch.is_grad_enabled()  # measuring leaves the rest of the session as it was
