@@ -78,8 +78,7 @@ def make_runs(work: Path, checkout: Path | None = None) -> dict[str, Path]:
     runs = {"translator": work / "translator", "lm": work / "lm"}
     if all((run / "model.safetensors").exists() for run in runs.values()):
         return runs  # made by an earlier call with this --work
-    fp32 = ["--set", "train.precision=fp32" if checkout is None else "train.bf16=false"]
-    common = ["--set", "train.max_steps=1", "--set", "train.eval_every=1", *fp32,
+    common = ["--set", "train.max_steps=1", "--set", "train.eval_every=1", *fp32(checkout),
               "--set", "train.max_minutes=0", "--overwrite",
               "--no-progress",
               "--cache", str(work / "cache")]
@@ -93,6 +92,11 @@ def make_runs(work: Path, checkout: Path | None = None) -> dict[str, Path]:
            "--out", str(runs["lm"]), "--set", "data.dataset=",
            "--set", f"data.train={text}", "--set", f"data.valid={text}", *common], checkout)
     return runs
+
+
+def fp32(checkout: Path | None) -> list[str]:
+    """The override that trains in float32 (code before 2026-11 spelt it ``bf16 = false``)."""
+    return ["--set", "train.precision=fp32" if checkout is None else "train.bf16=false"]
 
 
 def checkout_env(checkout: Path | None) -> dict | None:

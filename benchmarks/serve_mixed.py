@@ -44,14 +44,13 @@ def make_lm(work: Path, text: Path, checkout: Path | None = None) -> Path:
     of ``checkout`` when given)."""
     run = work / "lm512"
     if not (run / "model.safetensors").exists():
-        from .serve import train
+        from .serve import fp32, train
 
-        fp32 = ["--set", "train.precision=fp32" if checkout is None else "train.bf16=false"]
         train([*VASWANI, "train", str(Path(checkout or ROOT) / "configs" / "shakespeare-char.toml"),
                "--out", str(run), "--set", "data.dataset=", "--set", f"data.train={text}",
                "--set", f"data.valid={text}", "--set", "model.max_len=512",
                "--set", "train.max_steps=1", "--set", "train.eval_every=1",
-               "--set", "train.max_minutes=0", *fp32, "--overwrite",
+               "--set", "train.max_minutes=0", *fp32(checkout), "--overwrite",
                "--no-progress", "--cache", str(work / "cache")], checkout)
     return run
 

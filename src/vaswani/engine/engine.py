@@ -3,8 +3,8 @@
 ``Engine.step()`` runs one scheduler step (scheduler.py): encode the sources of newly
 admitted translation requests, prefill prompt chunks (shortest first, rows of like lengths
 together: ``prefill_groups``), decode one token for every running row, then choose each row's
-next token, report it, and retire what finished. Requests join and
-leave the running batch at every step (continuous batching); none waits for another to end.
+next token, report it, and retire what finished. Requests join and leave the running batch
+at every step (continuous batching); none waits for another to end.
 
 Tokens are chosen exactly as the reference decoders of generation/ choose them for one
 request alone (greedy, or sampled with the request's own generator; the decoding rules of

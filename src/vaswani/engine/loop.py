@@ -7,9 +7,10 @@ Why one thread for all of a server's models, rather than one each: on a CPU, PyT
 operator on a team of OpenMP threads, and each Python thread that runs operators gets a team
 of its own. Once a process has more of those threads than cores, OpenMP stops letting them
 spin between operators and puts them to sleep instead: every operator then pays for waking a
-thread (measured on 2 cores: a decode step of 32 rows 1.4x slower, a linear layer 1.7x). One
-thread keeps one team. ``threads`` is how many the team has; the server's own thread is left
-with one (cli/serve.py), so that nothing it does makes a second team.
+thread (on 2 cores, ``python -m benchmarks.threads``: a 31-row decode step 1.7x slower, a
+linear layer 2x). One thread keeps one team. ``threads`` is how many the team has; the
+server's own thread is left with one (cli/serve.py), so that nothing it does makes a second
+team.
 
 A step that fails does not fail the requests in it: each of them is run again alone, and only
 a request that fails alone gets the error; the others finish as if nothing happened.
