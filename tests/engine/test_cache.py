@@ -1,11 +1,13 @@
-"""The engine's slot cache on its own: rows keep their keys and values through compaction,
-forks and widening, and a decode step reads the leading slots in place."""
+"""The engine's slot cache on its own: rows keep their keys and values, and requests their
+sources, through compaction, forks and widening; a decode step reads the leading slots in
+place, and rows that share a source attend over one copy of it."""
 
 import torch
+import torch.nn.functional as F
 
 from tests.conftest import DEVICE
 from vaswani.engine.cache import ALIGN, SlotCache
-from vaswani.engine.request import Sequence
+from vaswani.engine.request import Params, Request, Sequence
 
 
 def cache(**kw):
@@ -14,16 +16,24 @@ def cache(**kw):
                                  **kw})
 
 
+def request():
+    return Request([5, 6, 7], Params(max_new_tokens=4), start=[1])
+
+
 def filled(c, n, length=5):
-    """n rows whose keys, values and source keys are their row number + 1 (layer 1: 10x)."""
+    """n rows, each of its own request, whose keys, values and source keys are their row
+    number + 1 (layer 1: 10x)."""
     rows = []
     for i in range(n):
-        row = Sequence([0] * length)
+        row, owner = Sequence([0] * length), request()
         row.cached = length
-        c.take(row, source=3)
+        c.take(row, owner)
+        c.take_source(owner, 3)
         for layer in range(c.n_layers):
-            for t in (c.k, c.v, c.ck, c.cv):
+            for t in (c.k, c.v):
                 t[layer][row.slot, :, :length] = (i + 1) * 10 ** layer
+            for t in (c.ck, c.cv):
+                t[layer][owner.source_slot, :, :3] = (i + 1) * 10 ** layer
         rows.append(row)
     return rows
 
@@ -33,17 +43,21 @@ def assert_holds(c, row, value, length=5):
         for t in (c.k, c.v):
             assert torch.all(t[layer][row.slot, :, :length] == value * 10 ** layer)
         for t in (c.ck, c.cv):
-            assert torch.all(t[layer][row.slot, :, :3] == value * 10 ** layer)
+            source = c.requests[row.slot].source_slot
+            assert torch.all(t[layer][source, :, :3] == value * 10 ** layer)
 
 
-def test_compaction_moves_the_last_rows_into_the_holes_with_their_keys():
+def test_compaction_moves_the_last_rows_and_sources_into_the_holes_with_their_keys():
     c = cache()
     rows = filled(c, 5)
-    c.free(rows[1])
-    c.free(rows[3])
+    for i in (1, 3):
+        c.free_source(c.requests[rows[i].slot])
+        c.free(rows[i])
     c.compact()
-    assert c.used == 3 and [o.slot for o in c.owners] == [0, 1, 2]
-    assert rows[4].slot == 1 and c.sources == [3, 3, 3]  # the last row filled the first hole
+    assert c.used == c.sources_used == 3 and [o.slot for o in c.owners] == [0, 1, 2]
+    assert rows[4].slot == 1  # the last row filled the first hole, and its source too
+    assert [r.source_slot for r in c.holders] == [0, 1, 2] and c.lengths == [3, 3, 3]
+    assert c.requests[1].source_slot == 1
     for i in (0, 2, 4):
         assert_holds(c, rows[i], i + 1)
 
@@ -55,6 +69,7 @@ def test_a_fork_copies_the_parents_keys_but_not_past_the_length():
     for layer in range(c.n_layers):
         assert torch.all(c.k[layer][2, :, :4] == 10 ** layer)
         assert torch.all(c.k[layer][2, :, 4] == 3 * 10 ** layer)  # past the length: its own
+        assert torch.all(c.ck[layer][2, :, :3] == 3 * 10 ** layer)  # sources never copied
     assert_holds(c, rows[0], 1)
 
 
@@ -71,12 +86,46 @@ def test_widening_keeps_every_rows_keys_and_holds_fewer_slots():
 def test_a_decode_step_reads_the_leading_slots_in_place_and_a_prefill_by_index():
     c = cache()
     filled(c, 3)
+    assert c.groups(3) is None  # row i reads source slot i
     step = c.step(None, torch.zeros(3, 1, dtype=torch.long, device=DEVICE), width=5,
                   cross_width=3)
     own, cross = step.layers[0]
     assert own.k.data_ptr() == c.k[0].data_ptr()  # a view: no copy
     assert own.k.shape == (3, 2, 5, 4) and cross.k.shape == (3, 2, 3, 4)
     picked = c.step(torch.tensor([2, 0], device=DEVICE),
-                    torch.zeros(2, 1, dtype=torch.long, device=DEVICE), width=5)
-    k = picked.layers[1][0].k
-    assert torch.all(k[0] == 30) and torch.all(k[1] == 10)
+                    torch.zeros(2, 1, dtype=torch.long, device=DEVICE), width=5,
+                    cross_width=3, sources=torch.tensor([2, 0], device=DEVICE))
+    own, cross = picked.layers[1]
+    assert torch.all(own.k[0] == 30) and torch.all(own.k[1] == 10)
+    assert torch.all(cross.k[0] == 30) and torch.all(cross.k[1] == 10)
+
+
+def test_rows_that_share_a_source_attend_over_one_copy_as_if_each_had_its_own():
+    """Two requests, of three rows and one, their rows interleaved in the slots: grouped
+    cross-attention over the two sources equals attention of each row over its own copy."""
+    torch.manual_seed(0)
+    c = cache()
+    a, b = request(), request()
+    owners = [a, b, a, a]
+    for owner in owners:
+        c.take(Sequence([1]), owner)
+    c.take_source(b, 3)  # source slots in another order than the rows'
+    c.take_source(a, 5)
+    for t in (c.ck[0], c.cv[0]):
+        t.normal_()
+    members, place = c.groups(4)
+    assert members.tolist() == [[1, 0, 0], [0, 2, 3]]  # b's row (padded), a's three rows
+    assert place.tolist() == [3, 0, 4, 5]
+    step = c.step(None, torch.zeros(4, 2, dtype=torch.long, device=DEVICE), width=2,
+                  cross_width=5, groups=(members, place))
+    cross = step.layers[0][1]
+    q = torch.randn(4, 2, 2, 4, device=DEVICE)  # (R, H, T, Dh)
+    lengths = torch.tensor([3, 5], device=DEVICE)
+    mask = torch.arange(5, device=DEVICE)[None, None, None, :] < lengths[:, None, None, None]
+    out = cross.outputs(F.scaled_dot_product_attention(cross.queries(q), cross.k, cross.v,
+                                                       attn_mask=mask))
+    for i, owner in enumerate(owners):
+        g, n = owner.source_slot, c.lengths[owner.source_slot]
+        alone = F.scaled_dot_product_attention(q[i:i + 1], c.ck[0][g:g + 1, :, :n],
+                                               c.cv[0][g:g + 1, :, :n])
+        torch.testing.assert_close(out[i:i + 1], alone)

@@ -126,7 +126,7 @@ def test_beams_share_and_return_their_blocks_under_preemption():
         want = beam_decode(mt, torch.tensor([s], device=DEVICE), beam=3, n_best=2, alpha=0.0,
                            bos_id=BOS, eos_id=EOS, max_len_a=0, max_len_b=20)[0]
         assert [h for h, _ in r.hypotheses()] == [h for h, _ in want]
-    assert eng.cache.used == 0
+    assert eng.cache.used == eng.cache.sources_used == 0  # every slot came back
 
 
 def test_cancelling_mid_stream_frees_the_blocks_at_once():
@@ -295,3 +295,43 @@ def test_a_seed_out_of_range_is_refused_when_submitted():
     eng = engine(model("decoder"))
     with pytest.raises(ValueError, match=r"seed \(1180591620717411303424\) must be in"):
         eng.submit(Request([5], Params(max_new_tokens=2, temperature=1.0, seed=2**70)))
+
+
+def test_random_translations_and_cancellations_keep_every_source_with_its_rows():
+    """Greedy and beam translations arriving, finishing and cancelled at random in a cache
+    small enough to preempt: rows and source slots are compacted apart and re-paired every
+    step; each request finishes once, as its reference decoder would translate it alone."""
+    mt = model("encoder-decoder")
+    rng = random.Random(7)
+    eng = engine(mt, max_rows=10, cache_tokens=200)
+    finishes: dict[int, int] = {}
+    requests = []
+    for s in prompts(40, seed=8, low=2):
+        beam = rng.choice([0, 0, 2, 3])
+        request = Request(s + [EOS], Params(max_new_tokens=0, beam=beam), start=[BOS],
+                          history_start=1, limit=rng.randint(5, 30),
+                          on_finish=lambda r: finishes.update({r.id: finishes.get(r.id, 0) + 1}))
+        requests.append(request)
+        eng.submit(request)
+        for _ in range(rng.randint(0, 3)):
+            eng.step()
+        if rng.random() < 0.15:
+            rng.choice(requests).cancel()
+    while eng.busy:
+        eng.step()
+    assert eng.scheduler.preemptions > 0
+    assert sorted(finishes) == sorted(r.id for r in requests)
+    assert set(finishes.values()) == {1}
+    assert eng.cache.used == eng.cache.sources_used == 0
+    for r in requests:
+        if r.reason == "cancelled":
+            continue
+        src = torch.tensor([r.prompt], device=DEVICE)
+        if r.beam is None:
+            want = greedy_decode(mt, src, bos_id=BOS, eos_id=EOS, max_len_a=0,
+                                 max_len_b=r.limit)[0]
+            assert r.output == want
+        else:
+            want = beam_decode(mt, src, beam=r.params.beam, n_best=1, alpha=0.0, bos_id=BOS,
+                               eos_id=EOS, max_len_a=0, max_len_b=r.limit)[0]
+            assert [h for h, _ in r.hypotheses()] == [h for h, _ in want]

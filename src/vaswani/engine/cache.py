@@ -8,12 +8,18 @@ row i of the running batch lives in slot i, so a decode step's keys are a *view*
 ``k[:R, :, :Tk]``, that SDPA reads where it lies; nothing is copied per step.
 
 Layout, per decoder layer: keys and values of shape (rows, Hkv, width, Dh), and for a
-translator the source's keys and values for cross-attention, (rows, Hkv, cross_width, Dh).
-The running rows hold slots ``0 .. used - 1``, kept compact: when a row leaves, the last
-row's slot moves into the hole (one batched copy a step). A beam search's hypotheses are
-rows of their request; a hypothesis that forks copies its parent's slot (as CTranslate2
-reorders its cache). The last column of a slot is scratch: padding queries write there and
-nothing reads it.
+translator the source's keys and values for cross-attention, (rows, Hkv, cross_width, Dh),
+in *source slots*: one per request, which all its rows read. The running rows hold slots
+``0 .. used - 1`` and the requests' sources source slots ``0 .. sources_used - 1``, both kept
+compact: when a row (a source) leaves, the last one moves into the hole (one batched copy a
+step). A beam search's hypotheses are rows of their request; a hypothesis that forks copies
+its parent's slot (as CTranslate2 reorders its cache), never the source. The last column of
+a slot is scratch: padding queries write there and nothing reads it.
+
+Cross-attention over one copy of a source: the K hypotheses of a beam search are grouped as
+K queries of their source slot (:class:`SlotKV` ``queries`` / ``outputs``), so a step reads
+each source once, not once per hypothesis (on a CPU, where attention is bound by memory
+traffic, that is most of a beam step's cross-attention time).
 
 Memory follows the rows, not ``max_len``: the cache holds ``tokens`` token positions in all;
 slots are as wide as the longest running context needs (grown by doubling, up to
@@ -36,11 +42,21 @@ def aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+def _moves(owners: list, live: int) -> list[tuple[int, int]]:
+    """(hole, slot) pairs that make slots 0 .. live - 1 the held ones again: each of the
+    last held slots moves into a hole before it."""
+    holes = [i for i in range(live) if owners[i] is None]
+    tail = [j for j in range(live, len(owners)) if owners[j] is not None]
+    return list(zip(holes, tail, strict=True))
+
+
 class SlotCache:
     """The preallocated tensors and which row holds which slot.
 
     ``owners[i]`` is the row (a request's Sequence, or a placeholder holding a slot a beam
-    search will fork into) in slot i; ``sources[i]`` its source's length (translation)."""
+    search will fork into) in slot i and ``requests[i]`` its request; ``holders[j]`` the
+    request whose source is in source slot j (``request.source_slot``), ``lengths[j]`` that
+    source's length (translation)."""
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, *, tokens: int,
                  max_rows: int, max_len: int, seq2seq: bool, dtype: torch.dtype,
@@ -53,8 +69,11 @@ class SlotCache:
         self.tokens = max(tokens, 2 * (self.max_width + self.max_cross))
         self.dtype, self.device = dtype, device
         self.owners: list = []  # the rows in slots 0, 1, ...; None: a hole
-        self.sources: list[int] = []
+        self.requests: list = []  # their requests
+        self.holders: list = []  # the requests whose sources are in source slots 0, 1, ...
+        self.lengths: list[int] = []  # those sources' lengths
         self.used = 0  # slots held
+        self.sources_used = 0  # source slots held
         self.resizes = 0  # how many times the tensors were made (CUDA graphs read them)
         self.width = self.cross_width = 0
         self.k: list[Tensor] = []
@@ -94,38 +113,50 @@ class SlotCache:
 
     def resize(self, width: int, cross_width: int) -> None:
         """Make the tensors for slots this wide, keeping what the used slots hold (every
-        used slot must fit: the scheduler preempts first)."""
+        used slot must fit: the scheduler preempts first). There are as many source slots
+        as slots (a request holds at least one of each)."""
         self.compact()
         rows = self.rows_at(width, cross_width)
         assert self.used <= rows, (self.used, rows)
 
-        def remake(old: list[Tensor], w: int, keep: int) -> list[Tensor]:
+        def remake(old: list[Tensor], w: int, used: int, keep: int) -> list[Tensor]:
             out = []
             for i in range(self.n_layers):
                 new = torch.zeros(rows, self.shape[0], w, self.shape[1], dtype=self.dtype,
                                   device=self.device)
                 if old:
-                    new[:self.used, :, :keep] = old[i][:self.used, :, :keep]
+                    new[:used, :, :keep] = old[i][:used, :, :keep]
                     old[i] = None  # one layer's old tensor alive at a time
                 out.append(new)
             return out
 
         keep = min(width, self.width)
-        self.k, self.v = remake(self.k, width, keep), remake(self.v, width, keep)
+        self.k = remake(self.k, width, self.used, keep)
+        self.v = remake(self.v, width, self.used, keep)
         if self.seq2seq:
             keep = min(cross_width, self.cross_width)
-            self.ck = remake(self.ck, cross_width, keep)
-            self.cv = remake(self.cv, cross_width, keep)
+            self.ck = remake(self.ck, cross_width, self.sources_used, keep)
+            self.cv = remake(self.cv, cross_width, self.sources_used, keep)
         self.width, self.cross_width = width, cross_width
         self.resizes += 1
 
     # --- which row holds which slot -----------------------------------------------------
-    def take(self, row, source: int = 0) -> None:
+    def take(self, row, request=None) -> None:
+        """Give ``row`` (of ``request``) the next slot."""
         self.compact()
         row.slot = len(self.owners)
         self.owners.append(row)
-        self.sources.append(max(1, source))
+        self.requests.append(request)
         self.used += 1
+
+    def take_source(self, request, length: int) -> None:
+        """Give a translation request the next source slot (``request.source_slot``), for a
+        source of ``length`` tokens."""
+        self.compact()
+        request.source_slot = len(self.holders)
+        self.holders.append(request)
+        self.lengths.append(max(1, length))
+        self.sources_used += 1
 
     def put(self, slot: int, row) -> None:
         """``row`` holds ``slot`` now (a beam search's child in its parent's place)."""
@@ -135,65 +166,102 @@ class SlotCache:
     def free(self, row) -> None:
         """Let a row's slot go; the hole is filled at the next :meth:`compact`."""
         if row.slot >= 0:
-            self.owners[row.slot] = None
+            self.owners[row.slot] = self.requests[row.slot] = None
             row.slot = -1
             self.used -= 1
 
+    def free_source(self, request) -> None:
+        if request.source_slot >= 0:
+            self.holders[request.source_slot] = None
+            request.source_slot = -1
+            self.sources_used -= 1
+
     def compact(self) -> None:
         """Move the last rows into the holes, so that the used slots are 0 .. used - 1 again
-        (one copy of each moved slot, all layers at once)."""
-        live = self.used  # slots 0 .. live - 1 are to hold the rows
-        if live == len(self.owners):
-            return
-        holes = [i for i in range(live) if self.owners[i] is None]
-        tail = [j for j in range(live, len(self.owners)) if self.owners[j] is not None]
-        if holes:
-            self._copy(holes, tail, max(self.owners[j].cached for j in tail),
-                       cross=max(self.sources[j] for j in tail))
-            for i, j in zip(holes, tail, strict=True):
-                self.owners[i], self.sources[i] = self.owners[j], self.sources[j]
+        (one copy of each moved slot, all layers at once), and the same for source slots."""
+        moves = _moves(self.owners, self.used)
+        if moves:
+            holes, tail = zip(*moves, strict=True)
+            self._copy([self.k, self.v], holes, tail, max(self.owners[j].cached for j in tail))
+            for i, j in moves:
+                self.owners[i], self.requests[i] = self.owners[j], self.requests[j]
                 self.owners[i].slot = i
-        del self.owners[live:], self.sources[live:]
+        del self.owners[self.used:], self.requests[self.used:]
+        moves = _moves(self.holders, self.sources_used)
+        if moves:
+            holes, tail = zip(*moves, strict=True)
+            self._copy([self.ck, self.cv], holes, tail, max(self.lengths[j] for j in tail))
+            for i, j in moves:
+                self.holders[i], self.lengths[i] = self.holders[j], self.lengths[j]
+                self.holders[i].source_slot = i
+        del self.holders[self.sources_used:], self.lengths[self.sources_used:]
 
     def fork(self, targets: list[int], parents: list[int], length: int) -> None:
         """Slots ``targets`` start as copies of the first ``length`` keys and values of
-        slots ``parents`` (a beam search's hypotheses that fork; their source is the same)."""
+        slots ``parents`` (a beam search's hypotheses that fork; they share their source)."""
         if targets:
-            self._copy(targets, parents, length)
+            self._copy([self.k, self.v], targets, parents, length)
 
-    def _copy(self, targets: list[int], sources: list[int], length: int,
-              cross: int = 0) -> None:
-        """Slots ``targets`` get the first ``length`` keys and values of slots ``sources``,
-        and their first ``cross`` source keys and values (what a source slot holds past its
-        own source's length is never attended to)."""
+    def _copy(self, pairs: list[list[Tensor]], targets, sources, length: int) -> None:
+        """Slots ``targets`` of the tensors ``pairs`` (keys, values) get the first ``length``
+        columns of slots ``sources`` (what a slot holds past its row's context, or its
+        source's length, is never attended to)."""
         to = torch.tensor(targets, device=self.device)
         of = torch.tensor(sources, device=self.device)
-        pairs = [(self.k, length), (self.v, length)]
-        if self.seq2seq:
-            pairs += [(self.ck, cross), (self.cv, cross)]
-        for tensors, n in pairs:
-            if n > 0:
+        if length > 0:
+            for tensors in pairs:
                 for t in tensors:
-                    t[to, :, :n] = t[of, :, :n]  # the right side is gathered first
+                    t[to, :, :length] = t[of, :, :length]  # the right side is gathered first
+
+    def groups(self, n: int) -> tuple[Tensor, Tensor] | None:
+        """How the rows in slots 0 .. n - 1 read their sources in a decode step: None when
+        row i's source is source slot i (each request one row, as slots and source slots are
+        compacted alike), else (members, place) for :class:`SlotKV`: the rows of source
+        slot g are ``members[g]`` (G, K), padded with row 0, and row i is query
+        ``place[i]`` of the grouped queries (G * K)."""
+        held = [self.requests[i].source_slot for i in range(n)]
+        if held == list(range(n)):
+            return None
+        members: list[list[int]] = [[] for _ in range(self.sources_used)]
+        for i, g in enumerate(held):
+            members[g].append(i)
+        K = max(len(m) for m in members)
+        place = [0] * n
+        for g, rows in enumerate(members):
+            for j, i in enumerate(rows):
+                place[i] = g * K + j
+        grid = [m + [0] * (K - len(m)) for m in members]
+        return (torch.tensor(grid, device=self.device),
+                torch.tensor(place, device=self.device))
 
     # --- one forward pass ---------------------------------------------------------------
-    def step(self, rows: Tensor | None, columns: Tensor, width: int,
-             cross_width: int = 0) -> StepCache:
+    def step(self, rows: Tensor | None, columns: Tensor, width: int, cross_width: int = 0,
+             sources: Tensor | None = None,
+             groups: tuple[Tensor, Tensor] | None = None) -> StepCache:
         """The cache as one forward pass sees it: ``rows`` (R,) the slots of its rows (None:
         the first R slots, read in place), ``columns`` (R, T) where the new tokens' keys go,
-        ``width`` keys read per row (and ``cross_width`` source keys)."""
-        return StepCache(self, rows, columns, width, cross_width)
+        ``width`` keys read per row; a translator's ``cross_width`` source keys, of source
+        slots ``sources`` (R,) read by index, or (None) of the leading source slots in
+        place: row i's the i-th, or as :meth:`groups` says."""
+        return StepCache(self, rows, columns, width, cross_width, sources, groups)
 
 
 class SlotKV:
     """One attention's view of the cache in one forward pass, as nn/kv_cache.py's ``KV``:
     ``append`` writes the new keys and values into their slots and returns the keys to
-    attend over; a cross-attention's keys are there already (``k``, ``v``)."""
+    attend over; a cross-attention's keys are there already (``k``, ``v``).
+
+    With ``groups`` (a cross-attention reading sources that several rows share), ``k`` and
+    ``v`` are the G sources once each, and the attention passes its queries through
+    ``queries`` (R rows -> G groups of K rows, as more queries of one row) and its output
+    back through ``outputs``."""
 
     def __init__(self, k: Tensor, v: Tensor, rows: Tensor | None, n: int, width: int,
-                 write: tuple[Tensor, Tensor] | None = None) -> None:
+                 write: tuple[Tensor, Tensor] | None = None,
+                 groups: tuple[Tensor, Tensor] | None = None) -> None:
         self.k_all, self.v_all = k, v
         self.rows, self.n, self.width, self.write = rows, n, width, write
+        self.groups = groups
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """k, v (R, Hkv, T, Dh) into their (slot (R, 1), column (R, T)) places ``write``
@@ -202,6 +270,26 @@ class SlotKV:
         self.k_all[slots, :, columns] = k.transpose(1, 2)  # (R, T, Hkv, Dh)
         self.v_all[slots, :, columns] = v.transpose(1, 2)
         return self.k, self.v
+
+    def queries(self, q: Tensor) -> Tensor:
+        """q (R, H, T, Dh) -> (G, H, K * T, Dh): each group's rows' queries side by side."""
+        if self.groups is None:
+            return q
+        members, _ = self.groups  # (G, K)
+        G, K = members.shape
+        _, H, T, Dh = q.shape
+        q = q.index_select(0, members.view(-1)).view(G, K, H, T, Dh)
+        return q.transpose(1, 2).reshape(G, H, K * T, Dh)
+
+    def outputs(self, out: Tensor) -> Tensor:
+        """The inverse of :meth:`queries`: (G, H, K * T, Dh) -> (R, H, T, Dh)."""
+        if self.groups is None:
+            return out
+        members, place = self.groups
+        G, K = members.shape
+        _, H, KT, Dh = out.shape
+        out = out.view(G, H, K, KT // K, Dh).transpose(1, 2).reshape(G * K, H, KT // K, Dh)
+        return out.index_select(0, place)
 
     def _read(self, t: Tensor) -> Tensor:
         if self.rows is None:  # the leading slots: a view, no copy
@@ -222,11 +310,16 @@ class StepCache:
     translator), as ``layers[i]`` of nn/kv_cache.py's ``KVCache``."""
 
     def __init__(self, cache: SlotCache, rows: Tensor | None, columns: Tensor, width: int,
-                 cross_width: int) -> None:
+                 cross_width: int, sources: Tensor | None,
+                 groups: tuple[Tensor, Tensor] | None) -> None:
         n = columns.size(0)
         slots = torch.arange(n, device=columns.device) if rows is None else rows
         write = (slots[:, None], columns)  # where every layer writes its new keys
+        if cache.seq2seq and sources is None and rows is not None:
+            raise ValueError("rows read by index read their sources by index too")
+        G = n if groups is None else groups[0].size(0)
         self.layers = [(SlotKV(cache.k[i], cache.v[i], rows, n, width, write),
-                        SlotKV(cache.ck[i], cache.cv[i], rows, n, cross_width)
+                        SlotKV(cache.ck[i], cache.cv[i], sources, G, cross_width,
+                               groups=groups)
                         if cache.seq2seq else None)
                        for i in range(cache.n_layers)]

@@ -198,8 +198,8 @@ class Engine:
         forks: list[tuple[int, int, int]] = []  # (slot, parent's slot, keys to copy)
         if searches:
             order = [i for index in searches.values() for i in index]
-            self._search([[rows[i] for i in index] for index in searches.values()],
-                         self._rows_of(logits, [at[i] for i in order]), finished, forks)
+            self._search([[rows[i] for i in index] for index in searches.values()], logits,
+                          [at[i] for i in order], finished, forks)
         if forks:  # every search's copies at once
             targets, parents, lengths = zip(*forks, strict=True)
             self.cache.fork(list(targets), list(parents), max(lengths))
@@ -212,11 +212,12 @@ class Engine:
             return logits
         return logits.index_select(0, torch.tensor(index, device=logits.device))
 
-    def _scores(self, rows: list[tuple[Request, Sequence]], logits: Tensor, log: bool
-                ) -> Tensor:
-        """Next-token scores of ``rows`` from their ``logits`` (N, V), changed in place (the
-        caller's own tensor): <pad> and <bos> never chosen, each request's rules applied with
-        the history its reference decoder gives them; log-probabilities with ``log``."""
+    def _scores(self, rows: list[tuple[Request, Sequence]], logits: Tensor, log: bool,
+                at: list[int] | None = None) -> Tensor:
+        """Next-token scores from ``logits`` (N, V), changed in place (the caller's own
+        tensor): <pad> and <bos> never chosen, each of ``rows`` (its logits ``logits[at[i]]``;
+        without ``at``, row i's are ``logits[i]``) with its request's rules applied with the
+        history its reference decoder gives them; log-probabilities with ``log``."""
         scores = logits.to(torch.promote_types(logits.dtype, torch.float32))
         scores[:, [self.pad_id, self.bos_id]] = float("-inf")
         if log:
@@ -228,7 +229,8 @@ class Engine:
         for rules, index in groups.items():
             histories = [rows[i][1].tokens[rows[i][0].history_start:] for i in index]
             outputs = [rows[i][1].tokens[len(rows[i][0].start):] for i in index]
-            scores[index] = rules.apply(scores[index], self._pad(histories),
+            where = index if at is None else [at[i] for i in index]
+            scores[where] = rules.apply(scores[where], self._pad(histories),
                                         self._pad(outputs), eos_id=self.eos_id,
                                         pad_id=self.pad_id)
         return scores
@@ -260,17 +262,21 @@ class Engine:
             self._finish(request, "stop" if stop else "length", finished)
 
     def _search(self, searches: list[list[tuple[Request, Sequence]]], logits: Tensor,
-                finished: list, forks: list[tuple[int, int, int]]) -> None:
-        """A step of every beam search due (``logits`` (N, V): their rows, search after
-        search): their candidates scored and ranked together (one log-softmax and one top-k
-        for all), then each search's generation/search.py ``Beam`` picks its finished and
-        live hypotheses."""
-        logp = self._scores([row for rows in searches for row in rows], logits, log=True)
+                at: list[int], finished: list, forks: list[tuple[int, int, int]]) -> None:
+        """A step of every beam search due (their rows search after search, row i's logits
+        ``logits[at[i]]``): their candidates scored and ranked together (one log-softmax and
+        one top-k for all the logits, whatever their order), then each search's
+        generation/search.py ``Beam`` picks its finished and live hypotheses."""
+        if 2 * len(at) < logits.size(0):  # a few searches among many rows: theirs alone
+            logits, at = self._rows_of(logits, at), list(range(len(at)))
+        logp = self._scores([row for rows in searches for row in rows], logits, log=True,
+                            at=at)
         V = logp.size(-1)
         # A search's best candidates are among each of its rows' best 2 * beam tokens: rank
         # those, not every (row, token), in float64 as Beam does.
         m = min(2 * max(rows[0][0].beam.K for rows in searches), V)
-        best, tokens = logp.topk(m, dim=-1)  # (N, m)
+        index = torch.tensor(at, device=logp.device)
+        best, tokens = (t.index_select(0, index) for t in logp.topk(m, dim=-1))  # (N, m)
         K = max(len(rows) for rows in searches)  # rows per search (fewer: -inf padding)
         at = torch.tensor([i * K + j for i, rows in enumerate(searches)
                            for j in range(len(rows))], device=logp.device)

@@ -48,27 +48,30 @@ class StaticDecoder:
         B = self.rows[-1]
         d = dict(dtype=torch.long, device=self.device)
         self.ids, self.positions = torch.zeros(B, 1, **d), torch.zeros(B, 1, **d)
-        self.columns, self.sources = torch.zeros(B, 1, **d), torch.ones(B, **d)
+        self.columns = torch.zeros(B, 1, **d)
+        self.sources, self.lengths = torch.zeros(B, **d), torch.ones(B, **d)
         self.graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.resizes = cache.resizes
         self.mempool = None
 
-    def step(self, ids: Tensor, positions: Tensor, columns: Tensor, sources: Tensor,
-             width: int, cross: int) -> Tensor:
-        """One decode step over slots 0 .. R - 1 (ids, positions, columns (R, 1); a
-        translator's source lengths (R,)), reading ``width`` keys (and ``cross`` source
-        keys) per row -> logits (R, V)."""
+    def step(self, ids: Tensor, positions: Tensor, columns: Tensor, width: int,
+             sources: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
+        """One decode step over slots 0 .. R - 1 (ids, positions, columns (R, 1)), reading
+        ``width`` keys per row; a translator's rows read source slots ``sources`` (R,), of
+        ``lengths`` (R,) tokens -> logits (R, V)."""
         c = self.cache
         R = ids.size(0)
         B = min(bucket(R, self.rows), c.rows)  # no padding row past the slots there are
         W = min(bucket(width, self.widths), c.width)
-        X = min(bucket(cross, self.widths), c.cross_width) if c.seq2seq else 0
+        X = min(bucket(int(lengths.max()), self.widths), c.cross_width) if c.seq2seq else 0
         self.ids[:B].fill_(self.pad_id)
         self.positions[:B].zero_()
         self.columns[:B].fill_(c.width - 1)
-        self.sources[:B].fill_(1)
+        self.sources[:B].zero_()
+        self.lengths[:B].fill_(1)
         self.ids[:R], self.positions[:R], self.columns[:R] = ids, positions, columns
-        self.sources[:R] = sources
+        if c.seq2seq:
+            self.sources[:R], self.lengths[:R] = sources, lengths
         if not self.capture:
             return self._forward(B, W, X)[:R]
         if self.resizes != c.resizes:  # the graphs read tensors that are gone
@@ -82,9 +85,12 @@ class StaticDecoder:
 
     def _forward(self, B: int, W: int, X: int) -> Tensor:
         """The padded step on the static buffers: what a graph captures."""
+        kwargs = {}
+        if self.cache.seq2seq:
+            kwargs = dict(sources=self.sources[:B], lengths=self.lengths[:B], cross=X)
         return forward_step(self.model, self.cache, self.ids[:B], self.positions[:B], None,
-                            self.columns[:B], W, self.sources[:B], X,
-                            torch.zeros(B, dtype=torch.long, device=self.device))
+                            self.columns[:B], W,
+                            torch.zeros(B, dtype=torch.long, device=self.device), **kwargs)
 
     def _capture(self, B: int, W: int, X: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         side = torch.cuda.Stream()

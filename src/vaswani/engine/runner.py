@@ -38,8 +38,7 @@ class Runner:
     @torch.inference_mode()
     def encode(self, requests: list[Request]) -> None:
         """Encode the requests' sources and store each decoder layer's cross-attention keys
-        and values in every slot of their request (its hypotheses', and those held for
-        them)."""
+        and values in their requests' source slots (which all their rows read)."""
         lengths = torch.tensor([len(r.prompt) for r in requests], device=self.device)
         S = int(lengths.max())
         src = torch.full((len(requests), S), self.pad_id, dtype=torch.long, device=self.device)
@@ -47,16 +46,10 @@ class Runner:
             src[i, :len(r.prompt)] = torch.tensor(r.prompt, device=self.device)
         keep = torch.arange(S, device=self.device)[None, :] < lengths[:, None]  # (B, S)
         memory = self.model.encode(src, src_mask=keep)  # (B, S, D)
-        slots, of = [], []
-        for i, r in enumerate(requests):
-            for seq in [*r.sequences, *r.spares]:
-                slots.append(seq.slot)
-                of.append(i)
-        to = torch.tensor(slots, device=self.device)
-        of = torch.tensor(of, device=self.device)
+        to = torch.tensor([r.source_slot for r in requests], device=self.device)
         for i, (k, v) in enumerate(self.model.cross_keys_values(memory)):  # (B, Hkv, S, Dh)
-            self.cache.ck[i][to, :, :S] = k[of]
-            self.cache.cv[i][to, :, :S] = v[of]
+            self.cache.ck[i][to, :, :S] = k
+            self.cache.cv[i][to, :, :S] = v
 
     @torch.inference_mode()
     def decode(self, rows: list[tuple[Request, Sequence]]) -> tuple[Tensor, list[int]]:
@@ -71,17 +64,24 @@ class Runner:
             ids[seq.slot] = seq.uncached()[0]
             positions[seq.slot] = columns[seq.slot] = seq.cached
         width = max(positions) + 1
-        cross = max(self.cache.sources[:n]) if self.cache.seq2seq else 0
         d = self.device
         ids, positions, columns = (torch.tensor(x, device=d)[:, None]
                                    for x in (ids, positions, columns))
-        sources = torch.tensor(self.cache.sources[:n], device=d)
         if self.static is not None:
-            logits = self.static.step(ids, positions, columns, sources, width, cross)
+            sources = lengths = None
+            if self.cache.seq2seq:  # each row's source read by index (the graph's shapes)
+                held = [self.cache.requests[i].source_slot for i in range(n)]
+                sources = torch.tensor(held, device=d)
+                lengths = torch.tensor([self.cache.lengths[g] for g in held], device=d)
+            logits = self.static.step(ids, positions, columns, width, sources, lengths)
         else:
+            kwargs = {}
+            if self.cache.seq2seq:  # the leading source slots, read in place
+                G = self.cache.sources_used
+                kwargs = dict(cross=max(self.cache.lengths), groups=self.cache.groups(n),
+                              lengths=torch.tensor(self.cache.lengths[:G], device=d))
             logits = forward_step(self.model, self.cache, ids, positions, None, columns,
-                                  width, sources, cross,
-                                  torch.zeros(n, dtype=torch.long, device=d))
+                                  width, torch.zeros(n, dtype=torch.long, device=d), **kwargs)
         return logits, [seq.slot for _, seq in rows]
 
     @torch.inference_mode()
@@ -102,9 +102,11 @@ class Runner:
         columns = torch.where(real, positions, self.cache.width - 1)  # padding: scratch
         width = max(seq.cached + n for _, seq, n in rows)
         slots = torch.tensor([seq.slot for _, seq, _ in rows], device=device)
-        sources = cross = None
-        if self.cache.seq2seq:
-            sources = torch.tensor([len(r.prompt) for r, _, _ in rows], device=device)
-            cross = max(len(r.prompt) for r, _, _ in rows)
+        kwargs = {}
+        if self.cache.seq2seq:  # each row's source, read by index
+            kwargs = dict(
+                sources=torch.tensor([r.source_slot for r, _, _ in rows], device=device),
+                lengths=torch.tensor([len(r.prompt) for r, _, _ in rows], device=device),
+                cross=max(len(r.prompt) for r, _, _ in rows))
         return forward_step(self.model, self.cache, ids.to(device), positions, slots, columns,
-                            width, sources, cross, lengths - 1)
+                            width, lengths - 1, **kwargs)

@@ -12,11 +12,11 @@ Every step:
 4. waiting requests are admitted in arrival order while slots and the budget allow.
 
 Slots are reserved on admission: one for each row (a beam search holds ``beam``, for the
-hypotheses it will fork into), and the cache's slots are widened (cache.py) when a row's
-context needs it. When widening leaves fewer slots than are in use, the most recently
-admitted request is preempted: its slots are freed and it goes back to the front of the
-queue, keeping its tokens, to be recomputed later. No request is dropped, and each finishes
-exactly once.
+hypotheses it will fork into) and a translation's source slot; the cache's slots are widened
+(cache.py) when a row's context needs it. When widening leaves fewer slots than are in use,
+the most recently admitted request is preempted: its slots are freed and it goes back to the
+front of the queue, keeping its tokens, to be recomputed later. No request is dropped, and
+each finishes exactly once.
 """
 
 from __future__ import annotations
@@ -131,14 +131,16 @@ class Scheduler:
         return rows, self.cache.widths_for(longest, len(request.prompt) * request.seq2seq)
 
     def _take(self, request: Request, rows: int) -> None:
-        source = len(request.prompt) if request.seq2seq else 0
         request.spares = [Sequence([]) for _ in range(rows - len(request.sequences))]
         for seq in [*request.sequences, *request.spares]:
-            self.cache.take(seq, source)
+            self.cache.take(seq, request)
+        if request.seq2seq:
+            self.cache.take_source(request, len(request.prompt))
 
     def _free(self, request: Request) -> None:
         for seq in [*request.sequences, *request.spares]:
             self.cache.free(seq)
+        self.cache.free_source(request)
         request.spares = []
 
     def _fail(self, request: Request, rows: int) -> None:

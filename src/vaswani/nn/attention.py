@@ -144,7 +144,11 @@ class MultiHeadAttention(nn.Module):
                 k, v = self.project_kv(memory)
                 if cache is not None:
                     cache.k, cache.v = k, v
+            if cache is not None:  # an engine's cache may hold one source for many rows
+                q = cache.queries(q)
         out, weights = self.attend(q, k, v, mask, need_weights)
+        if cross and cache is not None:
+            out = cache.outputs(out)
         out = out.transpose(1, 2).reshape(B, Tq, self.q_dim)  # (B, Tq, H*Dh)
         return self.out_proj(out), weights
 

@@ -36,6 +36,16 @@ class KV:
         self.k, self.v = k, v
         return k, v
 
+    def queries(self, q: Tensor) -> Tensor:
+        """The queries (B, H, Tq, Dh) as the cached keys are laid out: here row for row.
+        (The inference engine's cache, engine/cache.py, lets a beam search's hypotheses
+        attend over one copy of their source, as queries side by side.)"""
+        return q
+
+    def outputs(self, out: Tensor) -> Tensor:
+        """Attention's output back in the rows' order: the inverse of :meth:`queries`."""
+        return out
+
 
 class LayerCache(NamedTuple):
     """One decoder layer's caches: its self-attention and its cross-attention."""
