@@ -25,7 +25,10 @@ pass, alternating, four rounds; outputs compared.
 
 ``--profile [lm|translate|beam]`` runs only torch.profiler over the LM row (300 prompts),
 greedy translation or beam-4 translation (300 sentences) and prints the share of the linear
-layers, SDPA, the cache's writes and copies, choosing tokens, and the rest.
+layers, SDPA, the cache's writes and copies, choosing tokens, and the rest; then the time,
+minor page faults and kernel time of the same work without the profiler (engine/memory.py;
+``GLIBC_TUNABLES= python -m benchmarks.offline --profile beam`` shows them with glibc's
+defaults).
 
 The models are those of benchmarks/serve.py (the bible preset's and the shakespeare-char
 preset's size, effectively random weights: outputs run to their length cap), fp32, on this
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -150,7 +154,9 @@ def against_ct2(work: Path, n: int, threads: int) -> dict:
 def profile_row(work: Path, row: str = "lm", n: int = 300) -> dict:
     """Where the engine's time goes in a row (``lm``: ``generate_many`` of ``n`` of its
     prompts; ``translate`` / ``beam``: greedy / beam-4 ``translate`` of ``n`` of its
-    sentences): torch.profiler's self CPU time of the operators by kind, as shares."""
+    sentences): torch.profiler's self CPU time of the operators by kind, as shares; and
+    from a pass without the profiler, its time, minor page faults and kernel time (what
+    engine/memory.py is about)."""
     from torch.profiler import profile
 
     import vaswani
@@ -169,6 +175,9 @@ def profile_row(work: Path, row: str = "lm", n: int = 300) -> dict:
         def work_once(texts):
             return run.translate(texts, beam=4 if row == "beam" else 1, length_penalty=0.0)
     work_once(prompts[:32])  # warm up
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    work_once(prompts)  # unprofiled: the time, and the allocator's page faults
+    after, seconds = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - start
     with profile() as prof:
         work_once(prompts)
     events = prof.key_averages()
@@ -183,7 +192,10 @@ def profile_row(work: Path, row: str = "lm", n: int = 300) -> dict:
     shares = {kind: sum(e.self_cpu_time_total for e in events if match(e.key)) / total
               for kind, match in kinds.items()}
     shares["everything else"] = 1 - sum(shares.values())
-    return {kind: round(share, 3) for kind, share in shares.items()}
+    return {"shares": {kind: round(share, 3) for kind, share in shares.items()},
+            "seconds": round(seconds, 2),  # the unprofiled pass, and its page faults
+            "minor_page_faults": after.ru_minflt - before.ru_minflt,
+            "kernel_seconds": round(after.ru_stime - before.ru_stime, 2)}
 
 
 SHAPES = [(8000, 256), (32000, 2048), (50257, 768)]  # (V, D): the translator, LLaMA-2, GPT-2
@@ -286,10 +298,13 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-offline-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.profile:
-        shares = profile_row(work, args.profile)
+        row = profile_row(work, args.profile)
         report(f"Where the {args.profile} row's time goes (self CPU time)",
-               [(kind, f"{share:.0%}") for kind, share in shares.items()],
-               {f"profile_{args.profile}": shares}, args.json)
+               [*((kind, f"{share:.0%}") for kind, share in row["shares"].items()),
+                ("time without the profiler", f"{row['seconds']} s"),
+                ("minor page faults, kernel time", f"{row['minor_page_faults']:,}, "
+                                                   f"{row['kernel_seconds']} s")],
+               {f"profile_{args.profile}": row}, args.json)
         return
     results = {"decode_step": decode_step(args.quick)}
     try:

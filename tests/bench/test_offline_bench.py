@@ -10,7 +10,9 @@ def test_the_profile_splits_a_rows_time_into_shares(row, small_runs, copy_run, m
                                                     tmp_path):
     runs = {"lm": small_runs["decoder"][0], "translator": copy_run[0]}
     monkeypatch.setattr(offline, "make_runs", lambda work: runs)
-    shares = offline.profile_row(tmp_path, row, n=8)
+    profiled = offline.profile_row(tmp_path, row, n=8)
+    assert profiled["seconds"] > 0 and profiled["minor_page_faults"] >= 0
+    shares = profiled["shares"]
     assert list(shares)[:3] == ["linear layers (addmm, mm)", "attention (SDPA)",
                                 "KV cache writes and copies (index_put, index)"]
     assert all(0 <= share < 1 for share in shares.values())

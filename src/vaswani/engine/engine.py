@@ -30,6 +30,7 @@ from ..generation.search import Beam
 from ..models import EncoderDecoder
 from .cache import SlotCache
 from .graphs import StaticDecoder
+from .memory import keep_freed_memory
 from .request import Params, Request, Sequence, Status
 from .runner import Runner
 from .scheduler import Scheduler
@@ -62,6 +63,8 @@ class Engine:
         self.seq2seq = isinstance(model, EncoderDecoder)
         param = next(model.parameters())
         self.device = param.device
+        if self.device.type == "cpu":  # each step's tensors reused, not faulted in again
+            keep_freed_memory()
         layers = c.n_decoder_layers
         head_dim = c.d_model // c.n_heads
         per_token = 2 * layers * c.n_kv_heads * head_dim * param.element_size()
