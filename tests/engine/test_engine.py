@@ -151,29 +151,33 @@ def test_cancelling_mid_stream_frees_the_blocks_at_once():
                                     temperature=0)
 
 
+def arrive_at_random(eng, requests, rng, *, steps, cancel):
+    """Submit ``requests`` one by one, 0 .. ``steps`` engine steps apart, after each
+    cancelling one submitted so far with probability ``cancel``; step until all have
+    finished. Returns how many times each finished, by id."""
+    finishes: dict[int, int] = {}
+    for request in requests:
+        request.on_finish = lambda r: finishes.update({r.id: finishes.get(r.id, 0) + 1})
+    for i, request in enumerate(requests):
+        eng.submit(request)
+        for _ in range(rng.randint(0, steps)):
+            eng.step()
+        if rng.random() < cancel:
+            rng.choice(requests[:i + 1]).cancel()
+    while eng.busy:
+        eng.step()
+    return finishes
+
+
 def test_200_random_arrivals_and_cancellations_finish_each_request_exactly_once():
     lm = model("decoder")
     rng = random.Random(5)
     eng = engine(lm, max_rows=6, cache_tokens=120)
-    finishes: dict[int, int] = {}
-    requests, cases = [], []
-
-    def on_finish(request):
-        finishes[request.id] = finishes.get(request.id, 0) + 1
-
-    for i, p in enumerate(prompts(200, seed=6)):
-        params = Params(max_new_tokens=rng.randint(1, 20), temperature=rng.choice([0, 0.8]),
-                        seed=i)
-        request = Request(p, params, on_finish=on_finish)
-        requests.append(request)
-        cases.append((p, params))
-        eng.submit(request)
-        for _ in range(rng.randint(0, 2)):
-            eng.step()
-        if rng.random() < 0.2:
-            rng.choice(requests).cancel()
-    while eng.busy:
-        eng.step()
+    cases = [(p, Params(max_new_tokens=rng.randint(1, 20), temperature=rng.choice([0, 0.8]),
+                        seed=i)) for i, p in enumerate(prompts(200, seed=6))]
+    requests = [Request(p, params) for p, params in cases]
+    finishes = arrive_at_random(eng, requests, rng, steps=2, cancel=0.2)
+    assert any(r.reason == "cancelled" for r in requests)
     assert sorted(finishes) == sorted(r.id for r in requests)
     assert set(finishes.values()) == {1}
     for (p, params), request in zip(cases, requests, strict=True):
@@ -304,22 +308,11 @@ def test_random_translations_and_cancellations_keep_every_source_with_its_rows()
     mt = model("encoder-decoder")
     rng = random.Random(7)
     eng = engine(mt, max_rows=10, cache_tokens=200)
-    finishes: dict[int, int] = {}
-    requests = []
-    for s in prompts(40, seed=8, low=2):
-        beam = rng.choice([0, 0, 2, 3])
-        request = Request(s + [EOS], Params(max_new_tokens=0, beam=beam), start=[BOS],
-                          history_start=1, limit=rng.randint(5, 30),
-                          on_finish=lambda r: finishes.update({r.id: finishes.get(r.id, 0) + 1}))
-        requests.append(request)
-        eng.submit(request)
-        for _ in range(rng.randint(0, 3)):
-            eng.step()
-        if rng.random() < 0.15:
-            rng.choice(requests).cancel()
-    while eng.busy:
-        eng.step()
-    assert eng.scheduler.preemptions > 0
+    requests = [Request(s + [EOS], Params(max_new_tokens=0, beam=rng.choice([0, 0, 2, 3])),
+                        start=[BOS], history_start=1, limit=rng.randint(5, 30))
+                for s in prompts(40, seed=8, low=2)]
+    finishes = arrive_at_random(eng, requests, rng, steps=3, cancel=0.15)
+    assert eng.scheduler.preemptions > 0 and any(r.reason == "cancelled" for r in requests)
     assert sorted(finishes) == sorted(r.id for r in requests)
     assert set(finishes.values()) == {1}
     assert eng.cache.used == eng.cache.sources_used == 0
