@@ -213,13 +213,17 @@ class SlotCache:
                 for t in tensors:
                     t[to, :, :length] = t[of, :, :length]  # the right side is gathered first
 
+    def held(self, n: int) -> list[int]:
+        """The source slot of each row in slots 0 .. n - 1 (a translator's)."""
+        return [self.requests[i].source_slot for i in range(n)]
+
     def groups(self, n: int) -> tuple[Tensor, Tensor] | None:
         """How the rows in slots 0 .. n - 1 read their sources in a decode step: None when
         row i's source is source slot i (each request one row, as slots and source slots are
         compacted alike), else (members, place) for :class:`SlotKV`: the rows of source
         slot g are ``members[g]`` (G, K), padded with row 0, and row i is query
         ``place[i]`` of the grouped queries (G * K)."""
-        held = [self.requests[i].source_slot for i in range(n)]
+        held = self.held(n)
         if held == list(range(n)):
             return None
         members: list[list[int]] = [[] for _ in range(self.sources_used)]

@@ -70,7 +70,7 @@ class Runner:
         if self.static is not None:
             sources = lengths = None
             if self.cache.seq2seq:  # each row's source read by index (the graph's shapes)
-                held = [self.cache.requests[i].source_slot for i in range(n)]
+                held = self.cache.held(n)
                 sources = torch.tensor(held, device=d)
                 lengths = torch.tensor([self.cache.lengths[g] for g in held], device=d)
             logits = self.static.step(ids, positions, columns, width, sources, lengths)
