@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -46,8 +47,23 @@ def interleaved_best(fns: list, repeats: int) -> list[float]:
     return best
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def hardware() -> dict:
-    return {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+    """What a result was measured on. The CPU machines differ between sessions (AVX2 only,
+    or AVX-512 with bf16), and PyTorch's and CTranslate2's kernels with them, so figures are
+    compared only within one file or one run."""
+    return {"cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cores": os.cpu_count(), "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 

@@ -1,0 +1,17 @@
+"""benchmarks/common.py: a result file says what it was measured on, down to the vector
+instructions PyTorch's kernels use (the CPU machines differ between sessions)."""
+
+import json
+
+import torch
+from benchmarks.common import report
+
+
+def test_a_result_file_names_the_cpu_and_the_kernels_instruction_set(tmp_path):
+    out = tmp_path / "r.json"
+    report("t", [("a", "1")], {"a": 1}, str(out))
+    written = json.loads(out.read_text())
+    assert written["a"] == 1
+    hw = written["hardware"]
+    assert hw["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert hw["cpu"] and hw["cores"] >= 1 and hw["threads"] == torch.get_num_threads()
