@@ -19,6 +19,10 @@ in turn (baseline, engine, baseline, engine; the better round kept):
 3. a short request among long ones: 31 clients stream 256-token completions; once they run,
    8-token requests, one after another (after the first, only while all 31 still run; up to
    5); their median time against the median of the same request on an idle server.
+
+And once, in this process (``engine_alone``): the short request among long ones on the
+engine itself, stepped here with no server around it, to tell the engine's share of that
+ratio from the server's (HTTP, streaming, and the clients, on the same cores).
 """
 
 from __future__ import annotations
@@ -164,6 +168,44 @@ def short_among_long(url: str, clients: int = 31, repeats: int = 5) -> dict:
             "long_ones_still_running": longs_left}
 
 
+def engine_short_among_long(lm: Path, clients: int = 31, repeats: int = 5,
+                            max_batch: int = 32) -> dict:
+    """:func:`short_among_long` in this process, on the engine alone: the same requests,
+    stepped here, with no HTTP, no streaming and no clients sharing the cores. What the
+    engine's steps cost, apart from the server's work around them."""
+    from vaswani.engine import EngineConfig
+    from vaswani.inference import load
+
+    run = load(lm)
+    engine = run.new_engine(EngineConfig(max_rows=max_batch))
+
+    def request(prompt: str, tokens: int):
+        decode = run.decode_options(max_new_tokens=tokens, min_length=tokens, temperature=0.8)
+        return engine.submit(run.completion(prompt, decode, seed=1).request)
+
+    def short() -> float:
+        start, r = time.perf_counter(), request("to be or not to be", 8)
+        while r.finished is None:
+            engine.step()
+        assert len(r.output) == 8
+        return time.perf_counter() - start
+
+    short()  # warm-up
+    alone = statistics.median(short() for _ in range(repeats))
+    longs = [request("x" * 100, 256) for _ in range(clients)]
+    while any(r.first_token is None for r in longs):  # the long ones are running
+        engine.step()
+    times = [short() for _ in range(repeats)]
+    assert all(r.finished is None for r in longs)  # all along, among all 31
+    for r in longs:
+        r.cancel()
+    while engine.busy:
+        engine.step()
+    loaded = statistics.median(times)
+    return {"alone_s": round(alone, 4), "among_long_s": round(loaded, 4),
+            "ratio": round(loaded / alone, 2)}
+
+
 def measure(runs: dict[str, Path], checkout: Path | None, plan: list, max_batch: int) -> dict:
     with Served(runs, checkout, max_batch) as server:
         send(httpx.Client(base_url=server.url, timeout=300), ("translate", "Warm up."))
@@ -196,4 +238,7 @@ def run(work: Path, translator: Path, text: Path, sentences: list[str], baseline
         b = best[name]
         b["first_token_loaded_over_alone"] = round(b["first_token_p50_s"]
                                                    / b["first_token_alone_s"], 2)
+    best["engine_alone"] = {"short_among_long": min(
+        (engine_short_among_long(runs["lm"]) for _ in range(rounds)),
+        key=lambda r: r["ratio"])}
     return best

@@ -2,6 +2,7 @@
 client gets its whole completion, and the server runs on the device asked for (timing is
 never asserted)."""
 
+import pytest
 from benchmarks.serve import Server, stream
 
 
@@ -11,3 +12,13 @@ def test_streaming_clients_each_get_every_token(small_runs):
         assert "--device" in server.process.args and "cpu" in server.process.args
         out = stream(server.url, clients=3, tokens=6)
     assert out["tokens"] == 18 and out["tokens_per_s"] > 0 and out["first_token_s"] > 0
+
+
+def test_the_engines_own_short_among_long_runs_the_short_ones_among_all_the_long(small_runs):
+    from benchmarks.serve_mixed import engine_short_among_long
+
+    run_dir, _ = small_runs["decoder"]
+    out = engine_short_among_long(run_dir, clients=3, repeats=2, max_batch=4)
+    # inside, it asserts that each short request got its 8 tokens while all 3 long ones ran
+    assert out["alone_s"] > 0
+    assert out["ratio"] == pytest.approx(out["among_long_s"] / out["alone_s"], abs=0.02)
