@@ -15,8 +15,10 @@ request batching on and off.
 2. Streaming generation: a decoder of the shakespeare-char preset's size streams
    ``POST /v1/completions`` (``stream: true``, 120 tokens after a 6-character prompt, within
    its 128-token context; ``min_tokens`` keeps random weights from ending early; temperature
-   0.8) to 1, 8 and 32 clients; tokens per second over all clients, and the time to the first
-   token. Batching off and on as above.
+   0.8) to 1, 8 and 32 clients; tokens per second over all clients, the time to the first
+   token, and (Linux) the CPU time the server's main thread spends per streamed token (its
+   HTTP and server-sent events; the models run in a thread of their own). Batching off and
+   on as above.
 
 3. Mixed (``--parts mixed``): translations and completions of many lengths from 32 clients,
    the server against a baseline checkout (``--baseline PATH``, the code before the inference
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import socket
 import statistics
@@ -207,23 +210,40 @@ def stream_request(http: httpx.Client, i: int, tokens: int, first: dict[int, flo
     ended.append(finish)
 
 
-def stream(url: str, clients: int, tokens: int) -> dict:
-    """Each client streams one completion of ``tokens`` tokens (after a warm-up)."""
+def thread_cpu_s(pid: int) -> float | None:
+    """CPU seconds that process ``pid``'s main thread has run (Linux), else None."""
+    try:
+        stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def stream(url: str, clients: int, tokens: int, pid: int | None = None) -> dict:
+    """Each client streams one completion of ``tokens`` tokens (after a warm-up). With the
+    server's ``pid``: also the CPU time its main thread (HTTP and server-sent events; the
+    models run in a thread of their own) spent per streamed token."""
     first: dict[int, float] = {}
     ended: list[str] = []
     with httpx.Client(base_url=url, timeout=600,
                       limits=httpx.Limits(max_connections=64)) as http:
         stream_request(http, 0, 4, {}, [])  # warm-up
+        before = thread_cpu_s(pid) if pid else None
         start = time.perf_counter()
         with ThreadPoolExecutor(clients) as pool:
             list(pool.map(lambda i: stream_request(http, i, tokens, first, ended),
                           range(clients)))
         wall = time.perf_counter() - start
+        after = thread_cpu_s(pid) if pid else None
     # min_tokens = max_tokens: every completion is exactly `tokens` tokens long
     assert ended == ["length"] * clients, ended
-    return {"tokens": tokens * clients, "seconds": round(wall, 2),
-            "tokens_per_s": round(tokens * clients / wall, 1),
-            "first_token_s": round(statistics.median(first.values()), 3)}
+    out = {"tokens": tokens * clients, "seconds": round(wall, 2),
+           "tokens_per_s": round(tokens * clients / wall, 1),
+           "first_token_s": round(statistics.median(first.values()), 3)}
+    if before is not None and after is not None:
+        out["server_thread_us_per_token"] = round((after - before) / (tokens * clients) * 1e6, 1)
+    return out
 
 
 def main() -> None:
@@ -276,7 +296,7 @@ def main() -> None:
         for _ in range(rounds):
             for setting, max_batch in (("off", 1), ("on", max(32, clients))):
                 with Server(runs["lm"], "lm", max_batch, args.device) as server:
-                    out = stream(server.url, clients, tokens)
+                    out = stream(server.url, clients, tokens, server.process.pid)
                 if setting not in best or out["tokens_per_s"] > best[setting]["tokens_per_s"]:
                     best[setting] = out
                 print(f"streaming, {clients} clients, batching {setting}: {out}", flush=True)
@@ -300,9 +320,11 @@ def main() -> None:
     for clients, r in results["streaming"].items():
         for setting in ("off", "on"):
             x = r[setting]
+            cpu = x.get("server_thread_us_per_token")
             rows.append((f"stream {x['tokens'] // int(clients)} tokens, {clients} clients, "
                          f"batching {setting}",
-                         f"{x['tokens_per_s']} tokens/s, first token {x['first_token_s']} s"))
+                         f"{x['tokens_per_s']} tokens/s, first token {x['first_token_s']} s"
+                         + (f", server's thread {cpu} us/token" if cpu is not None else "")))
         rows.append((f"stream, {clients} clients: batching on / off", f"{r['speedup']}x"))
         one = results["streaming"].get("1")
         if one and clients != "1":

@@ -2,6 +2,8 @@
 client gets its whole completion, and the server runs on the device asked for (timing is
 never asserted)."""
 
+import sys
+
 import pytest
 from benchmarks.serve import Server, stream
 
@@ -10,8 +12,10 @@ def test_streaming_clients_each_get_every_token(small_runs):
     run_dir, _ = small_runs["decoder"]
     with Server(run_dir, "lm", max_batch=4, device="cpu") as server:
         assert "--device" in server.process.args and "cpu" in server.process.args
-        out = stream(server.url, clients=3, tokens=6)
+        out = stream(server.url, clients=3, tokens=6, pid=server.process.pid)
     assert out["tokens"] == 18 and out["tokens_per_s"] > 0 and out["first_token_s"] > 0
+    if sys.platform.startswith("linux"):  # the server's main thread ran, and no more
+        assert 0 <= out["server_thread_us_per_token"] < (out["seconds"] + 0.02) / 18 * 1e6
 
 
 def test_the_engines_own_short_among_long_runs_the_short_ones_among_all_the_long(small_runs):
