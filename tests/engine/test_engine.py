@@ -274,6 +274,52 @@ def test_one_loop_steps_every_engine_and_a_request_joins_the_next_step_of_its_ow
     assert early.output == alone(first.model, [5, 6], early.params)
 
 
+def test_what_a_steps_hooks_post_reaches_its_event_loop_in_one_call_per_step_in_order():
+    """A server streams each token through its asyncio event loop; the loop's thread hands
+    a step's tokens over in one call (one wake-up of the server's thread per step, not per
+    token), in the order they were posted, as soon as the step ends (not when more work
+    arrives); a post from another thread goes at once."""
+    import asyncio
+    import threading
+
+    lm = model("decoder")
+    eng = engine(lm, max_rows=4)
+    events = asyncio.new_event_loop()
+    wakes, got, finished = [], [], threading.Event()
+    wake = events.call_soon_threadsafe
+    events.call_soon_threadsafe = lambda fn, *args: wakes.append(fn) or wake(fn, *args)
+    loop = EngineLoop({"test": eng})
+
+    def on_token(request, token):
+        loop.post(events, got.append, (request.id, token))
+        return False
+
+    cases = [([5 + i, 6, 7], Params(max_new_tokens=6, rules=Rules(min_length=6)))
+             for i in range(3)]
+    requests = [Request(p, params, on_token=on_token,
+                        on_finish=lambda _: all(r.finished for r in requests) and finished.set())
+                for p, params in cases]
+
+    async def all_arrived():
+        while len(got) < 3 * 6:
+            await asyncio.sleep(0.01)
+
+    try:
+        for r in requests:
+            loop.submit("test", r)
+        assert finished.wait(timeout=60)
+        events.run_until_complete(asyncio.wait_for(all_arrived(), timeout=30))
+        loop.post(events, got.append, "from this thread")
+        events.run_until_complete(asyncio.sleep(0))
+    finally:
+        loop.stop()
+        events.close()
+    assert len(got) == 3 * 6 + 1 and got[-1] == "from this thread"
+    assert 6 <= len(wakes) - 1 <= eng.steps < 18  # one per step that made tokens
+    for (p, params), r in zip(cases, requests, strict=True):
+        assert [t for i, t in got[:-1] if i == r.id] == r.output == alone(lm, p, params)
+
+
 def test_prefill_rows_of_unlike_lengths_run_apart_shortest_first():
     from vaswani.engine.engine import prefill_groups
 

@@ -14,6 +14,11 @@ team.
 
 A step that fails does not fail the requests in it: each of them is run again alone, and only
 a request that fails alone gets the error; the others finish as if nothing happened.
+
+What the requests' hooks hand to other threads (a server's streamed text, in its asyncio event
+loop) goes through :meth:`EngineLoop.post`: held until the step ends, then passed on in one
+call per event loop, so that a step of 32 streams wakes the server's thread once, not 32
+times.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class EngineLoop:
         self.engines, self.max_queue = dict(engines), max_queue
         self.threads = threads or torch.get_num_threads()
         self.inbox: queue.Queue = queue.Queue()
+        self.outbox: dict = {}  # asyncio event loop -> [(fn, args), ...] posted this step
         self.queued: Counter[str] = Counter()  # requests in the inbox, by model
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._loop, name="vaswani-models", daemon=True)
@@ -63,6 +69,24 @@ class EngineLoop:
         future: Future = Future()
         self.inbox.put((fn, future))
         return future
+
+    def post(self, loop, fn: Callable, *args) -> None:
+        """In the loop's thread (a request's hook): have ``fn(*args)`` called in the asyncio
+        event loop ``loop``, after this step, in the order posted. From another thread: at
+        once."""
+        if threading.current_thread() is not self.thread:
+            loop.call_soon_threadsafe(fn, *args)
+            return
+        self.outbox.setdefault(loop, []).append((fn, args))
+
+    def _deliver(self) -> None:
+        """Hand each event loop what was posted to it, in one call."""
+        outbox, self.outbox = self.outbox, {}
+        for loop, calls in outbox.items():
+            try:
+                loop.call_soon_threadsafe(_call_all, calls)
+            except RuntimeError:  # that event loop is closed: nobody is waiting any more
+                pass
 
     def stop(self) -> None:
         self.inbox.put(None)
@@ -85,19 +109,19 @@ class EngineLoop:
                     return
 
     def _take_all(self, wait: bool) -> bool:
-        """Take everything in the inbox (first waiting for an item, with ``wait``); False
-        once told to stop."""
+        """Take everything in the inbox (first waiting for an item, with ``wait``), then
+        hand over what was posted since the last time (by a step's hooks, or by a request
+        refused as it was taken); False once told to stop."""
         try:
             item = self.inbox.get(block=wait)
+            while item is not None:
+                self._take(item)
+                item = self.inbox.get_nowait()
+            return False
         except queue.Empty:
             return True
-        while item is not None:
-            self._take(item)
-            try:
-                item = self.inbox.get_nowait()
-            except queue.Empty:
-                return True
-        return False
+        finally:
+            self._deliver()
 
     def _take(self, item) -> None:
         if isinstance(item[1], Request):
@@ -122,6 +146,11 @@ class EngineLoop:
         except Exception:  # one request may have broken the batch: retry each alone
             traceback.print_exc()
             _isolate(engine)
+
+
+def _call_all(calls: list) -> None:
+    for fn, args in calls:
+        fn(*args)
 
 
 def _isolate(engine: Engine) -> None:

@@ -61,13 +61,17 @@ def sse(generation, request: Request, model: str, kind: str, *, chat_mode: bool)
                 for i in range(len(generation.completions)):
                     yield chunk(i, None, None, first=True)
             while True:
-                try:
-                    kind_, value = await asyncio.wait_for(generation.events.get(), timeout=1.0)
-                except TimeoutError:
-                    if await request.is_disconnected():
-                        generation.cancel()
-                        return
-                    continue
+                try:  # what has come already, else wait for it (a second at a time)
+                    kind_, value = generation.events.get_nowait()
+                except asyncio.QueueEmpty:
+                    try:
+                        async with asyncio.timeout(1.0):
+                            kind_, value = await generation.events.get()
+                    except TimeoutError:
+                        if await request.is_disconnected():
+                            generation.cancel()
+                            return
+                        continue
                 if kind_ == "text":
                     yield chunk(value[0], value[1], None)
                     continue

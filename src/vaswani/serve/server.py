@@ -113,8 +113,8 @@ class Server:
                 self.cancelled[name] += 1
             if left[0] == 0:
                 if events is not None:
-                    loop.call_soon_threadsafe(events.put_nowait, ("end", None))
-                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+                    self.loop.post(loop, events.put_nowait, ("end", None))
+                self.loop.post(loop, lambda: done.done() or done.set_result(None))
 
         for request in requests:
             request.on_finish = finished
@@ -145,8 +145,8 @@ class Server:
         def emitter(index: int) -> Callable[[str], None] | None:
             if events is None:
                 return None
-            return lambda piece: loop.call_soon_threadsafe(events.put_nowait,
-                                                           ("text", (index, piece)))
+            return lambda piece: self.loop.post(loop, events.put_nowait,
+                                                ("text", (index, piece)))
 
         completions = [run.completion(prompt, decode, emit=emitter(k),
                                       seed=None if seed is None else seed + k)
