@@ -278,20 +278,24 @@ def test_what_a_steps_hooks_post_reaches_its_event_loop_in_one_call_per_step_in_
     """A server streams each token through its asyncio event loop; the loop's thread hands
     a step's tokens over in one call (one wake-up of the server's thread per step, not per
     token), in the order they were posted, as soon as the step ends (not when more work
-    arrives); a post from another thread goes at once."""
+    arrives); a post ``now`` (a stream's first) goes at once, with those before it; a post
+    from another thread goes at once."""
     import asyncio
     import threading
 
     lm = model("decoder")
     eng = engine(lm, max_rows=4)
     events = asyncio.new_event_loop()
-    wakes, got, finished = [], [], threading.Event()
+    wakes, got, finished, at_once = [], [], threading.Event(), []
     wake = events.call_soon_threadsafe
     events.call_soon_threadsafe = lambda fn, *args: wakes.append(fn) or wake(fn, *args)
     loop = EngineLoop({"test": eng})
 
     def on_token(request, token):
-        loop.post(events, got.append, (request.id, token))
+        first, woken = request.generated == 1, len(wakes)
+        loop.post(events, got.append, (request.id, token), now=first)
+        if first:
+            at_once.append(len(wakes) == woken + 1 and not loop.outbox)
         return False
 
     cases = [([5 + i, 6, 7], Params(max_new_tokens=6, rules=Rules(min_length=6)))
@@ -315,7 +319,8 @@ def test_what_a_steps_hooks_post_reaches_its_event_loop_in_one_call_per_step_in_
         loop.stop()
         events.close()
     assert len(got) == 3 * 6 + 1 and got[-1] == "from this thread"
-    assert 6 <= len(wakes) - 1 <= eng.steps < 18  # one per step that made tokens
+    assert at_once == [True] * 3  # each request's first token: handed over in the hook
+    assert 6 <= len(wakes) - 1 <= eng.steps + 3 < 18  # one per step, and one per first
     for (p, params), r in zip(cases, requests, strict=True):
         assert [t for i, t in got[:-1] if i == r.id] == r.output == alone(lm, p, params)
 

@@ -94,6 +94,27 @@ def test_streamed_completion_joins_to_the_whole(client):
     assert chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop")
 
 
+def test_a_streams_first_text_goes_out_at_once_and_the_rest_once_per_step(client,
+                                                                           monkeypatch):
+    """The engines' thread hands a stream's text to the server's thread once per step
+    (engine/loop.py ``post``), except its first piece, which goes at once: the time to the
+    first token does not wait for the rest of the step."""
+    loop = client.app.state.server.loop
+    texts, post = [], loop.post
+
+    def recording(event_loop, fn, *args, now=False):
+        if args and args[0][0] == "text":
+            texts.append(now)
+        post(event_loop, fn, *args, now=now)
+
+    monkeypatch.setattr(loop, "post", recording)
+    body = {"model": "lm", "prompt": "to be", "max_tokens": 8, "min_tokens": 8,
+            "temperature": 0, "stream": True}
+    with client.stream("POST", "/v1/completions", json=body) as response:
+        assert [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert len(texts) >= 2 and texts == [True] + [False] * (len(texts) - 1)
+
+
 def test_chat_uses_the_checkpoints_template_and_refuses_without_one(client, served):
     messages = [{"role": "user", "content": "abc"}]
     data = client.post("/v1/chat/completions", json={"model": "llama", "messages": messages,

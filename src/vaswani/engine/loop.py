@@ -18,7 +18,8 @@ a request that fails alone gets the error; the others finish as if nothing happe
 What the requests' hooks hand to other threads (a server's streamed text, in its asyncio event
 loop) goes through :meth:`EngineLoop.post`: held until the step ends, then passed on in one
 call per event loop, so that a step of 32 streams wakes the server's thread once, not 32
-times.
+times (a stream's first text goes at once: the time to the first token is not kept waiting
+for the step's decode).
 """
 
 from __future__ import annotations
@@ -70,19 +71,23 @@ class EngineLoop:
         self.inbox.put((fn, future))
         return future
 
-    def post(self, loop, fn: Callable, *args) -> None:
+    def post(self, loop, fn: Callable, *args, now: bool = False) -> None:
         """In the loop's thread (a request's hook): have ``fn(*args)`` called in the asyncio
-        event loop ``loop``, after this step, in the order posted. From another thread: at
-        once."""
+        event loop ``loop``, after this step, in the order posted; ``now``: at once, with
+        what was posted to that loop before it (a stream's first text, which should not wait
+        for the rest of the step). From another thread: at once."""
         if threading.current_thread() is not self.thread:
             loop.call_soon_threadsafe(fn, *args)
             return
         self.outbox.setdefault(loop, []).append((fn, args))
+        if now:
+            self._deliver(loop)
 
-    def _deliver(self) -> None:
-        """Hand each event loop what was posted to it, in one call."""
-        outbox, self.outbox = self.outbox, {}
-        for loop, calls in outbox.items():
+    def _deliver(self, only=None) -> None:
+        """Hand each event loop (or the one, ``only``) what was posted to it, in one call."""
+        loops = list(self.outbox) if only is None else [only]
+        for loop in loops:
+            calls = self.outbox.pop(loop, [])
             try:
                 loop.call_soon_threadsafe(_call_all, calls)
             except RuntimeError:  # that event loop is closed: nobody is waiting any more

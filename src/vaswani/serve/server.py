@@ -145,8 +145,13 @@ class Server:
         def emitter(index: int) -> Callable[[str], None] | None:
             if events is None:
                 return None
-            return lambda piece: self.loop.post(loop, events.put_nowait,
-                                                ("text", (index, piece)))
+            first = [True]
+
+            def emit(piece: str) -> None:  # the first piece at once, the others per step
+                self.loop.post(loop, events.put_nowait, ("text", (index, piece)),
+                               now=first[0])
+                first[0] = False
+            return emit
 
         completions = [run.completion(prompt, decode, emit=emitter(k),
                                       seed=None if seed is None else seed + k)
