@@ -26,3 +26,17 @@ def test_the_engines_own_short_among_long_runs_the_short_ones_among_all_the_long
     # inside, it asserts that each short request got its 8 tokens while all 3 long ones ran
     assert out["alone_s"] > 0
     assert out["ratio"] == pytest.approx(out["among_long_s"] / out["alone_s"], abs=0.02)
+
+
+def test_the_background_streams_read_every_stream_to_its_end_and_report_failures(small_runs):
+    from benchmarks.serve_mixed import Streams
+
+    run_dir, _ = small_runs["decoder"]
+    body = {"model": "lm", "prompt": "to be", "max_tokens": 6, "min_tokens": 6, "stream": True}
+    with Server(run_dir, "lm", max_batch=4, device="cpu") as server:
+        with Streams(server.url, body, 3) as streams:
+            streams.wait()
+        assert streams.running() == 0 and not streams.errors
+        with Streams(server.url, {**body, "model": "nope"}, 2) as refused:
+            with pytest.raises(AssertionError, match="404"):
+                refused.wait()
