@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
 import torch
 
 from vaswani.config import load_run_config
+from vaswani.devices import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,17 +45,6 @@ def interleaved_best(fns: list, repeats: int) -> list[float]:
             fn()
             best[i] = min(best[i], time.perf_counter() - start)
     return best
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo), else what ``platform`` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def hardware() -> dict:

@@ -11,25 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from vaswani.devices import cpu_name
+
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ["bbc-news", "shakespeare-char", "bible-en-es"]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def run_preset(name: str, overrides: list[str]) -> dict:

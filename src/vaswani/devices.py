@@ -3,6 +3,7 @@ device that is not there is a clear error (not PyTorch's assertion)."""
 
 from __future__ import annotations
 
+import platform
 import re
 import sys
 
@@ -47,6 +48,19 @@ def usable_precision(asked: str, device: torch.device, *, say: bool = True) -> s
               f"{why}, where it would run far slower than float32: training in float32 "
               "(--set train.precision=fp32 says so quietly)", file=sys.stderr, flush=True)
     return "fp32"
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what ``platform`` knows: for
+    reports of where a result was measured."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def bf16_is_fast(device: torch.device) -> bool:
