@@ -343,6 +343,10 @@ def main() -> None:
         s = r["short_among_long"]
         rows.append((f"mixed, {name}: an 8-token request among 31 long ones",
                      f"{s['among_long_s']} s vs {s['alone_s']} s alone ({s['ratio']}x)"))
+        if "in_engine_s" in s:
+            e = s["in_engine_s"]
+            rows.append((f"mixed, {name}: the same, its time in the engine (/metrics, mean)",
+                         f"{e['among_long']} s vs {e['alone']} s alone"))
     report("Serving (vaswani serve, CPU)", rows, results, args.json)
 
 

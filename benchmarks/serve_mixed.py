@@ -196,26 +196,65 @@ class Streams:
             raise self.errors[0]
 
 
+def engine_side(http: httpx.Client, model: str = "lm") -> tuple[float, float, float] | None:
+    """From the server's /metrics: the sums of its requests' times to the first token and
+    per later token, and how many requests they cover (None: a server without /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = http.get("/metrics")
+    if r.status_code != 200:
+        return None
+    sums = {}
+    for family in text_string_to_metric_families(r.text):
+        for sample in family.samples:
+            if sample.labels.get("model") == model and sample.name.endswith(("_sum", "_count")):
+                sums[sample.name] = sample.value
+    first, per = "vaswani_time_to_first_token_seconds", "vaswani_time_per_output_token_seconds"
+    # (no request of the model finished yet: no samples)
+    return tuple(sums.get(name, 0.0) for name in (first + "_sum", per + "_sum", first + "_count"))
+
+
+def engine_time(before, after, tokens: int) -> float | None:
+    """The mean time from the server's making a request to its last token (the engines'
+    queue and steps) of the requests finished between two :func:`engine_side` readings,
+    each of ``tokens`` tokens."""
+    if before is None or after is None or after[2] == before[2]:
+        return None
+    n = after[2] - before[2]
+    return round(((after[0] - before[0]) + (tokens - 1) * (after[1] - before[1])) / n, 4)
+
+
 def short_among_long(url: str, clients: int = 31, repeats: int = 5) -> dict:
+    """Also, where the server has /metrics, the short requests' time in the engine (from
+    the server's making the request to its last token: the engines' queue and steps), alone
+    and among the long ones; the rest of their time is HTTP's and the server thread's."""
     short = ("complete", "to be or not to be", 8, False)
     long_ = {"model": "lm", "prompt": "x" * 100, "max_tokens": 256, "min_tokens": 256,
              "temperature": 0.8, "seed": 1, "stream": True}
     with httpx.Client(base_url=url, timeout=900) as http:
         send(http, short)  # warm-up
+        before = engine_side(http)
         alone = statistics.median(send(http, short)["seconds"] for _ in range(repeats))
+        engine_alone = engine_time(before, engine_side(http), 8)
         with Streams(url, long_, clients) as longs:
             time.sleep(1.5)  # the long ones are running
+            before = engine_side(http)
             # the first, then more while all the long ones still run (dynamic batching
             # answers the first only after its batch, and the long ones are gone by the second)
             times = [send(http, short)["seconds"]]
             while len(times) < repeats and longs.running() == clients:
                 times.append(send(http, short)["seconds"])
+            after = engine_side(http)
             loaded = statistics.median(times)
             longs_left = longs.running()
             longs.wait()
-    return {"alone_s": round(alone, 3), "among_long_s": round(loaded, 3),
-            "ratio": round(loaded / alone, 2), "requests_among_long": len(times),
-            "long_ones_still_running": longs_left}
+    out = {"alone_s": round(alone, 3), "among_long_s": round(loaded, 3),
+           "ratio": round(loaded / alone, 2), "requests_among_long": len(times),
+           "long_ones_still_running": longs_left}
+    if engine_alone is not None and longs_left == clients:  # no long one in the readings
+        out["in_engine_s"] = {"alone": engine_alone,
+                              "among_long": engine_time(before, after, 8)}
+    return out
 
 
 def engine_short_among_long(lm: Path, clients: int = 31, repeats: int = 5,

@@ -40,3 +40,18 @@ def test_the_background_streams_read_every_stream_to_its_end_and_report_failures
         with Streams(server.url, {**body, "model": "nope"}, 2) as refused:
             with pytest.raises(AssertionError, match="404"):
                 refused.wait()
+
+
+def test_the_time_in_the_engine_is_read_from_metrics_and_is_part_of_the_clients(small_runs):
+    import httpx
+    from benchmarks.serve_mixed import engine_side, engine_time, send
+
+    run_dir, _ = small_runs["decoder"]
+    with Server(run_dir, "lm", max_batch=4, device="cpu") as server:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            before = engine_side(http)
+            seconds = [send(http, ("complete", "to be", 8, False))["seconds"] for _ in range(3)]
+            after = engine_side(http)
+    assert after[2] - before[2] == 3  # three requests observed
+    assert 0 < engine_time(before, after, 8) < max(seconds)
+    assert engine_time(after, after, 8) is None  # none finished between
