@@ -325,6 +325,29 @@ def test_what_a_steps_hooks_post_reaches_its_event_loop_in_one_call_per_step_in_
         assert [t for i, t in got[:-1] if i == r.id] == r.output == alone(lm, p, params)
 
 
+def test_a_posted_call_that_fails_does_not_stop_the_others_handed_over_with_it(capsys):
+    import asyncio
+
+    events, got = asyncio.new_event_loop(), []
+    loop = EngineLoop({})
+
+    def post_three():  # in the loop's thread, as a step's hooks
+        loop.post(events, got.append, 1)
+        loop.post(events, lambda: 1 / 0)
+        loop.post(events, got.append, 3)
+
+    try:
+        loop.call(post_three).result(timeout=60)
+        for _ in range(100):
+            events.run_until_complete(asyncio.sleep(0.01))
+            if got:
+                break
+    finally:
+        loop.stop()
+        events.close()
+    assert got == [1, 3] and "ZeroDivisionError" in capsys.readouterr().err
+
+
 def test_prefill_rows_of_unlike_lengths_run_apart_shortest_first():
     from vaswani.engine.engine import prefill_groups
 

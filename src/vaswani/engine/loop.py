@@ -154,8 +154,13 @@ class EngineLoop:
 
 
 def _call_all(calls: list) -> None:
+    """In the event loop: each call of a step's hand-over, one failing not stopping the
+    others (each is another request's)."""
     for fn, args in calls:
-        fn(*args)
+        try:
+            fn(*args)
+        except Exception:
+            traceback.print_exc()
 
 
 def _isolate(engine: Engine) -> None:

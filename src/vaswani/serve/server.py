@@ -145,12 +145,12 @@ class Server:
         def emitter(index: int) -> Callable[[str], None] | None:
             if events is None:
                 return None
-            first = [True]
+            first = True
 
             def emit(piece: str) -> None:  # the first piece at once, the others per step
-                self.loop.post(loop, events.put_nowait, ("text", (index, piece)),
-                               now=first[0])
-                first[0] = False
+                nonlocal first
+                self.loop.post(loop, events.put_nowait, ("text", (index, piece)), now=first)
+                first = False
             return emit
 
         completions = [run.completion(prompt, decode, emit=emitter(k),
