@@ -8,9 +8,11 @@ operator on a team of OpenMP threads, and each Python thread that runs operators
 of its own. Once a process has more of those threads than cores, OpenMP stops letting them
 spin between operators and puts them to sleep instead: every operator then pays for waking a
 thread (on 2 cores, ``python -m benchmarks.threads``: a 31-row decode step 1.7x slower, a
-linear layer 2x). One thread keeps one team. ``threads`` is how many the team has; the
-server's own thread is left with one (cli/serve.py), so that nothing it does makes a second
-team.
+linear layer 2x). One thread keeps one team. ``threads`` is how many the team has. PyTorch's
+count is the process's, not a thread's: ``vaswani serve`` loads the models with it set to 1
+(cli/serve.py), so that loading makes no team in the server's thread, and this thread then
+sets ``threads``; the server's thread runs none of the models' operators (every use of a
+model comes here), so it makes no second team.
 
 A step that fails does not fail the requests in it: each of them is run again alone, and only
 a request that fails alone gets the error; the others finish as if nothing happened.
