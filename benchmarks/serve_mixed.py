@@ -90,6 +90,16 @@ def workload(sentences: list[str], clients: int, per_client: int, seed: int = 0)
     return out
 
 
+SHORT = ("to be or not to be", 8)  # the short request among long ones: prompt, tokens
+LONG = ("x" * 100, 256)
+
+
+def completion_body(prompt: str, tokens: int, stream: bool) -> dict:
+    """A completion of exactly ``tokens`` tokens (random weights would end some early)."""
+    return {"model": "lm", "prompt": prompt, "max_tokens": tokens, "min_tokens": tokens,
+            "temperature": 0.8, "seed": 1, "stream": stream}
+
+
 def send(http: httpx.Client, request: tuple) -> dict:
     """One request; returns its kind, seconds, completion tokens and (streamed) time to the
     first piece of text."""
@@ -99,8 +109,7 @@ def send(http: httpx.Client, request: tuple) -> dict:
         r.raise_for_status()
         return {"kind": "translate", "seconds": time.perf_counter() - start, "tokens": 0}
     _, prompt, tokens, stream = request
-    body = {"model": "lm", "prompt": prompt, "max_tokens": tokens, "min_tokens": tokens,
-            "temperature": 0.8, "seed": 1, "stream": stream}
+    body = completion_body(prompt, tokens, stream)
     first = None
     if stream:
         with http.stream("POST", "/v1/completions", json=body) as r:
@@ -153,11 +162,10 @@ class Streams:
     streams; these take 0.2.)"""
 
     def __init__(self, url: str, body: dict, n: int) -> None:
-        where = urlsplit(url)
+        where, data = urlsplit(url), json.dumps(body)
         self.request = (f"POST /v1/completions HTTP/1.1\r\nHost: {where.hostname}\r\n"
                         "Content-Type: application/json\r\nConnection: close\r\n"
-                        f"Content-Length: {len(json.dumps(body))}\r\n\r\n"
-                        f"{json.dumps(body)}").encode()
+                        f"Content-Length: {len(data)}\r\n\r\n{data}").encode()
         self.where, self.n, self.done = where, n, 0
         self.errors: list[BaseException] = []
         self.thread = threading.Thread(target=asyncio.run, args=(self._all(),), daemon=True)
@@ -228,15 +236,13 @@ def short_among_long(url: str, clients: int = 31, repeats: int = 5) -> dict:
     """Also, where the server has /metrics, the short requests' time in the engine (from
     the server's making the request to its last token: the engines' queue and steps), alone
     and among the long ones; the rest of their time is HTTP's and the server thread's."""
-    short = ("complete", "to be or not to be", 8, False)
-    long_ = {"model": "lm", "prompt": "x" * 100, "max_tokens": 256, "min_tokens": 256,
-             "temperature": 0.8, "seed": 1, "stream": True}
+    short = ("complete", *SHORT, False)
     with httpx.Client(base_url=url, timeout=900) as http:
         send(http, short)  # warm-up
         before = engine_side(http)
         alone = statistics.median(send(http, short)["seconds"] for _ in range(repeats))
-        engine_alone = engine_time(before, engine_side(http), 8)
-        with Streams(url, long_, clients) as longs:
+        engine_alone = engine_time(before, engine_side(http), SHORT[1])
+        with Streams(url, completion_body(*LONG, stream=True), clients) as longs:
             time.sleep(1.5)  # the long ones are running
             before = engine_side(http)
             # the first, then more while all the long ones still run (dynamic batching
@@ -253,7 +259,7 @@ def short_among_long(url: str, clients: int = 31, repeats: int = 5) -> dict:
            "long_ones_still_running": longs_left}
     if engine_alone is not None and longs_left == clients:  # no long one in the readings
         out["in_engine_s"] = {"alone": engine_alone,
-                              "among_long": engine_time(before, after, 8)}
+                              "among_long": engine_time(before, after, SHORT[1])}
     return out
 
 
@@ -273,15 +279,15 @@ def engine_short_among_long(lm: Path, clients: int = 31, repeats: int = 5,
         return engine.submit(run.completion(prompt, decode, seed=1).request)
 
     def short() -> float:
-        start, r = time.perf_counter(), request("to be or not to be", 8)
+        start, r = time.perf_counter(), request(*SHORT)
         while r.finished is None:
             engine.step()
-        assert len(r.output) == 8
+        assert len(r.output) == SHORT[1]
         return time.perf_counter() - start
 
     short()  # warm-up
     alone = statistics.median(short() for _ in range(repeats))
-    longs = [request("x" * 100, 256) for _ in range(clients)]
+    longs = [request(*LONG) for _ in range(clients)]
     while any(r.first_token is None for r in longs):  # the long ones are running
         engine.step()
     times = [short() for _ in range(repeats)]
