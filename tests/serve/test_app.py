@@ -232,6 +232,42 @@ def test_an_api_key_guards_every_v1_route(served):
         assert c.get("/").status_code == 200  # the page itself is public; it asks for the key
 
 
+def test_requests_are_answered_without_a_worker_thread(served):
+    """The API-key check and the JSON routes run on the event loop: a plain-function
+    dependency would send every request through one of AnyIO's worker threads first."""
+    import asyncio
+    import threading
+
+    import httpx
+
+    from vaswani.serve import create_app
+
+    app = create_app(served, api_key="s3cret")
+    key = {"Authorization": "Bearer s3cret"}
+
+    def workers() -> set[int]:
+        return {t.ident for t in threading.enumerate() if t.name == "AnyIO worker thread"}
+
+    async def requests() -> set[int]:  # a new event loop: AnyIO's pool starts empty
+        before = workers()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://127.0.0.1", timeout=60) as c:
+            answers = [await c.get("/health"), await c.get("/metrics"),
+                       await c.get("/v1/models", headers=key),
+                       await c.post("/v1/completions", headers=key, json={
+                           "model": "lm", "prompt": "to", "max_tokens": 2}),
+                       await c.post("/v1/completions", headers=key, json={
+                           "model": "lm", "prompt": "to", "max_tokens": 2, "stream": True})]
+        assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+        assert answers[-1].text.rstrip().endswith("data: [DONE]")
+        return workers() - before
+
+    try:
+        assert asyncio.run(requests()) == set()
+    finally:
+        app.state.server.close()
+
+
 @pytest.mark.parametrize("model, route, body", [
     ("copy", "/v1/translate", {"input": "abc"}),  # an engine's queue
     ("lm", "/v1/completions", {"prompt": "to be", "n": 2}),

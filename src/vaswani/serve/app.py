@@ -59,7 +59,10 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
     app.state.server = server
     app.router.on_shutdown.append(server.close)
 
-    def authorised(request: Request) -> None:
+    # The API-key check and the small JSON routes are coroutines: FastAPI runs a plain
+    # function in a worker thread, and every request would hop there and back (under load,
+    # each hop waits for a core that the models' threads are using).
+    async def authorised(request: Request) -> None:
         if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
             raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY",
                            kind="authentication_error")
@@ -96,17 +99,17 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
     guard = [Depends(authorised)]
 
     @app.get("/health")
-    def health():
+    async def health():
         return {"status": "ok", "models": list(runs), "auth": bool(api_key),
                 "served": {name: server.served(name) for name in runs}}
 
     @app.get("/metrics")
-    def metrics():
+    async def metrics():
         body, media_type = server.metrics.exposition()
         return Response(body, media_type=media_type)
 
     @app.get("/v1/models", dependencies=guard)
-    def models():
+    async def models():
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": server.started, "owned_by": "vaswani",
              "task": run.task.name, "arch": run.config.model.arch, "action": run.action,
