@@ -258,12 +258,16 @@ def test_requests_are_answered_without_a_worker_thread(served):
                            "model": "lm", "prompt": "to", "max_tokens": 2}),
                        await c.post("/v1/completions", headers=key, json={
                            "model": "lm", "prompt": "to", "max_tokens": 2, "stream": True})]
-        assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
-        assert answers[-1].text.rstrip().endswith("data: [DONE]")
-        return workers() - before
+            assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+            assert answers[-1].text.rstrip().endswith("data: [DONE]")
+            hopped = workers() - before
+            assert (await c.get("/")).status_code == 200  # the page: a plain function
+            control = workers() - before  # which does run in a worker thread
+        return hopped, control
 
     try:
-        assert asyncio.run(requests()) == set()
+        hopped, control = asyncio.run(requests())
+        assert hopped == set() and control, (hopped, control)
     finally:
         app.state.server.close()
 
