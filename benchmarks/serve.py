@@ -347,6 +347,14 @@ def main() -> None:
             e = s["in_engine_s"]
             rows.append((f"mixed, {name}: the same, its time in the engine (/metrics, mean)",
                          f"{e['among_long']} s vs {e['alone']} s alone"))
+            if e.get("per_token_among_long") is not None:
+                rows.append((f"mixed, {name}: the same, per token after the first (/metrics)",
+                             f"{e['per_token_among_long']} s vs {e['per_token_alone']} s "
+                             "alone"))
+        if "per_token_among_long_s" in s:
+            rows.append((f"mixed, {name}: the same, per token after the first",
+                         f"{s['per_token_among_long_s']} s vs {s['per_token_alone_s']} s "
+                         "alone"))
     report("Serving (vaswani serve, CPU)", rows, results, args.json)
 
 

@@ -232,6 +232,14 @@ def engine_time(before, after, tokens: int) -> float | None:
     return round(((after[0] - before[0]) + (tokens - 1) * (after[1] - before[1])) / n, 4)
 
 
+def per_token_time(before, after) -> float | None:
+    """The mean time per token after the first (about one engine step each) of the requests
+    finished between two :func:`engine_side` readings."""
+    if before is None or after is None or after[2] == before[2]:
+        return None
+    return round((after[1] - before[1]) / (after[2] - before[2]), 5)
+
+
 def short_among_long(url: str, clients: int = 31, repeats: int = 5) -> dict:
     """Also, where the server has /metrics, the short requests' time in the engine (from
     the server's making the request to its last token: the engines' queue and steps), alone
@@ -241,7 +249,9 @@ def short_among_long(url: str, clients: int = 31, repeats: int = 5) -> dict:
         send(http, short)  # warm-up
         before = engine_side(http)
         alone = statistics.median(send(http, short)["seconds"] for _ in range(repeats))
-        engine_alone = engine_time(before, engine_side(http), SHORT[1])
+        idle = engine_side(http)
+        engine_alone, step_alone = engine_time(before, idle, SHORT[1]), per_token_time(before,
+                                                                                    idle)
         with Streams(url, completion_body(*LONG, stream=True), clients) as longs:
             time.sleep(1.5)  # the long ones are running
             before = engine_side(http)
@@ -259,7 +269,9 @@ def short_among_long(url: str, clients: int = 31, repeats: int = 5) -> dict:
            "long_ones_still_running": longs_left}
     if engine_alone is not None and longs_left == clients:  # no long one in the readings
         out["in_engine_s"] = {"alone": engine_alone,
-                              "among_long": engine_time(before, after, SHORT[1])}
+                              "among_long": engine_time(before, after, SHORT[1]),
+                              "per_token_alone": step_alone,
+                              "per_token_among_long": per_token_time(before, after)}
     return out
 
 
@@ -278,27 +290,30 @@ def engine_short_among_long(lm: Path, clients: int = 31, repeats: int = 5,
         decode = run.decode_options(max_new_tokens=tokens, min_length=tokens, temperature=0.8)
         return engine.submit(run.completion(prompt, decode, seed=1).request)
 
-    def short() -> float:
+    def short() -> tuple[float, float]:
+        """Its time, and its time per token after the first (about one step each)."""
         start, r = time.perf_counter(), request(*SHORT)
         while r.finished is None:
             engine.step()
         assert len(r.output) == SHORT[1]
-        return time.perf_counter() - start
+        return time.perf_counter() - start, (r.finished - r.first_token) / (SHORT[1] - 1)
 
     short()  # warm-up
-    alone = statistics.median(short() for _ in range(repeats))
+    solo = [short() for _ in range(repeats)]
     longs = [request(*LONG) for _ in range(clients)]
     while any(r.first_token is None for r in longs):  # the long ones are running
         engine.step()
-    times = [short() for _ in range(repeats)]
+    among = [short() for _ in range(repeats)]
     assert all(r.finished is None for r in longs)  # all along, among all 31
     for r in longs:
         r.cancel()
     while engine.busy:
         engine.step()
-    loaded = statistics.median(times)
+    alone, loaded = (statistics.median(t for t, _ in x) for x in (solo, among))
     return {"alone_s": round(alone, 4), "among_long_s": round(loaded, 4),
-            "ratio": round(loaded / alone, 2)}
+            "ratio": round(loaded / alone, 2),
+            "per_token_alone_s": round(statistics.median(p for _, p in solo), 5),
+            "per_token_among_long_s": round(statistics.median(p for _, p in among), 5)}
 
 
 def measure(runs: dict[str, Path], checkout: Path | None, plan: list, max_batch: int) -> dict:

@@ -26,6 +26,8 @@ def test_the_engines_own_short_among_long_runs_the_short_ones_among_all_the_long
     # inside, it asserts that each short request got its 8 tokens while all 3 long ones ran
     assert out["alone_s"] > 0
     assert out["ratio"] == pytest.approx(out["among_long_s"] / out["alone_s"], abs=0.02)
+    for where in ("alone", "among_long"):  # seven of the eight tokens come after the first
+        assert 0 < out[f"per_token_{where}_s"] < out[f"{where}_s"] / 7
 
 
 def test_the_background_streams_read_every_stream_to_its_end_and_report_failures(small_runs):
@@ -44,7 +46,7 @@ def test_the_background_streams_read_every_stream_to_its_end_and_report_failures
 
 def test_the_time_in_the_engine_is_read_from_metrics_and_is_part_of_the_clients(small_runs):
     import httpx
-    from benchmarks.serve_mixed import engine_side, engine_time, send
+    from benchmarks.serve_mixed import engine_side, engine_time, per_token_time, send
 
     run_dir, _ = small_runs["decoder"]
     with Server(run_dir, "lm", max_batch=4, device="cpu") as server:
@@ -55,3 +57,5 @@ def test_the_time_in_the_engine_is_read_from_metrics_and_is_part_of_the_clients(
     assert after[2] - before[2] == 3  # three requests observed
     assert 0 < engine_time(before, after, 8) < max(seconds)
     assert engine_time(after, after, 8) is None  # none finished between
+    assert 0 < per_token_time(before, after) < engine_time(before, after, 8) / 7
+    assert per_token_time(after, after) is None
