@@ -222,56 +222,62 @@ def engine_side(http: httpx.Client, model: str = "lm") -> tuple[float, float, fl
     return tuple(sums.get(name, 0.0) for name in (first + "_sum", per + "_sum", first + "_count"))
 
 
+def _means(before, after) -> tuple[float, float] | None:
+    """The mean time to the first token and per later token of the requests finished
+    between two :func:`engine_side` readings (None: no reading, or none finished)."""
+    if before is None or after is None or after[2] == before[2]:
+        return None
+    n = after[2] - before[2]
+    return (after[0] - before[0]) / n, (after[1] - before[1]) / n
+
+
 def engine_time(before, after, tokens: int) -> float | None:
     """The mean time from the server's making a request to its last token (the engines'
     queue and steps) of the requests finished between two :func:`engine_side` readings,
     each of ``tokens`` tokens."""
-    if before is None or after is None or after[2] == before[2]:
-        return None
-    n = after[2] - before[2]
-    return round(((after[0] - before[0]) + (tokens - 1) * (after[1] - before[1])) / n, 4)
+    means = _means(before, after)
+    return None if means is None else round(means[0] + (tokens - 1) * means[1], 4)
 
 
 def per_token_time(before, after) -> float | None:
     """The mean time per token after the first (about one engine step each) of the requests
     finished between two :func:`engine_side` readings."""
-    if before is None or after is None or after[2] == before[2]:
-        return None
-    return round((after[1] - before[1]) / (after[2] - before[2]), 5)
+    means = _means(before, after)
+    return None if means is None else round(means[1], 5)
 
 
 def short_among_long(url: str, clients: int = 31, repeats: int = 5) -> dict:
     """Also, where the server has /metrics, the short requests' time in the engine (from
-    the server's making the request to its last token: the engines' queue and steps), alone
-    and among the long ones; the rest of their time is HTTP's and the server thread's."""
+    the server's making the request to its last token: the engines' queue and steps) and per
+    token after the first, alone and among the long ones; the rest of their time is HTTP's
+    and the server thread's."""
     short = ("complete", *SHORT, False)
     with httpx.Client(base_url=url, timeout=900) as http:
         send(http, short)  # warm-up
-        before = engine_side(http)
+        solo = [engine_side(http)]
         alone = statistics.median(send(http, short)["seconds"] for _ in range(repeats))
-        idle = engine_side(http)
-        engine_alone, step_alone = engine_time(before, idle, SHORT[1]), per_token_time(before,
-                                                                                    idle)
+        solo.append(engine_side(http))
         with Streams(url, completion_body(*LONG, stream=True), clients) as longs:
             time.sleep(1.5)  # the long ones are running
-            before = engine_side(http)
+            among = [engine_side(http)]
             # the first, then more while all the long ones still run (dynamic batching
             # answers the first only after its batch, and the long ones are gone by the second)
             times = [send(http, short)["seconds"]]
             while len(times) < repeats and longs.running() == clients:
                 times.append(send(http, short)["seconds"])
-            after = engine_side(http)
+            among.append(engine_side(http))
             loaded = statistics.median(times)
             longs_left = longs.running()
             longs.wait()
     out = {"alone_s": round(alone, 3), "among_long_s": round(loaded, 3),
            "ratio": round(loaded / alone, 2), "requests_among_long": len(times),
            "long_ones_still_running": longs_left}
+    engine_alone = engine_time(*solo, SHORT[1])
     if engine_alone is not None and longs_left == clients:  # no long one in the readings
         out["in_engine_s"] = {"alone": engine_alone,
-                              "among_long": engine_time(before, after, SHORT[1]),
-                              "per_token_alone": step_alone,
-                              "per_token_among_long": per_token_time(before, after)}
+                              "among_long": engine_time(*among, SHORT[1]),
+                              "per_token_alone": per_token_time(*solo),
+                              "per_token_among_long": per_token_time(*among)}
     return out
 
 
