@@ -1,5 +1,5 @@
-"""Decoding controls (generation/rules.py) against Hugging Face's logits processors, the text
-stream's stop strings, and batched generation against generation one prompt at a time."""
+"""Decoding controls (generation/rules.py) against Hugging Face's logits processors, and
+batched generation against generation one prompt at a time."""
 
 import random
 
@@ -102,17 +102,3 @@ def test_batched_generation_equals_one_prompt_at_a_time(positional):
                          temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
                          rules=rules)
         assert got == alone
-
-
-def test_text_stream_stops_at_a_stop_string_and_holds_back_its_start():
-    from vaswani.data.tokenizers import CharTokenizer
-    from vaswani.inference.language_model import TextStream
-
-    tok = CharTokenizer("abc\n")
-    stream = TextStream(tok, ["\n\n", "cab"])
-    shown = [stream.push(i) for i in tok.encode("ab\nab\nca")]
-    assert "".join(shown) == "ab\nab\n"  # "\n" and "ca" may start a stop string: held
-    assert not stream.stopped and stream.finish() == "ca"
-    stream = TextStream(tok, ["\n\n"])
-    out = "".join(stream.push(i) for i in tok.encode("ab\n\nc"))
-    assert stream.stopped and out == stream.text == "ab"

@@ -1,0 +1,127 @@
+"""The text of a language model's output as it streams (inference/language_model.py
+``TextStream``): against showing text by decoding the whole output at every token, with the
+tokenizers vaswani trains and the kinds a pretrained checkpoint brings."""
+
+import random
+
+import pytest
+
+from vaswani.data.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer
+from vaswani.inference.language_model import TextStream
+
+TEXT = ("El niño comió piñas y café. Ça coûte 5 € — très cher! 日本語 la mañana, "
+        "the cat sat on the mat 🙂 and the dog ate it. ") * 3
+STOPS = [[], ["mat"], ["\n\n", "ñas y"], ["€ —", "t 🙂"]]
+
+
+def whole_decoding(tok, ids: list[int], stop: list[str]) -> tuple[list[str], str, bool]:
+    """The reference: the pieces shown by decoding the whole output at every token (the
+    text cut before the first stop string, incomplete characters waited for, and the start
+    of a stop string held back), the whole text, and whether a stop string was met."""
+    pieces, shown = [], ""
+    for n in range(1, len(ids) + 1):
+        text = tok.decode(ids[:n])
+        cuts = [text.find(s) for s in stop if s in text]
+        if cuts:
+            text = text[: min(cuts)]
+            pieces.append(text[len(shown):] if text.startswith(shown) else "")
+            return pieces, text, True
+        if text.endswith("\ufffd"):
+            pieces.append("")
+            continue
+        hold = max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])),
+                   default=0)
+        visible = text[: len(text) - hold]
+        pieces.append(visible[len(shown):] if visible.startswith(shown) else "")
+        shown = visible if visible.startswith(shown) else shown
+    return pieces, tok.decode(ids), False
+
+
+def char():
+    return CharTokenizer(sorted(set(TEXT)))
+
+
+def bpe():  # byte-level: a character of several bytes may span tokens
+    return BPETokenizer.train([TEXT], vocab_size=300)
+
+
+def word_level(decoder: str):
+    """A SentencePiece-like (Metaspace: a word's leading space is its first token's) or a
+    WordPiece tokenizer (BERT: "##" joins, spaces go between words and before no
+    punctuation), whose text of a token depends on the token before it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    words = sorted({w for w in TEXT.replace(".", " .").replace(",", " ,").split()})
+    if decoder == "metaspace":
+        vocab = {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", *(f"▁{w}" for w in words),
+                                             *words])}
+        hf = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+        hf.pre_tokenizer = pre_tokenizers.Metaspace()
+        hf.decoder = decoders.Metaspace()
+    else:
+        vocab = {w: i for i, w in enumerate(["[PAD]", "[CLS]", "[SEP]", *words,
+                                             *(f"##{w}" for w in words)])}
+        hf = Tokenizer(models.WordPiece(vocab, unk_token="[PAD]"))
+        hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        hf.decoder = decoders.WordPiece()
+    return PretrainedTokenizer(hf, {"pad": 0, "bos": 1, "eos": 2})
+
+
+TOKENIZERS = {"char": char, "bpe": bpe, "metaspace": lambda: word_level("metaspace"),
+              "wordpiece": lambda: word_level("wordpiece")}
+
+
+@pytest.mark.parametrize("kind", TOKENIZERS)
+@pytest.mark.parametrize("stop", STOPS, ids=lambda s: "|".join(s) or "none")
+def test_text_stream_shows_what_decoding_the_whole_output_shows(kind, stop):
+    tok = TOKENIZERS[kind]()
+    rng = random.Random(0)
+    outputs = [tok.encode(TEXT)]  # real text, and token soup (bytes of a character apart)
+    outputs += [[rng.randrange(3, tok.vocab_size) for _ in range(120)] for _ in range(3)]
+    for ids in outputs:
+        pieces, text, stopped = whole_decoding(tok, ids, stop)
+        stream = TextStream(tok, stop)
+        got = [stream.push(i) for i in ids]
+        assert got[: len(pieces)] == pieces
+        assert not any(got[len(pieces):])  # nothing after a stop string
+        assert stream.stopped == stopped
+        rest = stream.finish()
+        assert stream.text == text
+        assert "".join(got) + rest == text
+
+
+class Counting(CharTokenizer):
+    """A tokenizer that counts the ids it is asked to decode."""
+
+    decoded = 0
+
+    def decode(self, ids):
+        ids = list(ids)
+        self.decoded += len(ids)
+        return super().decode(ids)
+
+
+def test_text_stream_decodes_a_few_tokens_per_token_not_the_whole_output():
+    """Decoding the whole output at every token would cost n * (n + 1) / 2 ids for n tokens
+    (125,250 for 500): each token's text comes from the tokens since the text was last whole."""
+    tok = Counting(sorted(set(TEXT)))
+    stream = TextStream(tok, ["never there"])
+    ids = tok.encode(TEXT * 2)[:500]
+    for i in ids:
+        stream.push(i)
+    assert tok.decoded <= 4 * 500
+    before = tok.decoded
+    stream.finish()  # the whole output, once
+    assert tok.decoded - before == 500
+    assert stream.text == tok.decode(ids)
+
+
+def test_text_stream_stops_at_a_stop_string_and_holds_back_its_start():
+    tok = CharTokenizer("abc\n")
+    stream = TextStream(tok, ["\n\n", "cab"])
+    shown = [stream.push(i) for i in tok.encode("ab\nab\nca")]
+    assert "".join(shown) == "ab\nab\n"  # "\n" and "ca" may start a stop string: held
+    assert not stream.stopped and stream.finish() == "ca"
+    stream = TextStream(tok, ["\n\n"])
+    out = "".join(stream.push(i) for i in tok.encode("ab\n\nc"))
+    assert stream.stopped and out == stream.text == "ab"
