@@ -62,6 +62,27 @@ def test_presence_and_frequency_penalties_are_openais():
     assert_close(ours, expected)
 
 
+@pytest.mark.parametrize("rules", [
+    Rules(repetition_penalty=1.3), Rules(no_repeat_ngram_size=2), Rules(min_length=11),
+    Rules(presence_penalty=0.5, frequency_penalty=0.25),
+    Rules(repetition_penalty=0.8, no_repeat_ngram_size=3, presence_penalty=0.2,
+          min_length=13)])
+def test_rules_given_only_what_they_read_score_as_given_everything(rules):
+    """The engine builds only the histories the active rules read (reads_sequence,
+    reads_generated) and gives min_length the rows' lengths; the scores must not change."""
+    scores, history = scores_and_history(seed=3)
+    history[:, -1] = history[:, 2]  # the last token came before: an n-gram to ban
+    generated = history[:, 4:].clone()
+    generated[1, 5:] = PAD  # a shorter row: its length counts only real tokens
+    lengths = (generated != PAD).sum(1)
+    full = rules.apply(scores, history, generated, eos_id=EOS, pad_id=PAD)
+    assert not torch.equal(full, scores)  # the rules do something here
+    lean = rules.apply(scores, history if rules.reads_sequence else None,
+                       generated if rules.reads_generated else None, eos_id=EOS, pad_id=PAD,
+                       lengths=lengths)
+    assert torch.equal(lean, full)
+
+
 def test_banned_ngrams_by_hand():
     assert banned_by_ngrams([1, 2, 3, 1, 2], 3) == {3}
     assert banned_by_ngrams([1, 2, 3, 4], 3) == set()

@@ -229,13 +229,18 @@ class Engine:
         for i, (request, _) in enumerate(rows):
             if request.params.rules.active:
                 groups.setdefault(request.params.rules, []).append(i)
-        for rules, index in groups.items():
-            histories = [rows[i][1].tokens[rows[i][0].history_start:] for i in index]
-            outputs = [rows[i][1].tokens[len(rows[i][0].start):] for i in index]
+        for rules, index in groups.items():  # only the histories the rules read
+            these = [rows[i] for i in index]
+            histories = outputs = None
+            if rules.reads_sequence:
+                histories = self._pad([s.tokens[r.history_start:] for r, s in these])
+            if rules.reads_generated:
+                outputs = self._pad([s.tokens[len(r.start):] for r, s in these])
+            lengths = torch.tensor([len(s.tokens) - len(r.start) for r, s in these],
+                                   device=self.device)
             where = index if at is None else [at[i] for i in index]
-            scores[where] = rules.apply(scores[where], self._pad(histories),
-                                        self._pad(outputs), eos_id=self.eos_id,
-                                        pad_id=self.pad_id)
+            scores[where] = rules.apply(scores[where], histories, outputs, eos_id=self.eos_id,
+                                        pad_id=self.pad_id, lengths=lengths)
         return scores
 
     def _pad(self, rows: list[list[int]]) -> Tensor:

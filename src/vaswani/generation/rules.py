@@ -37,24 +37,37 @@ class Rules:
     def active(self) -> bool:
         return self != Rules()
 
+    @property
+    def reads_sequence(self) -> bool:
+        """Whether :meth:`apply` reads ``sequence`` (repetition, n-grams)."""
+        return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0
+
+    @property
+    def reads_generated(self) -> bool:
+        """Whether :meth:`apply` reads ``generated`` (presence and frequency; ``min_length``
+        needs only how many tokens each row has generated)."""
+        return bool(self.presence_penalty or self.frequency_penalty)
+
     @classmethod
     def of(cls, decode) -> Rules:
         """The rules of a ``DecodeConfig``."""
         return cls(decode.repetition_penalty, decode.presence_penalty, decode.frequency_penalty,
                    decode.no_repeat_ngram_size, decode.min_length)
 
-    def apply(self, scores: Tensor, sequence: Tensor, generated: Tensor, *, eos_id: int,
-              pad_id: int) -> Tensor:
+    def apply(self, scores: Tensor, sequence: Tensor | None, generated: Tensor | None, *,
+              eos_id: int, pad_id: int, lengths: Tensor | None = None) -> Tensor:
         """scores (N, V) float; sequence (N, T): the tokens repetition looks at (a language
         model's prompt and output; a translation's output); generated (N, G): the output so
-        far. Returns the adjusted scores (a new tensor when anything changes)."""
+        far; lengths (N,): how many tokens each row has generated (default: ``generated``'s
+        real tokens). A tensor that the active rules do not read (``reads_sequence``,
+        ``reads_generated``) may be None: building it costs each step the length of every
+        row so far. Returns the adjusted scores (a new tensor when anything changes)."""
         if not self.active:
             return scores
         scores = scores.clone()
-        real = sequence != pad_id
         if self.repetition_penalty != 1.0 and sequence.numel():
             seen = torch.zeros_like(scores, dtype=torch.bool)
-            seen.scatter_(1, sequence, real)
+            seen.scatter_(1, sequence, sequence != pad_id)
             penalised = torch.where(scores > 0, scores / self.repetition_penalty,
                                     scores * self.repetition_penalty)
             scores = torch.where(seen, penalised, scores)
@@ -63,11 +76,13 @@ class Rules:
             counts.scatter_add_(1, generated, (generated != pad_id).to(scores.dtype))
             scores -= self.presence_penalty * (counts > 0) + self.frequency_penalty * counts
         if self.no_repeat_ngram_size:
-            banned = ngram_bans(*compact(sequence, real), self.no_repeat_ngram_size,
-                                scores.size(-1))
+            banned = ngram_bans(*compact(sequence, sequence != pad_id),
+                                self.no_repeat_ngram_size, scores.size(-1))
             scores = scores.masked_fill(banned, float("-inf"))
         if self.min_length and eos_id >= 0:
-            short = (generated != pad_id).sum(1) < self.min_length  # per row
+            if lengths is None:
+                lengths = (generated != pad_id).sum(1)
+            short = lengths < self.min_length  # per row
             scores[:, eos_id] = scores[:, eos_id].masked_fill(short, float("-inf"))
         return scores
 
