@@ -44,6 +44,22 @@ def test_every_model_runs_in_one_thread_with_the_threads_it_was_given(served):
     torch.set_num_threads(threads)  # what a new thread starts with, as it was
 
 
+def test_the_fast_lane_of_vaswani_serve_reaches_every_engine(served, capsys):
+    from fastapi.testclient import TestClient
+
+    from vaswani.cli import main
+    from vaswani.engine.engine import FAST_LANE
+    from vaswani.serve import create_app
+
+    for given, lane in [(None, FAST_LANE), (0, 0), (8, 8)]:  # None: the CPU's default
+        with TestClient(create_app(served, fast_lane=given), base_url="http://127.0.0.1") as c:
+            engines = c.app.state.server.engines.values()
+            assert {e.scheduler.fast_lane for e in engines} == {lane}
+    with pytest.raises(SystemExit):
+        main(["serve", "some-run", "--fast-lane", "-1"])
+    assert "--fast-lane: '-1' is not a whole number >= 0" in capsys.readouterr().err
+
+
 def test_translate_equals_the_python_api(client, served):
     body = {"model": "copy", "input": ["abcdef", "jihgf"], "beam": 3, "n_best": 2}
     data = client.post("/v1/translate", json=body).json()["data"]

@@ -35,6 +35,14 @@ from .request import Params, Request, Sequence, Status
 from .runner import Runner
 from .scheduler import Scheduler
 
+FAST_LANE = 32  # a CPU's fast lane: requests of at most this many tokens (scheduler.py)
+
+
+def fast_lane_for(device: torch.device) -> int:
+    """The fast lane's default: on a CPU, where a step costs about its rows; none on a GPU,
+    where a step of many rows costs what a step of one does (scheduler.py)."""
+    return FAST_LANE if device.type == "cpu" else 0
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -46,11 +54,16 @@ class EngineConfig:
     # 0: max_rows full-length rows (and their sources), within cache_bytes
     cache_bytes: int = 1 << 30  # the cache's memory at most, when cache_tokens is 0
     cuda_graphs: bool = True  # on a GPU: decode steps as CUDA graphs (graphs.py)
+    fast_lane: int | None = None  # requests of at most this many tokens decoded at every
+    # step, the others at every other step while they run (scheduler.py); None: 32 on a CPU,
+    # 0 (no lane) on a GPU
 
     def __post_init__(self) -> None:
         for name in ("max_rows", "max_step_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
+        if self.fast_lane is not None and self.fast_lane < 0:
+            raise ValueError(f"fast_lane ({self.fast_lane}) must be 0 (none) or more")
 
 
 class Engine:
@@ -72,9 +85,10 @@ class Engine:
                                tokens=config.cache_tokens or config.cache_bytes // per_token,
                                max_rows=config.max_rows, max_len=self.max_len,
                                seq2seq=self.seq2seq, dtype=param.dtype, device=self.device)
+        lane = fast_lane_for(self.device) if config.fast_lane is None else config.fast_lane
         self.scheduler = Scheduler(self.cache, max_rows=config.max_rows,
                                    max_step_tokens=config.max_step_tokens,
-                                   max_len=self.max_len)
+                                   max_len=self.max_len, fast_lane=lane)
         static = None
         if config.cuda_graphs and self.device.type == "cuda":
             static = StaticDecoder(model, self.cache, pad_id=self.pad_id, capture=True)

@@ -73,7 +73,8 @@ class Run:
         """The inference engine over this run's model (engine/), made on first use: what
         translating and generating run on, one request or many."""
         if self._engine is None:
-            self._engine = self.new_engine(EngineConfig(max_rows=256))
+            # offline, every request's tokens count alike: no fast lane
+            self._engine = self.new_engine(EngineConfig(max_rows=256, fast_lane=0))
         return self._engine
 
     def new_engine(self, config: EngineConfig) -> Engine:

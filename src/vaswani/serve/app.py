@@ -43,16 +43,17 @@ LOOPBACK = ("localhost", "127.0.0.1", "::1", "[::1]")
 
 def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: int = 64,
                max_wait_ms: float = 5.0, max_queue: int = 256,
-               limits: Limits | None = None,
+               fast_lane: int | None = None, limits: Limits | None = None,
                allowed_hosts: tuple[str, ...] | list[str] = LOOPBACK,
                threads: int | None = None) -> FastAPI:
     """``allowed_hosts``: the names a request's Host header may carry (the loopback ones by
     default; ``("*",)`` for any): a web page cannot reach a local server through DNS
     rebinding, whose requests carry the page's own host name. ``threads``: PyTorch's
-    threads in the thread that runs the models (default: as many as this thread has)."""
+    threads in the thread that runs the models (default: as many as this thread has).
+    ``fast_lane``: the engines' (engine/engine.py ``EngineConfig``; None: their default)."""
     limits = limits or Limits()
     server = Server(runs, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
-                    limits=limits, threads=threads)
+                    fast_lane=fast_lane, limits=limits, threads=threads)
     app = FastAPI(title="vaswani", description=__doc__.split("\n\n")[0])
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))

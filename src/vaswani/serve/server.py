@@ -59,11 +59,13 @@ class Server:
     """The loaded runs, their engines and workers, and the limits."""
 
     def __init__(self, runs: dict[str, Run], *, max_batch: int, max_wait_ms: float,
-                 max_queue: int, limits: Limits, threads: int | None = None) -> None:
+                 max_queue: int, limits: Limits, threads: int | None = None,
+                 fast_lane: int | None = None) -> None:
         """``threads``: PyTorch's threads in the models' thread (default: as many as this
         thread has)."""
         self.runs, self.limits = runs, limits
-        self.engines = {name: run.new_engine(EngineConfig(max_rows=max_batch))
+        engine = EngineConfig(max_rows=max_batch, fast_lane=fast_lane)
+        self.engines = {name: run.new_engine(engine)
                         for name, run in runs.items() if run.decodes}
         self.loop = EngineLoop(self.engines, max_queue=max_queue, threads=threads)
         self.workers = {name: Worker(name, self._handlers(run), max_batch=max_batch,
