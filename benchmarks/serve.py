@@ -340,6 +340,10 @@ def main() -> None:
                          f"{r['tokens_per_s']} tokens/s, first token p50 "
                          f"{r['first_token_p50_s']} s (alone {r['first_token_alone_s']} s: "
                          f"{ratio}x)"))
+        if "rounds" in r:
+            rows.append((f"mixed, {name}: every round, tokens/s; short request among long / "
+                          "alone", "; ".join(f"{x['tokens_per_s']}, {x['short_ratio']}x"
+                                            for x in r["rounds"])))
         s = r["short_among_long"]
         rows.append((f"mixed, {name}: an 8-token request among 31 long ones",
                      f"{s['among_long_s']} s vs {s['alone_s']} s alone ({s['ratio']}x)"))

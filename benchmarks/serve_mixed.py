@@ -331,6 +331,15 @@ def measure(runs: dict[str, Path], checkout: Path | None, plan: list, max_batch:
     return out
 
 
+def in_brief(out: dict) -> dict:
+    """A round's figures that vary from one server process to the next: its tokens/s, and
+    the first token's and the short request's times under load and alone."""
+    short = out["short_among_long"]
+    return {"tokens_per_s": out["tokens_per_s"],
+            "first_token_s": [out["first_token_p50_s"], out["first_token_alone_s"]],
+            "short_s": [short["among_long_s"], short["alone_s"]], "short_ratio": short["ratio"]}
+
+
 def run(work: Path, translator: Path, text: Path, sentences: list[str], baseline: str | None,
         rounds: int, per_client: int) -> dict:
     if baseline:  # runs written by the baseline's code, which this code reads too
@@ -341,12 +350,16 @@ def run(work: Path, translator: Path, text: Path, sentences: list[str], baseline
     plan = workload(sentences, 32, per_client)
     contenders = {"engine": None, **({"baseline": Path(baseline)} if baseline else {})}
     best: dict[str, dict] = {}
+    every: dict[str, list] = {name: [] for name in contenders}
     for _ in range(rounds):
         for name in reversed(contenders):  # the baseline first in each round
             out = measure(runs, contenders[name], plan, max_batch=32)
             print(f"mixed, {name}: {out}", flush=True)
+            every[name].append(in_brief(out))
             if name not in best or out["tokens_per_s"] > best[name]["tokens_per_s"]:
                 best[name] = out
+    for name in contenders:  # the best round's figures, and every round's in brief
+        best[name]["rounds"] = every[name]
     if "baseline" in best:
         best["engine_over_baseline"] = round(best["engine"]["tokens_per_s"]
                                              / best["baseline"]["tokens_per_s"], 2)

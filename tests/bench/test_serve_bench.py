@@ -59,3 +59,12 @@ def test_the_time_in_the_engine_is_read_from_metrics_and_is_part_of_the_clients(
     assert engine_time(after, after, 8) is None  # none finished between
     assert 0 < per_token_time(before, after) < engine_time(before, after, 8) / 7
     assert per_token_time(after, after) is None
+
+
+def test_each_round_is_kept_in_brief_beside_the_best():
+    from benchmarks.serve_mixed import in_brief
+
+    out = {"tokens_per_s": 1077.4, "first_token_p50_s": 0.026, "first_token_alone_s": 0.015,
+           "short_among_long": {"alone_s": 0.02, "among_long_s": 0.075, "ratio": 3.69}}
+    assert in_brief(out) == {"tokens_per_s": 1077.4, "first_token_s": [0.026, 0.015],
+                             "short_s": [0.075, 0.02], "short_ratio": 3.69}
