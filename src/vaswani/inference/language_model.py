@@ -155,13 +155,14 @@ class TextStream:
 
     A token's text is decoded from the few tokens since the text was last whole, not from
     the whole output: decoding it all for every token costs each token the output's length
-    (2 ms of a 32-row decode step at 250 tokens, ``python -m benchmarks.serve --parts
-    mixed``). The new text is that of ``ids[start:]`` less that of ``ids[start:read]``:
-    ``read`` is where the text was last whole, and ``start`` the read point before it, kept
-    as context for tokenizers whose text of a token depends on the token before it (a
-    SentencePiece word's leading space), as vLLM's detokenizer does. A stop string is looked
-    for where a new one can be: ending in the new text. ``finish()`` decodes the whole output
-    once, so that ``text`` ends as decoding it at once gives."""
+    (with a byte-level BPE tokenizer, 97 us a token at 2,000 tokens against 3.7 us this
+    way; a 32-row decode step makes 32 of them). The new text is that of ``ids[start:]``
+    less that of ``ids[start:read]``: ``read`` is where the text was last whole, and
+    ``start`` the read point before it, kept as context for tokenizers whose text of a token
+    depends on the token before it (a SentencePiece word's leading space), as vLLM's
+    detokenizer does. A stop string is looked for where a new one can be: ending in the new
+    text. ``finish()`` decodes the whole output once, so that ``text`` ends as decoding it
+    at once gives."""
 
     def __init__(self, tokenizer, stop: list[str] | tuple[str, ...] = ()) -> None:
         self.tokenizer, self.stop = tokenizer, list(stop)

@@ -64,8 +64,8 @@ class Server:
         """``threads``: PyTorch's threads in the models' thread (default: as many as this
         thread has)."""
         self.runs, self.limits = runs, limits
-        engine = EngineConfig(max_rows=max_batch, fast_lane=fast_lane)
-        self.engines = {name: run.new_engine(engine)
+        config = EngineConfig(max_rows=max_batch, fast_lane=fast_lane)
+        self.engines = {name: run.new_engine(config)
                         for name, run in runs.items() if run.decodes}
         self.loop = EngineLoop(self.engines, max_queue=max_queue, threads=threads)
         self.workers = {name: Worker(name, self._handlers(run), max_batch=max_batch,
