@@ -25,12 +25,21 @@ def cache_dir(args: argparse.Namespace) -> Path:
 
 def positive(text: str) -> int:
     """An argparse type: a whole number >= 1."""
+    return _at_least(text, 1)
+
+
+def nonnegative(text: str) -> int:
+    """An argparse type: a whole number >= 0."""
+    return _at_least(text, 0)
+
+
+def _at_least(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+        value = low - 1
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= {low}")
     return value
 
 

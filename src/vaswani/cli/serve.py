@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from .common import nonnegative
+
 
 def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
@@ -40,7 +42,7 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                         "(default 5)")
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
                    help="requests waiting per model before 503s (default 256)")
-    p.add_argument("--fast-lane", type=tokens, default=None, metavar="N",
+    p.add_argument("--fast-lane", type=nonnegative, default=None, metavar="N",
                    help="decode requests of at most N tokens at every step and, while they "
                         "run, the others at every other step, so that a short request among "
                         "long ones is not as slow per token as they are (0 = off; default 32 "
@@ -53,12 +55,6 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
 def port(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"port ({text}) must be a number in 1-65535")
-    return int(text)
-
-
-def tokens(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
     return int(text)
 
 

@@ -250,8 +250,10 @@ class Engine:
                 histories = self._pad([s.tokens[r.history_start:] for r, s in these])
             if rules.reads_generated:
                 outputs = self._pad([s.tokens[len(r.start):] for r, s in these])
-            lengths = torch.tensor([len(s.tokens) - len(r.start) for r, s in these],
-                                   device=self.device)
+            lengths = None  # min_length reads how many tokens each row has made
+            if rules.min_length:
+                lengths = torch.tensor([len(s.tokens) - len(r.start) for r, s in these],
+                                       device=self.device)
             where = index if at is None else [at[i] for i in index]
             scores[where] = rules.apply(scores[where], histories, outputs, eos_id=self.eos_id,
                                         pad_id=self.pad_id, lengths=lengths)
