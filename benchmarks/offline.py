@@ -9,10 +9,12 @@ CTranslate2 on the same exported model.
    by generation/decode.py ``generate_batch`` (the left-padded batch with a concatenating KV
    cache that serving used before the engine), alternating, best of four; outputs compared.
 2. 1,000 sentences (``vaswani translate``'s path: ``Translator.translate``), greedy and beam 4
-   (length penalty 0, the same length cap), against CTranslate2 ``translate_batch`` of the
-   run exported with ``vaswani export --format ct2``; 1,000 prompts (``generate_many``) against
-   ``generate_batch``, greedy. Each side runs twice, alternating, and its best time counts.
-   Outputs are compared (the algorithms agree, beam search included).
+   (length penalty 0, one length cap of 64 tokens), against CTranslate2 on the run exported
+   with ``vaswani export --format ct2``; 1,000 prompts (``generate_many``, 64 new tokens,
+   greedy) against its ``generate_batch``. Each engine runs in a process of its own, called as
+   its users call it (benchmarks/peers.py: CTranslate2 gets every input in one call and sorts
+   and batches them itself); they take turns twice and each keeps its best time. Outputs are
+   compared apart from the timing (the algorithms agree, beam search included).
 
 ``--projection`` only times the vocabulary projection's two weight layouts (``F.linear`` over
 the (V, D) weight, or a product with a (D, V) copy, as models/common.py ``OutputProjection``
@@ -47,6 +49,7 @@ from pathlib import Path
 import torch
 
 from .common import report
+from .peers import agreement, race
 from .serve import make_runs, sentence
 
 
@@ -88,53 +91,12 @@ def decode_step(quick: bool) -> dict:
             "same_outputs": outputs["engine"] == outputs["old"]}
 
 
-ROUNDS = 2  # each contender runs this many times, alternating; the best time counts
-
-
-def alternating(ours_fn, theirs_fn) -> tuple[list, float, list, float]:
-    """(our outputs, our best time, theirs, their best time) over ROUNDS alternating runs,
-    so that a change in the machine's load hits both sides alike."""
-    best = [float("inf"), float("inf")]
-    outs: list = [None, None]
-    for _ in range(ROUNDS):
-        for i, fn in enumerate((ours_fn, theirs_fn)):
-            start = time.perf_counter()
-            outs[i] = fn()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return outs[0], best[0], outs[1], best[1]
-
-
-def translations(run, ct2, sources: list[str]) -> dict:
-    out, n = {}, len(sources)
-    for beam in (1, 4):
-        ours, t_ours, theirs, t_ct2 = alternating(
-            lambda b=beam: run.translate(sources, beam=b, length_penalty=0.0),
-            lambda b=beam: ct2.translate(sources, beam=b, length_penalty=0.0))
-        row = {"per_s": {"vaswani": round(n / t_ours, 1), "ctranslate2": round(n / t_ct2, 1)},
-               "vaswani_over_ct2": round(t_ct2 / t_ours, 2)}
-        row["same_outputs"] = sum(a == b for a, b in zip(ours, theirs, strict=True)) / n
-        out[f"translate {n} sentences, beam {beam}"] = row
-    return out
-
-
-def continuations(run, ct2, prompts: list[str], tokens: int = 64) -> dict:
-    n = len(prompts)
-
-    def ours():
-        return run.generate_many(prompts, max_new_tokens=tokens, temperature=0)
-
-    outs, t_ours, theirs, t_ct2 = alternating(
-        ours, lambda: ct2.generate_many(prompts, max_new_tokens=tokens, temperature=0))
-    return {f"generate {n} prompts, greedy": {
-        "per_s": {"vaswani": round(n / t_ours, 1), "ctranslate2": round(n / t_ct2, 1)},
-        "vaswani_over_ct2": round(t_ct2 / t_ours, 2),
-        "same_outputs": sum(a == b for a, b in zip(outs, theirs, strict=True)) / n}}
-
-
-def against_ct2(work: Path, n: int, threads: int) -> dict:
-    import vaswani
+def against_ct2(work: Path, n: int, threads: int, rounds: int = 2) -> dict:
+    """The translator (greedy and beam 4, length penalty 0, one length cap of ``CAP`` tokens
+    on both sides: its effectively random weights run every output to the cap) and the
+    language model (64 new tokens, greedy) against CTranslate2 on their exports, each engine
+    in a process of its own (peers.py), alternating, best of ``rounds``; outputs compared."""
     from vaswani.export import export
-    from vaswani.inference.ct2 import CT2LanguageModel, CT2Translator
 
     runs = make_runs(work)
     rng = random.Random(3)
@@ -145,10 +107,36 @@ def against_ct2(work: Path, n: int, threads: int) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="vaswani-offline-"))
     for name, run_dir in runs.items():
         export(run_dir, "ct2", folder / name)
-    return {**translations(vaswani.load(runs["translator"]),
-                           CT2Translator(folder / "translator", threads=threads), sources),
-            **continuations(vaswani.load(runs["lm"]),
-                            CT2LanguageModel(folder / "lm", threads=threads), prompts)}
+    out = {}
+    for beam in (1, 4):
+        common = {"task": "translate", "inputs": sources, "threads": threads}
+        out[f"translate {n} sentences, beam {beam}"] = versus(race({
+            "vaswani": {**common, "engine": "vaswani", "model": str(runs["translator"]),
+                        "options": {"beam": beam, "length_penalty": 0.0, "max_len_a": 0.0,
+                                    "max_len_b": CAP}},
+            "ctranslate2": {**common, "engine": "ctranslate2",
+                            "model": str(folder / "translator"),
+                            "options": {"beam_size": beam, "length_penalty": 0.0,
+                                        "max_decoding_length": CAP}}}, rounds))
+    common = {"task": "generate", "inputs": prompts, "threads": threads}
+    out[f"generate {n} prompts, greedy"] = versus(race({
+        "vaswani": {**common, "engine": "vaswani", "model": str(runs["lm"]),
+                    "options": {"max_new_tokens": 64, "temperature": 0}},
+        "ctranslate2": {**common, "engine": "ctranslate2", "model": str(folder / "lm"),
+                        "options": {"max_length": 64}}}, rounds))
+    return out
+
+
+CAP = 64  # tokens a translation may have at most, on both sides
+
+
+def versus(raced: dict) -> dict:
+    ours, theirs = raced["vaswani"], raced["ctranslate2"]
+    return {"per_s": {"vaswani": ours["per_s"], "ctranslate2": theirs["per_s"]},
+            "rounds_s": {"vaswani": ours["rounds"], "ctranslate2": theirs["rounds"]},
+            "vaswani_over_ct2": round(theirs["seconds"] / ours["seconds"], 2),
+            "same_outputs": agreement(ours["outputs"], theirs["outputs"]),
+            "ctranslate2_settings": theirs["settings"]}
 
 
 def profile_row(work: Path, row: str = "lm", n: int = 300) -> dict:

@@ -1,0 +1,263 @@
+"""Each decoding engine in a process of its own, driven the way its own users drive it.
+
+    python -m benchmarks.peers JOB.json OUT.json     (what :func:`race` runs; not by hand)
+
+Why a process each: torch, CTranslate2 and ONNX Runtime each bring an OpenMP runtime, and on
+2 cores two of them in one process slow each other (CTranslate2 translating the demo model ran
+at 60-77 sentences/s after torch had run in the same process, 185-190 alone). This module
+imports nothing but the standard library at the top; each engine's child imports only that
+engine (the CTranslate2 and ONNX Runtime children check that torch is not loaded).
+
+How each engine is called:
+
+- ``vaswani``: ``vaswani.load(RUN).translate(texts, ...)`` / ``generate_many(prompts, ...)``,
+  the library's own call, with its defaults (what ``vaswani translate`` runs).
+- ``ctranslate2``: one ``translate_batch`` (``generate_batch``) call over every input, with
+  CTranslate2's own batching and sorting (``max_batch_size``, ``batch_type``: the settings
+  given, default 1,024 tokens as its documentation suggests for throughput), ``intra_threads``
+  = the threads given, and the options the export's README gives (``vaswani export --format
+  ct2`` writes it): ``min_decoding_length=0``, ``suppress_sequences`` of ``<pad>``/``<bos>``,
+  one ``max_decoding_length``. Tokens come from the ``tokenizers`` library (or, for a
+  character tokenizer, the characters), as a CTranslate2 user's own tokenizer would give them.
+- ``onnxruntime``: greedy decoding in numpy over ``encoder.onnx`` / ``decoder.onnx`` of
+  ``vaswani export --format onnx`` (ONNX Runtime has no search of its own), the whole input
+  one padded batch, ``intra_op_num_threads`` = the threads given.
+
+Each child loads its model, warms up on the first 16 inputs, then times one pass over all of
+them, text in and text out (tokenizing included), and writes its outputs and seconds.
+:func:`race` runs the children in alternation (a, b, a, b, ...) so a change in the machine's
+load hits every engine alike, keeps each engine's best time, and compares the outputs apart
+from the timing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WARMUP = 16  # inputs decoded before the timed pass (threads, allocations, first calls)
+
+
+# --- the parent ------------------------------------------------------------------------------
+
+def run_child(job: dict, timeout: float = 1800) -> dict:
+    """Run one job in a fresh ``python -m benchmarks.peers`` process; its result dict."""
+    with tempfile.TemporaryDirectory(prefix="vaswani-peer-") as tmp:
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        job_path.write_text(json.dumps(job))
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.peers", str(job_path),
+                               str(out_path)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the {job['engine']} child failed ({proc.returncode}):\n"
+                               f"{proc.stderr[-3000:]}")
+        return json.loads(out_path.read_text())
+
+
+def race(jobs: dict[str, dict], rounds: int = 2) -> dict[str, dict]:
+    """Each named job run ``rounds`` times, the jobs alternating; per name: its best seconds,
+    every round's seconds, inputs per second at the best, its outputs and settings."""
+    results: dict[str, dict] = {}
+    for _ in range(rounds):
+        for name, job in jobs.items():
+            out = run_child(job)
+            r = results.setdefault(name, {"rounds": [], "started": [],
+                                          "settings": out["settings"]})
+            r["rounds"].append(out["seconds"])
+            r["started"].append(out["started"])
+            r["outputs"] = out["outputs"]
+    for r in results.values():
+        r["seconds"] = min(r["rounds"])
+        r["per_s"] = round(len(r["outputs"]) / r["seconds"], 1)
+    return results
+
+
+def agreement(a: list, b: list) -> float:
+    """The share of inputs whose outputs are the same."""
+    return sum(x == y for x, y in zip(a, b, strict=True)) / max(1, len(a))
+
+
+# --- the children ----------------------------------------------------------------------------
+
+def _timed(fn, inputs: list) -> tuple[list, float]:
+    fn(inputs[:WARMUP])
+    start = time.perf_counter()
+    out = fn(inputs)
+    return out, time.perf_counter() - start
+
+
+def _vaswani(job: dict) -> tuple[list, float, dict]:
+    import torch
+
+    import vaswani
+
+    torch.set_num_threads(job["threads"])
+    run = vaswani.load(job["model"])
+    if job.get("dtype") == "bf16":
+        run.model.to(torch.bfloat16)
+    opts = job["options"]
+    if job["task"] == "translate":
+        def fn(texts):
+            return run.translate(texts, **opts)
+    else:
+        def fn(texts):
+            return run.generate_many(texts, **opts)
+    out, seconds = _timed(fn, job["inputs"])
+    return out, seconds, {"threads": torch.get_num_threads(), **opts}
+
+
+class _Tokenizer:
+    """The run's tokenizer as a CTranslate2 or ONNX Runtime user has it: Hugging Face
+    ``tokenizers`` for BPE, the characters for a character tokenizer (vaswani's JSON)."""
+
+    SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+
+    def __init__(self, folder: Path, side: str) -> None:
+        meta = json.loads((folder / "meta.json").read_text())
+        entry = meta.get(side) or meta["source"]
+        path = folder / entry["file"]
+        self.kind = entry["kind"]
+        if self.kind == "char":
+            self.itos = list(self.SPECIALS) + json.loads(path.read_text())["chars"]
+            self.stoi = {c: i for i, c in enumerate(self.itos)}
+        else:
+            from tokenizers import Tokenizer
+
+            self.hf = Tokenizer.from_file(str(path))
+
+    def tokens(self, text: str) -> list[str]:
+        if self.kind == "char":
+            return [c if c in self.stoi else "<unk>" for c in text]
+        return self.hf.encode(text).tokens
+
+    def ids(self, text: str) -> list[int]:
+        if self.kind == "char":
+            return [self.stoi.get(c, 3) for c in text]
+        return self.hf.encode(text).ids
+
+    def text(self, tokens: list[str]) -> str:
+        if self.kind == "char":
+            return "".join(t for t in tokens if t not in self.SPECIALS)
+        return self.hf.decode([self.hf.token_to_id(t) for t in tokens], skip_special_tokens=True)
+
+    def text_of_ids(self, ids: list[int]) -> str:
+        if self.kind == "char":
+            return self.text([self.itos[i] for i in ids])
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+
+def _no_torch(engine: str) -> None:
+    if "torch" in sys.modules:
+        raise RuntimeError(f"torch was imported in the {engine} child: its OpenMP runtime "
+                           "would slow the engine measured")
+
+
+def _ctranslate2(job: dict) -> tuple[list, float, dict]:
+    import ctranslate2
+
+    folder = Path(job["model"])
+    src = _Tokenizer(folder / "vaswani" / "tokenizer", "source")
+    tgt = _Tokenizer(folder / "vaswani" / "tokenizer", "target")
+    settings = {"max_batch_size": 1024, "batch_type": "tokens", **job.get("batching", {}),
+                "intra_threads": job["threads"], "compute_type": job.get("compute_type",
+                                                                           "default")}
+    never = [["<pad>"], ["<bos>"]]
+    opts = job["options"]
+    if job["task"] == "translate":
+        model = ctranslate2.Translator(str(folder), device="cpu", intra_threads=job["threads"],
+                                       compute_type=settings["compute_type"])
+
+        def fn(texts):
+            results = model.translate_batch(
+                [src.tokens(t) for t in texts], max_batch_size=settings["max_batch_size"],
+                batch_type=settings["batch_type"], beam_size=opts["beam_size"],
+                length_penalty=opts.get("length_penalty", 1.0), min_decoding_length=0,
+                max_decoding_length=opts["max_decoding_length"], suppress_sequences=never)
+            return [tgt.text(r.hypotheses[0]) for r in results]
+    else:
+        model = ctranslate2.Generator(str(folder), device="cpu", intra_threads=job["threads"],
+                                      compute_type=settings["compute_type"])
+
+        def fn(prompts):
+            results = model.generate_batch(
+                [src.tokens(p) or ["<bos>"] for p in prompts],
+                max_batch_size=settings["max_batch_size"], batch_type=settings["batch_type"],
+                max_length=opts["max_length"], sampling_topk=1, end_token="<eos>",
+                include_prompt_in_result=False, suppress_sequences=never)
+            return [tgt.text(r.sequences[0]) for r in results]
+    _no_torch("ctranslate2")
+    out, seconds = _timed(fn, job["inputs"])
+    _no_torch("ctranslate2")
+    return out, seconds, {**settings, **opts}
+
+
+def _onnxruntime(job: dict) -> tuple[list, float, dict]:
+    import tomllib
+
+    import numpy as np
+    import onnxruntime
+
+    folder = Path(job["model"])
+    config = tomllib.loads((folder / "vaswani" / "config.toml").read_text())
+    src = _Tokenizer(folder / "vaswani" / "tokenizer", "source")
+    tgt = _Tokenizer(folder / "vaswani" / "tokenizer", "target")
+    opts = onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = job["threads"]
+    sessions = [onnxruntime.InferenceSession(str(folder / name), opts,
+                                             providers=["CPUExecutionProvider"])
+                for name in ("encoder.onnx", "decoder.onnx")]
+    max_len, pad = config["model"]["max_len"], config["model"]["pad_id"]
+    a, b = config["decode"]["max_len_a"], config["decode"]["max_len_b"]
+    a, b = job["options"].get("max_len_a", a), job["options"].get("max_len_b", b)
+    BOS, EOS = 1, 2
+
+    def fn(texts):  # greedy, the whole input one padded batch, as vaswani would decode it
+        rows = [src.ids(t)[:max_len - 1] + [EOS] for t in texts]
+        ids = np.full((len(rows), max(map(len, rows))), pad, dtype=np.int64)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = r
+        keep = ids != pad
+        memory = sessions[0].run(None, {"input_ids": ids, "attention_mask": keep})[0]
+        limit = np.array([min(max_len - 1, int(a * len(r) + b)) for r in rows])
+        out = np.full((len(rows), 1), BOS, dtype=np.int64)
+        done = np.zeros(len(rows), dtype=bool)
+        for step in range(int(limit.max())):
+            logits = sessions[1].run(None, {"decoder_input_ids": out, "memory": memory,
+                                            "attention_mask": keep})[0][:, -1]
+            logits[:, [pad, BOS]] = -np.inf
+            nxt = np.where(done, pad, logits.argmax(-1))
+            done |= nxt == EOS
+            out = np.concatenate([out, nxt[:, None]], 1)
+            done |= step + 1 >= limit
+            if done.all():
+                break
+        texts_out = []
+        for row in out[:, 1:].tolist():
+            end = next((i for i, t in enumerate(row) if t in (EOS, pad)), len(row))
+            texts_out.append(tgt.text_of_ids(row[:end]))
+        return texts_out
+
+    _no_torch("onnxruntime")
+    out, seconds = _timed(fn, job["inputs"])
+    return out, seconds, {"intra_op_num_threads": job["threads"], "search": "greedy"}
+
+
+ENGINES = {"vaswani": _vaswani, "ctranslate2": _ctranslate2, "onnxruntime": _onnxruntime}
+
+
+def main() -> None:
+    job_path, out_path = sys.argv[1:3]
+    job = json.loads(Path(job_path).read_text())
+    started = time.time()
+    outputs, seconds, settings = ENGINES[job["engine"]](job)
+    Path(out_path).write_text(json.dumps({"outputs": outputs, "seconds": seconds,
+                                          "settings": settings, "started": started}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""benchmarks/peers.py: each engine runs in a child process of its own, as its users call it,
+and gives vaswani's outputs; the children take turns; no torch in a peer's process (timing is
+never asserted)."""
+
+import sys
+
+import pytest
+from benchmarks import peers
+
+import vaswani
+from vaswani.export import export
+
+pytest.importorskip("ctranslate2", reason="vaswani[export] is not installed")
+
+WORDS = ["abcdefghij", "jihgfedcba", "aabbcc", "j", "abcabcabcabcabc", "hello", "cab"]
+
+
+@pytest.fixture(scope="module")
+def copy_ct2(copy_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("peers") / "copy-ct2"
+    export(copy_run[0], "ct2", out)
+    return copy_run[0], out
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_ctranslate2_child_translates_as_vaswani_does(copy_ct2, beam):
+    """One translate_batch over every sentence (CTranslate2 sorts and batches), a character
+    tokenizer's characters as tokens: the same translations as vaswani's, with one cap."""
+    run_dir, folder = copy_ct2
+    run = vaswani.load(run_dir)
+    cap = run.config.model.max_len - 1
+    ours = run.translate(WORDS, beam=beam, length_penalty=0.0, max_len_a=0.0, max_len_b=cap)
+    result = peers.run_child({"engine": "ctranslate2", "task": "translate",
+                              "model": str(folder), "inputs": WORDS, "threads": 1,
+                              "options": {"beam_size": beam, "length_penalty": 0.0,
+                                          "max_decoding_length": cap}})
+    assert result["outputs"] == ours
+    assert result["seconds"] > 0
+    assert result["settings"]["batch_type"] == "tokens"  # its own batching, by tokens
+
+
+def test_ctranslate2_child_continues_prompts_as_vaswani_does(small_runs, tmp_path):
+    """A byte-level BPE language model: the tokenizers library's tokens in, greedy
+    continuations out, as vaswani's generate_many."""
+    run_dir, _ = small_runs["decoder"]
+    export(run_dir, "ct2", tmp_path / "lm")
+    prompts = ["to be or not", "question", "that is the"]
+    ours = vaswani.load(run_dir).generate_many(prompts, max_new_tokens=12, temperature=0)
+    result = peers.run_child({"engine": "ctranslate2", "task": "generate",
+                              "model": str(tmp_path / "lm"), "inputs": prompts, "threads": 1,
+                              "options": {"max_length": 12}})
+    assert result["outputs"] == ours
+
+
+def test_race_alternates_the_children_and_keeps_each_ones_best(copy_ct2):
+    run_dir, folder = copy_ct2
+    common = {"task": "translate", "inputs": WORDS[:3], "threads": 1}
+    raced = peers.race({
+        "vaswani": {**common, "engine": "vaswani", "model": str(run_dir),
+                    "options": {"beam": 1, "max_len_a": 0.0, "max_len_b": 31}},
+        "ctranslate2": {**common, "engine": "ctranslate2", "model": str(folder),
+                        "options": {"beam_size": 1, "max_decoding_length": 31}}}, rounds=2)
+    a, b = raced["vaswani"]["started"], raced["ctranslate2"]["started"]
+    assert a[0] < b[0] < a[1] < b[1]  # a, b, a, b: the machine's load hits both alike
+    for r in raced.values():
+        assert r["seconds"] == min(r["rounds"]) and len(r["rounds"]) == 2
+        assert r["per_s"] == round(3 / r["seconds"], 1)
+    assert peers.agreement(raced["vaswani"]["outputs"], raced["ctranslate2"]["outputs"]) == 1
+
+
+def test_a_peer_child_refuses_to_time_with_torch_loaded(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", sys.modules.get("torch", object()))
+    with pytest.raises(RuntimeError, match="torch was imported in the ctranslate2 child"):
+        peers._no_torch("ctranslate2")
+
+
+def test_a_failing_child_says_which_engine_and_why(tmp_path):
+    with pytest.raises(RuntimeError, match="the ctranslate2 child failed"):
+        peers.run_child({"engine": "ctranslate2", "task": "translate",
+                         "model": str(tmp_path / "missing"), "inputs": ["a"], "threads": 1,
+                         "options": {}})
+
+
+def test_agreement_is_the_share_of_equal_outputs():
+    assert peers.agreement(["a", "b", "c", "d"], ["a", "x", "c", "d"]) == 0.75
