@@ -79,6 +79,11 @@ def test_auto_backend_matches_sdpa_for_short_and_long_keys(dtype):
                              torch.ones(1, 1, 64, 8), 0.0)
     assert mha._use_sdpa(torch.ones(1, 1, 1, 8, dtype=torch.bfloat16),
                          torch.ones(1, 1, 513, 8), 0.0)
+    # fp32 decoding steps: many rows of few queries -> written out; a few rows -> SDPA
+    assert not mha._use_sdpa(torch.ones(256, 4, 1, 8), torch.ones(256, 4, 48, 8), 0.0)
+    assert not mha._use_sdpa(torch.ones(64, 4, 4, 8), torch.ones(64, 4, 40, 8), 0.0)
+    assert mha._use_sdpa(torch.ones(1, 4, 1, 8), torch.ones(1, 4, 100, 8), 0.0)
+    assert mha._use_sdpa(torch.ones(64, 4, 64, 8), torch.ones(64, 4, 64, 8), 0.0)  # training
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
@@ -100,3 +105,20 @@ def test_fast_dropout_equals_the_written_out_formula(dtype, p):
     a = module(x)
     torch.manual_seed(5)
     torch.testing.assert_close(a, module.reference(x))
+
+
+def test_auto_backend_on_a_decoding_step_equals_sdpa():
+    """A decoding step's shape (many rows of one query over padded keys, and a beam search's
+    four grouped queries per row) takes the written-out path on a CPU: the same outputs."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 4, backend="auto").eval()
+    for rows, queries, keys in [(256, 1, 48), (64, 4, 40)]:
+        q = torch.randn(rows, 4, queries, 8)
+        k, v = torch.randn(2, rows, 4, 80, 8)[:, :, :, :keys]  # a view of wider slots
+        mask = (torch.arange(keys) < torch.randint(1, keys + 1, (rows, 1)))[:, None, None]
+        assert not mha._use_sdpa(q, k, 0.0)
+        out, _ = mha.attend(q, k, v, mask)
+        mha.backend = "sdpa"
+        expected, _ = mha.attend(q, k, v, mask)
+        mha.backend = "auto"
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

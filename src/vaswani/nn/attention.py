@@ -10,12 +10,17 @@ Two interchangeable paths compute the same thing:
 * ``"sdpa"``: PyTorch's fused ``F.scaled_dot_product_attention`` (flash / memory-efficient
   kernels, memory linear in sequence length). Tests check the two agree.
 
-``"auto"`` (the default) picks per call: the reference path on a CPU for keys up to
-``AUTO_REFERENCE_MAX_KEYS`` long when the inputs are bf16 or attention dropout is active, SDPA
-otherwise. Measured on a 2-core CPU (docs/performance.md): PyTorch's CPU flash kernel is
-2-3x slower than the written-out matmuls for batched bf16 sequences up to 512 tokens, and with
-dropout it falls back to a slow path; past that length SDPA wins, and its memory grows
-linearly where the reference path's grows quadratically (benchmarks/scaling.py).
+``"auto"`` (the default) picks per call: on a CPU, for keys up to ``AUTO_REFERENCE_MAX_KEYS``
+long, the reference path when the inputs are bf16 or attention dropout is active, or when the
+call is a decoding step's (at most ``DECODE_QUERIES`` queries per row, over at least
+``DECODE_SCORES`` scores in all); SDPA otherwise. Measured on a 2-core CPU (docs/performance.md):
+PyTorch's CPU flash kernel is 2-3x slower than the written-out matmuls for batched bf16
+sequences up to 512 tokens, and with dropout it falls back to a slow path; for a decoding
+step of many rows (256 rows of one query over 48 keys, fp32: 0.27 ms against 0.40) or of a
+beam search's grouped queries (64 rows of 4 queries over 40 keys: 0.15 ms against 0.40) the
+written-out matmuls win too, while a step of a few rows is SDPA's (one row over 100 keys:
+12 us against 29). Past 512 keys SDPA wins, and its memory grows linearly where the
+reference path's grows quadratically (benchmarks/scaling.py).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from .kv_cache import KV
 from .rotary import apply_rope, rope_angles
 
 AUTO_REFERENCE_MAX_KEYS = 512
+DECODE_QUERIES = 16  # queries per row of a decoding step (a beam search's grouped queries)
+DECODE_SCORES = 8192  # scores (rows x heads x queries x keys) from which it pays on a CPU
 BACKENDS = ("auto", "sdpa", "reference")
 
 
@@ -171,6 +178,8 @@ class MultiHeadAttention(nn.Module):
     def _use_sdpa(self, q: Tensor, k: Tensor, dropout_p: float) -> bool:
         if self.backend != "auto":
             return self.backend == "sdpa"
-        short = k.size(-2) <= AUTO_REFERENCE_MAX_KEYS
-        slow_on_cpu = q.dtype == torch.bfloat16 or dropout_p > 0.0
-        return not (q.device.type == "cpu" and short and slow_on_cpu)
+        if q.device.type != "cpu" or k.size(-2) > AUTO_REFERENCE_MAX_KEYS:
+            return True
+        decoding = (q.size(-2) <= DECODE_QUERIES
+                    and q.size(0) * q.size(1) * q.size(-2) * k.size(-2) >= DECODE_SCORES)
+        return not (q.dtype == torch.bfloat16 or dropout_p > 0.0 or decoding)
