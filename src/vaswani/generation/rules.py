@@ -20,6 +20,7 @@ Padding never counts as an occurrence. Shapes: N rows, V vocabulary, T and G tok
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -33,7 +34,7 @@ class Rules:
     no_repeat_ngram_size: int = 0
     min_length: int = 0
 
-    @property
+    @cached_property  # read for every row of every engine step
     def active(self) -> bool:
         return self != Rules()
 
