@@ -116,7 +116,7 @@ class Engine:
             rules = p.rules
             request.beam = Beam(p.beam, request.limit, eos_id=self.eos_id,
                                 alpha=p.length_penalty, bounded=rules.presence_penalty >= 0
-                                and rules.frequency_penalty >= 0)
+                                and rules.frequency_penalty >= 0, n_best=p.n_best)
         self.scheduler.add(request)
         return request
 
