@@ -217,3 +217,38 @@ def test_bad_beam_arguments():
     with pytest.raises(ValueError, match="alpha"):
         beam_search(LMStepper(model("decoder")), 1, torch.tensor([3]), beam=2, bos_id=BOS,
                     eos_id=EOS, pad_id=PAD, alpha=-1)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+@pytest.mark.parametrize("n_best", [1, 2, 4])
+def test_a_beam_done_at_its_n_best_returns_what_searching_on_for_k_returns(alpha, n_best):
+    """A Beam stops once its n_best best are settled; one that searches on until K
+    hypotheses have finished (GNMT's rule, n_best = K) finds the same n_best, on random
+    log-probabilities, in as many steps or more."""
+    from vaswani.generation.search import Beam
+
+    K, V = 4, 9
+    for seed in range(40):
+        g = torch.Generator().manual_seed(seed)
+        runs = []
+        for n in (n_best, K):
+            beam = Beam(K, 12, eos_id=EOS, alpha=alpha, bounded=True, n_best=n)
+            g.manual_seed(seed)
+            scores, hist, steps = torch.zeros(1, dtype=torch.float64), [[]], 0
+            while not beam.done:
+                logp = torch.randn(len(hist), V, generator=g, dtype=torch.float64)
+                logp[:, EOS] += 1.5  # endings come often enough to matter
+                alive = beam.step(steps + 1, scores, logp.log_softmax(-1), hist)
+                steps += 1
+                hist = [hist[row] + [tok] for row, tok, _ in alive]
+                scores = torch.tensor([s for _, _, s in alive], dtype=torch.float64)
+            runs.append((beam.best(n_best), steps))
+        (early, early_steps), (late, late_steps) = runs
+        assert early == late and early_steps <= late_steps, seed
+
+
+def test_a_beam_refuses_more_hypotheses_returned_than_it_keeps():
+    from vaswani.generation.search import Beam
+
+    with pytest.raises(ValueError, match=r"n_best \(5\) must be between 1 and the beam \(4\)"):
+        Beam(4, 10, eos_id=EOS, alpha=0.0, bounded=True, n_best=5)

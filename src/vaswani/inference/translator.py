@@ -10,6 +10,8 @@ decoded as it would be alone.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..config import DecodeConfig
@@ -34,8 +36,8 @@ class Translator(Run):
     decodes = True
 
     def translate(self, texts: list[str], *, beam: int | None = None, n_best: int = 1,
-                  length_penalty: float | None = None, batch_size: int = 64, **controls
-                  ) -> list[str] | list[list[tuple[str, float]]]:
+                  length_penalty: float | None = None, batch_size: int | None = None,
+                  **controls) -> list[str] | list[list[tuple[str, float]]]:
         """Translate each text. ``beam=1`` is greedy. With ``n_best > 1``, each result is a
         list of (translation, score), best first. Empty texts give empty results.
         ``controls``: any ``[decode]`` option (``no_repeat_ngram_size``,
@@ -45,15 +47,20 @@ class Translator(Run):
         results = self.translations(texts, decode, batch_size=batch_size)
         return results if n_best > 1 else [best[0][0] for best in results]
 
-    def translations(self, texts: list[str], decode: DecodeConfig, *, batch_size: int = 64
-                     ) -> list[list[tuple[str, float]]]:
+    def translations(self, texts: list[str], decode: DecodeConfig, *,
+                     batch_size: int | None = None) -> list[list[tuple[str, float]]]:
         """The ``decode.n_best`` best (translation, score) of each text, best first; greedy
         when ``decode.beam == 1`` (score 0). An empty text gives ("", 0.0). At most
         ``batch_size`` texts are decoded together (the engine takes the next one in as one
-        finishes)."""
+        finishes); by default as many as the engine's rows hold (256 greedy, 64 with beam 4:
+        a step's cost on a CPU is mostly per operator, so more rows per step translate more
+        sentences a second: 1,102 test sentences of the demo model, greedy, 530 a second 64
+        at a time, 668 at 256)."""
         requests = self.requests(texts, decode)
         rows = max([1, *(r.params.beam for r in requests.values())])
-        with self.engine.rows(batch_size * rows):  # similar lengths in together: by length
+        limit = contextlib.nullcontext() if batch_size is None else \
+            self.engine.rows(batch_size * rows)
+        with limit:  # similar lengths in together: by length
             self.engine.run(sorted(requests.values(), key=lambda r: len(r.prompt)))
         return self.results(texts, requests, decode)
 
