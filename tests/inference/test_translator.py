@@ -20,7 +20,7 @@ def test_translate_fills_the_engines_rows_unless_batch_size_caps_them(copy_run, 
 
     runner.decode = counting
     together = run.translate(WORDS, beam=beam)
-    assert max(rows) == len(WORDS) * beam  # all 70 at once (256 rows fit), not 64 of them
+    assert max(rows) == len(WORDS) * beam  # all 70 at once (512 rows fit), not 64 of them
     rows.clear()
     assert run.translate(WORDS, beam=beam, batch_size=2) == together
     assert max(rows) == 2 * beam

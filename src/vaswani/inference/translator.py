@@ -52,10 +52,10 @@ class Translator(Run):
         """The ``decode.n_best`` best (translation, score) of each text, best first; greedy
         when ``decode.beam == 1`` (score 0). An empty text gives ("", 0.0). At most
         ``batch_size`` texts are decoded together (the engine takes the next one in as one
-        finishes); by default as many as the engine's rows hold (256 greedy, 64 with beam 4:
-        a step's cost on a CPU is mostly per operator, so more rows per step translate more
-        sentences a second: 1,102 test sentences of the demo model, greedy, 530 a second 64
-        at a time, 668 at 256)."""
+        finishes); by default as many as the engine's rows hold (512 greedy, 128 with beam
+        4: a small model's step costs a CPU about as much for many rows as for few, so more
+        rows per step translate more sentences a second: 1,102 test sentences of the demo
+        model, greedy, 2 cores, 530 a second 64 at a time, 668 at 256)."""
         requests = self.requests(texts, decode)
         rows = max([1, *(r.params.beam for r in requests.values())])
         limit = contextlib.nullcontext() if batch_size is None else \
