@@ -369,6 +369,27 @@ def test_prefill_rows_of_unlike_lengths_run_apart_shortest_first():
         assert r.output == alone(lm, p, params)
 
 
+def test_sources_of_unlike_lengths_are_encoded_apart_and_translate_as_alone():
+    """A step that admits sources of 3, 4, 30 and 32 tokens encodes them in two passes, short
+    ones together, long ones together (padding all to 32 would waste half the encoder's
+    work), and each translation is its reference decoder's."""
+    mt = model("encoder-decoder", max_len=64)
+    eng = engine(mt, max_rows=8)
+    passes = []
+    encode = eng.runner.encode
+    eng.runner.encode = lambda group: passes.append([len(r.prompt) for r in group]) or \
+        encode(group)
+    sources = [[5 + i % 7 for i in range(n)] + [EOS] for n in (29, 2, 31, 3)]
+    requests = [Request(s, Params(max_new_tokens=0), start=[BOS], history_start=1, limit=6)
+                for s in sources]
+    eng.run(requests)
+    assert passes == [[3, 4], [30, 32]]
+    for s, r in zip(sources, requests, strict=True):
+        src = torch.tensor([s], device=DEVICE)
+        assert r.output == greedy_decode(mt, src, bos_id=BOS, eos_id=EOS, max_len_a=0,
+                                         max_len_b=6)[0]
+
+
 def test_a_seed_out_of_range_is_refused_when_submitted():
     eng = engine(model("decoder"))
     with pytest.raises(ValueError, match=r"seed \(1180591620717411303424\) must be in"):

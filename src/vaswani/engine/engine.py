@@ -167,8 +167,8 @@ class Engine:
             self._finish(request, "error", finished)
         self.scheduler.failed.clear()
         self.cache.compact()
-        if plan.encode:
-            self.runner.encode(plan.encode)
+        for group in length_groups(plan.encode, lambda request: len(request.prompt)):
+            self.runner.encode(group)  # sources of like lengths together, as prefills
         for group in prefill_groups(plan.prefill):  # first tokens go out before the decode
             logits = self.runner.forward(group)
             due = []
@@ -369,19 +369,24 @@ class Engine:
 def prefill_groups(rows: list[tuple[Request, Sequence, int]], slack: int = 32
                    ) -> list[list[tuple[Request, Sequence, int]]]:
     """Prefill rows (each feeding ``n`` tokens) in groups that run as one padded forward
-    pass each, shortest first: a row joins the group before it while the padding that
-    costs stays within a quarter of the group's tokens and ``slack`` more. Prompts of 5 and
-    200 tokens padded together would compute 400 positions for 205 tokens; apart, 205, for
-    one more pass."""
-    groups: list[list[tuple[Request, Sequence, int]]] = []
+    pass each, shortest first (:func:`length_groups`)."""
+    return length_groups(rows, lambda row: row[2], slack)
+
+
+def length_groups(items: list, length, slack: int = 32) -> list[list]:
+    """``items`` in groups that run as one padded pass each, shortest first: an item joins the
+    group before it while the padding that costs stays within a quarter of the group's
+    tokens and ``slack`` more. Prompts of 5 and 200 tokens padded together would compute 400
+    positions for 205 tokens; apart, 205, for one more pass. ``length(item)``: its tokens."""
+    groups: list[list] = []
     tokens = 0
-    for row in sorted(rows, key=lambda row: row[2]):
-        n = row[2]  # the longest so far: the group is padded to it
+    for item in sorted(items, key=length):
+        n = length(item)  # the longest so far: the group is padded to it
         if groups and (len(groups[-1]) + 1) * n - (tokens + n) <= (tokens + n) // 4 + slack:
-            groups[-1].append(row)
+            groups[-1].append(item)
             tokens += n
         else:
-            groups.append([row])
+            groups.append([item])
             tokens = n
     return groups
 
