@@ -1,6 +1,6 @@
 """A trained translator and its exports side by side: test sacreBLEU and sentences/s of
-vaswani fp32 (and bf16 where this CPU runs bf16 natively), CTranslate2 fp32 and int8 (and ONNX
-Runtime, greedy, with ``--onnx``), greedy and beam 4.
+vaswani fp32, int8 (``--quantize int8``) and bf16 (where this CPU runs bf16 natively),
+CTranslate2 fp32 and int8 (and ONNX Runtime, greedy, with ``--onnx``), greedy and beam 4.
 
     python -m benchmarks.export RUN_DIR [--limit N] [--beams 1,4] [--rounds 2] [--onnx]
                                         [--json FILE]
@@ -78,6 +78,7 @@ def main() -> None:
                                  "options": ours}}
         if bf16:
             jobs["vaswani bf16"] = {**jobs["vaswani fp32"], "dtype": "bf16"}
+        jobs["vaswani int8"] = {**jobs["vaswani fp32"], "quantize": "int8"}
         jobs["CTranslate2 fp32"] = {**common, "engine": "ctranslate2", "model": str(tmp / "fp32"),
                                     "compute_type": "float32", "options": ct2}
         jobs["CTranslate2 int8"] = {**common, "engine": "ctranslate2", "model": str(tmp / "int8"),
@@ -105,16 +106,22 @@ def main() -> None:
 
     print(f"\n{len(sources)} test sentences, {threads} threads, length penalty "
           f"{args.length_penalty}, each engine in its own process, best of {args.rounds}\n")
+    int8 = {beam: results[f"vaswani int8, beam {beam}"]["sentences_per_s"]
+            / results[f"CTranslate2 int8, beam {beam}"]["sentences_per_s"]
+            for beam in {r["beam"] for r in results.values()}}
     print("| engine | beam | test BLEU | vs vaswani fp32 | sentences/s | vs CTranslate2 fp32 "
           "| same output as CTranslate2 fp32 |\n|---|---|---|---|---|---|---|")
     for r in results.values():
         print(f"| {r['engine']} | {r['beam']} | {r['bleu']:.2f} | "
               f"{r['bleu_vs_vaswani_fp32']:+.2f} | {r['sentences_per_s']:.1f} | "
               f"{r['speed_vs_ct2_fp32']:.2f}x | {r['same_as_ct2_fp32']:.1%} |")
+    for beam, ratio in sorted(int8.items()):
+        print(f"\nbeam {beam}: vaswani int8 / CTranslate2 int8 {ratio:.2f}x")
     if not bf16:
         print("\nvaswani bf16: not run, this CPU has no native bf16 (AVX512-BF16/AMX)")
     summary = {"run_dir": args.run_dir, "sentences": len(sources), "threads": threads,
                "length_penalty": args.length_penalty, "rounds": args.rounds,
+               "int8_over_ct2_int8": {str(b): round(r, 2) for b, r in sorted(int8.items())},
                "engines": results, "hardware": hardware()}
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")

@@ -11,7 +11,8 @@ engine (the CTranslate2 and ONNX Runtime children check that torch is not loaded
 How each engine is called:
 
 - ``vaswani``: ``vaswani.load(RUN).translate(texts, ...)`` / ``generate_many(prompts, ...)``,
-  the library's own call, with its defaults (what ``vaswani translate`` runs).
+  the library's own call, with its defaults (what ``vaswani translate`` runs); ``quantize``
+  as ``vaswani.load`` takes it.
 - ``ctranslate2``: one ``translate_batch`` (``generate_batch``) call over every input, with
   CTranslate2's own batching and sorting (``max_batch_size``, ``batch_type``: the settings
   given, default 1,024 tokens as its documentation suggests for throughput), ``intra_threads``
@@ -97,7 +98,7 @@ def _vaswani(job: dict) -> tuple[list, float, dict]:
     import vaswani
 
     torch.set_num_threads(job["threads"])
-    run = vaswani.load(job["model"])
+    run = vaswani.load(job["model"], quantize=job.get("quantize"))
     if job.get("dtype") == "bf16":
         run.model.to(torch.bfloat16)
     opts = job["options"]
@@ -108,7 +109,8 @@ def _vaswani(job: dict) -> tuple[list, float, dict]:
         def fn(texts):
             return run.generate_many(texts, **opts)
     out, seconds = _timed(fn, job["inputs"])
-    return out, seconds, {"threads": torch.get_num_threads(), **opts}
+    return out, seconds, {"threads": torch.get_num_threads(), "quantize": job.get("quantize"),
+                          **opts}
 
 
 class _Tokenizer:

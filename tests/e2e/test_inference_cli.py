@@ -195,3 +195,25 @@ def test_average_command_and_averaged_weights(copy_run, tmp_path, capsys, monkey
         assert main(["translate", str(run), "--weights", weights]) == 0
         outputs[weights] = capsys.readouterr().out
     assert outputs["averaged"] == outputs["best"] == "abcdefg\nhij\n"
+
+
+def test_quantize_int8_translates_from_python_and_the_cli(copy_run, tmp_path, capsys):
+    """--quantize int8 (vaswani.load(..., quantize="int8")): every linear layer int8, the
+    copy task still copied; a bad choice, CTranslate2 and a GPU are refused by name."""
+    from vaswani.nn.quantized import Int8Linear
+
+    run = vaswani.load(copy_run[0], quantize="int8")
+    assert any(isinstance(m, Int8Linear) for m in run.model.modules())
+    words = ["abcdefgh", "jjjaaabbbcc", "hello", "abcabc"]
+    fp32 = vaswani.load(copy_run[0]).translate(words, beam=2)
+    int8 = run.translate(words, beam=2)
+    assert sum(a == b for a, b in zip(int8, fp32, strict=True)) >= 3  # rounding may move one
+    inputs = tmp_path / "in.txt"
+    inputs.write_text("abcdefgh\n")
+    assert main(["translate", str(copy_run[0]), "--input", str(inputs), "--quantize",
+                 "int8"]) == 0
+    assert capsys.readouterr().out == "abcdefgh\n"
+    with pytest.raises(ValueError, match=r"quantize \('int4'\) must be one of int8"):
+        vaswani.load(copy_run[0], quantize="int4")
+    with pytest.raises(ValueError, match="a CTranslate2 export is quantized when it is made"):
+        vaswani.load(copy_run[0], engine="ct2", quantize="int8")

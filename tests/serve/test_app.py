@@ -337,3 +337,22 @@ def test_metrics_are_prometheus_text_with_the_engines_state(client):
     assert samples[("vaswani_time_to_first_token_seconds_count", "lm")] >= 1
     assert samples[("vaswani_time_per_output_token_seconds_count", "lm")] >= 1
     assert ("vaswani_requests_waiting", "clf") in samples  # an encoder's queue
+
+
+def test_vaswani_serve_quantize_reaches_every_runs_load(monkeypatch, capsys):
+    import vaswani.inference
+    from vaswani.cli import main
+
+    loaded = []
+
+    def load(run_dir, **kwargs):
+        loaded.append((run_dir, kwargs))
+        raise ValueError("stop before the server starts")
+
+    monkeypatch.setattr(vaswani.inference, "load", load)
+    assert main(["serve", "some-run", "--quantize", "int8"]) != 0
+    assert "stop before the server starts" in capsys.readouterr().err
+    assert loaded == [("some-run", {"device": "cpu", "quantize": "int8"})]
+    with pytest.raises(SystemExit):
+        main(["serve", "some-run", "--quantize", "int4"])
+    assert "invalid choice: 'int4'" in capsys.readouterr().err

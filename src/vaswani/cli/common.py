@@ -44,11 +44,12 @@ def _at_least(text: str, low: int) -> int:
 
 
 def load_run(args: argparse.Namespace):
-    """RUN_DIR loaded for use (--device, --weights, --engine)."""
+    """RUN_DIR loaded for use (--device, --weights, --engine, --quantize)."""
     from ..inference import load
 
     return load(args.run_dir, device=args.device, weights=args.weights,
-                engine=getattr(args, "engine", "vaswani"))
+                engine=getattr(args, "engine", "vaswani"),
+                quantize=getattr(args, "quantize", None))
 
 
 def read_lines(path: str | None) -> list[str]:

@@ -48,6 +48,8 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                         "long ones is not as slow per token as they are (0 = off; default 32 "
                         "on a CPU, where a step costs about its rows; off on a GPU)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    p.add_argument("--quantize", choices=["int8"],
+                   help="int8: every model's linear layers with int8 weights (a CPU only)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=serve)
 
@@ -86,7 +88,7 @@ def serve(args: argparse.Namespace) -> int:
     # back (it is the process's, not a thread's), and this thread runs none of their work.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    runs = {name: load(d, device=args.device)
+    runs = {name: load(d, device=args.device, quantize=args.quantize)
             for name, d in name_runs(args.run_dirs, args.name).items()}
     key = args.api_key or os.environ.get("VASWANI_API_KEY") or None
     app = create_app(runs, api_key=key, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,

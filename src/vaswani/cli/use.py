@@ -25,6 +25,9 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
         p.add_argument("--engine", choices=["vaswani", "ct2"], default="vaswani",
                        help="ct2: RUN_DIR is a folder written by `vaswani export --format ct2`"
                             ", run by CTranslate2 with the run's tokenizer (default vaswani)")
+        p.add_argument("--quantize", choices=["int8"],
+                       help="int8: the linear layers with int8 weights, activations quantized "
+                            "per call (a CPU only; faster, a little less exact)")
         p.add_argument("--repetition-penalty", type=float, metavar="P",
                        help="> 1 discourages tokens already in the output (1 = off)")
         p.add_argument("--no-repeat-ngram-size", type=int, metavar="N",

@@ -32,18 +32,23 @@ ENGINES = ("vaswani", "ct2")
 
 
 def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
-         engine: str = "vaswani"):
+         engine: str = "vaswani", quantize: str | None = None):
     """Load a run directory written by ``vaswani train`` (or ``vaswani import``) as the class
     of its task. ``weights``: ``"best"`` (model.safetensors), ``"last"`` (the latest
     checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``).
-    ``engine="ct2"``: ``run_dir`` is a CTranslate2 export, run by CTranslate2."""
+    ``engine="ct2"``: ``run_dir`` is a CTranslate2 export, run by CTranslate2.
+    ``quantize="int8"``: the linear layers with int8 weights, on a CPU (nn/quantized.py)."""
     if engine == "ct2":
+        if quantize:
+            raise ValueError("--quantize is vaswani's own; a CTranslate2 export is quantized "
+                             "when it is made: vaswani export RUN_DIR --format ct2 --quantize "
+                             "int8")
         from .ct2 import load as load_ct2
 
         return load_ct2(run_dir, device=device)
     if engine != "vaswani":
         raise ValueError(f"engine ({engine!r}) must be one of {', '.join(ENGINES)}")
-    return _load_run(run_dir, device=device, weights=weights)
+    return _load_run(run_dir, device=device, weights=weights, quantize=quantize)
 
 
 __all__ = ["Encoder", "LanguageModel", "Run", "Translator", "WrongModel", "load"]

@@ -33,6 +33,7 @@ from ..devices import resolve_device
 from ..engine import Engine, EngineConfig, Params
 from ..generation import Rules
 from ..models import build_model
+from ..nn.quantized import quantize_linears
 from ..tasks import Task, task_for
 
 
@@ -176,12 +177,22 @@ def owner_of(method: str) -> type[Run] | None:
     return owners[0] if owners else None
 
 
-def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best") -> Run:
+QUANTIZE = ("int8",)
+
+
+def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
+         quantize: str | None = None) -> Run:
     """Load a run directory written by ``vaswani train`` (or ``vaswani import``) as the use
     class of its task. ``weights``: ``"best"`` (model.safetensors), ``"last"`` (the latest
-    checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``)."""
+    checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``).
+    ``quantize="int8"``: every linear layer with int8 weights (nn/quantized.py; a CPU only)."""
     run_dir = Path(run_dir)
+    if quantize is not None and quantize not in QUANTIZE:
+        raise ValueError(f"quantize ({quantize!r}) must be one of {', '.join(QUANTIZE)}")
     dev = resolve_device(device)
+    if quantize and dev.type != "cpu":
+        raise ValueError(f"--quantize {quantize} runs on a CPU (PyTorch's int8 kernels); the "
+                         f"device asked for is {dev}")
     config = rundir.read_config(run_dir)
     task = task_for(config)
     use = Run.registry.get(task.name) or Run.registry[Task.for_arch[task.arch].name]
@@ -195,6 +206,8 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best") -> 
     model = build_model(config.model)
     checkpoint.load_weights(model, checkpoint.weights_path(run_dir, weights))
     model.to(dev).eval()
+    if quantize == "int8":
+        quantize_linears(model)
     return use(run_dir, config, model, source, target, labels, dev)
 
 

@@ -99,11 +99,18 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, Dh)
 
+    def _project(self, x: Tensor, start: int, stop: int) -> Tensor:
+        """x through output rows ``start:stop`` of ``in_proj`` (cross-attention projects its
+        queries and its memory apart)."""
+        if not isinstance(self.in_proj, nn.Linear):  # int8 (quantized.py): parts packed apart
+            return self.in_proj.rows(x, start, stop)
+        b = None if self.in_proj.bias is None else self.in_proj.bias[start:stop]
+        return F.linear(x, self.in_proj.weight[start:stop], b)
+
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of a cross-attention memory: (B, Hkv, Tk, Dh) each."""
-        w = self.in_proj.weight[self.q_dim:]
-        b = None if self.in_proj.bias is None else self.in_proj.bias[self.q_dim:]
-        k, v = F.linear(memory, w, b).split(self.kv_dim, dim=-1)
+        k, v = self._project(memory, self.q_dim, self.q_dim + 2 * self.kv_dim).split(
+            self.kv_dim, dim=-1)
         return self._split_heads(k, self.n_kv_heads), self._split_heads(v, self.n_kv_heads)
 
     def forward(self, x: Tensor, *, memory: Tensor | None = None, mask: Tensor | None = None,
@@ -138,10 +145,7 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, Hkv, T_cached + Tq, Dh)
         else:  # cross-attention: queries from x, keys and values from memory
-            w, b = self.in_proj.weight[: self.q_dim], None
-            if self.in_proj.bias is not None:
-                b = self.in_proj.bias[: self.q_dim]
-            q = self._split_heads(F.linear(x, w, b), self.n_heads)
+            q = self._split_heads(self._project(x, 0, self.q_dim), self.n_heads)
             if cache is not None and cache.k is not None:
                 k, v = cache.k, cache.v  # the memory does not change between steps
             elif memory is None:

@@ -1,0 +1,74 @@
+"""int8 linear layers (nn/quantized.py): PyTorch's fbgemm kernel equals the arithmetic written
+out, stays close to the float layer, serves multi-head attention's fused projection part by
+part, and quantize_linears reaches every linear layer of a model."""
+
+import pytest
+import torch
+from torch import nn
+
+from vaswani import ModelConfig, build_model
+from vaswani.nn import MultiHeadAttention
+from vaswani.nn.quantized import Int8Linear, quantize_linears, reference_int8_linear
+
+
+@pytest.mark.parametrize("shape", [(5, 64), (3, 7, 64), (1, 64)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_int8_kernel_equals_its_written_out_arithmetic(shape, bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48, bias=bias)
+    q = Int8Linear.of(linear)
+    for x in (torch.randn(shape), 3 * torch.randn(shape), torch.rand(shape)):  # signs, ranges
+        got = q(x)
+        torch.testing.assert_close(got, reference_int8_linear(x, q.qweight, q.bias),
+                                   rtol=1e-5, atol=1e-5)
+        # and near the float layer: a weight moves by half its row's step, x by half its own
+        err = (got - linear(x)).abs().max()
+        assert err < 0.02 * x.abs().max() * linear.weight.abs().sum(1).max()
+        assert got.shape == (*shape[:-1], 48)
+
+
+def test_rows_use_only_their_part_of_the_weight():
+    torch.manual_seed(0)
+    q = Int8Linear.of(nn.Linear(32, 96))
+    x = torch.randn(4, 32)
+    whole = q(x)
+    torch.testing.assert_close(q.rows(x, 32, 96), whole[:, 32:], rtol=0, atol=1e-6)
+    torch.testing.assert_close(q.rows(x, 0, 32), whole[:, :32], rtol=0, atol=1e-6)
+    assert set(q._packed) == {(0, 96), (32, 96), (0, 32)}  # each part packed once
+
+
+def test_cross_attention_through_an_int8_fused_projection():
+    """Cross-attention projects its queries and its memory with parts of in_proj: with int8
+    they are the parts of the int8 weight (the same as a float layer holding the dequantized
+    weight, up to the inputs' rounding)."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 4).eval()
+    x, memory = torch.randn(2, 3, 32), torch.randn(2, 5, 32)
+    want, _ = mha(x, memory=memory)
+    mha.in_proj, mha.out_proj = Int8Linear.of(mha.in_proj), Int8Linear.of(mha.out_proj)
+    got, _ = mha(x, memory=memory)
+    k, v = mha.project_kv(memory)
+    assert k.shape == v.shape == (2, 4, 5, 8)
+    assert (got - want).abs().max() < 0.05
+
+
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder", "encoder"])
+def test_quantize_linears_reaches_every_linear_layer(arch):
+    torch.manual_seed(0)
+    classes = {"n_classes": 3} if arch == "encoder" else {}
+    model = build_model(ModelConfig(arch=arch, vocab_size=40, d_model=32, n_heads=4, d_ff=64,
+                                    n_layers=2, dropout=0.0, max_len=32, **classes)).eval()
+    ids = torch.randint(3, 40, (2, 9))
+    with torch.no_grad():
+        want = model(ids, ids) if arch == "encoder-decoder" else model(ids)
+        quantize_linears(model)
+        got = model(ids, ids) if arch == "encoder-decoder" else model(ids)
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert sum(isinstance(m, Int8Linear) for m in model.modules()) > 0
+    assert (got - want).abs().max() < 0.1 * want.abs().max()
+
+
+def test_int8_refuses_a_model_off_the_cpu():
+    model = nn.Sequential(nn.Linear(4, 4)).to("meta")
+    with pytest.raises(ValueError, match="int8 runs on a CPU; the model is on meta"):
+        quantize_linears(model)
