@@ -12,14 +12,15 @@ Two interchangeable paths compute the same thing:
 
 ``"auto"`` (the default) picks per call: on a CPU, for keys up to ``AUTO_REFERENCE_MAX_KEYS``
 long, the reference path when the inputs are bf16 or attention dropout is active, or when the
-call is a decoding step's (at most ``DECODE_QUERIES`` queries per row, over at least
-``DECODE_SCORES`` scores in all); SDPA otherwise. Measured on a 2-core CPU (docs/performance.md):
-PyTorch's CPU flash kernel is 2-3x slower than the written-out matmuls for batched bf16
-sequences up to 512 tokens, and with dropout it falls back to a slow path; for a decoding
-step of many rows (256 rows of one query over 48 keys, fp32: 0.27 ms against 0.40) or of a
-beam search's grouped queries (64 rows of 4 queries over 40 keys: 0.15 ms against 0.40) the
-written-out matmuls win too, while a step of a few rows is SDPA's (one row over 100 keys:
-12 us against 29). Past 512 keys SDPA wins, and its memory grows linearly where the
+call is a decoding step's over short keys (at most ``DECODE_QUERIES`` queries per row and
+``DECODE_MAX_KEYS`` keys, at least ``DECODE_SCORES`` scores in all); SDPA otherwise. Measured
+on a 2-core CPU (docs/performance.md): PyTorch's CPU flash kernel is 2-3x slower than the
+written-out matmuls for batched bf16 sequences up to 512 tokens, and with dropout it falls
+back to a slow path; for a decoding step of many rows over short keys (fp32, 256 rows of one
+query over 48 keys: 0.27 ms against 0.40; a beam search's 4 grouped queries, 64 rows over 40
+keys: 0.15 ms against 0.40) the written-out matmuls win too, while a step of a few rows (one
+row over 100 keys: 12 us against 29) or over long keys (32 rows over 220 keys: 0.23 ms
+against 0.21) is SDPA's. Past 512 keys SDPA wins, and its memory grows linearly where the
 reference path's grows quadratically (benchmarks/scaling.py).
 """
 
@@ -39,6 +40,7 @@ from .rotary import apply_rope, rope_angles
 AUTO_REFERENCE_MAX_KEYS = 512
 DECODE_QUERIES = 16  # queries per row of a decoding step (a beam search's grouped queries)
 DECODE_SCORES = 8192  # scores (rows x heads x queries x keys) from which it pays on a CPU
+DECODE_MAX_KEYS = 128  # keys up to which it pays (longer: SDPA reads them faster)
 BACKENDS = ("auto", "sdpa", "reference")
 
 
@@ -184,6 +186,6 @@ class MultiHeadAttention(nn.Module):
             return self.backend == "sdpa"
         if q.device.type != "cpu" or k.size(-2) > AUTO_REFERENCE_MAX_KEYS:
             return True
-        decoding = (q.size(-2) <= DECODE_QUERIES
+        decoding = (q.size(-2) <= DECODE_QUERIES and k.size(-2) <= DECODE_MAX_KEYS
                     and q.size(0) * q.size(1) * q.size(-2) * k.size(-2) >= DECODE_SCORES)
         return not (q.dtype == torch.bfloat16 or dropout_p > 0.0 or decoding)
