@@ -14,7 +14,8 @@ CTranslate2 on the same exported model.
    greedy) against its ``generate_batch``. Each engine runs in a process of its own, called as
    its users call it (benchmarks/peers.py: CTranslate2 gets every input in one call and sorts
    and batches them itself); they take turns twice and each keeps its best time. Outputs are
-   compared apart from the timing (the algorithms agree, beam search included).
+   compared apart from the timing (the algorithms agree, beam search included). The same
+   rows again in int8: vaswani's ``quantize="int8"`` against CTranslate2's int8 export.
 
 ``--projection`` only times the vocabulary projection's two weight layouts (``F.linear`` over
 the (V, D) weight, or a product with a (D, V) copy, as models/common.py ``OutputProjection``
@@ -91,11 +92,14 @@ def decode_step(quick: bool) -> dict:
             "same_outputs": outputs["engine"] == outputs["old"]}
 
 
-def against_ct2(work: Path, n: int, threads: int, rounds: int = 2) -> dict:
+def against_ct2(work: Path, n: int, threads: int, rounds: int = 2,
+                precisions: tuple[str, ...] = ("fp32", "int8")) -> dict:
     """The translator (greedy and beam 4, length penalty 0, one length cap of ``CAP`` tokens
     on both sides: its effectively random weights run every output to the cap) and the
-    language model (64 new tokens, greedy) against CTranslate2 on their exports, each engine
-    in a process of its own (peers.py), alternating, best of ``rounds``; outputs compared."""
+    language model (64 new tokens, greedy) against CTranslate2 on their exports, in float32
+    and in int8 (vaswani's ``quantize="int8"``, CTranslate2's int8 export and compute type),
+    each engine in a process of its own (peers.py), alternating, best of ``rounds``; outputs
+    compared (int8 rounds differently in the two engines: their outputs may differ)."""
     from vaswani.export import export
 
     runs = make_runs(work)
@@ -105,25 +109,30 @@ def against_ct2(work: Path, n: int, threads: int, rounds: int = 2) -> dict:
     # CTranslate2 cannot slide its window, vaswani would (and the outputs would differ)
     prompts = [sentence(rng, 3, 12)[:60] for _ in range(n)]
     folder = Path(tempfile.mkdtemp(prefix="vaswani-offline-"))
-    for name, run_dir in runs.items():
-        export(run_dir, "ct2", folder / name)
     out = {}
-    for beam in (1, 4):
-        common = {"task": "translate", "inputs": sources, "threads": threads}
-        out[f"translate {n} sentences, beam {beam}"] = versus(race({
-            "vaswani": {**common, "engine": "vaswani", "model": str(runs["translator"]),
-                        "options": {"beam": beam, "length_penalty": 0.0, "max_len_a": 0.0,
-                                    "max_len_b": CAP}},
-            "ctranslate2": {**common, "engine": "ctranslate2",
-                            "model": str(folder / "translator"),
-                            "options": {"beam_size": beam, "length_penalty": 0.0,
-                                        "max_decoding_length": CAP}}}, rounds))
-    common = {"task": "generate", "inputs": prompts, "threads": threads}
-    out[f"generate {n} prompts, greedy"] = versus(race({
-        "vaswani": {**common, "engine": "vaswani", "model": str(runs["lm"]),
-                    "options": {"max_new_tokens": 64, "temperature": 0}},
-        "ctranslate2": {**common, "engine": "ctranslate2", "model": str(folder / "lm"),
-                        "options": {"max_length": 64}}}, rounds))
+    for precision in precisions:
+        quantize = "int8" if precision == "int8" else None
+        for name, run_dir in runs.items():
+            export(run_dir, "ct2", folder / precision / name, quantize=quantize)
+        ours = {"engine": "vaswani", "quantize": quantize, "threads": threads}
+        theirs = {"engine": "ctranslate2", "threads": threads,
+                  "compute_type": "int8" if quantize else "float32"}
+        for beam in (1, 4):
+            common = {"task": "translate", "inputs": sources}
+            out[f"translate {n} sentences, beam {beam}, {precision}"] = versus(race({
+                "vaswani": {**common, **ours, "model": str(runs["translator"]),
+                            "options": {"beam": beam, "length_penalty": 0.0,
+                                        "max_len_a": 0.0, "max_len_b": CAP}},
+                "ctranslate2": {**common, **theirs,
+                                "model": str(folder / precision / "translator"),
+                                "options": {"beam_size": beam, "length_penalty": 0.0,
+                                            "max_decoding_length": CAP}}}, rounds))
+        common = {"task": "generate", "inputs": prompts}
+        out[f"generate {n} prompts, greedy, {precision}"] = versus(race({
+            "vaswani": {**common, **ours, "model": str(runs["lm"]),
+                        "options": {"max_new_tokens": 64, "temperature": 0}},
+            "ctranslate2": {**common, **theirs, "model": str(folder / precision / "lm"),
+                            "options": {"max_length": 64}}}, rounds))
     return out
 
 
@@ -171,10 +180,11 @@ def profile_row(work: Path, row: str = "lm", n: int = 300) -> dict:
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
     kinds = {"linear layers (addmm, mm)": lambda k: k in ("aten::addmm", "aten::mm"),
-             "attention (SDPA)": lambda k: "scaled_dot_product" in k,
-             "KV cache writes and copies (index_put, index)":
+             "attention (SDPA, or written out: bmm, softmax)":
+                 lambda k: "scaled_dot_product" in k or k in ("aten::bmm", "aten::_softmax"),
+             "KV cache writes and copies (index_put, index, index_copy)":
                  lambda k: k in ("aten::index_put_", "aten::_index_put_impl_", "aten::index",
-                                 "aten::index_select"),
+                                 "aten::index_select", "aten::index_copy_"),
              "choosing tokens (argmax, log-softmax, top-k)":
                  lambda k: k in ("aten::argmax", "aten::_log_softmax", "aten::topk")}
     shares = {kind: sum(e.self_cpu_time_total for e in events if match(e.key)) / total
