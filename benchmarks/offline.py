@@ -4,6 +4,7 @@ CTranslate2 on the same exported model.
     python -m benchmarks.offline [--quick] [--json OUT.json] [--work DIR] [--profile [ROW]]
     python -m benchmarks.offline --projection [--json OUT.json]
     python -m benchmarks.offline --burst [--json OUT.json]
+    python -m benchmarks.offline --attention [--json OUT.json]
 
 1. A decode step: 32 prompts of 5-60 tokens continued by 64 tokens, greedy, by the engine and
    by generation/decode.py ``generate_batch`` (the left-padded batch with a concatenating KV
@@ -25,6 +26,10 @@ does on a CPU) with the weight out of the cache, for three vocabularies and 1, 8
 (the shakespeare-char preset's shape, ``max_len`` 512), with engine.py ``prefill_groups``
 (rows of like lengths in separate passes, shortest first) and with every row in one padded
 pass, alternating, four rounds; outputs compared.
+
+``--attention`` only times a decoding step's attention by SDPA and written out (the choice
+nn/attention.py's ``auto`` makes on a CPU) for four shapes: many rows over short keys, a beam
+search's grouped queries, one row, and rows over long keys.
 
 ``--profile [lm|translate|beam]`` runs only torch.profiler over the LM row (300 prompts),
 greedy translation or beam-4 translation (300 sentences) and prints the share of the linear
@@ -227,6 +232,41 @@ def projection_layouts(shapes=SHAPES, rows=(1, 8, 64), repeats: int = 5) -> dict
     return out
 
 
+ATTENTION_SHAPES = [(256, 1, 48, 32), (64, 4, 40, 32), (1, 1, 100, 64), (32, 1, 220, 64)]
+
+
+def decode_attention(shapes=ATTENTION_SHAPES, heads: int = 4, repeats: int = 5,
+                     calls: int = 50) -> dict:
+    """A decoding step's attention, fp32, by PyTorch's SDPA and written out (nn/attention.py
+    ``scaled_dot_product_attention``), for (rows, queries per row, keys, head dim): the keys
+    a view of slots 176 wide, as the engine's cache holds them, a padding mask per row;
+    alternating, best of ``repeats`` x ``calls``; outputs checked equal."""
+    import torch.nn.functional as F
+
+    from vaswani.nn.attention import scaled_dot_product_attention
+
+    out = {}
+    for rows, queries, keys, dh in shapes:
+        k, v = torch.randn(2, rows, heads, max(176, keys), dh)[:, :, :, :keys]
+        q = torch.randn(rows, heads, queries, dh)
+        mask = (torch.arange(keys) < torch.randint(1, keys + 1, (rows, 1)))[:, None, None]
+        ways = [lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                lambda q, k, v, m: scaled_dot_product_attention(q, k, v, m)[0]]
+        torch.testing.assert_close(ways[0](q, k, v, mask), ways[1](q, k, v, mask),
+                                   rtol=1e-4, atol=1e-4)
+        best = [float("inf"), float("inf")]
+        for _ in range(repeats):
+            for i, fn in enumerate(ways):
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn(q, k, v, mask)
+                best[i] = min(best[i], (time.perf_counter() - start) / calls)
+        out[f"{rows} rows x {queries} queries, {keys} keys, head dim {dh}"] = {
+            "sdpa_ms": round(best[0] * 1e3, 3), "written_out_ms": round(best[1] * 1e3, 3),
+            "written_out_over_sdpa": round(best[1] / best[0], 2)}
+    return out
+
+
 def prefill_burst(rounds: int = 4, n: int = 14, d_model: int = 256, layers: int = 4) -> dict:
     """The first step of an engine given ``n`` prompts of random lengths at once, its prefill
     rows grouped by length (``prefill_groups``) or all in one pass; milliseconds per round."""
@@ -279,7 +319,16 @@ def main() -> None:
                         help="only time the vocabulary projection's two weight layouts")
     parser.add_argument("--burst", action="store_true",
                         help="only time a burst's prefill step, rows grouped or in one pass")
+    parser.add_argument("--attention", action="store_true",
+                        help="only time a decoding step's attention, SDPA or written out")
     args = parser.parse_args()
+    if args.attention:
+        timed = decode_attention()
+        report("A decoding step's attention (fp32): written out / SDPA",
+               [(shape, f"{r['written_out_over_sdpa']}x ({r['written_out_ms']} ms / "
+                        f"{r['sdpa_ms']} ms)") for shape, r in timed.items()],
+               {"attention": timed}, args.json)
+        return
     if args.burst:
         burst = prefill_burst()
         report("A burst of 14 prompts: the step that prefills them",

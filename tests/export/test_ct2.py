@@ -195,10 +195,14 @@ def test_a_refused_export_leaves_out_as_it_was(small_runs, tmp_path, capsys):
 
 def test_output_length_is_capped_at_max_len_like_vaswanis(copy_export):
     """A source near max_len: the length rule (max_len_a * source + max_len_b) would pass the
-    position table; both engines stop at max_len instead of failing."""
+    position table; both engines stop at max_len instead of failing. Length penalty 0: the
+    two engines normalise by length differently (GNMT's ((5 + |y|) / 6) ** alpha against
+    CTranslate2's |y| ** alpha), so with the run's 0.6 their best hypotheses may differ where
+    the model is unsure, whatever the cap."""
     run, engine = copy_export
     long = ["abcdefghij" * 3, "jihgfedcba" * 2]
-    assert engine.translate(long, beam=4) == run.translate(long, beam=4)
+    assert engine.translate(long, beam=4, length_penalty=0.0) == \
+        run.translate(long, beam=4, length_penalty=0.0)
 
 
 @pytest.mark.parametrize("first", ["<eos>", "<bos>"])

@@ -99,8 +99,8 @@ class Beam:
     best finished one (log-probabilities only fall as a hypothesis grows, and with alpha >= 0
     the best it can reach is its score now divided by lp(limit)), or when its limit is
     reached. Searching on for K finished hypotheses, as GNMT does, changes none of the
-    ``n_best`` returned, and with ``n_best = 1`` it took the demo translator's beam-4 search
-    about a third more steps."""
+    ``n_best`` returned; with ``n_best = 1`` it decoded a seventh more rows in the demo
+    translator's beam-4 search (56,640 against 49,692 for 300 test verses)."""
 
     def __init__(self, beam: int, limit: int, *, eos_id: int, alpha: float,
                  bounded: bool, n_best: int = 1) -> None:

@@ -16,12 +16,13 @@ call is a decoding step's over short keys (at most ``DECODE_QUERIES`` queries pe
 ``DECODE_MAX_KEYS`` keys, at least ``DECODE_SCORES`` scores in all); SDPA otherwise. Measured
 on a 2-core CPU (docs/performance.md): PyTorch's CPU flash kernel is 2-3x slower than the
 written-out matmuls for batched bf16 sequences up to 512 tokens, and with dropout it falls
-back to a slow path; for a decoding step of many rows over short keys (fp32, 256 rows of one
-query over 48 keys: 0.27 ms against 0.40; a beam search's 4 grouped queries, 64 rows over 40
-keys: 0.15 ms against 0.40) the written-out matmuls win too, while a step of a few rows (one
-row over 100 keys: 12 us against 29) or over long keys (32 rows over 220 keys: 0.23 ms
-against 0.21) is SDPA's. Past 512 keys SDPA wins, and its memory grows linearly where the
-reference path's grows quadratically (benchmarks/scaling.py).
+back to a slow path; for a decoding step of many rows over short keys the written-out
+matmuls win too (fp32, 256 rows of one query over 48 keys: 0.27 ms against 0.39; a beam
+search's 4 grouped queries, 64 rows over 40 keys: 0.15 against 0.18), while a step of a few
+rows (one row over 100 keys: 29 us against 12) or over long keys (32 rows over 220: 0.19 ms
+both) is SDPA's (``python -m benchmarks.offline --attention``). Past 512 keys SDPA wins, and
+its memory grows linearly where the reference path's grows quadratically
+(benchmarks/scaling.py).
 """
 
 from __future__ import annotations
