@@ -2,7 +2,7 @@
 CTranslate2 on the same exported model.
 
     python -m benchmarks.offline [--quick] [--json OUT.json] [--work DIR] [--profile [ROW]]
-    python -m benchmarks.offline --projection [--json OUT.json]
+    python -m benchmarks.offline --linear [--json OUT.json]
     python -m benchmarks.offline --burst [--json OUT.json]
     python -m benchmarks.offline --attention [--json OUT.json]
 
@@ -18,9 +18,9 @@ CTranslate2 on the same exported model.
    compared apart from the timing (the algorithms agree, beam search included). The same
    rows again in int8: vaswani's ``quantize="int8"`` against CTranslate2's int8 export.
 
-``--projection`` only times the vocabulary projection's two weight layouts (``F.linear`` over
-the (V, D) weight, or a product with a (D, V) copy, as models/common.py ``OutputProjection``
-does on a CPU) with the weight out of the cache, for three vocabularies and 1, 8, 64 rows.
+``--linear`` only times a linear layer's two CPU inference paths: ``torch.nn.Linear`` (MKL) and
+nn/linear.py ``Linear`` (oneDNN over a reordered copy of the weight), for four weights and
+1-512 rows.
 
 ``--burst`` only times the step that prefills 14 prompts of 15-199 tokens arriving together
 (the shakespeare-char preset's shape, ``max_len`` 512), with engine.py ``prefill_groups``
@@ -184,7 +184,8 @@ def profile_row(work: Path, row: str = "lm", n: int = 300) -> dict:
         work_once(prompts)
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
-    kinds = {"linear layers (addmm, mm)": lambda k: k in ("aten::addmm", "aten::mm"),
+    kinds = {"linear layers (addmm, mm, oneDNN)":
+                 lambda k: k in ("aten::addmm", "aten::mm", "mkldnn::_linear_pointwise"),
              "attention (SDPA, or written out: bmm, softmax)":
                  lambda k: "scaled_dot_product" in k or k in ("aten::bmm", "aten::_softmax"),
              "KV cache writes and copies (index_put, index, index_copy)":
@@ -201,34 +202,42 @@ def profile_row(work: Path, row: str = "lm", n: int = 300) -> dict:
             "kernel_seconds": round(after.ru_stime - before.ru_stime, 2)}
 
 
-SHAPES = [(8000, 256), (32000, 2048), (50257, 768)]  # (V, D): the translator, LLaMA-2, GPT-2
+SHAPES = [(768, 256), (2000, 128), (8000, 256), (1536, 576)]  # (out, in) of a decode step
 
 
-def projection_layouts(shapes=SHAPES, rows=(1, 8, 64), repeats: int = 5) -> dict:
-    """The vocabulary projection's two layouts (models/common.py ``OutputProjection``):
-    ``F.linear`` with the (V, D) weight as stored, and a product with a (D, V) copy, each call
-    timed after writing 64 MB elsewhere (the weight leaves the cache, as in a decode step that
-    reads every layer's weights and keys in between), alternating, best of ``repeats``."""
+def linear_paths(shapes=SHAPES, rows=(1, 8, 64, 512), repeats: int = 5,
+                 calls: int = 20) -> dict:
+    """A linear layer's two CPU inference paths: ``torch.nn.Linear`` (``F.linear``: MKL) and
+    nn/linear.py ``Linear`` (oneDNN over the reordered copy of the weight where the product
+    is large enough, else ``F.linear``), fp32, in evaluation mode, for (out, in) weights of the
+    presets (a layer of the bible preset, the demo's and the bible preset's vocabulary
+    projections, a SmolLM2 feed-forward) at 1-512 rows; alternating, best of ``repeats`` x
+    ``calls``; the products checked equal."""
     import torch.nn.functional as F
 
-    flush = torch.zeros(16 * 1024 * 1024)
+    from vaswani.nn.linear import Linear
+
     out = {}
-    for V, D in shapes:
-        weight = torch.randn(V, D)
-        copy = weight.t().contiguous()
+    for o, i in shapes:
+        layer = Linear(i, o).eval()
+        torch_layer = torch.nn.Linear(i, o).eval()
+        torch_layer.load_state_dict(layer.state_dict())
         for n in rows:
-            x = torch.randn(n, D)
-            assert torch.allclose(F.linear(x, weight), x @ copy, rtol=1e-4, atol=1e-4)
-            best = [float("inf"), float("inf")]
-            for _ in range(repeats):
-                for i in range(2):
-                    flush.add_(1.0)
-                    start = time.perf_counter()
-                    _ = F.linear(x, weight) if i == 0 else x @ copy
-                    best[i] = min(best[i], time.perf_counter() - start)
-            out[f"{V} x {D}, {n} rows"] = {"linear_ms": round(best[0] * 1e3, 3),
-                                           "copy_ms": round(best[1] * 1e3, 3),
-                                           "linear_over_copy": round(best[0] / best[1], 2)}
+            x = torch.randn(n, i)
+            with torch.no_grad():
+                torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias),
+                                           rtol=1e-4, atol=1e-4)
+                ways = [torch_layer, layer]
+                best = [float("inf"), float("inf")]
+                for _ in range(repeats):
+                    for k, fn in enumerate(ways):
+                        start = time.perf_counter()
+                        for _ in range(calls):
+                            fn(x)
+                        best[k] = min(best[k], (time.perf_counter() - start) / calls)
+            out[f"{o} x {i}, {n} rows"] = {"f_linear_ms": round(best[0] * 1e3, 3),
+                                           "linear_ms": round(best[1] * 1e3, 3),
+                                           "f_linear_over_linear": round(best[0] / best[1], 2)}
     return out
 
 
@@ -315,8 +324,8 @@ def main() -> None:
     parser.add_argument("--profile", nargs="?", const="lm", choices=["lm", "translate", "beam"],
                         help="only profile one row (default lm; translate: greedy "
                         "translation; beam: beam 4): the share of each kind of operator")
-    parser.add_argument("--projection", action="store_true",
-                        help="only time the vocabulary projection's two weight layouts")
+    parser.add_argument("--linear", action="store_true",
+                        help="only time a linear layer's two CPU paths, F.linear and oneDNN")
     parser.add_argument("--burst", action="store_true",
                         help="only time a burst's prefill step, rows grouped or in one pass")
     parser.add_argument("--attention", action="store_true",
@@ -336,11 +345,12 @@ def main() -> None:
                + [("one pass / grouped (best)", f"{burst['one_pass_over_grouped']}x; same "
                    f"outputs: {burst['same_outputs']}")], {"burst": burst}, args.json)
         return
-    if args.projection:
-        layouts = projection_layouts()
-        report("The vocabulary projection: F.linear over the (V, D) weight / a (D, V) copy",
-               [(shape, f"{r['linear_over_copy']}x ({r['linear_ms']} ms / {r['copy_ms']} ms)")
-                for shape, r in layouts.items()], {"projection": layouts}, args.json)
+    if args.linear:
+        paths = linear_paths()
+        report("A linear layer on a CPU (fp32): torch.nn.Linear / nn/linear.py Linear",
+               [(shape, f"{r['f_linear_over_linear']}x ({r['f_linear_ms']} ms / "
+                        f"{r['linear_ms']} ms)") for shape, r in paths.items()],
+               {"linear": paths}, args.json)
         return
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-offline-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ def test_the_profile_splits_a_rows_time_into_shares(row, small_runs, copy_run, m
     profiled = offline.profile_row(tmp_path, row, n=8)
     assert profiled["seconds"] > 0 and profiled["minor_page_faults"] >= 0
     shares = profiled["shares"]
-    assert list(shares)[:3] == ["linear layers (addmm, mm)",
+    assert list(shares)[:3] == ["linear layers (addmm, mm, oneDNN)",
                                 "attention (SDPA, or written out: bmm, softmax)",
                                 "KV cache writes and copies (index_put, index, index_copy)"]
     assert all(0 <= share < 1 for share in shares.values())
@@ -22,13 +22,13 @@ def test_the_profile_splits_a_rows_time_into_shares(row, small_runs, copy_run, m
     assert abs(sum(shares.values()) - 1) < 0.01
 
 
-def test_the_projection_layouts_are_timed_on_equal_products():
-    """--projection: both layouts of each shape and row count, each timed (the products are
+def test_a_linear_layers_two_paths_are_timed_on_equal_products():
+    """--linear: both paths for each weight and row count, each timed (the products are
     checked equal inside)."""
-    rows = offline.projection_layouts(shapes=[(50, 16)], rows=(1, 4), repeats=2)
+    rows = offline.linear_paths(shapes=[(50, 16)], rows=(1, 4), repeats=1, calls=2)
     assert list(rows) == ["50 x 16, 1 rows", "50 x 16, 4 rows"]
     for r in rows.values():
-        assert r["linear_ms"] >= 0 and r["copy_ms"] >= 0 and r["linear_over_copy"] > 0
+        assert r["f_linear_ms"] >= 0 and r["linear_ms"] >= 0 and r["f_linear_over_linear"] > 0
 
 
 def test_a_bursts_prefill_is_timed_both_ways_with_the_same_outputs():

@@ -11,6 +11,7 @@ from ..config import ModelConfig
 from ..nn import masks
 from ..nn.kv_cache import KVCache
 from ..nn.layers import LayerOptions, LayerWeights
+from ..nn.linear import Linear
 from ..nn.norm import make_norm
 from ..nn.positional import Embeddings
 
@@ -36,33 +37,13 @@ def embeddings(c: ModelConfig, vocab_size: int) -> Embeddings:
                       type_vocab_size=c.type_vocab_size, norm=norm)
 
 
-class OutputProjection(nn.Linear):
-    """Linear(D, V) without bias: hidden states -> vocabulary scores.
-
-    Inference on a CPU multiplies by a (D, V) copy of the weight, made again whenever the
-    weight changes: MKL's product with the (V, D) matrix as stored, transposed (what
-    ``F.linear`` asks for), is 1.1-2.4x slower at the 1-64 rows of a decode step when the
-    weight is out of cache (``python -m benchmarks.offline --projection``, on an AVX2 CPU),
-    and this is the largest matrix of a small model (docs/performance.md section 7). The
-    price is V x D more memory while the copy lives. Training, other devices and tracing
-    (ONNX export) use the weight itself."""
+class OutputProjection(Linear):
+    """Linear(D, V) without bias: hidden states -> vocabulary scores. It is the largest matrix
+    of a small model; on a CPU, inference multiplies through nn/linear.py's reordered copy
+    of the weight, one row included (``python -m benchmarks.offline --linear``)."""
 
     def __init__(self, d_model: int, vocab_size: int) -> None:
         super().__init__(d_model, vocab_size, bias=False)
-        self._copy: Tensor | None = None
-        self._copy_of: tuple | None = None  # which weight, at which version, it copies
-
-    def forward(self, x: Tensor) -> Tensor:
-        w = self.weight
-        if (x.device.type != "cpu" or torch.is_grad_enabled()
-                or type(w.data) is not Tensor  # a sharded (DTensor) weight
-                or w.is_inference()  # made under inference_mode: it has no version to watch
-                or torch.jit.is_tracing() or torch.compiler.is_compiling()):
-            return super().forward(x)
-        key = (w.data_ptr(), w._version, w.dtype, w.shape)
-        if self._copy_of != key:
-            self._copy, self._copy_of = w.detach().t().contiguous(), key
-        return x @ self._copy
 
 
 def output_projection(c: ModelConfig, embed: Embeddings, vocab_size: int) -> nn.Linear:

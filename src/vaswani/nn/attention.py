@@ -12,17 +12,16 @@ Two interchangeable paths compute the same thing:
 
 ``"auto"`` (the default) picks per call: on a CPU, for keys up to ``AUTO_REFERENCE_MAX_KEYS``
 long, the reference path when the inputs are bf16 or attention dropout is active, or when the
-call is a decoding step's over short keys (at most ``DECODE_QUERIES`` queries per row and
-``DECODE_MAX_KEYS`` keys, at least ``DECODE_SCORES`` scores in all); SDPA otherwise. Measured
+call is a decoding step's (at most ``DECODE_QUERIES`` queries per row, at least
+``DECODE_SCORES`` scores in all); SDPA otherwise. Measured
 on a 2-core CPU (docs/performance.md): PyTorch's CPU flash kernel is 2-3x slower than the
 written-out matmuls for batched bf16 sequences up to 512 tokens, and with dropout it falls
-back to a slow path; for a decoding step of many rows over short keys the written-out
-matmuls win too (fp32, 256 rows of one query over 48 keys: 0.27 ms against 0.39; a beam
-search's 4 grouped queries, 64 rows over 40 keys: 0.15 against 0.18), while a step of a few
-rows (one row over 100 keys: 29 us against 12) or over long keys (32 rows over 220: 0.19 ms
-both) is SDPA's (``python -m benchmarks.offline --attention``). Past 512 keys SDPA wins, and
-its memory grows linearly where the reference path's grows quadratically
-(benchmarks/scaling.py).
+back to a slow path; for a decoding step of many rows the written-out matmuls win too, or
+tie (fp32, 256 rows of one query over 48 keys: 0.27 ms against 0.39; a beam search's 4
+grouped queries, 64 rows over 40 keys: 0.15 against 0.18; 32 rows over 220 keys: 0.19 ms
+both), while a step of a few rows is SDPA's (one row over 100 keys: 29 us against 12;
+``python -m benchmarks.offline --attention``). Past 512 keys SDPA wins, and its memory grows
+linearly where the reference path's grows quadratically (benchmarks/scaling.py).
 """
 
 from __future__ import annotations
@@ -36,12 +35,12 @@ from torch import Tensor, nn
 
 from .dropout import dropout
 from .kv_cache import KV
+from .linear import Linear
 from .rotary import apply_rope, rope_angles
 
 AUTO_REFERENCE_MAX_KEYS = 512
 DECODE_QUERIES = 16  # queries per row of a decoding step (a beam search's grouped queries)
 DECODE_SCORES = 8192  # scores (rows x heads x queries x keys) from which it pays on a CPU
-DECODE_MAX_KEYS = 128  # keys up to which it pays (longer: SDPA reads them faster)
 BACKENDS = ("auto", "sdpa", "reference")
 
 
@@ -95,8 +94,8 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.backend = backend
         self.rope_base = rope_base  # rotary positions on q and k (self-attention) when set
-        self.in_proj = nn.Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=bias)
-        self.out_proj = nn.Linear(self.q_dim, d_model, bias=bias)
+        self.in_proj = Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=bias)
+        self.out_proj = Linear(self.q_dim, d_model, bias=bias)
 
     def _split_heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape
@@ -104,11 +103,8 @@ class MultiHeadAttention(nn.Module):
 
     def _project(self, x: Tensor, start: int, stop: int) -> Tensor:
         """x through output rows ``start:stop`` of ``in_proj`` (cross-attention projects its
-        queries and its memory apart)."""
-        if not isinstance(self.in_proj, nn.Linear):  # int8 (quantized.py): parts packed apart
-            return self.in_proj.rows(x, start, stop)
-        b = None if self.in_proj.bias is None else self.in_proj.bias[start:stop]
-        return F.linear(x, self.in_proj.weight[start:stop], b)
+        queries and its memory apart; linear.py and quantized.py keep each part ready)."""
+        return self.in_proj.rows(x, start, stop)
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of a cross-attention memory: (B, Hkv, Tk, Dh) each."""
@@ -187,6 +183,6 @@ class MultiHeadAttention(nn.Module):
             return self.backend == "sdpa"
         if q.device.type != "cpu" or k.size(-2) > AUTO_REFERENCE_MAX_KEYS:
             return True
-        decoding = (q.size(-2) <= DECODE_QUERIES and k.size(-2) <= DECODE_MAX_KEYS
+        decoding = (q.size(-2) <= DECODE_QUERIES
                     and q.size(0) * q.size(1) * q.size(-2) * k.size(-2) >= DECODE_SCORES)
         return not (q.dtype == torch.bfloat16 or dropout_p > 0.0 or decoding)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .dropout import Dropout
+from .linear import Linear
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 GATED = {"swiglu": F.silu}
@@ -26,8 +27,8 @@ class FeedForward(nn.Module):
             raise ValueError(f"activation ({activation!r}) must be one of "
                              f"{sorted(ACTIVATIONS) + sorted(GATED)}")
         self.gated = activation in GATED
-        self.linear1 = nn.Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)
-        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.linear1 = Linear(d_model, 2 * d_ff if self.gated else d_ff, bias=bias)
+        self.linear2 = Linear(d_ff, d_model, bias=bias)
         self.activation = GATED[activation] if self.gated else ACTIVATIONS[activation]
         self.dropout = Dropout(dropout)
 

@@ -1,0 +1,84 @@
+"""nn/linear.py: a Linear's CPU inference path (oneDNN over a reordered copy of the weight,
+rows padded to a bucket) gives F.linear's outputs, whole or by parts, and is used only where
+it may be: no gradients, float32, a CPU."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vaswani.nn.linear import MIN_MACS, Linear, bucket, onednn_available
+
+pytestmark = pytest.mark.skipif(not onednn_available(), reason="no oneDNN in this PyTorch")
+
+
+@pytest.mark.parametrize("shape", [(1, 48), (3, 48), (600, 48), (2, 400, 48)])
+def test_the_cpu_path_equals_f_linear_whole_and_by_parts(shape):
+    torch.manual_seed(0)
+    linear = Linear(48, 96).eval()
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        whole = linear(x)
+        part = linear.rows(x, 32, 96)
+    torch.testing.assert_close(whole, F.linear(x, linear.weight, linear.bias))
+    torch.testing.assert_close(part, F.linear(x, linear.weight[32:], linear.bias[32:]))
+    assert whole.shape == (*shape[:-1], 96) and part.shape == (*shape[:-1], 64)
+    small = x.numel() // 48 * linear.weight.numel() < MIN_MACS  # keeps F.linear
+    assert set(linear._packed) == (set() if small else {(0, 96), (32, 96)})
+
+
+def test_padding_a_product_to_its_bucket_changes_no_row():
+    torch.manual_seed(0)
+    linear = Linear(32, 1000).eval()
+    x = torch.randn(145, 32)  # padded to 160 rows; its first 70 alone, to 96
+    with torch.no_grad():
+        assert torch.equal(linear(x)[:70], linear(x[:70]))
+    assert linear._packed
+    assert [bucket(m) for m in (1, 3, 17, 33, 65, 512, 513)] == [1, 4, 32, 64, 96, 512, 768]
+
+
+def test_training_and_other_dtypes_use_f_linear_and_get_gradients():
+    torch.manual_seed(0)
+    linear = Linear(16, 8).eval()
+    x = torch.randn(10, 16, requires_grad=True)
+    linear(x).sum().backward()  # gradients on: F.linear
+    assert linear.weight.grad is not None and x.grad is not None
+    assert linear._packed == {}
+    with torch.no_grad():
+        linear.train()(x)  # training mode: F.linear (a fused optimizer may change it unseen)
+    assert linear._packed == {}
+    double = Linear(16, 8).double().eval()
+    with torch.no_grad():
+        torch.testing.assert_close(double(x.double()), F.linear(x.double(), double.weight,
+                                                                double.bias))
+    assert double._packed == {}
+
+
+def test_a_changed_weight_is_reordered_again():
+    torch.manual_seed(0)
+    linear = Linear(16, 8).eval()
+    x = torch.randn(20000, 16)
+    with torch.no_grad():
+        before = linear(x)
+        linear.weight.mul_(2)  # in place: its version moves
+        torch.testing.assert_close(linear(x) - linear.bias, 2 * (before - linear.bias))
+
+
+def test_a_fused_optimizer_step_between_evaluations_is_seen():
+    """AdamW(fused=True), what training uses, writes the weight without moving its version
+    counter: going back to training mode drops the copy, so the next evaluation sees the
+    new weight."""
+    torch.manual_seed(0)
+    linear = Linear(16, 8)
+    optimizer = torch.optim.AdamW(linear.parameters(), lr=0.5, fused=True)
+    x = torch.randn(20000, 16)
+    for _ in range(3):
+        linear.train()
+        linear(x).square().sum().backward()
+        version = linear.weight._version
+        optimizer.step()
+        optimizer.zero_grad()
+        assert linear.weight._version == version  # the version alone would not tell
+        with torch.no_grad():
+            torch.testing.assert_close(linear.eval()(x), F.linear(x, linear.weight,
+                                                                  linear.bias))
+        assert linear._packed  # evaluated through the copy
