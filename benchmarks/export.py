@@ -7,8 +7,8 @@ CTranslate2 fp32 and int8 (and ONNX Runtime, greedy, with ``--onnx``), greedy an
 
 Every engine runs in a process of its own, called as its own users call it
 (benchmarks/peers.py says how): vaswani's ``translate``; CTranslate2's one ``translate_batch``
-over every sentence with its own sorting and batching (1,024 tokens a batch) and the options
-the export's README gives; ONNX Runtime's two graphs under a numpy greedy loop. The engines
+over every sentence with its own sorting and batching (each of ``peers.CT2_BATCHINGS``, its
+fastest kept) and the options the export's README gives; ONNX Runtime's two graphs under a numpy greedy loop. The engines
 take turns, ``--rounds`` times, and each keeps its best time. The sentences are the run's test
 split. ``--length-penalty`` (default 0) is given to every engine: with 0 vaswani's GNMT
 penalty and CTranslate2's are both the raw log-probability, so the outputs can agree, and one
@@ -24,7 +24,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from .peers import agreement, race
+from .peers import agreement, batchings, keep_fastest, race
 
 
 def main() -> None:
@@ -79,15 +79,15 @@ def main() -> None:
         if bf16:
             jobs["vaswani bf16"] = {**jobs["vaswani fp32"], "dtype": "bf16"}
         jobs["vaswani int8"] = {**jobs["vaswani fp32"], "quantize": "int8"}
-        jobs["CTranslate2 fp32"] = {**common, "engine": "ctranslate2", "model": str(tmp / "fp32"),
-                                    "compute_type": "float32", "options": ct2}
-        jobs["CTranslate2 int8"] = {**common, "engine": "ctranslate2", "model": str(tmp / "int8"),
-                                    "compute_type": "int8", "options": ct2}
+        for precision, compute_type in [("fp32", "float32"), ("int8", "int8")]:
+            jobs.update(batchings(f"CTranslate2 {precision}", {
+                **common, "engine": "ctranslate2", "model": str(tmp / precision),
+                "compute_type": compute_type, "options": ct2}))
         if args.onnx and beam == 1:
             jobs["ONNX Runtime fp32"] = {**common, "engine": "onnxruntime",
                                          "model": str(tmp / "onnx"), "options": {
                                              "max_len_a": 0.0, "max_len_b": cap}}
-        raced = race(jobs, rounds=args.rounds)
+        raced = keep_fastest(race(jobs, rounds=args.rounds))
         base, peer = raced["vaswani fp32"], raced["CTranslate2 fp32"]
         for name, r in raced.items():
             scores = bleu_chrf(r["outputs"], references)
@@ -97,7 +97,9 @@ def main() -> None:
                 "sentences_per_s": r["per_s"], "rounds_s": r["rounds"],
                 "speed_vs_ct2_fp32": round(peer["seconds"] / r["seconds"], 2),
                 "same_as_ct2_fp32": round(agreement(r["outputs"], peer["outputs"]), 4),
-                "settings": r["settings"], "examples": r["outputs"][:3]}
+                "settings": r["settings"], **({"per_s_by_batching": r["tried"]}
+                                              if "tried" in r else {}),
+                "examples": r["outputs"][:3]}
         for r in list(results.values())[-len(raced):]:
             r["bleu_vs_vaswani_fp32"] = round(
                 r["bleu"] - results[f"vaswani fp32, beam {beam}"]["bleu"], 2)

@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 
 from .common import report
-from .peers import agreement, race
+from .peers import agreement, batchings, keep_fastest, race
 from .serve import make_runs, sentence
 
 
@@ -128,16 +128,16 @@ def against_ct2(work: Path, n: int, threads: int, rounds: int = 2,
                 "vaswani": {**common, **ours, "model": str(runs["translator"]),
                             "options": {"beam": beam, "length_penalty": 0.0,
                                         "max_len_a": 0.0, "max_len_b": CAP}},
-                "ctranslate2": {**common, **theirs,
-                                "model": str(folder / precision / "translator"),
-                                "options": {"beam_size": beam, "length_penalty": 0.0,
-                                            "max_decoding_length": CAP}}}, rounds))
+                **batchings("ctranslate2", {
+                    **common, **theirs, "model": str(folder / precision / "translator"),
+                    "options": {"beam_size": beam, "length_penalty": 0.0,
+                                "max_decoding_length": CAP}})}, rounds))
         common = {"task": "generate", "inputs": prompts}
         out[f"generate {n} prompts, greedy, {precision}"] = versus(race({
             "vaswani": {**common, **ours, "model": str(runs["lm"]),
                         "options": {"max_new_tokens": 64, "temperature": 0}},
-            "ctranslate2": {**common, **theirs, "model": str(folder / precision / "lm"),
-                            "options": {"max_length": 64}}}, rounds))
+            **batchings("ctranslate2", {**common, **theirs, "model": str(folder / precision / "lm"),
+                                        "options": {"max_length": 64}})}, rounds))
     return out
 
 
@@ -145,12 +145,14 @@ CAP = 64  # tokens a translation may have at most, on both sides
 
 
 def versus(raced: dict) -> dict:
+    raced = keep_fastest(raced)
     ours, theirs = raced["vaswani"], raced["ctranslate2"]
     return {"per_s": {"vaswani": ours["per_s"], "ctranslate2": theirs["per_s"]},
             "rounds_s": {"vaswani": ours["rounds"], "ctranslate2": theirs["rounds"]},
             "vaswani_over_ct2": round(theirs["seconds"] / ours["seconds"], 2),
             "same_outputs": agreement(ours["outputs"], theirs["outputs"]),
-            "ctranslate2_settings": theirs["settings"]}
+            "ctranslate2_settings": theirs["settings"],
+            "ctranslate2_per_s_by_batching": theirs["tried"]}
 
 
 def profile_row(work: Path, row: str = "lm", n: int = 300) -> dict:

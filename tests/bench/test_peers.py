@@ -3,6 +3,7 @@ and gives vaswani's outputs; the children take turns; no torch in a peer's proce
 never asserted)."""
 
 import sys
+import time
 
 import pytest
 from benchmarks import peers
@@ -83,3 +84,50 @@ def test_a_failing_child_says_which_engine_and_why(tmp_path):
 
 def test_agreement_is_the_share_of_equal_outputs():
     assert peers.agreement(["a", "b", "c", "d"], ["a", "x", "c", "d"]) == 0.75
+
+
+def test_ctranslate2_is_raced_at_each_batch_setting_and_keeps_its_fastest(copy_ct2):
+    """Each CTranslate2 row is CTranslate2 at its best of several batch settings: the child
+    takes the setting given, and keep_fastest folds the group into its fastest entry."""
+    run_dir, folder = copy_ct2
+    job = {"engine": "ctranslate2", "task": "translate", "model": str(folder),
+           "inputs": WORDS, "threads": 1, "options": {"beam_size": 1, "max_decoding_length": 31}}
+    jobs = peers.batchings("ctranslate2", job)
+    assert len(jobs) == len(peers.CT2_BATCHINGS) >= 2
+    label, jobbed = next((k, j) for k, j in jobs.items() if "examples" in k)
+    result = peers.run_child(jobbed)
+    assert result["settings"]["batch_type"] == "examples"
+    assert result["outputs"] == vaswani.load(run_dir).translate(
+        WORDS, beam=1, max_len_a=0.0, max_len_b=31)
+
+    raced = {"vaswani": {"seconds": 2.0, "per_s": 3.5},
+             "ct2 [1024 tokens]": {"seconds": 3.0, "per_s": 2.3, "settings": "a"},
+             "ct2 [64 examples]": {"seconds": 1.0, "per_s": 7.0, "settings": "b"},
+             "ct2 [4096 tokens]": {"seconds": 4.0, "per_s": 1.8, "settings": "c"}}
+    kept = peers.keep_fastest(raced)
+    assert set(kept) == {"vaswani", "ct2"}
+    assert kept["ct2"]["settings"] == "b" and kept["ct2"]["seconds"] == 1.0
+    assert kept["ct2"]["tried"] == {"1024 tokens": 2.3, "64 examples": 7.0, "4096 tokens": 1.8}
+    assert kept["vaswani"] == raced["vaswani"]
+
+
+def test_short_passes_repeat_and_the_best_is_kept(monkeypatch):
+    """A pass shorter than the timed budget repeats (up to MAX_PASSES); the best is kept."""
+    calls, slow = [], iter([0.06, 0.01, 0.04, 0.04, 0.04])
+
+    def fn(inputs):
+        calls.append(len(inputs))
+        if len(calls) > 1:  # the warm-up is not timed
+            time.sleep(next(slow))
+        return [x.upper() for x in inputs]
+
+    monkeypatch.setattr(peers, "TIMED_SECONDS", 0.1)
+    out, best = peers._timed(fn, ["a"] * 20)
+    assert out == ["A"] * 20
+    assert calls == [peers.WARMUP, 20, 20, 20]  # 0.06 + 0.01 + 0.04 >= 0.1: three passes
+    assert 0.01 <= best < 0.04
+    monkeypatch.setattr(peers, "TIMED_SECONDS", 100.0)
+    calls.clear()
+    slow = iter([0.0] * 10)
+    peers._timed(fn, ["a"] * 20)
+    assert len(calls) == 1 + peers.MAX_PASSES
