@@ -5,16 +5,16 @@ CTranslate2 fp32 and int8 (and ONNX Runtime, greedy, with ``--onnx``), greedy an
     python -m benchmarks.export RUN_DIR [--limit N] [--beams 1,4] [--rounds 2] [--onnx]
                                         [--json FILE]
 
-Every engine runs in a process of its own, called as its own users call it
-(benchmarks/peers.py says how): vaswani's ``translate``; CTranslate2's one ``translate_batch``
-over every sentence with its own sorting and batching (each of ``peers.CT2_BATCHINGS``, its
-fastest kept) and the options the export's README gives; ONNX Runtime's two graphs under a numpy greedy loop. The engines
-take turns, ``--rounds`` times, and each keeps its best time. The sentences are the run's test
-split. ``--length-penalty`` (default 0) is given to every engine: with 0 vaswani's GNMT
-penalty and CTranslate2's are both the raw log-probability, so the outputs can agree, and one
-length cap (the model's ``max_len - 1``) is given to both for the same reason
-(``--run-defaults`` keeps vaswani's own per-sentence cap and length penalty instead). Output
-agreement with CTranslate2 fp32 is reported beside the speed, not inside it.
+Every engine runs in a process of its own, called as its own users call it (benchmarks/peers.py
+says how): vaswani's ``translate``; CTranslate2's one ``translate_batch`` over every sentence
+with its own sorting and batching (each of ``peers.CT2_BATCHINGS``, its fastest kept) and the
+options the export's README gives; ONNX Runtime's two graphs under a numpy greedy loop. The
+engines take turns, ``--rounds`` times, and each keeps its best time. The sentences are the
+run's test split. ``--length-penalty`` (default 0) is given to every engine: with 0 vaswani's
+GNMT penalty and CTranslate2's are both the raw log-probability, so the outputs can agree, and
+one length cap (the model's ``max_len - 1``) is given to both for the same reason (``--run-
+defaults`` keeps vaswani's own per-sentence cap and length penalty instead). Output agreement
+with CTranslate2 fp32 is reported beside the speed, not inside it.
 """
 
 from __future__ import annotations
