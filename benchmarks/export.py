@@ -12,9 +12,9 @@ options the export's README gives; ONNX Runtime's two graphs under a numpy greed
 engines take turns, ``--rounds`` times, and each keeps its best time. The sentences are the
 run's test split. ``--length-penalty`` (default 0) is given to every engine: with 0 vaswani's
 GNMT penalty and CTranslate2's are both the raw log-probability, so the outputs can agree, and
-one length cap (the model's ``max_len - 1``) is given to both for the same reason (``--run-
-defaults`` keeps vaswani's own per-sentence cap and length penalty instead). Output agreement
-with CTranslate2 fp32 is reported beside the speed, not inside it.
+one length cap (the model's ``max_len - 1``) is given to both for the same reason
+(``--run-defaults`` keeps vaswani's own per-sentence cap and length penalty instead). Output
+agreement with CTranslate2 fp32 is reported beside the speed, not inside it.
 """
 
 from __future__ import annotations
