@@ -32,8 +32,9 @@ nn/attention.py's ``auto`` makes on a CPU) for four shapes: many rows over short
 search's grouped queries, one row, and rows over long keys.
 
 ``--profile [lm|translate|beam]`` runs only torch.profiler over the LM row (300 prompts),
-greedy translation or beam-4 translation (300 sentences) and prints the share of the linear
-layers, SDPA, the cache's writes and copies, choosing tokens, and the rest; then the time,
+greedy translation or beam-4 translation (300 sentences; ``--profile-run RUN_DIR``: that
+translator's first 300 test sentences) and prints the share of the linear layers, attention,
+the cache's writes and copies, choosing tokens, and the rest; then the time,
 minor page faults and kernel time of the same work without the profiler (engine/memory.py;
 ``GLIBC_TUNABLES= python -m benchmarks.offline --profile beam`` shows them with glibc's
 defaults).
@@ -155,18 +156,36 @@ def versus(raced: dict) -> dict:
             "ctranslate2_per_s_by_batching": theirs["tried"]}
 
 
-def profile_row(work: Path, row: str = "lm", n: int = 300) -> dict:
+def profile_row(work: Path, row: str = "lm", n: int = 300, run_dir: str | None = None) -> dict:
     """Where the engine's time goes in a row (``lm``: ``generate_many`` of ``n`` of its
     prompts; ``translate`` / ``beam``: greedy / beam-4 ``translate`` of ``n`` of its
-    sentences): torch.profiler's self CPU time of the operators by kind, as shares; and
-    from a pass without the profiler, its time, minor page faults and kernel time (what
-    engine/memory.py is about)."""
+    sentences, or with ``run_dir``, of that translator's first ``n`` test (or
+    validation) sentences):
+    torch.profiler's self CPU time of the operators by kind, as shares; and from a pass
+    without the profiler, its time, minor page faults and kernel time (what engine/memory.py
+    is about)."""
     from torch.profiler import profile
 
     import vaswani
 
     rng = random.Random(3)
-    if row == "lm":
+    if run_dir is not None:
+        from vaswani.data.files import ReadReport, iter_translation
+        from vaswani.data.registry import default_cache
+
+        if row == "lm":
+            raise ValueError("--profile-run takes a translator: profile it with translate "
+                             "or beam")
+        run = vaswani.load(run_dir)
+        try:
+            files = run.data_files("test", default_cache())
+        except ValueError:  # a run without a test split: its validation sentences
+            files = run.data_files("valid", default_cache())
+        prompts = [source for source, _ in iter_translation(files, ReadReport())][:n]
+
+        def work_once(texts):
+            return run.translate(texts, beam=4 if row == "beam" else 1, length_penalty=0.0)
+    elif row == "lm":
         run = vaswani.load(make_runs(work)["lm"])
         prompts = [sentence(rng, 3, 12)[:60] for _ in range(n)]
 
@@ -326,6 +345,9 @@ def main() -> None:
     parser.add_argument("--profile", nargs="?", const="lm", choices=["lm", "translate", "beam"],
                         help="only profile one row (default lm; translate: greedy "
                         "translation; beam: beam 4): the share of each kind of operator")
+    parser.add_argument("--profile-run", metavar="RUN_DIR",
+                        help="with --profile translate|beam: profile this translator over its "
+                        "test sentences instead of the preset-sized one")
     parser.add_argument("--linear", action="store_true",
                         help="only time a linear layer's two CPU paths, F.linear and oneDNN")
     parser.add_argument("--burst", action="store_true",
@@ -357,7 +379,7 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-offline-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.profile:
-        row = profile_row(work, args.profile)
+        row = profile_row(work, args.profile, run_dir=args.profile_run)
         report(f"Where the {args.profile} row's time goes (self CPU time)",
                [*((kind, f"{share:.0%}") for kind, share in row["shares"].items()),
                 ("time without the profiler", f"{row['seconds']} s"),

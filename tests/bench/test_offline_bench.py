@@ -48,3 +48,12 @@ def test_a_decoding_steps_attention_is_timed_both_ways_on_equal_outputs():
                            "2 rows x 4 queries, 12 keys, head dim 8"]
     for r in timed.values():
         assert r["sdpa_ms"] > 0 and r["written_out_ms"] > 0 and r["written_out_over_sdpa"] > 0
+
+
+def test_a_trained_translators_own_test_sentences_can_be_profiled(copy_run, tmp_path):
+    """--profile beam --profile-run RUN_DIR: the run's first test sentences, not the preset's
+    model; a language model row is refused for a translator."""
+    profiled = offline.profile_row(tmp_path, "beam", n=8, run_dir=str(copy_run[0]))
+    assert abs(sum(profiled["shares"].values()) - 1) < 0.01 and profiled["seconds"] > 0
+    with pytest.raises(ValueError, match="--profile-run takes a translator"):
+        offline.profile_row(tmp_path, "lm", n=8, run_dir=str(copy_run[0]))
