@@ -175,9 +175,9 @@ def test_fine_tuning_smollm2_sharded_on_two_processes(smollm, tmp_path):
     """[train] parallel = "fsdp": the imported LLaMA-family model fine-tuned by two gloo
     processes, each holding half of the weights and of the optimizer state."""
     import json
-    import subprocess
     import sys
 
+    from tests import processes
     from tests.training.fixtures import config
     from tests.training.test_trainer import free_port
 
@@ -191,12 +191,11 @@ def test_fine_tuning_smollm2_sharded_on_two_processes(smollm, tmp_path):
                         "save_every": 4, "metric_examples": 0, "eval_batches": 1},
                  data={"batch_size": 2, "block_size": 32})
     out = tmp_path / "run"
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
          "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "vaswani", "train",
          str(cfg), "--out", str(out), "--no-progress"],
-        env={**os.environ, "OMP_NUM_THREADS": "1", "VASWANI_CACHE": str(CACHE)},
-        capture_output=True, text=True, timeout=600)
+        env={**os.environ, "OMP_NUM_THREADS": "1", "VASWANI_CACHE": str(CACHE)}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]

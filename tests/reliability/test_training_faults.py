@@ -18,7 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.processes import alive, descendants, kill_tree, wait_gone
 from tests.training.fixtures import config, reverse_task
+from tests.training.test_trainer import free_port
 from vaswani import atomic, checkpoint, rundir
 from vaswani.cli import main
 from vaswani.training.train import Launch, train
@@ -260,6 +262,33 @@ def test_a_failed_start_leaves_nothing_and_a_killed_start_is_cleared(setup, tmp_
     assert main(["train", str(cfg), "--out", str(other), "--no-progress", "--overwrite",
                  "--set", "train.max_steps=2"]) == 0
     assert (other / "notes.txt").read_text() == "keep me"
+
+
+def test_a_killed_torchrun_takes_its_ranks_with_it(setup, tmp_path):
+    """torchrun starts each rank in a session of its own: when torchrun itself is killed
+    (SIGKILL, the OOM killer), its ranks must not run on, orphaned, holding the run's lock
+    (training/distributed.py die_with_launcher)."""
+    cfg, _ = setup
+    run, log = tmp_path / "ranks", tmp_path / "log.txt"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+         "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "vaswani", "train",
+         str(cfg), "--out", str(run), "--no-progress", "--set", "train.max_steps=100000"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log.open("w"),
+        stderr=subprocess.STDOUT)
+    ranks = []
+    try:
+        wait_for_steps(run, 2, proc, timeout=180)
+        ranks = descendants(proc.pid)
+        assert len(ranks) >= 2, log.read_text()[-2000:]
+        proc.kill()
+        proc.wait()
+        assert wait_gone(ranks, timeout=15) == [], log.read_text()[-2000:]
+    finally:
+        kill_tree(proc)
+        for pid in ranks:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_pids_of_this_test_are_gone():

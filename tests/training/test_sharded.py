@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 from torch.testing import assert_close
 
+from tests import processes
 from tests.training.fixtures import config, reverse_task
 from tests.training.test_trainer import free_port, losses
 from vaswani.training.train import Launch, train
@@ -27,9 +28,8 @@ def vaswani(*args: str, nproc: int = 1, script: str | None = None, env: dict | N
     launcher = [] if nproc == 1 and not script else [
         "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
         f"--master_port={free_port()}"]
-    done = subprocess.run([sys.executable, *launcher, *main, *args, "--no-progress"],
-                          env={**ENV, **(env or {})}, capture_output=True, text=True,
-                          timeout=300)
+    done = processes.run([sys.executable, *launcher, *main, *args, "--no-progress"],
+                         env={**ENV, **(env or {})}, timeout=300)
     if check:
         assert done.returncode == 0, done.stderr[-3000:]
     return done

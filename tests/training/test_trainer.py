@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from torch.testing import assert_close
 
-from tests import conftest
+from tests import conftest, processes
 from tests.training.fixtures import classification_file, config, reverse_task, text_file
 from vaswani.config import load_run_config
 from vaswani.tasks import task_for
@@ -156,10 +156,10 @@ def test_two_ddp_processes_equal_one_process_on_the_combined_batch(tmp_path):
                              str(tmp_path / "one"), "--no-progress"], env=env,
                             capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                          "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-                          "-m", "vaswani", "train", str(cfg), "--out", str(tmp_path / "two"),
-                          "--no-progress"], env=env, capture_output=True, text=True, timeout=300)
+    ddp = processes.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                         "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+                         "-m", "vaswani", "train", str(cfg), "--out", str(tmp_path / "two"),
+                         "--no-progress"], env=env, timeout=300)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
     for step in a:

@@ -61,12 +61,14 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
+    from ..training.distributed import die_with_launcher
     from ..training.state import StopRequest
     from ..training.train import Launch, train
 
     if args.config and args.resume:
         raise ValueError("give either CONFIG.toml or --resume RUN_DIR, not both "
                          "(a resumed run reads RUN_DIR/config.toml; change it with --set)")
+    die_with_launcher()  # under torchrun: no rank outlives a killed torchrun
     stop = stop_on_signals(StopRequest)
     cache = cache_dir(args)
     launch = Launch(rank=int(os.environ.get("RANK", 0)),

@@ -13,6 +13,9 @@ processes resumes in one, and a single GPU trains the way N do).
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -56,6 +59,26 @@ class Dist:
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+
+def die_with_launcher() -> bool:
+    """Under torchrun (its agent is this process's parent): ask Linux to SIGKILL this process
+    when the agent dies. torchrun starts each rank in a session of its own, so a torchrun that
+    is itself killed (SIGKILL, the OOM killer, a test's timeout) would leave its ranks running,
+    orphaned, holding the run directory's lock and waiting at a collective. With nothing left
+    to coordinate the ranks, dying is right: the last checkpoint stays whole (saving is
+    atomic). Whether it was asked (False: not under torchrun, or not Linux)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    parent = os.getppid()
+    pr_set_pdeathsig = 1
+    if ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0):
+        return False
+    if os.getppid() != parent:  # the agent died before the request was in place
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
 
 
 def backend(device: torch.device) -> str:
