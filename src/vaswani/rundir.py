@@ -30,6 +30,7 @@ import fcntl
 import json
 import os
 import shutil
+import socket
 import sys
 import warnings
 from pathlib import Path
@@ -44,11 +45,12 @@ CONFIG, TOKENIZER, BEST, LAST, METRICS, LOSS_PLOT = (
 CHAT_TEMPLATE = "chat_template.jinja"  # an imported chat model's own prompt format
 CHECKPOINTS, AVERAGED = "checkpoints", "averaged.safetensors"
 SHARDED = "sharded"  # in last/: a sharded run's state; sharded.tmp/ in RUN_DIR while written
+LAUNCHER = "launcher.json"  # under torchrun: the job that started the run (its restarts resume)
 # Every name vaswani writes in a run directory (what --overwrite may remove).
 RUN_FILES = (CONFIG, TOKENIZER, BEST, BEST + ".tmp", LAST, "last.tmp", "last.old", METRICS,
              LOSS_PLOT, LOSS_PLOT + ".tmp", "metrics.jsonl.tmp", "config.toml.tmp",
              CHAT_TEMPLATE, CHAT_TEMPLATE + ".tmp", CHECKPOINTS, AVERAGED, AVERAGED + ".tmp",
-             SHARDED + ".tmp")
+             SHARDED + ".tmp", LAUNCHER, LAUNCHER + ".tmp")
 
 
 class RunInUse(FileExistsError):
@@ -155,6 +157,41 @@ def start(run_dir: Path, overwrite: bool) -> None:
               "over", file=sys.stderr, flush=True)
     remove_run_files(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+
+
+# --- torchrun's restarts ---------------------------------------------------------------------
+
+def launcher_job() -> str | None:
+    """Under torchrun, the job this process belongs to, the same in each of its restarts:
+    torchrun's run id (``--rdzv-id``; ``--standalone`` makes one), or, where none was given
+    (``none``), this machine and the torchrun process. None when not under torchrun."""
+    job = os.environ.get("TORCHELASTIC_RUN_ID")
+    if job is None:
+        return None
+    if job in ("", "none"):
+        job = f"none@{socket.gethostname()}:{os.getppid()}"
+    return job
+
+
+def record_launcher(run_dir: Path) -> None:
+    """Under torchrun: note in a new run's directory which job started it."""
+    job = launcher_job()
+    if job is not None:
+        atomic_write_text(run_dir / LAUNCHER, json.dumps({"job": job}) + "\n")
+
+
+def restarted_into(run_dir: Path) -> bool:
+    """Whether this process is torchrun restarting (``--max-restarts``) the job that started
+    ``run_dir``: then ``vaswani train CONFIG --out RUN_DIR`` continues the run instead of
+    refusing a directory that holds one. A first attempt, another job, or no torchrun at all:
+    False (a run is never taken over by a command that did not start it)."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+        return False
+    try:
+        recorded = json.loads((run_dir / LAUNCHER).read_text())["job"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return recorded == launcher_job()
 
 
 def remove_run_files(run_dir: Path) -> None:

@@ -93,7 +93,8 @@ def init(rank: int, world: int, local_rank: int, device: torch.device, *,
     if dist.is_initialized():
         return Dist(rank, world, local_rank)
     if world > 1:
-        dist.init_process_group(backend(device))
+        dist.init_process_group(backend(device), store=_attempt_store(), rank=rank,
+                                world_size=world)
     elif group_of_one:
         dist.init_process_group(backend(device), store=dist.HashStore(), rank=0, world_size=1)
     else:
@@ -101,14 +102,28 @@ def init(rank: int, world: int, local_rank: int, device: torch.device, *,
     return Dist(rank, world, local_rank, owns_group=True)
 
 
+def _attempt_store() -> dist.Store:
+    """The store torchrun's environment names (``env://``), its keys kept apart for each
+    attempt of a job that torchrun restarts (``--max-restarts``): the agent's store outlives
+    an attempt, and a rank that starts before its peers of the next attempt would otherwise
+    read the dead ranks' addresses under the same keys and fail to connect (gloo's
+    "connectFullMesh failed ... Connection refused", seen on every other restart)."""
+    store, _, _ = next(dist.rendezvous("env://"))
+    return dist.PrefixStore(f"vaswani/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}",
+                            store)
+
+
 def shutdown(d: Dist) -> None:
-    """End the process group. A run that finished calls ``Dist.barrier`` first: gloo's
-    worker threads let go of a finished collective's tensors after the caller has its
-    result, and a tensor Python also holds needs the GIL to be let go; if that comes while
-    the group's destructor (run when DDP's reducer is freed, GIL held) waits for the
-    threads, the process deadlocks (seen at the end of a two-process CPU run, the thread
-    freeing a broadcast's tensors). A barrier waits with the GIL released until every earlier
-    collective is done. (After a failure there is no barrier: a dead rank would never
-    reach it.)"""
+    """End the process group; the caller has let go of the model first.
+
+    gloo's worker threads let go of a finished collective's tensors after the caller has its
+    result, and letting go of a tensor Python also holds takes the GIL. The group's destructor
+    waits for those threads: run with the GIL held, it deadlocks (seen at the end of
+    two-process CPU runs, a thread freeing a broadcast's tensors). Python drops its last
+    reference to a group with the GIL released, but DDP's reducer, freed like any Python
+    object, drops its reference with the GIL held; so the model goes first (train.py) and the
+    group is then destroyed here, from Python. A run that finished calls ``Dist.barrier``
+    before: every earlier collective is done. (After a failure there is no barrier: a dead
+    rank would never reach it.)"""
     if d.owns_group and dist.is_initialized():
         dist.destroy_process_group()

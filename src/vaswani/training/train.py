@@ -17,7 +17,9 @@ that fails before saving any weights leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
+import os
 import shutil
 import sys
 import time
@@ -67,6 +69,10 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
     else:
         run_dir = Path(out) if out else Path("runs") / Path(config).stem
         cfg, init_tokenizers = configure(config, overrides)
+        if rundir.restarted_into(run_dir):  # torchrun restarting the job that started it
+            resume, overwrite = _continue_after_restart(run_dir, launch.rank)
+            if resume:
+                cfg, init_tokenizers = resumed_config(run_dir, overrides), None
     device = devices.resolve_device(cfg.train.device, launch.local_rank)
     # config.toml says what the run trained in
     precision = devices.usable_precision(cfg.train.asked_precision, device, say=launch.rank == 0)
@@ -79,6 +85,7 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
     dist = init(launch.rank, launch.world, launch.local_rank, device,
                 group_of_one=cfg.train.parallel == "fsdp")
     created = not run_dir.exists()
+    trainer = None
     try:
         with _lock(run_dir, dist, device):
             try:
@@ -111,7 +118,26 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
             dist.barrier()  # see distributed.shutdown: nothing left in gloo's threads
             return summary
     finally:
+        trainer = None  # the model (DDP's reducer holds the group) goes before the group:
+        gc.collect()  # see distributed.shutdown
         shutdown(dist)
+
+
+def _continue_after_restart(run_dir: Path, rank: int) -> tuple[str | None, bool]:
+    """(resume, overwrite) for a torchrun restart into the run its job started: resume from
+    the last checkpoint, or, where none was saved yet, start the run over."""
+    try:
+        checkpoint.find_last(run_dir)
+    except FileNotFoundError:
+        if rank == 0:
+            print(f"vaswani train: torchrun restarted this job; {run_dir} has no checkpoint "
+                  "yet: starting over", file=sys.stderr, flush=True)
+        return None, True
+    if rank == 0:
+        print(f"vaswani train: torchrun restarted this job (restart "
+              f"{os.environ.get('TORCHELASTIC_RESTART_COUNT')}); resuming {run_dir} from its "
+              "last checkpoint", file=sys.stderr, flush=True)
+    return str(run_dir), False
 
 
 # --- 1. the config -----------------------------------------------------------------------------
@@ -214,6 +240,7 @@ def start(task: Task, cfg: RunConfig, run_dir: Path, *, resume: bool, overwrite:
         checkpoint.find_last(run_dir)  # fail before reading data if there is nothing to resume
     elif dist.is_main:
         rundir.start(run_dir, overwrite)
+        rundir.record_launcher(run_dir)  # a torchrun restart of this job continues the run
     if dist.is_main:
         labels = None
         if resume:  # the tokenizers (and labels) the run was trained with

@@ -1,0 +1,102 @@
+"""Training under ``torchrun --max-restarts``: a rank killed during a step, a save and an
+evaluation, each time restarted by torchrun, and the job ends on its own with the run an
+uninterrupted job makes (rundir.restarted_into, training/train.py)."""
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests import processes
+from tests.training.fixtures import config, reverse_task
+from vaswani import rundir
+
+STEPS, SAVE_EVERY, EVAL_EVERY = 24, 4, 5
+HELPER = str(Path(__file__).parents[1] / "training" / "die_in.py")
+
+
+def torchrun(cfg: Path, out: Path, *extra: str, script: str | None = None, env: dict | None = None,
+             restarts: int = 0) -> processes.subprocess.CompletedProcess:
+    """``vaswani train CONFIG --out OUT`` on 2 gloo processes, ``--standalone`` (a job id of its
+    own), ``restarts`` restarts allowed."""
+    return processes.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         f"--max-restarts={restarts}", "--monitor-interval=0.5",
+         *([script] if script else ["-m", "vaswani"]), "train", str(cfg), "--out", str(out),
+         "--no-progress", *extra],
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    base = tmp_path_factory.mktemp("elastic")
+    data = reverse_task(base / "pairs.tsv", n=400)
+    cfg = config(base / "c.toml", "encoder-decoder", data, dropout=0.1,
+                 train={"max_steps": STEPS, "save_every": SAVE_EVERY, "eval_every": EVAL_EVERY,
+                        "metric_examples": 8, "schedule": "cosine", "warmup": 4})
+    done = torchrun(cfg, base / "straight")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return cfg, base / "straight"
+
+
+def test_a_job_whose_ranks_are_killed_three_times_finishes_as_if_never_killed(straight,
+                                                                            tmp_path):
+    cfg, uninterrupted = straight
+    rng = random.Random()
+    seed = rng.randrange(10**6)
+    rng.seed(seed)
+    at_step = rng.randint(2, 7)  # during a step
+    at_save = rng.choice([8, 12])  # saves every 4 steps: one was made before this one
+    at_eval = rng.choice([s for s in (10, 15, 20) if s > at_save + 1])  # evaluations every 5
+    plan = f"{rng.randint(0, 1)}:step:{at_step},0:save:{at_save},0:eval:{at_eval}"
+    run = tmp_path / "run"
+    done = torchrun(cfg, run, script=HELPER, env={"DIE": plan}, restarts=3)
+    said = f"seed {seed}, plan {plan}:\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, said
+    assert done.stderr.count("die_in.py: rank") == 3, said
+    # after the save and the evaluation, a checkpoint was there to resume from (after the
+    # step, maybe not: a start that saved nothing is cleared, and the restart starts afresh)
+    for restart in (2, 3):
+        assert f"torchrun restarted this job (restart {restart}); resuming" in done.stderr, said
+    rows = [json.loads(line) for line in (run / rundir.METRICS).read_text().splitlines()]
+    steps = [r["step"] for r in rows]
+    assert steps == list(range(1, STEPS + 1)), said  # none missing, none twice
+    want = {r["step"]: r for r in rundir.read_metrics(uninterrupted / rundir.METRICS)}
+    for r in rows:
+        assert abs(r["loss"] - want[r["step"]]["loss"]) <= 1e-6, (r["step"], said)
+    a = load_file(str(run / "last/model.safetensors"))
+    b = load_file(str(uninterrupted / "last/model.safetensors"))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_a_restart_never_takes_over_a_run_its_job_did_not_start(straight, tmp_path):
+    """The first attempt is refused (the directory holds another job's run); torchrun's
+    restarts of it are refused too, and the run is left as it was."""
+    cfg, uninterrupted = straight
+    before = (uninterrupted / "last/state.json").read_text()
+    done = torchrun(cfg, uninterrupted, restarts=1)
+    assert done.returncode != 0
+    assert "already holds a run" in done.stderr
+    assert "torchrun restarted this job" not in done.stderr
+    assert (uninterrupted / "last/state.json").read_text() == before
+
+
+def test_only_a_restart_of_the_same_job_continues(tmp_path, monkeypatch):
+    (tmp_path / rundir.CONFIG).write_text("")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    rundir.record_launcher(tmp_path)
+    assert not rundir.restarted_into(tmp_path)  # a first attempt never continues
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert rundir.restarted_into(tmp_path)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-b")
+    assert not rundir.restarted_into(tmp_path)  # another job's run
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    assert not rundir.restarted_into(tmp_path)  # not under torchrun
+    assert not rundir.restarted_into(tmp_path / "nothing-here")
