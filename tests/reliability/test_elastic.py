@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from tests import processes
 from tests.training.fixtures import config, reverse_task
+from tests.training.test_trainer import free_port
 from vaswani import rundir
 
 STEPS, SAVE_EVERY, EVAL_EVERY = 24, 4, 5
@@ -100,3 +101,46 @@ def test_only_a_restart_of_the_same_job_continues(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_RUN_ID")
     assert not rundir.restarted_into(tmp_path)  # not under torchrun
     assert not rundir.restarted_into(tmp_path / "nothing-here")
+
+
+def test_two_nodes_on_loopback_train_and_one_node_resumes(straight, tmp_path):
+    """Two torchrun "nodes" (one process each) meet at a c10d rendezvous on 127.0.0.1, train
+    the first half, and one node alone resumes the run to the end: the losses and weights of
+    the two-process job that was never split (docs/distributed.md, several machines)."""
+    cfg, uninterrupted = straight
+    run, port = tmp_path / "run", free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def node() -> processes.subprocess.Popen:
+        return processes.subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+             "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+             f"--rdzv_id=loopback-{port}", "-m", "vaswani", "train", str(cfg), "--out",
+             str(run), "--no-progress", "--set", f"train.max_steps={STEPS // 2}",
+             "--set", f"train.schedule_steps={STEPS}"],
+            env=env, stdout=processes.subprocess.PIPE, stderr=processes.subprocess.PIPE,
+            text=True)
+
+    nodes = [node(), node()]
+    try:
+        for proc in nodes:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err[-3000:]
+    finally:
+        for proc in nodes:
+            processes.kill_tree(proc)
+    assert json.loads((run / "last/state.json").read_text())["step"] == STEPS // 2
+    done = processes.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "vaswani", "train", "--resume", str(run), "--no-progress", "--set",
+         f"train.max_steps={STEPS}"], env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = rundir.read_metrics(run / rundir.METRICS)
+    want = {r["step"]: r["loss"] for r in rundir.read_metrics(uninterrupted / rundir.METRICS)}
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    for r in rows:
+        assert abs(r["loss"] - want[r["step"]]) <= 1e-6, r["step"]
+    a = load_file(str(run / "last/model.safetensors"))
+    b = load_file(str(uninterrupted / "last/model.safetensors"))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
