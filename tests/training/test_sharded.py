@@ -106,6 +106,19 @@ def test_a_sharded_save_killed_part_way_leaves_the_last_checkpoint(runs):
     assert_same_run(tmp / "straight", out)
 
 
+def test_rank_1_failing_to_load_the_data_ends_every_rank_with_its_message(runs):
+    """Rank 1 fails while rank 0 goes on to train: rank 0 must not wait at its first
+    collective for a rank that has left (a hang would fail the test by its 300 s timeout)."""
+    tmp, cfg = runs
+    out = tmp / "fail-load"
+    helper = str(Path(__file__).with_name("fail_in_save.py"))
+    done = vaswani("train", str(cfg), "--out", str(out), nproc=2, script=helper,
+                   env={"FAIL_STEP": "0", "FAIL": "load"}, check=False)
+    assert done.returncode != 0
+    assert "rank 1 could not read" in done.stderr
+    assert not (out / "last").exists()
+
+
 def test_resuming_an_unsharded_run_sharded_is_refused(tmp_path):
     data = reverse_task(tmp_path / "pairs.tsv")
     cfg = config(tmp_path / "c.toml", "encoder-decoder", data, train={"max_steps": 2})
