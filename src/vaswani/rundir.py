@@ -17,6 +17,7 @@ checkpoint.py's, and every write goes through atomic.py::
     averaged.safetensors their average (`vaswani average`, and at the end of training)
     metrics.jsonl        one JSON object per log line
     loss.png             the loss curves, drawn when training ends
+    launcher.json        under torchrun: the job that started the run (its restarts resume it)
 
 ``tokenizer/meta.json`` holds the sha256 of each tokenizer file: a damaged one is an error
 naming it. One process at a time: training and import hold ``RUN_DIR/.lock`` (an OS-level lock
