@@ -24,6 +24,7 @@ here it is compared, not enforced.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -113,6 +114,9 @@ def _worker(rank: int, world: int, port: int, cfg_path: str, cache: str, steps: 
                                      "step_s": statistics.median(times),
                                      "parameters": sum(p.numel() for p in
                                                        trainer.model.parameters())}))
+    dist.barrier()  # every collective done; the model goes before the group (distributed.shutdown)
+    del trainer
+    gc.collect()
     distributed.shutdown(dist)
 
 
