@@ -5,7 +5,9 @@ uninterrupted job makes (rundir.restarted_into, training/train.py)."""
 import json
 import os
 import random
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -144,3 +146,49 @@ def test_two_nodes_on_loopback_train_and_one_node_resumes(straight, tmp_path):
     b = load_file(str(uninterrupted / "last/model.safetensors"))
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+
+
+def environment(pid: int) -> dict[str, str]:
+    """The environment a running process was started with."""
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
+
+
+def test_sigterm_to_one_rank_stops_every_rank_saved_and_the_run_resumes(straight, tmp_path):
+    """A job scheduler's SIGTERM reaching one process only: every rank stops after the same
+    whole step, that step is saved, and resuming ends as the job never stopped."""
+    cfg, uninterrupted = straight
+    run, log = tmp_path / "run", tmp_path / "log.txt"
+    proc = processes.subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "vaswani", "train", str(cfg), "--out", str(run), "--no-progress"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log.open("w"),
+        stderr=processes.subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (run / rundir.METRICS).exists() and len(
+                    rundir.read_metrics(run / rundir.METRICS)) >= 3:
+                break
+            time.sleep(0.02)
+        ranks = {int(env["RANK"]): pid for pid in processes.descendants(proc.pid)
+                 if "RANK" in (env := environment(pid))}
+        assert set(ranks) == {0, 1}, log.read_text()[-2000:]
+        os.kill(ranks[1], signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        processes.kill_tree(proc)
+    text = log.read_text()
+    assert "stopped after step" in text, text[-3000:]
+    step = json.loads((run / "last/state.json").read_text())["step"]
+    assert 3 <= step < STEPS
+    done = processes.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "vaswani", "train", "--resume", str(run), "--no-progress"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = rundir.read_metrics(run / rundir.METRICS)
+    want = {r["step"]: r["loss"] for r in rundir.read_metrics(uninterrupted / rundir.METRICS)}
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    for r in rows:
+        assert abs(r["loss"] - want[r["step"]]) <= 1e-6, r["step"]
