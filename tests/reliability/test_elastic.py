@@ -192,3 +192,44 @@ def test_sigterm_to_one_rank_stops_every_rank_saved_and_the_run_resumes(straight
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     for r in rows:
         assert abs(r["loss"] - want[r["step"]]) <= 1e-6, r["step"]
+
+
+def test_a_rank_that_hangs_ends_the_job_after_collective_timeout(straight, tmp_path):
+    """A rank that stops answering without dying (SIGSTOP: a stuck driver, a frozen machine):
+    the other gives up at its next exchange after [train] collective_timeout seconds, with an
+    error, instead of waiting forever (a hang would fail the test at its 120 s limit)."""
+    cfg, _ = straight
+    run, log = tmp_path / "run", tmp_path / "log.txt"
+    proc = processes.subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "vaswani", "train", str(cfg), "--out", str(run), "--no-progress", "--set",
+         "train.collective_timeout=3", "--set", "train.max_steps=100000"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log.open("w"),
+        stderr=processes.subprocess.STDOUT)
+    ranks = {}
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (run / rundir.METRICS).exists() and len(
+                    rundir.read_metrics(run / rundir.METRICS)) >= 2:
+                break
+            time.sleep(0.02)
+        ranks = {int(env["RANK"]): pid for pid in processes.descendants(proc.pid)
+                 if "RANK" in (env := environment(pid))}
+        assert set(ranks) == {0, 1}, log.read_text()[-2000:]
+        os.kill(ranks[1], signal.SIGSTOP)
+        assert processes.wait_gone([ranks[0]], timeout=120) == [], "rank 0 waits forever"
+    finally:
+        processes.kill_tree(proc)
+        for pid in ranks.values():
+            if processes.alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "[rank0]" in text and "timed out" in text.lower(), text[-3000:]
+
+
+def test_collective_timeout_must_be_positive():
+    from vaswani.config import TrainConfig
+
+    with pytest.raises(ValueError, match=r"collective_timeout \(0(\.0)?\) must be positive"):
+        TrainConfig(collective_timeout=0).validate()

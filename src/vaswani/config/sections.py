@@ -212,6 +212,10 @@ class TrainConfig(ConfigBase):
     # each transformer layer a unit (docs/distributed.md)
     checkpoint_activations: bool = False  # recompute each layer's activations in the backward
     # pass instead of keeping them: less memory, about a third more compute; same gradients
+    collective_timeout: float = 300.0  # several processes: seconds a training step's exchange
+    # (gradients, counts) waits for the other ranks before giving up with an error (a rank that
+    # hangs without dying); waiting for rank 0's work alone (data, evaluation, saving) is not
+    # limited by it
     tensorboard: bool = False  # TensorBoard event files in RUN_DIR/tensorboard/ (rank 0)
     init_from: str = ""  # a run directory (e.g. from `vaswani import`) to start from: its
     # [model], tokenizer and weights are used; a new classification head is initialised
@@ -232,6 +236,9 @@ class TrainConfig(ConfigBase):
         return "bf16" if self.bf16 and self.precision == "fp32" else self.precision
 
     def validate(self) -> None:
+        if self.collective_timeout <= 0:
+            raise ValueError(f"collective_timeout ({self.collective_timeout}) must be positive "
+                             "(seconds)")
         for name in ("max_steps", "grad_accum", "log_every", "eval_every", "save_every"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be positive")

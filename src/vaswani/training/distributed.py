@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -31,6 +32,9 @@ class Dist:
     world: int = 1
     local_rank: int = 0
     owns_group: bool = False  # init() made the process group, shutdown() ends it
+    # the group for waiting on rank 0's work alone (broadcast, barrier): no short timeout;
+    # None: the default group (a single process, or a group init() did not make)
+    waits: object = None
     enabled: bool = field(init=False)  # more than one process
     is_main: bool = field(init=False)  # rank 0: the one that writes files and logs
 
@@ -44,8 +48,10 @@ class Dist:
         return t
 
     def broadcast(self, t: torch.Tensor) -> torch.Tensor:
+        """Rank 0's ``t`` on every rank; used where the others wait for rank 0's work alone,
+        so without the step's timeout (:func:`init`)."""
         if self.enabled:
-            dist.broadcast(t, src=0)
+            dist.broadcast(t, src=0, group=self.waits)
         return t
 
     def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
@@ -57,8 +63,9 @@ class Dist:
         return out
 
     def barrier(self) -> None:
+        """Every rank here; without the step's timeout, like :meth:`broadcast`."""
         if self.enabled:
-            dist.barrier()
+            dist.barrier(group=self.waits)
 
 
 def die_with_launcher() -> bool:
@@ -86,16 +93,27 @@ def backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" and dist.is_nccl_available() else "gloo"
 
 
+WAIT_TIMEOUT = timedelta(days=7)  # waiting for rank 0's work alone: only a dead rank ends it
+
+
 def init(rank: int, world: int, local_rank: int, device: torch.device, *,
-         group_of_one: bool = False) -> Dist:
+         group_of_one: bool = False, timeout: float = 300.0) -> Dist:
     """Join the process group torchrun set up (no-op for a single process, unless
-    ``group_of_one``: then a group of this process alone, as FSDP needs one)."""
+    ``group_of_one``: then a group of this process alone, as FSDP needs one).
+
+    Two groups over the same ranks: the default one, which DDP, FSDP and a step's exchanges
+    use, gives up after ``timeout`` seconds (``[train] collective_timeout``: a rank that hangs
+    without dying ends the job with an error instead of stalling it); ``Dist.waits``, for the
+    broadcasts and barriers where the others wait for rank 0's work alone (encoding data,
+    evaluating, saving), which may rightly take long."""
     if dist.is_initialized():
         return Dist(rank, world, local_rank)
     if world > 1:
         dist.init_process_group(backend(device), store=_attempt_store(), rank=rank,
-                                world_size=world)
-    elif group_of_one:
+                                world_size=world, timeout=timedelta(seconds=timeout))
+        waits = dist.new_group(timeout=WAIT_TIMEOUT, backend=backend(device))
+        return Dist(rank, world, local_rank, owns_group=True, waits=waits)
+    if group_of_one:
         dist.init_process_group(backend(device), store=dist.HashStore(), rank=0, world_size=1)
     else:
         return Dist(rank, world, local_rank)

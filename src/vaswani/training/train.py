@@ -83,7 +83,7 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
     task = task_for(cfg)
     task.check_training_config()
     dist = init(launch.rank, launch.world, launch.local_rank, device,
-                group_of_one=cfg.train.parallel == "fsdp")
+                group_of_one=cfg.train.parallel == "fsdp", timeout=cfg.train.collective_timeout)
     created = not run_dir.exists()
     trainer = None
     try:
