@@ -35,6 +35,29 @@ def torchrun(cfg: Path, out: Path, *extra: str, script: str | None = None, env: 
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=600)
 
 
+def resume_job(run: Path, *extra: str) -> None:
+    """``vaswani train --resume RUN`` on two processes, to its end."""
+    done = processes.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "vaswani", "train", "--resume", str(run), "--no-progress", *extra],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def assert_same_run(run: Path, uninterrupted: Path) -> None:
+    """Every step logged once, each loss and the final weights within 1e-6 of the job that
+    was never interrupted."""
+    rows = [json.loads(line) for line in (run / rundir.METRICS).read_text().splitlines()]
+    want = {r["step"]: r["loss"] for r in rundir.read_metrics(uninterrupted / rundir.METRICS)}
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # none missing, none twice
+    for r in rows:
+        assert abs(r["loss"] - want[r["step"]]) <= 1e-6, r["step"]
+    a = load_file(str(run / "last/model.safetensors"))
+    b = load_file(str(uninterrupted / "last/model.safetensors"))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     base = tmp_path_factory.mktemp("elastic")
@@ -66,16 +89,10 @@ def test_a_job_whose_ranks_are_killed_three_times_finishes_as_if_never_killed(st
     # step, maybe not: a start that saved nothing is cleared, and the restart starts afresh)
     for restart in (2, 3):
         assert f"torchrun restarted this job (restart {restart}); resuming" in done.stderr, said
-    rows = [json.loads(line) for line in (run / rundir.METRICS).read_text().splitlines()]
-    steps = [r["step"] for r in rows]
-    assert steps == list(range(1, STEPS + 1)), said  # none missing, none twice
-    want = {r["step"]: r for r in rundir.read_metrics(uninterrupted / rundir.METRICS)}
-    for r in rows:
-        assert abs(r["loss"] - want[r["step"]]["loss"]) <= 1e-6, (r["step"], said)
-    a = load_file(str(run / "last/model.safetensors"))
-    b = load_file(str(uninterrupted / "last/model.safetensors"))
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+    try:
+        assert_same_run(run, uninterrupted)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{said}") from None
 
 
 def test_a_restart_never_takes_over_a_run_its_job_did_not_start(straight, tmp_path):
@@ -132,20 +149,8 @@ def test_two_nodes_on_loopback_train_and_one_node_resumes(straight, tmp_path):
         for proc in nodes:
             processes.kill_tree(proc)
     assert json.loads((run / "last/state.json").read_text())["step"] == STEPS // 2
-    done = processes.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "vaswani", "train", "--resume", str(run), "--no-progress", "--set",
-         f"train.max_steps={STEPS}"], env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = rundir.read_metrics(run / rundir.METRICS)
-    want = {r["step"]: r["loss"] for r in rundir.read_metrics(uninterrupted / rundir.METRICS)}
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    for r in rows:
-        assert abs(r["loss"] - want[r["step"]]) <= 1e-6, r["step"]
-    a = load_file(str(run / "last/model.safetensors"))
-    b = load_file(str(uninterrupted / "last/model.safetensors"))
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+    resume_job(run, "--set", f"train.max_steps={STEPS}")
+    assert_same_run(run, uninterrupted)
 
 
 def environment(pid: int) -> dict[str, str]:
@@ -154,26 +159,36 @@ def environment(pid: int) -> dict[str, str]:
     return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
 
 
+def start_job(cfg: Path, run: Path, log: Path, steps: int, *extra: str
+              ) -> tuple[processes.subprocess.Popen, dict[int, int]]:
+    """A two-process job (torchrun, no restarts) in the background, once ``steps`` steps are
+    logged: the torchrun process, and each rank's pid."""
+    proc = processes.subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "vaswani", "train", str(cfg), "--out", str(run), "--no-progress", *extra],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log.open("w"),
+        stderr=processes.subprocess.STDOUT)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        metrics = run / rundir.METRICS
+        if metrics.exists() and len(rundir.read_metrics(metrics)) >= steps:
+            break
+        time.sleep(0.02)
+    ranks = {int(env["RANK"]): pid for pid in processes.descendants(proc.pid)
+             if "RANK" in (env := environment(pid))}
+    if set(ranks) != {0, 1}:
+        processes.kill_tree(proc)
+        raise AssertionError(f"no two ranks running:\n{log.read_text()[-2000:]}")
+    return proc, ranks
+
+
 def test_sigterm_to_one_rank_stops_every_rank_saved_and_the_run_resumes(straight, tmp_path):
     """A job scheduler's SIGTERM reaching one process only: every rank stops after the same
     whole step, that step is saved, and resuming ends as the job never stopped."""
     cfg, uninterrupted = straight
     run, log = tmp_path / "run", tmp_path / "log.txt"
-    proc = processes.subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "vaswani", "train", str(cfg), "--out", str(run), "--no-progress"],
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log.open("w"),
-        stderr=processes.subprocess.STDOUT)
+    proc, ranks = start_job(cfg, run, log, 3)
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            if (run / rundir.METRICS).exists() and len(
-                    rundir.read_metrics(run / rundir.METRICS)) >= 3:
-                break
-            time.sleep(0.02)
-        ranks = {int(env["RANK"]): pid for pid in processes.descendants(proc.pid)
-                 if "RANK" in (env := environment(pid))}
-        assert set(ranks) == {0, 1}, log.read_text()[-2000:]
         os.kill(ranks[1], signal.SIGTERM)
         proc.wait(timeout=120)
     finally:
@@ -182,16 +197,8 @@ def test_sigterm_to_one_rank_stops_every_rank_saved_and_the_run_resumes(straight
     assert "stopped after step" in text, text[-3000:]
     step = json.loads((run / "last/state.json").read_text())["step"]
     assert 3 <= step < STEPS
-    done = processes.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "vaswani", "train", "--resume", str(run), "--no-progress"],
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = rundir.read_metrics(run / rundir.METRICS)
-    want = {r["step"]: r["loss"] for r in rundir.read_metrics(uninterrupted / rundir.METRICS)}
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    for r in rows:
-        assert abs(r["loss"] - want[r["step"]]) <= 1e-6, r["step"]
+    resume_job(run)
+    assert_same_run(run, uninterrupted)
 
 
 def test_a_rank_that_hangs_ends_the_job_after_collective_timeout(straight, tmp_path):
@@ -200,23 +207,9 @@ def test_a_rank_that_hangs_ends_the_job_after_collective_timeout(straight, tmp_p
     error, instead of waiting forever (a hang would fail the test at its 120 s limit)."""
     cfg, _ = straight
     run, log = tmp_path / "run", tmp_path / "log.txt"
-    proc = processes.subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "vaswani", "train", str(cfg), "--out", str(run), "--no-progress", "--set",
-         "train.collective_timeout=3", "--set", "train.max_steps=100000"],
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log.open("w"),
-        stderr=processes.subprocess.STDOUT)
-    ranks = {}
+    proc, ranks = start_job(cfg, run, log, 2, "--set", "train.collective_timeout=3", "--set",
+                            "train.max_steps=100000")
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            if (run / rundir.METRICS).exists() and len(
-                    rundir.read_metrics(run / rundir.METRICS)) >= 2:
-                break
-            time.sleep(0.02)
-        ranks = {int(env["RANK"]): pid for pid in processes.descendants(proc.pid)
-                 if "RANK" in (env := environment(pid))}
-        assert set(ranks) == {0, 1}, log.read_text()[-2000:]
         os.kill(ranks[1], signal.SIGSTOP)
         assert processes.wait_gone([ranks[0]], timeout=120) == [], "rank 0 waits forever"
     finally:
