@@ -337,6 +337,12 @@ def prefill_burst(rounds: int = 4, n: int = 14, d_model: int = 256, layers: int 
             "same_outputs": outputs["one pass"] == outputs["grouped"]}
 
 
+def versus_rows(timed: dict, a: str, b: str) -> list[tuple[str, str]]:
+    """Report rows of a two-way timing: per shape, ``A_over_B``x (``A_ms`` ms / ``B_ms`` ms)."""
+    return [(shape, f"{r[f'{a}_over_{b}']}x ({r[f'{a}_ms']} ms / {r[f'{b}_ms']} ms)")
+            for shape, r in timed.items()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="200 sentences, fewer rounds")
@@ -358,9 +364,7 @@ def main() -> None:
     if args.attention:
         timed = decode_attention()
         report("A decoding step's attention (fp32): written out / SDPA",
-               [(shape, f"{r['written_out_over_sdpa']}x ({r['written_out_ms']} ms / "
-                        f"{r['sdpa_ms']} ms)") for shape, r in timed.items()],
-               {"attention": timed}, args.json)
+               versus_rows(timed, "written_out", "sdpa"), {"attention": timed}, args.json)
         return
     if args.burst:
         burst = prefill_burst()
@@ -372,9 +376,7 @@ def main() -> None:
     if args.linear:
         paths = linear_paths()
         report("A linear layer on a CPU (fp32): torch.nn.Linear / nn/linear.py Linear",
-               [(shape, f"{r['f_linear_over_linear']}x ({r['f_linear_ms']} ms / "
-                        f"{r['linear_ms']} ms)") for shape, r in paths.items()],
-               {"linear": paths}, args.json)
+               versus_rows(paths, "f_linear", "linear"), {"linear": paths}, args.json)
         return
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-offline-"))
     work.mkdir(parents=True, exist_ok=True)

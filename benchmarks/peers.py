@@ -212,7 +212,7 @@ def _ctranslate2(job: dict) -> tuple[list, float, dict]:
     folder = Path(job["model"])
     src = _Tokenizer(folder / "vaswani" / "tokenizer", "source")
     tgt = _Tokenizer(folder / "vaswani" / "tokenizer", "target")
-    settings = {"max_batch_size": 1024, "batch_type": "tokens", **job.get("batching", {}),
+    settings = {**CT2_BATCHINGS["1024 tokens"], **job.get("batching", {}),
                 "intra_threads": job["threads"], "compute_type": job.get("compute_type",
                                                                            "default")}
     never = [["<pad>"], ["<bos>"]]

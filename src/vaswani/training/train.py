@@ -68,11 +68,10 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
         raise ValueError("give a CONFIG.toml to train, or --resume RUN_DIR")
     else:
         run_dir = Path(out) if out else Path("runs") / Path(config).stem
-        cfg, init_tokenizers = configure(config, overrides)
         if rundir.restarted_into(run_dir):  # torchrun restarting the job that started it
             resume, overwrite = _continue_after_restart(run_dir, launch.rank)
-            if resume:
-                cfg, init_tokenizers = resumed_config(run_dir, overrides), None
+        cfg, init_tokenizers = ((resumed_config(run_dir, overrides), None) if resume
+                                else configure(config, overrides))
     device = devices.resolve_device(cfg.train.device, launch.local_rank)
     # config.toml says what the run trained in
     precision = devices.usable_precision(cfg.train.asked_precision, device, say=launch.rank == 0)
