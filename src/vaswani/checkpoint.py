@@ -18,14 +18,16 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from .atomic import atomic_write, atomic_write_text, file_sha256, fsync_dir
+from .models.common import assign
 from .rundir import AVERAGED, BEST, CHECKPOINTS, COMPLETE, LAST, SHARDED
 
 WEIGHTS = ("best", "last", "averaged")
@@ -59,10 +61,14 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
     """sha256 over the tensors' names, dtypes, shapes and bytes, in name order."""
     h = hashlib.sha256()
     for name in sorted(tensors):
-        t = tensors[name].detach().contiguous().cpu()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        _hash_tensor(h, name, tensors[name])
     return h.hexdigest()
+
+
+def _hash_tensor(h, name: str, t: torch.Tensor) -> None:
+    t = t.detach().contiguous().cpu()
+    h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
 # --- one weights file ----------------------------------------------------------------------
@@ -88,55 +94,79 @@ def save_weights(weights: Weights, path: Path, metadata: dict[str, str] | None =
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a weights file, checked against the sha256 it was written with (files
     written before checksums existed are read unchecked)."""
+    return dict(iter_weights(path))
+
+
+def iter_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of a weights file one at a time, in name order, so that a model is loaded
+    without the whole file in memory at once. The sha256 the file was written with is checked
+    as they are read: a mismatch raises after the last tensor (whatever was loaded from them is
+    then dropped with the error)."""
     if not path.exists():
         raise FileNotFoundError(f"no weights at {path}")
+
+    def damaged(e: Exception) -> ValueError:  # safetensors' own errors: truncated, garbled
+        return ValueError(f"{path} is damaged or not a safetensors file ({str(e)[:120]}); "
+                          "restore it, or load the other weights (best or last)")
+
     try:
-        with safe_open(str(path), "pt") as f:
-            recorded = (f.metadata() or {}).get("sha256")
-        tensors = load_file(str(path))
-    except Exception as e:  # safetensors' own error types: a truncated or garbled file
-        raise ValueError(f"{path} is damaged or not a safetensors file ({str(e)[:120]}); "
-                         "restore it, or load the other weights (best or last)") from None
-    if recorded is not None and tensors_sha256(tensors) != recorded:
+        f = safe_open(str(path), "pt")
+        recorded = (f.metadata() or {}).get("sha256")
+        names = sorted(f.keys())
+    except Exception as e:
+        raise damaged(e) from None
+    h = hashlib.sha256()
+    for name in names:
+        try:
+            t = f.get_tensor(name)
+        except Exception as e:
+            raise damaged(e) from None
+        _hash_tensor(h, name, t)
+        yield name, t
+    if recorded is not None and h.hexdigest() != recorded:
         raise ValueError(f"{path} is damaged: its tensors do not match the checksum written "
                          "with them (a bit flip or a partial copy); restore it, or load the "
                          "other weights (best or last)")
-    return tensors
 
 
 def load_weights(model: nn.Module, path: Path, *, fresh: tuple[str, ...] = ()) -> None:
-    """Load safetensors weights; names from compiled models (``_orig_mod.``) are accepted and
-    tied weights that were stored once are restored to every name. Parameters whose names
-    start with one of ``fresh`` are not loaded and keep their initial values (a new head)."""
-    load_tensors(model, read_weights(path), path, fresh=fresh)
+    """Load safetensors weights, one tensor at a time; names from compiled models
+    (``_orig_mod.``) are accepted and tied weights that were stored once are restored to every
+    name. Parameters whose names start with one of ``fresh`` are not loaded and keep their
+    initial values (a new head). A sharded (FSDP) model takes each rank's slices."""
+    load_tensors(model, iter_weights(path), path, fresh=fresh)
 
 
-def load_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], where: Path | str, *,
-                 fresh: tuple[str, ...] = ()) -> None:
-    """:func:`load_weights` of tensors in memory (``where`` names them in errors)."""
-    tensors = {k.replace("_orig_mod.", ""): v for k, v in tensors.items()}
-    if fresh:
-        tensors = {k: v for k, v in tensors.items() if not k.startswith(fresh)}
-    target = unwrap(model)
-    expected = target.state_dict()
-    wrong = [f"{k} {tuple(v.shape)} (the model's: {tuple(expected[k].shape)})"
-             for k, v in tensors.items() if k in expected and v.shape != expected[k].shape]
+def load_tensors(model: nn.Module,
+                 tensors: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                 where: Path | str, *, fresh: tuple[str, ...] = ()) -> None:
+    """:func:`load_weights` of tensors in memory, or of (name, tensor) pairs as they are read
+    (``where`` names them in errors)."""
+    slots = unwrap(model).state_dict(keep_vars=True)  # the tensors themselves: tied = same
+    loaded: set[int] = set()
+    wrong, unexpected = [], []
+    with torch.no_grad():
+        for name, value in tensors.items() if isinstance(tensors, dict) else tensors:
+            name = name.replace("_orig_mod.", "")
+            slot = slots.get(name)
+            if fresh and name.startswith(fresh):
+                continue
+            if slot is None:
+                unexpected.append(name)
+            elif value.shape != slot.shape:
+                wrong.append(f"{name} {tuple(value.shape)} (the model's: {tuple(slot.shape)})")
+            else:
+                assign(slot, value)
+                loaded.add(id(slot))
     if wrong:
         raise ValueError(f"{where} does not match the model built from the config: "
                          f"{'; '.join(wrong[:3])}{' ...' if len(wrong) > 3 else ''} (was "
                          "config.toml edited?)")
-    missing, unexpected = target.load_state_dict(tensors, strict=False)
-    tied = {name for name in missing if _is_tied(target, name, tensors)}
-    missing = [m for m in missing if m not in tied and not (fresh and m.startswith(fresh))]
+    missing = [name for name, slot in slots.items()
+               if id(slot) not in loaded and not (fresh and name.startswith(fresh))]
     if missing or unexpected:
         raise ValueError(f"{where} does not match the model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
-
-
-def _is_tied(model: nn.Module, name: str, stored: dict) -> bool:
-    state = model.state_dict()
-    ptr = state[name].untyped_storage().data_ptr()
-    return any(state[k].untyped_storage().data_ptr() == ptr for k in stored if k in state)
 
 
 def weights_path(run_dir: Path, which: str = "best") -> Path:

@@ -28,6 +28,50 @@ def test_build_model_returns_the_right_class_with_its_config():
         assert model.config.arch == arch
 
 
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder", "encoder"])
+def test_build_model_initialises_every_value_as_the_constructor_does(arch):
+    """build_model builds on the meta device, allocates, then initialises: every parameter
+    and table is set (none left as the allocator's garbage), tied weights stay tied, and the
+    values are drawn as the constructor draws them (the same init, without its discarded
+    first draws)."""
+    from vaswani.models.common import init_weights
+    from vaswani.nn.positional import sinusoidal_table
+
+    extra = {"n_classes": 3} if arch == "encoder" else {}
+    cfg = ModelConfig(arch=arch, vocab_size=20, pad_id=0, **SMALL, **extra)
+    torch.manual_seed(0)
+    built = build_model(cfg)
+    model = {"encoder-decoder": EncoderDecoder, "decoder": DecoderLM,
+             "encoder": EncoderClassifier}[arch](cfg)
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            t.fill_(float("nan"))
+    torch.manual_seed(0)
+    init_weights(model, cfg.pad_id)
+    assert model.state_dict().keys() == built.state_dict().keys()
+    for name, value in built.state_dict().items():
+        assert_close(model.state_dict()[name], value, rtol=0, atol=0, msg=name)
+    for name, t in [*built.named_parameters(), *built.named_buffers()]:
+        assert torch.isfinite(t).all(), name
+        if t.dim() == 1:
+            assert set(t.unique().tolist()) <= {0.0, 1.0}, name  # norms' gains, biases
+    for m in built.modules():
+        if isinstance(m, torch.nn.Embedding) and m.padding_idx is not None:
+            assert m.weight[0].abs().sum() == 0  # the padding row
+        if hasattr(m, "pe"):
+            assert_close(m.pe, sinusoidal_table(cfg.max_len, cfg.d_model), rtol=0, atol=0)
+
+    def ties(m):  # the names that share one parameter
+        names = {}
+        for name, p in m.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), []).append(name)
+        return sorted(n for n in names.values() if len(n) > 1)
+
+    assert ties(built) == ties(model)
+    assert len(ties(built)) == (0 if arch == "encoder" else 1)  # the output head
+    assert all(p.is_meta for p in build_model(cfg, "meta").parameters())
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_decoder_lm_is_causal(variant):
     model = make("decoder", **variant)

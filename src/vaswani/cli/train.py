@@ -106,7 +106,7 @@ def summary(args: argparse.Namespace) -> int:
     if cfg.vocab_size == 0:
         raise ValueError(f"{args.config} leaves vocab_size to the data; give it with "
                          "--set model.vocab_size=N (or pass a trained RUN_DIR)")
-    model = build_model(cfg)
+    model = build_model(cfg, "meta")  # shapes only
     parts, total = parameter_counts(model)
     print(f"{args.config}: {type(model).__name__} ({cfg.arch})")
     for name, n in parts:

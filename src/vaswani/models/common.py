@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..config import ModelConfig
 from ..nn import masks
@@ -83,18 +84,40 @@ def stack_weights(layers: list[LayerWeights], which: str) -> Tensor:
 
 def init_weights(model: nn.Module, pad_id: int | None = None) -> None:
     """Xavier/Glorot-uniform for every matrix (embeddings and projections), zeros for biases,
-    ones/zeros for norms (their constructors' values), as in the Annotated Transformer.
+    ones for norm weights, as in the Annotated Transformer; and the constant tables
+    (``reset_buffers``). Every value is set, so it also initialises a model whose memory was
+    just allocated (:func:`vaswani.models.build_model`, built on the meta device).
 
-    Runs after weights are tied, so a tied matrix is initialised once. The padding token's
-    embedding row is set back to zero (``padding_idx`` keeps it there during training).
+    A tied matrix is initialised once. The padding token's embedding row is zero
+    (``padding_idx`` keeps it there during training). The random draws are the same, in the
+    same order, whether the parameters are whole or sharded (FSDP's DTensors: each rank draws
+    the whole matrix, one at a time, and keeps its slice), so a sharded run starts from the
+    weights a single process starts from.
     """
-    for module in model.modules():
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-    for p in model.parameters():
-        if p.dim() > 1:
-            nn.init.xavier_uniform_(p)
-    if pad_id is not None:
+    seen: set[int] = set()
+    with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
-                module.weight.data[module.padding_idx].zero_()
+            if hasattr(module, "reset_buffers"):
+                module.reset_buffers()
+            for name, p in module.named_parameters(recurse=False):
+                if id(p) in seen:  # tied
+                    continue
+                seen.add(id(p))
+                value = torch.empty(p.shape, dtype=p.dtype, device=p.device)
+                if p.dim() > 1:
+                    nn.init.xavier_uniform_(value)
+                    if isinstance(module, nn.Embedding) and module.padding_idx is not None \
+                            and pad_id is not None:
+                        value[module.padding_idx] = 0
+                else:  # a norm's gain is 1; biases and a norm's shift are 0
+                    value.fill_(1.0 if name == "weight" else 0.0)
+                assign(p, value)
+
+
+def assign(target: Tensor, value: Tensor) -> None:
+    """Copy the whole tensor ``value`` into a parameter: all of it, or this rank's slice of
+    a sharded (DTensor) parameter, cut locally (no communication)."""
+    if isinstance(target, DTensor):
+        value = distribute_tensor(value.to(target.device), target.device_mesh,
+                                  target.placements, src_data_rank=None)
+    target.copy_(value)

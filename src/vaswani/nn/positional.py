@@ -60,6 +60,11 @@ class Embeddings(nn.Module):
         self.norm = norm
         self.dropout = Dropout(dropout)
 
+    def reset_buffers(self) -> None:
+        """Fill the sinusoidal table (after ``to_empty`` has allocated it on a device)."""
+        if self.positional == "sinusoidal":
+            self.pe.copy_(sinusoidal_table(self.max_len, self.pe.size(1)))
+
     def forward(self, ids: Tensor, *, positions: Tensor | None = None, start: int = 0,
                 token_types: Tensor | None = None) -> Tensor:
         """ids: (B, T) -> (B, T, D). ``positions``: (B, T) or (T,) absolute positions, by

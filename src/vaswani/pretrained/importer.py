@@ -15,8 +15,6 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from .. import checkpoint, rundir
 from ..config import DecodeConfig, ModelConfig, RunConfig
 from ..data.registry import Package, fetch
@@ -82,8 +80,7 @@ def fits(config: ModelConfig, state: dict) -> None:
     checkpoint's tensors: every shape must agree and nothing may be missing, and the model may
     not ask for much more memory than the tensors hold: metadata that says d_ff = 2^26 in a
     13 KB file is an error, not an 8 TiB allocation."""
-    with torch.device("meta"):
-        model = build_model(config)
+    model = build_model(config, "meta")
     shapes = model.state_dict()
     wrong = [f"{k} {tuple(v.shape)} (expected {tuple(shapes[k].shape)})"
              for k, v in state.items() if k in shapes and v.shape != shapes[k].shape]

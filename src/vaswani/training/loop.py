@@ -78,16 +78,16 @@ class Trainer:
         self.stop = stop or StopRequest()
         t = cfg.train
         torch.manual_seed(t.seed)  # same initial weights on every rank
-        self.model = build_model(cfg.model).to(device)
+        self.sharded = t.parallel == "fsdp"
+        # FSDP: each rank allocates and initialises its slices only (sharding.build)
+        self.model = (sharding.build(cfg.model, device, t.precision) if self.sharded
+                      else build_model(cfg.model, device))
         for module in self.model.modules():  # [train] checkpoint_activations: every stack
             if isinstance(module, Stack):
                 module.checkpoint_activations = t.checkpoint_activations
-        if t.init_from and not resume:  # fine-tuning from pretrained weights
+        if t.init_from and not resume:  # fine-tuning from pretrained weights (into the slices)
             fresh = ("head.",) if cfg.model.arch == "encoder" else ()  # a classifier's new head
             checkpoint.load_weights(self.model, Path(t.init_from) / rundir.BEST, fresh=fresh)
-        self.sharded = t.parallel == "fsdp"
-        if self.sharded:  # weights loaded, optimizer not yet made: it steps the slices
-            sharding.shard(self.model, t.precision)
         self.optimizer = make_optimizer(self.model, t)
         self.batches = task.batches(data, dist.rank, dist.world)
         # fp16 gradients underflow without a scale; it adapts, and resumes with the run
@@ -299,7 +299,7 @@ class Trainer:
         """Rank 0's part of :meth:`_eval_step`: evaluate, judge, save the best weights."""
         model = self.model
         if self.sharded:
-            model = build_model(self.cfg.model).to(self.device)
+            model = build_model(self.cfg.model, self.device)
             checkpoint.load_tensors(model, weights, "the gathered weights")
         try:
             result = self.evaluate(model)
