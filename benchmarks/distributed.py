@@ -1,7 +1,7 @@
 """Sharded training against data-parallel training: per-rank memory and step time.
 
-    python -m benchmarks.distributed [--quick] [--nproc 2] [--device cpu|cuda]
-                                     [--cap-mib MIB] [--json OUT.json]
+    python -m benchmarks.distributed [--quick] [--startup-only] [--nproc 2]
+                                     [--device cpu|cuda] [--cap-mib MIB] [--json OUT.json]
 
 Trains a decoder-only language model (d 768, 8 layers, vocabulary 32,000: 81M parameters;
 ``--quick``: d 128, 2 layers) with vaswani's own ``Trainer`` on ``--nproc`` processes in
@@ -11,8 +11,11 @@ rank it reports:
 
 * the bytes the rank holds in parameters, gradients and AdamW state, counted from the tensors
   themselves after a step (a DTensor counts its local slice): what sharding divides;
-* the peak memory: CUDA's max allocated on a GPU, the peak resident set on a CPU (which adds
-  the interpreter, the libraries and the data);
+* the peak memory at start-up (the ``Trainer`` made: the model built, sharded, its weights
+  initialised) and over the whole run: CUDA's max allocated on a GPU, the peak resident set on
+  a CPU (which adds the interpreter, the libraries and the data). FSDP builds the model on the
+  meta device and each rank allocates its slices only, so its start-up peak is the slices,
+  not the model; ``--startup-only`` measures that alone (no training steps);
 * the median optimizer-step time over the timed steps, after warm-up.
 
 ``--cap-mib`` is the memory budget a rank is given for its training state (default: 3/4 of
@@ -65,6 +68,16 @@ def _config(folder: Path, quick: bool, device: str, train: dict) -> Path:
     return path
 
 
+def _peak(device: torch.device) -> int:
+    """The process's peak memory so far: CUDA's max allocated on a GPU, the peak resident
+    set on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _worker(rank: int, world: int, port: int, cfg_path: str, cache: str, steps: int,
             out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -88,8 +101,9 @@ def _worker(rank: int, world: int, port: int, cfg_path: str, cache: str, steps: 
     run_dir = Path(out).parent / f"run-{Path(out).stem}"
     run_dir.mkdir(exist_ok=True)
     trainer = Trainer(cfg, task, data, run_dir, device=device, dist=dist, progress=False)
+    startup = _peak(device)  # the model built (and sharded), before the first step
     times, state = [], {}
-    for step in range(steps + 2):  # two warm-up steps
+    for step in range(steps + 2 if steps else 0):  # two warm-up steps
         if device.type == "cuda":
             torch.cuda.synchronize()
         began = time.perf_counter()
@@ -103,15 +117,11 @@ def _worker(rank: int, world: int, port: int, cfg_path: str, cache: str, steps: 
             times.append(time.perf_counter() - began)
         state = {**sharding.training_bytes(trainer.model, trainer.optimizer),
                  "gradients": grads}
-    state["total"] = state["parameters"] + state["gradients"] + state["optimizer"]
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
-    else:
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    Path(out).write_text(json.dumps({"rank": rank, "state_bytes": state, "peak_bytes": peak,
-                                     "step_s": statistics.median(times),
+    if state:
+        state["total"] = state["parameters"] + state["gradients"] + state["optimizer"]
+    Path(out).write_text(json.dumps({"rank": rank, "state_bytes": state,
+                                     "startup_peak_bytes": startup, "peak_bytes": _peak(device),
+                                     "step_s": statistics.median(times) if times else None,
                                      "parameters": sum(p.numel() for p in
                                                        trainer.model.parameters())}))
     dist.barrier()  # every collective done; the model goes before the group (distributed.shutdown)
@@ -153,36 +163,51 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (one GPU per process)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 5; 2 "
                         "with --quick)")
+    parser.add_argument("--startup-only", action="store_true",
+                        help="only the memory at start-up (no training steps)")
     parser.add_argument("--cap-mib", type=float, default=None,
                         help="a rank's budget for its training state (default: 3/4 of DDP's)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per mode")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    args.steps = args.steps or (2 if args.quick else 5)
+    args.steps = 0 if args.startup_only else args.steps or (2 if args.quick else 5)
     results: dict = {"nproc": args.nproc, "device": args.device, "quick": args.quick,
                      "modes": {}}
     with tempfile.TemporaryDirectory(prefix="vaswani-dist-") as tmp:
-        for name in MODES:
+        for name in ["ddp", "fsdp"] if args.startup_only else MODES:  # the same start-up
             print(f"{name}: {args.nproc} processes ...", file=sys.stderr, flush=True)
             results["modes"][name] = run_mode(name, Path(tmp), args)
     mib = 2 ** 20
-    ddp_state = max(r["state_bytes"]["total"] for r in results["modes"]["ddp"])
-    cap = args.cap_mib * mib if args.cap_mib else 0.75 * ddp_state
-    results["cap_mib"] = round(cap / mib, 1)
     results["parameters"] = results["modes"]["ddp"][0]["parameters"]
+    ddp_startup = max(r["startup_peak_bytes"] for r in results["modes"]["ddp"])
     print(f"\n### Sharded vs data-parallel training: {results['parameters'] / 1e6:.1f}M "
-          f"parameters, {args.nproc} processes on {args.device}, cap {cap / mib:,.0f} MiB "
-          "of training state per rank\n")
-    print("| mode | params+grads+AdamW per rank, MiB | vs ddp | peak memory per rank, MiB "
-          "| step, s | fits the cap |\n|---|---|---|---|---|---|")
+          f"parameters, {args.nproc} processes on {args.device}\n")
+    if args.startup_only:
+        print("| mode | start-up peak per rank, MiB | vs ddp |\n|---|---|---|")
+    else:
+        ddp_state = max(r["state_bytes"]["total"] for r in results["modes"]["ddp"])
+        cap = args.cap_mib * mib if args.cap_mib else 0.75 * ddp_state
+        results["cap_mib"] = round(cap / mib, 1)
+        print(f"A cap of {cap / mib:,.0f} MiB of training state per rank.\n\n"
+              "| mode | params+grads+AdamW per rank, MiB | vs ddp | start-up peak per rank, "
+              "MiB | vs ddp | peak per rank, MiB | step, s | fits the cap |\n"
+              "|---|---|---|---|---|---|---|---|")
     for name, ranks in results["modes"].items():
-        state = max(r["state_bytes"]["total"] for r in ranks)
-        summary = {"state_mib": round(state / mib, 1), "vs_ddp": round(state / ddp_state, 3),
-                   "peak_mib": [round(r["peak_bytes"] / mib, 1) for r in ranks],
-                   "step_s": round(max(r["step_s"] for r in ranks), 3),
-                   "fits_cap": state <= cap}
+        startup = max(r["startup_peak_bytes"] for r in ranks)
+        summary = {"startup_peak_mib": [round(r["startup_peak_bytes"] / mib, 1) for r in ranks],
+                   "startup_vs_ddp": round(startup / ddp_startup, 3)}
         results.setdefault("summary", {})[name] = summary
-        print(f"| {name} | {summary['state_mib']:,.1f} | {summary['vs_ddp']:.2f}x | "
+        started = (f"{' / '.join(f'{m:,.0f}' for m in summary['startup_peak_mib'])} | "
+                   f"{summary['startup_vs_ddp']:.2f}x")
+        if args.startup_only:
+            print(f"| {name} | {started} |")
+            continue
+        state = max(r["state_bytes"]["total"] for r in ranks)
+        summary.update(state_mib=round(state / mib, 1), vs_ddp=round(state / ddp_state, 3),
+                       peak_mib=[round(r["peak_bytes"] / mib, 1) for r in ranks],
+                       step_s=round(max(r["step_s"] for r in ranks), 3),
+                       fits_cap=state <= cap)
+        print(f"| {name} | {summary['state_mib']:,.1f} | {summary['vs_ddp']:.2f}x | {started} | "
               f"{' / '.join(f'{m:,.0f}' for m in summary['peak_mib'])} | "
               f"{summary['step_s']:.3f} | {'yes' if summary['fits_cap'] else 'no'} |")
     if args.json:

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from torch.testing import assert_close
 
 from tests import processes
-from tests.training.fixtures import config, reverse_task
+from tests.training.fixtures import classification_file, config, reverse_task
 from tests.training.test_trainer import free_port, losses
 from vaswani.training.train import Launch, train
 
@@ -47,10 +47,10 @@ def runs(tmp_path_factory):
     return tmp, cfg
 
 
-def assert_same_run(a: Path, b: Path) -> None:
+def assert_same_run(a: Path, b: Path, steps: int = STEPS) -> None:
     """Equal losses at every step and equal final weights, to fp32 roundoff."""
     la, lb = losses(a), losses(b)
-    assert sorted(la) == sorted(lb) == list(range(1, STEPS + 1))
+    assert sorted(la) == sorted(lb) == list(range(1, steps + 1))
     for step in la:
         assert abs(la[step] - lb[step]) <= 1e-5, (step, la[step], lb[step])
     wa, wb = (load_file(str(run / "last/model.safetensors")) for run in (a, b))
@@ -75,6 +75,21 @@ def test_fsdp_on_two_processes_equals_one_process(runs):
 
     assert isinstance(load(out).translate(["abc"])[0], str)
     assert (out / "model.safetensors").exists()  # the best weights, gathered
+
+
+def test_init_from_is_loaded_into_the_slices(small_runs, tmp_path):
+    """A classifier started from another run's encoder by two FSDP processes, each loading
+    its slices of the body (one tensor at a time) and initialising the new head's slices,
+    trains as one unsharded process does."""
+    base_dir, _ = small_runs["encoder"]
+    data = classification_file(tmp_path / "d.tsv", n=60)
+    cfg = config(tmp_path / "ft.toml", "encoder", data,
+                 train={"init_from": str(base_dir), "max_steps": 3, "eval_every": 3,
+                        "save_every": 3})
+    vaswani("train", str(cfg), "--out", str(tmp_path / "one"))
+    vaswani("train", str(cfg), "--out", str(tmp_path / "two"), "--set", "train.parallel=fsdp",
+            nproc=2)
+    assert_same_run(tmp_path / "one", tmp_path / "two", steps=3)
 
 
 def test_a_sharded_run_resumes_on_another_number_of_processes(runs):

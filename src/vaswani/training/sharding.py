@@ -9,6 +9,10 @@ after, and its gradients are reduce-scattered back into slices. So each rank hol
 time. The units here: every transformer layer, then the root (the embeddings, the output head
 tied to them, the final norms), which stays gathered between forward and backward.
 
+Every rank builds the model on the meta device and shards it before any memory is allocated
+(:func:`build`), so a rank only ever holds its slices: the model never exists whole on one
+rank at start-up, and weights from ``init_from`` are cut into slices one tensor at a time.
+
 What the rest of training sees:
 
 - the optimizer is made after :func:`shard` (over the DTensor slices) and steps each rank's
@@ -40,14 +44,29 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from ..config import ModelConfig
+from ..models import build_model, materialise
+from ..models.common import init_weights
 from ..nn.layers import Stack
+
+
+def build(config: ModelConfig, device: torch.device, precision: str = "fp32") -> nn.Module:
+    """The model for ``config``, sharded, holding this rank's slices only: built on the meta
+    device (shapes, no memory), sharded, then each rank allocates its slices on ``device`` and
+    initialises them (``init_weights`` draws each whole matrix, one at a time, and keeps the
+    rank's slice: the weights a single process starts from, with the same seed). Peak memory
+    at start-up is the slices plus the largest single matrix, not the model. Weights from
+    ``init_from`` are loaded into the slices the same way (checkpoint.load_weights)."""
+    model = shard(build_model(config, "meta"), precision)
+    materialise(model, device)
+    init_weights(model, config.pad_id)
+    return model
 
 
 def shard(model: nn.Module, precision: str = "fp32") -> nn.Module:
     """Shard ``model`` in place over the default process group: each layer of each
-    :class:`Stack` a unit, the rest the root's. Load weights before (every rank the same),
-    make the optimizer after. bf16: layers compute in bf16, gradients are reduced and the
-    sharded master weights kept in fp32."""
+    :class:`Stack` a unit, the rest the root's. Make the optimizer after. bf16: layers
+    compute in bf16, gradients are reduced and the sharded master weights kept in fp32."""
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if precision == "bf16" else MixedPrecisionPolicy()
     for module in model.modules():
