@@ -182,17 +182,19 @@ def record_launcher(run_dir: Path) -> None:
 
 
 def restarted_into(run_dir: Path) -> bool:
-    """Whether this process is torchrun restarting (``--max-restarts``) the job that started
-    ``run_dir``: then ``vaswani train CONFIG --out RUN_DIR`` continues the run instead of
-    refusing a directory that holds one. A first attempt, another job, or no torchrun at all:
-    False (a run is never taken over by a command that did not start it)."""
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
-        return False
+    """Whether this process belongs to the torchrun job that started ``run_dir`` (its
+    ``launcher.json``): then it is torchrun restarting that job (``--max-restarts``), or the
+    same command run again with the same ``--rdzv-id``, and ``vaswani train CONFIG --out
+    RUN_DIR`` continues the run instead of refusing a directory that holds one. Another job,
+    or no torchrun at all: False (a run is never taken over by a command that did not start
+    it). Asked by rank 0 before it writes ``launcher.json`` itself (a new run's first attempt
+    finds none) and told to the others (training/train.py): torchrun's restart count cannot
+    say it, as a restart made for a change of membership is not counted."""
     try:
         recorded = json.loads((run_dir / LAUNCHER).read_text())["job"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return recorded == launcher_job()
+    return launcher_job() is not None and recorded == launcher_job()
 
 
 def remove_run_files(run_dir: Path) -> None:

@@ -107,19 +107,36 @@ def test_a_restart_never_takes_over_a_run_its_job_did_not_start(straight, tmp_pa
     assert (uninterrupted / "last/state.json").read_text() == before
 
 
-def test_only_a_restart_of_the_same_job_continues(tmp_path, monkeypatch):
+def test_only_the_job_that_started_a_run_continues_it(tmp_path, monkeypatch):
+    """Whatever torchrun's restart count says (a restart for a change of membership is not
+    counted), the job recorded in launcher.json continues the run, and no other does."""
     (tmp_path / rundir.CONFIG).write_text("")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert not rundir.restarted_into(tmp_path)  # a new run: rank 0 has not recorded it yet
     rundir.record_launcher(tmp_path)
-    assert not rundir.restarted_into(tmp_path)  # a first attempt never continues
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    assert rundir.restarted_into(tmp_path)
+    for count in ["0", "1"]:
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", count)
+        assert rundir.restarted_into(tmp_path)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-b")
     assert not rundir.restarted_into(tmp_path)  # another job's run
     monkeypatch.delenv("TORCHELASTIC_RUN_ID")
     assert not rundir.restarted_into(tmp_path)  # not under torchrun
     assert not rundir.restarted_into(tmp_path / "nothing-here")
+
+
+def test_restarts_on_several_machines_with_a_shared_store_are_refused(monkeypatch):
+    """torchrun's agents share a store across restarts by default; on several machines their
+    restart counts can differ, so a restarted group would wait for itself until the timeout:
+    refused at start, naming the setting that gives each attempt a store of its own."""
+    from vaswani.training import distributed
+
+    for name, value in [("TORCHELASTIC_USE_AGENT_STORE", "True"),
+                        ("TORCHELASTIC_MAX_RESTARTS", "3"), ("GROUP_WORLD_SIZE", "2")]:
+        monkeypatch.setenv(name, value)
+    distributed._attempt_store.cache_clear()
+    with pytest.raises(RuntimeError, match="TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        distributed._attempt_store()
+    distributed._attempt_store.cache_clear()
 
 
 def test_two_nodes_on_loopback_train_and_one_node_resumes(straight, tmp_path):
@@ -128,26 +145,9 @@ def test_two_nodes_on_loopback_train_and_one_node_resumes(straight, tmp_path):
     the two-process job that was never split (docs/distributed.md, several machines)."""
     cfg, uninterrupted = straight
     run, port = tmp_path / "run", free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
-    def node() -> processes.subprocess.Popen:
-        return processes.subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-             "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
-             f"--rdzv_id=loopback-{port}", "-m", "vaswani", "train", str(cfg), "--out",
-             str(run), "--no-progress", "--set", f"train.max_steps={STEPS // 2}",
-             "--set", f"train.schedule_steps={STEPS}"],
-            env=env, stdout=processes.subprocess.PIPE, stderr=processes.subprocess.PIPE,
-            text=True)
-
-    nodes = [node(), node()]
-    try:
-        for proc in nodes:
-            _, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, err[-3000:]
-    finally:
-        for proc in nodes:
-            processes.kill_tree(proc)
+    both(cfg, run, "--set", f"train.max_steps={STEPS // 2}", "--set",
+         f"train.schedule_steps={STEPS}", port=port)
     assert json.loads((run / "last/state.json").read_text())["step"] == STEPS // 2
     resume_job(run, "--set", f"train.max_steps={STEPS}")
     assert_same_run(run, uninterrupted)
@@ -226,3 +226,54 @@ def test_collective_timeout_must_be_positive():
 
     with pytest.raises(ValueError, match=r"collective_timeout \(0(\.0)?\) must be positive"):
         TrainConfig(collective_timeout=0).validate()
+
+
+def two_nodes(cfg: Path, run: Path, *extra: str, script: str | None = None,
+              env: dict | None = None, port: int | None = None,
+              restarts: int = 0) -> processes.subprocess.Popen:
+    """One torchrun "node" (one process) of a job that meets at a c10d rendezvous on
+    127.0.0.1:``port``, as on several machines, each attempt at a store of its own (the
+    documented command line)."""
+    return processes.subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+         "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+         f"--rdzv_id=loopback-{port}", f"--max-restarts={restarts}", "--monitor-interval=0.5",
+         *([script] if script else ["-m", "vaswani"]), "train", str(cfg), "--out", str(run),
+         "--no-progress", *extra],
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+             **(env or {})},
+        stdout=processes.subprocess.PIPE, stderr=processes.subprocess.PIPE, text=True)
+
+
+def both(*args, **kwargs) -> str:
+    """Both nodes of ``two_nodes(*args, **kwargs)`` run to their end, successfully; their
+    standard errors."""
+    nodes = [two_nodes(*args, **kwargs) for _ in range(2)]
+    errs = []
+    try:
+        for proc in nodes:
+            errs.append(proc.communicate(timeout=400)[1])
+    finally:
+        for proc in nodes:
+            processes.kill_tree(proc)
+    said = "\n".join(e[-3000:] for e in errs)
+    assert all(proc.returncode == 0 for proc in nodes), said
+    return said
+
+
+@pytest.mark.parametrize("moment", ["step:6", "wait:10"])
+def test_two_nodes_restart_after_one_loses_its_process(straight, tmp_path, moment):
+    """Several machines: the process of one node is killed; its torchrun restarts it, the
+    other node's torchrun restarts its own, and the job ends with the run a job never killed
+    makes. Killed during a step, the other rank fails at its next exchange and both torchruns
+    count a restart; killed while rank 0 evaluates alone (4 s), the other node's torchrun sees
+    the first rejoin the rendezvous and restarts its process as a membership change, which
+    it does not count: the two nodes' restart counts then differ, and only rank 0's view of
+    the run decides whether the job continues it."""
+    cfg, uninterrupted = straight
+    run, port = tmp_path / "run", free_port()
+    env = {"DIE": f"1:{moment}", "ONCE": str(tmp_path / "died"), "SLOW": "4"}
+    said = both(cfg, run, "--set", "train.collective_timeout=30", script=HELPER, env=env,
+                port=port, restarts=3)
+    assert "die_in.py: rank 1 killed" in said
+    assert_same_run(run, uninterrupted)

@@ -13,9 +13,11 @@ processes resumes in one, and a single GPU trains the way N do).
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -120,15 +122,48 @@ def init(rank: int, world: int, local_rank: int, device: torch.device, *,
     return Dist(rank, world, local_rank, owns_group=True)
 
 
+SHARED_STORE_ADVICE = (
+    "torchrun restarts processes on several machines (--max-restarts with several nodes), "
+    "and its agents share one store across restarts: after one machine's processes restart, "
+    "the machines' restart counts can differ and the restarted group would wait for each "
+    "other until the timeout. Start every torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+    "in its environment (each restart then meets at a new store; docs/distributed.md)")
+
+
+@functools.cache
 def _attempt_store() -> dist.Store:
-    """The store torchrun's environment names (``env://``), its keys kept apart for each
-    attempt of a job that torchrun restarts (``--max-restarts``): the agent's store outlives
-    an attempt, and a rank that starts before its peers of the next attempt would otherwise
-    read the dead ranks' addresses under the same keys and fail to connect (gloo's
-    "connectFullMesh failed ... Connection refused", seen on every other restart)."""
+    """The store this attempt of the job meets at, made once per process (rank 0 may host it).
+
+    Where torchrun's agents share their store across restarts (its default,
+    ``TORCHELASTIC_USE_AGENT_STORE=True``), keys are kept apart for each attempt by its restart
+    count: a rank that starts before its peers of the next attempt would otherwise read the
+    dead ranks' addresses under the same keys and fail to connect (gloo's "connectFullMesh
+    failed ... Connection refused"). The count is the same on every rank of one machine, but
+    torchrun does not count a restart made for a change of membership (another machine's
+    processes rejoining), so on several machines with restarts the counts can differ: there a
+    store of each attempt's own is needed (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: rank 0
+    hosts it, at a port torchrun picks anew for each attempt), and its absence is an error."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        if (int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0
+                and int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1):
+            raise RuntimeError(SHARED_STORE_ADVICE)
+        store, _, _ = next(dist.rendezvous("env://"))
+        return dist.PrefixStore(
+            f"vaswani/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}", store)
     store, _, _ = next(dist.rendezvous("env://"))
-    return dist.PrefixStore(f"vaswani/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}",
-                            store)
+    return store
+
+
+def rank0_decides(key: str, decide: Callable[[], str], rank: int, world: int) -> str:
+    """Rank 0's answer to a question every rank must answer alike before the process group
+    exists (whether a restarted job continues its run), shared through the store the group
+    starts from: on several machines the ranks' environments need not agree."""
+    if world == 1:
+        return decide()
+    store = _attempt_store()
+    if rank == 0:
+        store.set(f"vaswani/{key}", decide())
+    return store.get(f"vaswani/{key}").decode()
 
 
 def shutdown(d: Dist) -> None:

@@ -34,7 +34,7 @@ from ..data.registry import default_cache
 from ..data.tokenizers import Tokenizer
 from ..tasks import Task, TaskData, task_for
 from ..viz.curves import plot_loss
-from .distributed import Dist, init, shutdown
+from .distributed import Dist, init, rank0_decides, shutdown
 from .loop import Trainer
 from .progress import TENSORBOARD
 from .state import StopRequest
@@ -68,7 +68,8 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
         raise ValueError("give a CONFIG.toml to train, or --resume RUN_DIR")
     else:
         run_dir = Path(out) if out else Path("runs") / Path(config).stem
-        if rundir.restarted_into(run_dir):  # torchrun restarting the job that started it
+        if rank0_decides("continues", lambda: str(rundir.restarted_into(run_dir)),
+                         launch.rank, launch.world) == "True":  # torchrun restarting its job
             resume, overwrite = _continue_after_restart(run_dir, launch.rank)
         cfg, init_tokenizers = ((resumed_config(run_dir, overrides), None) if resume
                                 else configure(config, overrides))
@@ -133,9 +134,10 @@ def _continue_after_restart(run_dir: Path, rank: int) -> tuple[str | None, bool]
                   "yet: starting over", file=sys.stderr, flush=True)
         return None, True
     if rank == 0:
-        print(f"vaswani train: torchrun restarted this job (restart "
-              f"{os.environ.get('TORCHELASTIC_RESTART_COUNT')}); resuming {run_dir} from its "
-              "last checkpoint", file=sys.stderr, flush=True)
+        count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        # a restart for a change of membership (another machine rejoining) is not counted
+        print(f"vaswani train: torchrun restarted this job{f' (restart {count})' if count else ''}"
+              f"; resuming {run_dir} from its last checkpoint", file=sys.stderr, flush=True)
     return str(run_dir), False
 
 
