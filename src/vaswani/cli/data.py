@@ -21,7 +21,7 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     q = data_sub.add_parser("prepare", help="fetch and convert one dataset", parents=[cache],
                             description="Fetch, verify and convert NAME (see `vaswani data "
                                         "list`).")
-    q.add_argument("name", metavar="NAME")
+    q.add_argument("name", metavar="NAME", help="a dataset of `vaswani data list`")
     q.add_argument("--out", metavar="DIR", help="where to write (default CACHE/datasets/NAME)")
     q.add_argument("--force", action="store_true",
                    help="prepare again even if DIR already holds it, intact")
@@ -33,7 +33,8 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                     "the [data] of CONFIG.toml into memory-mapped token files under "
                     "CACHE/encoded/, where `vaswani train` with the same settings (and every "
                     "DDP process, and --resume) finds them.")
-    q.add_argument("config", metavar="CONFIG.toml")
+    q.add_argument("config", metavar="CONFIG.toml",
+                   help="the config whose [data] to encode (as vaswani train would)")
     q.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value, e.g. --set train.lr=3e-4 (repeatable)")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -22,7 +22,8 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
         "metrics. Binds to 127.0.0.1 unless --host says "
         "otherwise; with --api-key (or $VASWANI_API_KEY) every /v1 route needs "
         "'Authorization: Bearer KEY'.")
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                   help="runs to serve, each under its folder's name (or --name)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8000, help="port to listen on, 1-65535 "
                    "(default 8000)")
@@ -50,7 +51,8 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument("--quantize", choices=["int8"],
                    help="int8: every model's linear layers with int8 weights (a CPU only)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="uvicorn's log level")
     p.set_defaults(func=serve)
 
 

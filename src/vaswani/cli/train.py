@@ -31,7 +31,8 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p = sub.add_parser("summary", help="count the parameters of a config's or a run's model",
                        description="Build the [model] of CONFIG.toml (or of RUN_DIR) and "
                                    "print parameter counts.")
-    p.add_argument("config", metavar="CONFIG.toml|RUN_DIR")
+    p.add_argument("config", metavar="CONFIG.toml|RUN_DIR",
+                   help="a config file, or a run directory (its config.toml)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value, e.g. --set model.vocab_size=8000")
     p.set_defaults(func=summary)

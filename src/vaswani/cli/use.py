@@ -50,10 +50,14 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p = run_parser("generate", "continue a prompt with a language-model run",
                    "Stream a continuation of --prompt to stdout as it is produced.")
     p.add_argument("--prompt", required=True, help="the text to continue")
-    p.add_argument("--max-new-tokens", type=int, metavar="N")
+    p.add_argument("--max-new-tokens", type=int, metavar="N",
+                   help="tokens to generate at most (default [decode] max_new_tokens)")
     p.add_argument("--temperature", type=float, metavar="T", help="0 = greedy")
-    p.add_argument("--top-k", type=int, metavar="K")
-    p.add_argument("--top-p", type=float, metavar="P")
+    p.add_argument("--top-k", type=int, metavar="K",
+                   help="sample among the K most likely tokens only (0 = off)")
+    p.add_argument("--top-p", type=float, metavar="P",
+                   help="sample among the most likely tokens whose probabilities sum to P "
+                        "(1 = off)")
     p.add_argument("--seed", type=int, metavar="S", help="make sampling reproducible")
     p.add_argument("--stop", action="append", metavar="TEXT",
                    help="end the output where TEXT appears (repeatable)")
@@ -66,15 +70,16 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
 
     p = run_parser("classify", "classify lines with an encoder run",
                    "Read lines (stdin, or --input FILE); print label<TAB>probability for each.")
-    p.add_argument("--input", metavar="FILE")
+    p.add_argument("--input", metavar="FILE", help="read lines from FILE instead of stdin")
     p.set_defaults(func=classify)
 
     p = run_parser("embed", "sentence embeddings from an encoder run (e.g. imported BERT)",
                    "Read lines (stdin, or --input FILE); write one L2-normalised, mean-pooled "
                    "embedding per line: a JSON array of arrays (stdout or --out FILE.json), "
                    "or a NumPy array with --out FILE.npy.")
-    p.add_argument("--input", metavar="FILE")
-    p.add_argument("--out", metavar="FILE.json|FILE.npy")
+    p.add_argument("--input", metavar="FILE", help="read lines from FILE instead of stdin")
+    p.add_argument("--out", metavar="FILE.json|FILE.npy",
+                   help="write the embeddings here (.npy: a NumPy array; default stdout, JSON)")
     p.add_argument("--batch-size", type=positive, default=32, metavar="N",
                    help="lines encoded at a time (default 32)")
     p.set_defaults(func=embed)

@@ -2,7 +2,8 @@
 
 from .base import ConfigBase, coerce, dump_toml, load_toml, parse_text, unknown_key_error
 from .file import SECTIONS, RunConfig, apply_overrides, load_run_config, parse_value
-from .sections import DataConfig, DecodeConfig, ModelConfig, TrainConfig
+from .model import ModelConfig
+from .sections import DataConfig, DecodeConfig, TrainConfig
 
 __all__ = [
     "SECTIONS", "ConfigBase", "DataConfig", "DecodeConfig", "ModelConfig", "RunConfig",

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from .base import ConfigBase, dump_toml, load_toml, parse_text, unknown_key_error
-from .sections import DataConfig, DecodeConfig, ModelConfig, TrainConfig
+from .model import ModelConfig
+from .sections import DataConfig, DecodeConfig, TrainConfig
 
 SECTIONS: dict[str, type[ConfigBase]] = {
     "model": ModelConfig, "data": DataConfig, "train": TrainConfig, "decode": DecodeConfig,

@@ -1,0 +1,165 @@
+"""The model's configuration, ``[model]``: everything needed to build one of the three model
+families, saved with every run.
+
+Every field is typed; values are checked against the type (``Literal`` choices included) when
+the object is built, so a bad value fails early with a message naming the field and the value::
+
+    >>> ModelConfig(arch="decoder", vocab_size=100, d_model=500, n_heads=8)
+    Traceback (most recent call last):
+    ValueError: d_model (500) must be divisible by n_heads (8)
+
+Some fields default to another field's value (``n_kv_heads=None`` means ``n_heads``): that is
+decided once, when the object is built (:meth:`ModelConfig.follows`), so everywhere else
+``config.n_kv_heads`` is simply a number. Each field's docstring is its documentation (the
+config reference of the docs site is generated from them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .base import ConfigBase
+
+
+@dataclass(frozen=True)
+class ModelConfig(ConfigBase):
+    """Everything needed to build a model; saved with every run as ``[model]``."""
+
+    SECTION = "model"
+
+    arch: Literal["encoder-decoder", "decoder", "encoder"] = "encoder-decoder"
+    """The model family: a translator, a language model or a classifier (embedder)."""
+    vocab_size: int = 0
+    """Token vocabulary (the source's, for a translator); 0 = not yet known: `vaswani train`
+    sets it from the tokenizer."""
+    tgt_vocab_size: int | None = None
+    """Encoder-decoder: the target vocabulary; None = `vocab_size`."""
+    n_classes: int | None = None
+    """Encoder only: classes of the head, set from the labels; 0 = no head (embeddings)."""
+    d_model: int = 512
+    """Width of every hidden state (the paper's d_model)."""
+    n_heads: int = 8
+    """Attention heads per layer; d_model must divide by it."""
+    n_kv_heads: int | None = None
+    """Key/value heads: fewer than `n_heads` is grouped-query attention; None = `n_heads`."""
+    d_ff: int = 2048
+    """Inner width of each feed-forward block."""
+    n_layers: int = 6
+    """Layers per stack (encoder and decoder alike unless set apart)."""
+    n_encoder_layers: int | None = None
+    """Encoder stack depth; None = `n_layers`."""
+    n_decoder_layers: int | None = None
+    """Decoder stack depth; None = `n_layers`."""
+    dropout: float = 0.1
+    """Dropout on embeddings, sub-layer outputs and the feed-forward's inner activations."""
+    attn_dropout: float | None = None
+    """Dropout on attention weights; None = `dropout`."""
+    max_len: int = 512
+    """Longest sequence the model takes, in tokens (longer inputs are truncated with a
+    warning)."""
+    pad_id: int = 0
+    """The padding token's id (its embedding row is zero and it is never attended to);
+    set from the tokenizer."""
+    norm_first: bool = False
+    """False: post-LN as in the paper (norm after each residual sum); True: pre-LN (norm
+    before each sub-layer) and a final norm."""
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    """Layer norm (the paper, BERT) or RMSNorm (LLaMA)."""
+    norm_eps: float = 1e-5
+    """The epsilon added to the variance in every norm."""
+    activation: Literal["relu", "gelu", "swiglu"] = "relu"
+    """The feed-forward's activation: ReLU (the paper), GELU (BERT, GPT-2) or gated SwiGLU
+    (LLaMA)."""
+    bias: bool = True
+    """Biases in every Linear and LayerNorm."""
+    positional: Literal["sinusoidal", "learned", "rope", "none"] = "sinusoidal"
+    """Positions: the paper's sinusoids, a learned table, rotary embeddings (RoPE) or none."""
+    rope_base: float = 10000.0
+    """With `positional = "rope"`: the rotary embeddings' base."""
+    type_vocab_size: int = 0
+    """BERT token-type (segment) embeddings; 0 = none."""
+    embed_norm: bool = False
+    """A norm after the embeddings (BERT)."""
+    scale_embeddings: bool = True
+    """Multiply token embeddings by sqrt(d_model), as the paper does."""
+    tie_embeddings: bool = True
+    """The output projection shares the (target) input embedding's weights."""
+    share_embeddings: bool = False
+    """Encoder-decoder: one embedding for source and target."""
+    pooling: Literal["cls", "mean"] = "mean"
+    """Encoder classifier: "cls" takes the first token's state, "mean" averages the real
+    tokens'."""
+    attention: Literal["auto", "sdpa", "reference"] = "auto"
+    """Attention kernel: "reference" (written-out matmuls), "sdpa" (PyTorch's fused
+    kernel), or "auto": reference for bf16 on a CPU up to 512 keys, sdpa elsewhere."""
+
+    def validate(self) -> None:
+        positive = ["d_model", "n_heads", "d_ff", "n_layers", "max_len"]
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
+        if self.max_len < 2:
+            raise ValueError(f"max_len ({self.max_len}) must be at least 2: a sequence needs "
+                             "a token and <eos>")
+        if self.n_classes is not None and self.n_classes < 0:
+            raise ValueError(f"n_classes ({self.n_classes}) must not be negative")
+        for name in ["tgt_vocab_size", "n_kv_heads", "n_encoder_layers", "n_decoder_layers"]:
+            value = getattr(self, name)
+            if value is not None and value <= 0 and name not in self._followed:
+                raise ValueError(f"{name} ({value}) must be positive")
+        if self.vocab_size < 0:
+            raise ValueError(f"vocab_size ({self.vocab_size}) must be positive")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})")
+        for name in ["dropout", "attn_dropout"]:
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} ({value}) must be in [0, 1)")
+        if self.rope_base <= 0:
+            raise ValueError(f"rope_base ({self.rope_base}) must be positive")
+        if self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size ({self.type_vocab_size}) must not be negative")
+        if self.positional == "rope" and (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"positional 'rope' needs an even head dim, got "
+                             f"{self.d_model} / {self.n_heads}")
+        if self.norm_eps <= 0:
+            raise ValueError(f"norm_eps ({self.norm_eps}) must be positive")
+        if self.vocab_size and not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"pad_id ({self.pad_id}) must be in [0, vocab_size={self.vocab_size})")
+        if self.arch != "encoder" and self.n_classes is not None:
+            raise ValueError(f"n_classes ({self.n_classes}) is only used by arch 'encoder'")
+        if self.arch != "encoder-decoder" and self.tgt_vocab_size is not None:
+            raise ValueError(
+                f"tgt_vocab_size ({self.tgt_vocab_size}) is only used by arch 'encoder-decoder'")
+        if (self.share_embeddings and self.tgt_vocab_size is not None
+                and self.tgt_vocab_size != self.vocab_size):
+            raise ValueError(
+                f"share_embeddings (True) needs tgt_vocab_size ({self.tgt_vocab_size}) "
+                f"equal to vocab_size ({self.vocab_size})")
+
+    def require_complete(self) -> None:
+        """The values ``vaswani train`` fills in from the data must be set to build a model."""
+        if self.vocab_size == 0:
+            raise ValueError("vocab_size (0) must be set to build a model "
+                             "(vaswani train sets it from the tokenizer)")
+        if self.arch == "encoder" and self.n_classes is None:
+            raise ValueError("n_classes (None) must be set for arch 'encoder' "
+                             "(vaswani train sets it from the labels)")
+
+    def follows(self) -> dict:
+        """What ``None`` means, decided once: the number of k/v heads is the number of heads,
+        each stack has ``n_layers`` layers, attention dropout is the dropout, and the target
+        vocabulary is the source's. Fields a model family does not use stay None."""
+        out = {"n_kv_heads": self.n_heads, "attn_dropout": self.dropout}
+        if self.arch in ("encoder-decoder", "encoder"):
+            out["n_encoder_layers"] = self.n_layers
+        if self.arch in ("encoder-decoder", "decoder"):
+            out["n_decoder_layers"] = self.n_layers
+        if self.arch == "encoder-decoder":
+            out["tgt_vocab_size"] = self.vocab_size
+        return out
