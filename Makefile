@@ -4,14 +4,14 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-.PHONY: demo test lint quality bench clean
+.PHONY: demo test lint docs docs-serve quality bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	# torch first and pinned: the CPU wheel; an unpinned torch pulls gigabytes of CUDA packages.
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[serve,export,test]'
+	$(PIP) install --quiet -e '.[serve,export,test,docs]'
 	touch $@
 
 demo: $(VENV)/.installed
@@ -29,9 +29,16 @@ quality: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m benchmarks $(BENCH_ARGS)
 
+# The documentation site (mkdocs.yml, docs/): built into site/, broken links are errors.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+docs-serve: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests examples benchmarks scripts
 	$(VENV)/bin/lint-imports --no-cache
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build site src/*.egg-info .pytest_cache

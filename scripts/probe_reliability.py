@@ -1197,62 +1197,56 @@ def probe_server_long_prompt(p):
 
 INTRO = """# Reliability
 
-Every fault and bad input below was tried through the command line (and, for the server, over
-HTTP) by `scripts/probe_reliability.py`, against the code before the work that fixed it
-("before") and against this checkout ("now"). The first pass's "before" is commit e078973; the
-second pass (the groups marked "2:", a hostile user played against the server, export, caches
-and importers) compares with commit 8c1487e. Rerun it with
+Every fault and bad input below is tried through the command line (and, for the server, over
+HTTP) by `scripts/probe_reliability.py`, and the table says what this version does with it. The
+same faults are tests in `tests/reliability/`, which run in `make test`. Rerun the probe and
+rewrite this page with
 
-    git worktree add /tmp/old e078973
-    git worktree add /tmp/old2 8c1487e
-    python scripts/probe_reliability.py --checkout /tmp/old --json before.json
-    python scripts/probe_reliability.py --checkout /tmp/old2 --only SECOND_PASS_IDS \\
-        --json before2.json
-    python scripts/probe_reliability.py --before before.json before2.json \\
+    python scripts/probe_reliability.py --json docs/results/reliability-now.json \\
         --markdown docs/reliability.md
 
-(`SECOND_PASS_IDS`: the ids of the "2:" cases, which `--list` prints.)
+(`--checkout DIR` probes another source tree, and `--before OLD.json` adds its outcomes as a
+column, to compare two versions.)
 
-Outcomes: **clean** — the command works, or stops with one line `vaswani: error: ...` and exit
-status 2 having lost nothing; **traceback** — a Python traceback; **accepted** — a bad input
-taken silently (exit 0); **wrong** — something lost or inexact (a resumed run that differs
+Outcomes: **clean**: the command works, or stops with one line `vaswani: error: ...` and exit
+status 2 having lost nothing; **traceback**: a Python traceback; **accepted**: a bad input
+taken silently (exit 0); **wrong**: something lost or inexact (a resumed run that differs
 from a straight one, a user's files deleted, a damaged file loaded, a half-written result taken
 as complete); **hang**. A full disk is a small tmpfs mounted by the probe (it needs root; the
-cases say *skipped* otherwise). The same faults are tests in `tests/reliability/`, which run in
-`make test`.
+cases say *skipped* otherwise).
 
 """
 
 
 def markdown(after: list[dict], before: dict[str, dict] | None) -> str:
+    """The report: this checkout's outcome of every case, by group (and, with ``before``, an
+    earlier checkout's beside it)."""
     counts = Counter(r["outcome"] for r in after)
     tried = sum(v for k, v in counts.items() if k != "skipped")
-    lines = [INTRO]
-    for title, second in (("First pass", False), ("Second pass", True)):
-        ids = {r["id"] for r in after if r["group"].startswith("2:") == second}
-        if before is not None:
-            b = Counter(r["outcome"] for k, r in before.items() if k in ids)
-            b_tried = sum(v for k, v in b.items() if k != "skipped")
-            lines.append(f"{title}: **before, {b['clean']} of {b_tried} clean** "
-                         f"({', '.join(f'{v} {k}' for k, v in sorted(b.items()))}); ")
-        n = Counter(r["outcome"] for r in after if r["id"] in ids)
-        n_tried = sum(v for k, v in n.items() if k != "skipped")
-        lines.append(f"**now, {n['clean']} of {n_tried} clean** "
-                     f"({', '.join(f'{v} {k}' for k, v in sorted(n.items()))}).\n")
-    lines.append(f"**All: {counts['clean']} of {tried} clean.**\n")
-    group = None
-    for r in after:
-        if r["group"] != group:
-            group = r["group"]
-            lines.append(f"\n## {group}\n")
-            lines.append("| fault or bad input | command | before | now |")
-            lines.append("|---|---|---|---|")
-        old = before.get(r["id"]) if before else None
-        old_text = f"{old['outcome']}: {_clean(old['detail'])}" if old else "-"
-        command = "<br>".join(f"`{c}`" for c in r.get("commands", [])[:3])
-        cell = lambda t: t.replace("|", "\\|").replace("\n", " ")[:180]  # noqa: E731
-        lines.append(f"| {r['what']} | {cell(command)} | {cell(old_text)} | "
-                     f"**{r['outcome']}**: {cell(_clean(r['detail']))} |")
+    lines = [INTRO, f"**{counts['clean']} of {tried} clean** "
+                    f"({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}).\n"]
+    if before is not None:
+        b = Counter(r["outcome"] for k, r in before.items() if k in {r["id"] for r in after})
+        lines.append(f"Before: {b['clean']} of {sum(v for k, v in b.items() if k != 'skipped')} "
+                     f"clean ({', '.join(f'{v} {k}' for k, v in sorted(b.items()))}).\n")
+    groups: dict[str, list[dict]] = {}
+    for r in after:  # "2: data" (the cases added later) joins "data"
+        groups.setdefault(r["group"].removeprefix("2: "), []).append(r)
+    cell = lambda t: t.replace("|", "\\|").replace("\n", " ")[:180]  # noqa: E731
+    for group, rows in groups.items():
+        lines.append(f"\n## {group}\n")
+        lines.append("| fault or bad input | command | " + ("before | " if before else "")
+                     + "outcome |")
+        lines.append("|---|---|" + ("---|" if before else "") + "---|")
+        for r in rows:
+            command = "<br>".join(f"`{c}`" for c in r.get("commands", [])[:3])
+            old_cell = ""
+            if before is not None:
+                old = before.get(r["id"])
+                old_cell = (cell(f"{old['outcome']}: {_clean(old['detail'])}")
+                            if old else "-") + " | "
+            lines.append(f"| {r['what']} | {cell(command)} | {old_cell}"
+                         f"**{r['outcome']}**: {cell(_clean(r['detail']))} |")
     return "\n".join(lines) + "\n"
 
 

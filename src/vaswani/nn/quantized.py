@@ -11,7 +11,7 @@ back to float, then the float bias is added (``torch.ops.quantized.linear_dynami
 
 Why: a decode step is mostly its linear layers, and on a CPU with AVX512-VNNI the int8
 product is several times faster than the float32 one: the bible preset's model translates
-about twice as fast (``python -m benchmarks.offline``, docs/performance.md section 7). The
+about twice as fast (``python -m benchmarks.offline``, docs/performance.md, offline decoding). The
 price is rounding: each weight moves by up to half its row's step, each input by up to half
 of its own (the demo model's test BLEU: -0.04 greedy, -0.15 beam 4, ``python -m
 benchmarks.export``).
