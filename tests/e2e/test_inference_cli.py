@@ -37,9 +37,10 @@ def test_translate_keeps_one_line_per_input_line_including_blanks(copy_run, tmp_
 def test_translate_from_stdin_subprocess(copy_run):
     run, _, _ = copy_run
     result = subprocess.run([sys.executable, "-m", "vaswani", "translate", str(run)],
-                            input="abcabc\n\ndddd\n", capture_output=True, text=True, timeout=120)
+                            input="abcabc\n\nhgfedc\n", capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "abcabc\n\ndddd\n"
+    assert result.stdout == "abcabc\n\nhgfedc\n"  # strings of the task's lengths (5-20)
 
 
 def test_python_api_load_translate(copy_run):
@@ -191,10 +192,10 @@ def test_average_command_and_averaged_weights(copy_run, tmp_path, capsys, monkey
     assert "2 checkpoints (step-000100 .. step-000200)" in capsys.readouterr().err
     outputs = {}
     for weights in ("best", "averaged"):
-        monkeypatch.setattr("sys.stdin", io.StringIO("abcdefg\nhij\n"))
+        monkeypatch.setattr("sys.stdin", io.StringIO("abcdefg\nhijabc\n"))
         assert main(["translate", str(run), "--weights", weights]) == 0
         outputs[weights] = capsys.readouterr().out
-    assert outputs["averaged"] == outputs["best"] == "abcdefg\nhij\n"
+    assert outputs["averaged"] == outputs["best"] == "abcdefg\nhijabc\n"
 
 
 def test_quantize_int8_translates_from_python_and_the_cli(copy_run, tmp_path, capsys):

@@ -2,6 +2,8 @@
 decoder (RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases) run in CTranslate2 give
 vaswani's outputs; int8 still copies; every option without a counterpart is refused by name."""
 
+from collections import defaultdict
+
 import pytest
 import torch
 
@@ -37,12 +39,19 @@ def test_beam_n_best_scores_match_to_1e_3(copy_export):
     for a, b in zip(ours, theirs, strict=True):
         assert a[0][0] == b[0][0]
         assert abs(a[0][1] - b[0][1]) < 1e-3
-        scores = dict(b)
-        shared = [(text, s) for text, s in a if text in scores]
+        # two hypotheses may read the same (token sequences that differ only in a token that
+        # prints as nothing): compare the scores of each text in order, not one per text
+        ours_by_text, theirs_by_text = defaultdict(list), defaultdict(list)
+        for text, s in a:
+            ours_by_text[text].append(s)
+        for text, s in b:
+            theirs_by_text[text].append(s)
+        shared = [(x, y) for text in ours_by_text.keys() & theirs_by_text.keys()
+                  for x, y in zip(ours_by_text[text], theirs_by_text[text], strict=False)]
         assert len(shared) >= 2
         # vaswani's beam renormalises over all tokens but <pad> and <bos>, CTranslate2 over
-        # all: the other hypotheses differ by that leaked mass (measured up to 4e-3)
-        assert all(abs(s - scores[text]) < 5e-3 for text, s in shared)
+        # all: the other hypotheses may differ by that leaked mass (measured up to 4e-3)
+        assert all(abs(x - y) < 5e-3 for x, y in shared), (a, b)
 
 
 def test_int8_export_still_copies(copy_run, tmp_path):
