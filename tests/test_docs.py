@@ -61,7 +61,8 @@ def test_the_site_builds_strict_without_a_warning(site):
 @needs_chromium
 def test_the_home_page_and_the_reading_guide_render_in_a_browser(site, browser):  # noqa: F811
     """Headless Chromium over a local server: every picture loads, nothing is asked of
-    another host. VASWANI_DOCS_SCREENSHOTS=DIR keeps a screenshot of each page there."""
+    another host. VASWANI_DOCS_SCREENSHOTS=DIR keeps a screenshot of each page there
+    (docs/images/site-home.png and site-reading.png were made with DIR = docs/images)."""
     import functools
     import http.server
     import threading
@@ -82,7 +83,7 @@ def test_the_home_page_and_the_reading_guide_render_in_a_browser(site, browser):
             if os.environ.get("VASWANI_DOCS_SCREENSHOTS"):
                 folder = Path(os.environ["VASWANI_DOCS_SCREENSHOTS"])
                 folder.mkdir(parents=True, exist_ok=True)
-                browser.save_screenshot(str(folder / f"{page.strip('/') or 'home'}.png"))
+                browser.save_screenshot(str(folder / f"site-{page.strip('/') or 'home'}.png"))
         elsewhere = [url for url in requested_urls(browser)
                      if not url.startswith((base, "data:"))]  # data: URLs are inline
         assert not elsewhere, elsewhere

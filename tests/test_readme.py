@@ -54,10 +54,12 @@ def test_the_readme_runs_as_written(tmp_path, capsys):
     out = done.stdout
     assert "abcdefghij" in out.splitlines()  # the copy task's translation
     assert "The capital of France is Paris" in out
-    assert re.search(r"^sports\t0\.\d+$", out, re.M), out[-2000:]  # a label and probability
+    # a label and its probability (after 20 steps, not necessarily the right label)
+    assert re.search(r"^(business|entertainment|politics|sports|tech)\t[01]\.\d+$", out, re.M), \
+        out[-2000:]
     assert '"accuracy"' in out and '"translations"' in out and '"text"' in out
     assert (tmp_path / "copy-attention.png").stat().st_size > 10_000
-    for folder in ["copy-ct2", "copy-onnx", "smollm2-hf"]:
+    for folder in ["copy-ct2", "copy-onnx"]:
         assert (tmp_path / "exports" / folder / "vaswani_export.json").exists()
 
     os.chdir(tmp_path)
