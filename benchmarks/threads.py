@@ -30,10 +30,13 @@ def switches() -> int:
     """Voluntary context switches of every thread of this process."""
     total = 0
     for path in glob.glob(f"/proc/{os.getpid()}/task/*/status"):
-        with open(path) as f:
-            for line in f:
-                if line.startswith("voluntary_ctxt_switches"):
-                    total += int(line.split()[1])
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches"):
+                        total += int(line.split()[1])
+        except FileNotFoundError:  # a thread that ended between the listing and the read
+            continue
     return total
 
 
