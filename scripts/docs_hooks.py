@@ -71,7 +71,10 @@ def _default(field: dataclasses.Field) -> str:
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """One table cell: one line, its pipes escaped, and ``<eos>`` or ``runs/<config name>``
+    kept as text rather than read as HTML tags."""
+    text = " ".join(text.split()).replace("|", "\\|")
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def config_reference() -> str:

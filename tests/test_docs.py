@@ -128,6 +128,11 @@ def test_the_reference_lists_every_key_and_every_flag_as_the_code_has_them():
     walk(build_parser(), "vaswani")
 
 
+def test_angle_brackets_in_help_and_docstrings_stay_text():
+    assert "runs/&lt;config name&gt;" in docs_hooks.cli_reference()
+    assert "before &lt;eos&gt; may end" in docs_hooks.config_reference()
+
+
 def test_a_field_without_a_docstring_is_found():
     @dataclasses.dataclass
     class Example:
