@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
 CACHE_HELP = "dataset cache (default $VASWANI_CACHE, else ~/.cache/vaswani)"
+# every character str.splitlines() breaks a line at
+LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def one_line(text: str, *, tabs: bool = False) -> str:
+    """``text`` as one line of output: each line break in it becomes a space (a byte-level BPE
+    model can write the newline byte: a half-trained translator did, 13 times in a verse), so
+    that a command that writes one line per input keeps to it; with ``tabs``, tabs too (a
+    tab-separated line keeps its columns)."""
+    text = LINE_BREAKS.sub(" ", text)
+    return text.replace("\t", " ") if tabs else text
 
 
 def cache_dir(args: argparse.Namespace) -> Path:

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import cache_dir, load_run, positive, read_lines
+from .common import cache_dir, load_run, one_line, positive, read_lines
 
 
 def add_commands(sub, cache: argparse.ArgumentParser) -> None:
@@ -125,9 +125,9 @@ def translate(args: argparse.Namespace) -> int:
         if args.n_best > 1 and not line.strip():
             print()
         elif args.n_best > 1:
-            print("\t".join(f"{text}\t{score:.4f}" for text, score in r))
+            print("\t".join(f"{one_line(text, tabs=True)}\t{score:.4f}" for text, score in r))
         else:
-            print(r)
+            print(one_line(r))
     return 0
 
 
@@ -193,7 +193,7 @@ def evaluate(args: argparse.Namespace) -> int:
     outputs: list[str] | None = [] if args.save_outputs else None
     result = run.evaluate(data, beam=args.beam, outputs=outputs)
     if outputs is not None:
-        atomic_write_text(Path(args.save_outputs), "".join(f"{o}\n" for o in outputs))
+        atomic_write_text(Path(args.save_outputs), "".join(f"{one_line(o)}\n" for o in outputs))
         result["outputs"] = args.save_outputs
     print(json.dumps(result))
     return 0
