@@ -190,11 +190,14 @@ def restarted_into(run_dir: Path) -> bool:
     it). Asked by rank 0 before it writes ``launcher.json`` itself (a new run's first attempt
     finds none) and told to the others (training/train.py): torchrun's restart count cannot
     say it, as a restart made for a change of membership is not counted."""
+    job = launcher_job()
+    if job is None:
+        return False
     try:
         recorded = json.loads((run_dir / LAUNCHER).read_text())["job"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return launcher_job() is not None and recorded == launcher_job()
+    return recorded == job
 
 
 def remove_run_files(run_dir: Path) -> None:

@@ -143,15 +143,15 @@ def _attempt_store() -> dist.Store:
     processes rejoining), so on several machines with restarts the counts can differ: there a
     store of each attempt's own is needed (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: rank 0
     hosts it, at a port torchrun picks anew for each attempt), and its absence is an error."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        if (int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0
-                and int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1):
-            raise RuntimeError(SHARED_STORE_ADVICE)
-        store, _, _ = next(dist.rendezvous("env://"))
-        return dist.PrefixStore(
-            f"vaswani/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}", store)
+    shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if (shared and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0
+            and int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1):
+        raise RuntimeError(SHARED_STORE_ADVICE)
     store, _, _ = next(dist.rendezvous("env://"))
-    return store
+    if not shared:
+        return store
+    return dist.PrefixStore(
+        f"vaswani/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}", store)
 
 
 def rank0_decides(key: str, decide: Callable[[], str], rank: int, world: int) -> str:
