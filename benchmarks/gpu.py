@@ -38,7 +38,7 @@ from vaswani import ModelConfig, build_model
 from vaswani.config import TrainConfig
 from vaswani.devices import bf16_is_fast
 from vaswani.models.losses import smoothed_cross_entropy
-from vaswani.training.loop import make_optimizer
+from vaswani.training.optimizers import make_optimizer
 
 from .baselines import TorchTransformer
 from .common import report

@@ -26,7 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from vaswani import ModelConfig, build_model
 from vaswani.devices import bf16_is_fast
 from vaswani.models.losses import smoothed_cross_entropy
-from vaswani.training.loop import make_optimizer
+from vaswani.training.optimizers import make_optimizer
 
 from .baselines import NaiveTransformer, TorchTransformer
 from .common import report

@@ -110,9 +110,11 @@ def weights(run_dir: Path, which="last/model.safetensors"):
     return load_file(str(run_dir / which))
 
 
-def test_resume_gives_the_same_losses_and_weights(tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_gives_the_same_losses_and_weights(tmp_path, optimizer):
     data = reverse_task(tmp_path / "pairs.tsv")
-    cfg = config(tmp_path / "c.toml", "encoder-decoder", data, dropout=0.1)
+    cfg = config(tmp_path / "c.toml", "encoder-decoder", data, dropout=0.1,
+                 train={"optimizer": optimizer})
     straight, halves = tmp_path / "straight", tmp_path / "halves"
     train(str(cfg), [], out=str(straight))
     train(str(cfg), ["train.max_steps=10"], out=str(halves))
@@ -312,27 +314,56 @@ def test_max_minutes_stops_evaluates_and_saves(tmp_path):
 
 def test_an_optimizer_state_of_another_model_is_refused_not_loaded():
     """The fused AdamW kernel trusts shapes; a state saved for parameters of other shapes must
-    be an error before it is loaded (loading it corrupted memory)."""
+    be an error before it is loaded (loading it corrupted memory). So is an AdamW state
+    loaded into a Muon run."""
     from vaswani import ModelConfig, build_model
     from vaswani.config import TrainConfig
-    from vaswani.training.loop import make_optimizer
-    from vaswani.training.state import check_optimizer_state
+    from vaswani.training.optimizers import make_optimizer
 
-    def stepped(d_ff):
+    def stepped(d_ff, optimizer="adamw"):
         model = build_model(ModelConfig(arch="decoder", vocab_size=11, d_model=8, n_heads=2,
                                         d_ff=d_ff, n_layers=1))
-        opt = make_optimizer(model, TrainConfig())
+        opt = make_optimizer(model, TrainConfig(optimizer=optimizer))
         model(torch.randint(1, 11, (2, 5))).sum().backward()
         opt.step()
         return model, opt
 
     model, opt = stepped(16)
-    check_optimizer_state(opt, opt.state_dict(), model, Path("here"))  # its own state fits
+    opt.load_state_dict(opt.state_dict(), model, Path("here"))  # its own state fits
     other, other_opt = stepped(24)
     with pytest.raises(ValueError, match=r"here: the saved optimizer state's exp_avg for "
                                          r"decoder.layers.0.feed_forward.linear1.weight"):
-        check_optimizer_state(other_opt, opt.state_dict(), other, Path("here"))
+        other_opt.load_state_dict(opt.state_dict(), other, Path("here"))
+    muon_model, muon_opt = stepped(16, "muon")
+    muon_opt.load_state_dict(muon_opt.state_dict(), muon_model, Path("here"))
+    with pytest.raises(ValueError, match=r"here: the saved optimizer state is for adamw, this "
+                                         r"run's \[train\] optimizer uses adamw \+ muon"):
+        muon_opt.load_state_dict(opt.state_dict(), muon_model, Path("here"))
 
+
+def test_muon_takes_the_layers_matrices_and_adamw_the_rest():
+    """The modded-nanoGPT split: Muon for the attention and feed-forward weights, AdamW for
+    embeddings (and the head tied to them), norms and biases, each at its own rate."""
+    from vaswani import ModelConfig, build_model
+    from vaswani.config import TrainConfig
+    from vaswani.training.optimizers import make_optimizer
+
+    model = build_model(ModelConfig(arch="encoder-decoder", vocab_size=11, d_model=8,
+                                    n_heads=2, d_ff=16, n_layers=1))
+    opt = make_optimizer(model, TrainConfig(optimizer="muon", lr=1e-3, muon_lr=0.05))
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon, adamw = (opt.parts[k][0] for k in ("muon", "adamw"))
+    in_muon = sorted(names[id(p)] for g in muon.param_groups for p in g["params"])
+    in_adamw = sorted(names[id(p)] for g in adamw.param_groups for p in g["params"])
+    assert in_muon == sorted(n for n, p in model.named_parameters()
+                             if ".layers." in n and n.endswith("weight") and p.dim() == 2)
+    assert len(in_muon) == 10  # q/k/v, out, two feed-forward: 4 in the encoder, 6 decoder
+    assert set(in_muon).isdisjoint(in_adamw)
+    assert set(in_muon) | set(in_adamw) == set(names.values())
+    assert "src_embed.token.weight" in in_adamw
+    opt.set_lr(0.5)
+    assert [g["lr"] for g in muon.param_groups] == [0.025]
+    assert {g["lr"] for g in adamw.param_groups} == {5e-4}
 
 def test_keep_checkpoints_writes_the_average_at_the_end(tmp_path):
     from vaswani import checkpoint, load, rundir

@@ -110,9 +110,17 @@ class TrainConfig(ConfigBase):
     """Optimizer steps of linear warmup."""
     min_lr: float = 0.0
     """The cosine schedule's floor."""
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    """"adamw": AdamW for every parameter. "muon": Muon (`torch.optim.Muon`) for the
+    transformer layers' weight matrices, at `muon_lr`, and AdamW for the embeddings, the
+    output head, norms and biases, at `lr` (both follow the schedule)."""
+    muon_lr: float = 0.02
+    """Muon's peak learning rate (optimizer = "muon"); scaled by the schedule as `lr` is."""
+    muon_momentum: float = 0.95
+    """Muon's momentum (Nesterov)."""
     weight_decay: float = 0.01
-    """AdamW's decoupled weight decay, on every parameter of two or more dimensions
-    (matrices and embeddings); biases and norms are not decayed."""
+    """Decoupled weight decay, on every parameter of two or more dimensions (matrices and
+    embeddings; Muon's matrices too); biases and norms are not decayed."""
     beta1: float = 0.9
     """AdamW's first-moment decay."""
     beta2: float = 0.98
@@ -188,7 +196,9 @@ class TrainConfig(ConfigBase):
             raise ValueError(f"lr ({self.lr}) must be positive")
         if not 0.0 <= self.min_lr <= self.lr:
             raise ValueError(f"min_lr ({self.min_lr}) must be in [0, lr ({self.lr})]")
-        for name in ("beta1", "beta2"):
+        if self.muon_lr <= 0:
+            raise ValueError(f"muon_lr ({self.muon_lr}) must be positive")
+        for name in ("beta1", "beta2", "muon_momentum"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be in [0, 1)")
         for name in ("weight_decay", "clip_norm"):

@@ -42,6 +42,7 @@ from ..nn.layers import Stack
 from ..tasks import Task, TaskData
 from . import sharding
 from .distributed import Dist
+from .optimizers import make_optimizer
 from .progress import Report
 from .schedules import lr_factor
 from .state import Checkpoints, Diverged, RunState, SkipCounter, Stopped, StopRequest
@@ -49,19 +50,6 @@ from .state import Checkpoints, Diverged, RunState, SkipCounter, Stopped, StopRe
 
 class _Abandoned(Exception):
     """An evaluation cut short by a stop request."""
-
-
-def make_optimizer(model: nn.Module, cfg) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (not on norms, biases).
-
-    ``fused=True``: one kernel per parameter updates it in place, where the default
-    (``foreach``) makes several temporary copies of every parameter per step.
-    """
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
 
 
 class Trainer:
@@ -202,15 +190,14 @@ class Trainer:
         rate. A non-finite loss (``loss_sum``) or gradient norm skips the update (the step
         still counts, and consumes its batch, so batches stay a function of the step).
 
-        The skip is decided on the device: fused AdamW takes a ``found_inf`` flag (the one a
-        gradient scaler hands it) and leaves the weights, its moments and its step count
-        alone when the flag is set. The skips are counted on the device too and read by
+        The skip is decided on the device where the optimizer can (fused AdamW, see
+        :meth:`Optimizers.step`). The skips are counted on the device too and read by
         :meth:`settle` on the steps that log or save."""
         t, state = self.cfg.train, self.state
         lr = self.lr_at(state.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.scaler.unscale_(self.optimizer)  # (no-op unless fp16)
+        self.optimizer.set_lr(lr / t.lr)  # each optimizer's peak rate, scaled alike
+        for optimizer in self.optimizer:
+            self.scaler.unscale_(optimizer)  # (no-op unless fp16)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                               t.clip_norm if t.clip_norm > 0 else math.inf)
         self.grad_norm = norm = sharding.full(norm).detach()  # before clipping (log lines)
@@ -222,18 +209,14 @@ class Trainer:
             # path reads the loss's finiteness on the host, as the scaler reads its own)
             finite = finite_loss
             if bool(finite_loss):
-                self.scaler.step(self.optimizer)
+                for optimizer in self.optimizer:
+                    self.scaler.step(optimizer)
                 self.scaler.update()
         else:
             finite = finite_loss & torch.isfinite(norm)
-            if self.optimizer.defaults.get("fused"):
-                self.optimizer.found_inf = (~finite).float()
-                self.optimizer.step()
-                del self.optimizer.found_inf
-            elif bool(finite):  # an unfused optimizer cannot skip by itself
-                self.optimizer.step()
+            self.optimizer.step(finite)  # skips the update on the device where it can
         self.skips.count(finite, state.step + 1)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         state.step += 1
         return lr
 

@@ -48,6 +48,7 @@ from ..config import ModelConfig
 from ..models import build_model, materialise
 from ..models.common import init_weights
 from ..nn.layers import Stack
+from .optimizers import Optimizers
 
 
 def build(config: ModelConfig, device: torch.device, precision: str = "fp32") -> nn.Module:
@@ -102,24 +103,24 @@ def full_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.contiguous() for k, v in state.items() if k in keep}
 
 
-def save_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+def save_sharded(model: nn.Module, optimizer: Optimizers, folder: Path) -> None:
     """Every rank writes its slices of the weights and the optimizer state into ``folder``
     (a collective; DCP writes the metadata that maps slices to names last)."""
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, tuple(optimizer))
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(folder))
 
 
-def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+def load_sharded(model: nn.Module, optimizer: Optimizers, folder: Path) -> None:
     """Load what :func:`save_sharded` wrote, re-sliced for this many ranks, into ``model``
     and ``optimizer`` (sharded or not: a single unsharded process reads it too)."""
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, tuple(optimizer))
     state = {"model": model_state, "optimizer": optim_state}
     dcp.load(state, checkpoint_id=str(folder))
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
+    set_state_dict(model, tuple(optimizer), model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
 
 
-def training_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+def training_bytes(model: nn.Module, optimizer: Optimizers) -> dict[str, int]:
     """Bytes this rank holds in parameters, gradients and optimizer state (its slices under
     FSDP; the gathered copies that exist only while a unit runs are not counted)."""
     params = list(model.parameters())

@@ -1,7 +1,7 @@
 """What makes a training run stoppable and resumable exactly: the stop request a signal sets,
 the state a run is in (:class:`RunState`), what it keeps on disk and resumes from
-(:class:`Checkpoints`: ``last/``, the best weights, the kept checkpoints), the check that a
-saved optimizer state fits the model, and the errors a run stops with.
+(:class:`Checkpoints`: ``last/``, the best weights, the kept checkpoints), and the errors a
+run stops with.
 
 ``last/`` holds the state after a whole optimizer step: the weights, the optimizer, every
 rank's random-number generators, and :class:`RunState` with the data's fingerprint, so that a
@@ -23,6 +23,7 @@ from ..config import RunConfig
 from ..data.encode import TaskData
 from . import sharding
 from .distributed import Dist
+from .optimizers import Optimizers
 from .progress import trim_metrics
 
 
@@ -85,25 +86,6 @@ class SkipCounter:
         return total, None if over_at < 0 else over_at
 
 
-def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict, model: nn.Module,
-                          where: Path) -> None:
-    """A saved optimizer state must fit the parameters it is loaded into. PyTorch matches them
-    by position only, and the fused AdamW kernel does not check shapes: a mismatch (a model
-    changed between save and load) would corrupt memory instead of failing."""
-    names = {id(p): name for name, p in model.named_parameters()}
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    indices = [i for group in saved["param_groups"] for i in group["params"]]
-    if len(indices) != len(params):
-        raise ValueError(f"{where}: the saved optimizer state holds {len(indices)} parameters "
-                         f"but the model has {len(params)}; it belongs to another model")
-    for i, p in zip(indices, params, strict=True):
-        for key, value in saved["state"].get(i, {}).items():
-            if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
-                raise ValueError(f"{where}: the saved optimizer state's {key} for "
-                                 f"{names.get(id(p), i)} has shape {tuple(value.shape)}, the "
-                                 f"parameter {tuple(p.shape)}; it belongs to another model")
-
-
 def all_finite(weights: checkpoint.Weights) -> bool:
     tensors = weights.values() if isinstance(weights, dict) else weights.parameters()
     return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
@@ -131,7 +113,7 @@ class Checkpoints:
         self.cfg, self.run_dir, self.data, self.dist, self.device = cfg, run_dir, data, dist, device
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None  # fp16
 
-    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: RunState) -> None:
+    def save(self, model: nn.Module, optimizer: Optimizers, state: RunState) -> None:
         """``last/`` (and a kept checkpoint), after a whole step. Every rank calls it: a
         sharded run's ranks each write their slices, then rank 0 the weights in one file."""
         saved = self._state_json(state)
@@ -197,7 +179,7 @@ class Checkpoints:
         """What the weights files hold: gathered to rank 0 when sharded."""
         return sharding.full_tensors(model) if sharding.is_sharded(model) else model
 
-    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> RunState:
+    def restore(self, model: nn.Module, optimizer: Optimizers) -> RunState:
         """Load ``last/`` into the model, the optimizer and the random-number generators;
         returns the run's state. Resuming on other data is refused."""
         last = checkpoint.find_last(self.run_dir)
@@ -217,8 +199,7 @@ class Checkpoints:
         if (last / rundir.SHARDED).is_dir():
             sharding.load_sharded(model, optimizer, last / rundir.SHARDED)
         else:
-            check_optimizer_state(optimizer, trainer_state["optimizer"], model, last)
-            optimizer.load_state_dict(trainer_state["optimizer"])
+            optimizer.load_state_dict(trainer_state["optimizer"], model, last)
         if self.scaler is not None and "grad_scaler" in trainer_state:
             self.scaler.load_state_dict(trainer_state["grad_scaler"])
         ranks = trainer_state.get("rng_cpu_ranks") or [trainer_state["rng_cpu"]]
@@ -236,7 +217,7 @@ class Checkpoints:
             trim_metrics(self.run_dir, state.step)
         return state
 
-    def _trainer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    def _trainer_state(self, model: nn.Module, optimizer: Optimizers) -> dict:
         """Optimizer and random-number state (every rank's: dropout differs per rank). A
         sharded optimizer is saved with the sharded weights instead."""
         rng = torch.get_rng_state()

@@ -1,0 +1,147 @@
+"""The optimizers, ``[train] optimizer``: AdamW for every parameter, or Muon for the layers'
+weight matrices and AdamW for the rest.
+
+Muon (Jordan et al. 2024, ``torch.optim.Muon``) keeps one momentum buffer per matrix and
+replaces each update by its nearest semi-orthogonal matrix (a few Newton-Schulz iterations in
+bf16): every direction of the matrix moves by about the same amount, where Adam's update is
+dominated by a few. It is made for the 2-D weights of hidden layers; the embeddings (which
+are looked up, not multiplied), the output head tied to them, norms and biases keep AdamW.
+So a Muon run has two optimizers, each with its own peak learning rate (``muon_lr`` and
+``lr``), both following the one schedule; the split is the one the modded-nanoGPT speedrun
+uses. :class:`Optimizers` steps, clears, saves and restores them together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..nn.layers import Stack
+
+
+def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
+    """The 2-D weights of the transformer layers (attention and feed-forward projections):
+    what Muon optimizes. Embeddings, heads, norms and biases live outside a layer or have
+    one dimension."""
+    seen: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        if isinstance(module, Stack):
+            for p in module.parameters():
+                if p.requires_grad and p.dim() == 2:
+                    seen[id(p)] = p
+    return list(seen.values())
+
+
+def adamw(params: list[nn.Parameter], cfg) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (not on norms, biases).
+
+    ``fused=True``: one kernel per parameter updates it in place, where the default
+    (``foreach``) makes several temporary copies of every parameter per step."""
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+
+
+class Optimizers:
+    """The run's optimizers, by name (``adamw``, and ``muon`` when asked for), each with its
+    peak learning rate; stepped, cleared, saved and restored as one. Iterating gives the
+    torch optimizers themselves (for a gradient scaler, or DCP's sharded state)."""
+
+    def __init__(self, parts: dict[str, tuple[torch.optim.Optimizer, float]]) -> None:
+        self.parts = parts
+
+    def __iter__(self) -> Iterator[torch.optim.Optimizer]:
+        return (opt for opt, _ in self.parts.values())
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [group for opt in self for group in opt.param_groups]
+
+    @property
+    def state(self) -> dict:
+        """Every parameter's optimizer state (its moments, or its momentum buffer)."""
+        return {p: s for opt in self for p, s in opt.state.items()}
+
+    def set_lr(self, factor: float) -> None:
+        """This step's rates: each optimizer's peak rate times the schedule's ``factor``."""
+        for opt, peak in self.parts.values():
+            for group in opt.param_groups:
+                group["lr"] = peak * factor
+
+    def step(self, finite: Tensor | None = None) -> None:
+        """Update, unless ``finite`` (a bool tensor on the device) is false. Fused AdamW
+        decides on the device: it takes the flag a gradient scaler would hand it
+        (``found_inf``) and then leaves its weights, moments and step count alone. An
+        optimizer without that (Muon) reads the flag on the host."""
+        host_ok = None if finite is not None else True
+        for opt in self:
+            if opt.defaults.get("fused") and finite is not None:
+                opt.found_inf = (~finite).float()
+                opt.step()
+                del opt.found_inf
+            else:
+                host_ok = bool(finite) if host_ok is None else host_ok
+                if host_ok:
+                    opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        """AdamW alone: its own state dict (the format every run has written); with Muon,
+        ``{"muon": ..., "adamw": ...}``."""
+        if list(self.parts) == ["adamw"]:
+            return self.parts["adamw"][0].state_dict()
+        return {name: opt.state_dict() for name, (opt, _) in self.parts.items()}
+
+    def load_state_dict(self, saved: dict, model: nn.Module, where: Path) -> None:
+        """Load what :meth:`state_dict` gave, after checking that it fits (see
+        :func:`check_state`); an AdamW state into a Muon run (or back) is refused."""
+        single = "param_groups" in saved
+        saved_parts = {"adamw": saved} if single else saved
+        if set(saved_parts) != set(self.parts):
+            raise ValueError(f"{where}: the saved optimizer state is for "
+                             f"{' + '.join(sorted(saved_parts))}, this run's [train] optimizer "
+                             f"uses {' + '.join(sorted(self.parts))}; resume with the "
+                             "optimizer the run was trained with")
+        for name, (opt, _) in self.parts.items():
+            check_state(opt, saved_parts[name], model, where)
+            opt.load_state_dict(saved_parts[name])
+
+
+def make_optimizer(model: nn.Module, cfg) -> Optimizers:
+    """The optimizers ``[train] optimizer`` names, over the trainable parameters."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "adamw":
+        return Optimizers({"adamw": (adamw(params, cfg), cfg.lr)})
+    matrices = hidden_matrices(model)
+    ids = {id(p) for p in matrices}
+    muon = torch.optim.Muon(matrices, lr=cfg.muon_lr, weight_decay=cfg.weight_decay,
+                            momentum=cfg.muon_momentum)
+    rest = [p for p in params if id(p) not in ids]
+    return Optimizers({"muon": (muon, cfg.muon_lr), "adamw": (adamw(rest, cfg), cfg.lr)})
+
+
+def check_state(optimizer: torch.optim.Optimizer, saved: dict, model: nn.Module,
+                where: Path) -> None:
+    """A saved optimizer state must fit the parameters it is loaded into. PyTorch matches them
+    by position only, and the fused AdamW kernel does not check shapes: a mismatch (a model
+    changed between save and load) would corrupt memory instead of failing."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    indices = [i for group in saved["param_groups"] for i in group["params"]]
+    if len(indices) != len(params):
+        raise ValueError(f"{where}: the saved optimizer state holds {len(indices)} parameters "
+                         f"but the model has {len(params)}; it belongs to another model")
+    for i, p in zip(indices, params, strict=True):
+        for key, value in saved["state"].get(i, {}).items():
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
+                raise ValueError(f"{where}: the saved optimizer state's {key} for "
+                                 f"{names.get(id(p), i)} has shape {tuple(value.shape)}, the "
+                                 f"parameter {tuple(p.shape)}; it belongs to another model")
