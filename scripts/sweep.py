@@ -32,6 +32,7 @@ from vaswani.devices import cpu_name
 
 METRICS = {"translation": ["bleu", "chrf"], "lm": ["loss", "bits_per_char"],
            "classification": ["accuracy", "macro_f1"]}
+DIGITS = {"bleu": 2, "chrf": 2, "loss": 3, "bits_per_char": 3, "accuracy": 4, "macro_f1": 3}
 
 
 def parse_axis(text: str) -> tuple[str, list[str]]:
@@ -116,7 +117,7 @@ def table(results: list[dict]) -> str:
         cells = [*(r["point"][a] for a in axes), f"{r['steps']:,}", f"{r['minutes']:.1f}",
                  f"{r['tokens_per_s']:,}" if r["tokens_per_s"] else "-",
                  f"{r['valid_loss']:.3f}" if r["valid_loss"] is not None else "-",
-                 *(f"{r['test'][m]:.2f}" if m in r["test"] else "-" for m in metrics)]
+                 *(f"{r['test'][m]:.{DIGITS[m]}f}" if m in r["test"] else "-" for m in metrics)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
