@@ -6,12 +6,12 @@
 
 Every point of the grid (the product of the ``--axis`` values, each ``section.key=v1,v2``)
 is one `vaswani train CONFIG --set ...` in a process of its own into ``OUT/<point>``, with
-the same budget: ``--steps N`` (fixed work: the same result on every machine) or
-``--minutes M`` (equal wall-clock: the learning-rate schedule is planned over the steps
-the budget reaches, see training/loop.py). Then `vaswani evaluate` scores the run on
-``--split`` (test by default): sacreBLEU and chrF for a translator, loss and bits for a
-language model, accuracy for a classifier. A point whose directory already holds a result is
-not trained again, so an interrupted sweep continues where it stopped (``--again`` to redo).
+the same budget: ``--steps N`` (fixed work: the same result to the digit on one machine) or
+``--minutes M`` (equal wall-clock: the learning-rate schedule is planned over the steps the
+budget reaches, see training/loop.py). Then `vaswani evaluate` scores the run on ``--split``
+(test by default): sacreBLEU and chrF for a translator, loss and bits for a language model,
+accuracy for a classifier. A point whose directory already holds a result is not trained
+again, so an interrupted sweep continues where it stopped (``--again`` to redo).
 
 The table (printed, and with ``--markdown``/``--json`` written) has one row per point: the
 axes' values, the steps taken, the training minutes, the median training tokens/s, the
