@@ -115,7 +115,8 @@ class TrainConfig(ConfigBase):
     transformer layers' weight matrices, at `muon_lr`, and AdamW for the embeddings, the
     output head, norms and biases, at `lr` (both follow the schedule)."""
     muon_lr: float = 0.02
-    """Muon's peak learning rate (optimizer = "muon"); scaled by the schedule as `lr` is."""
+    """Muon's peak learning rate (optimizer = "muon"); scaled by the schedule as `lr` is.
+    Sensitive: on the demo 0.01-0.02 were within a BLEU, 0.03 lost 5 (docs/results.md)."""
     muon_momentum: float = 0.95
     """Muon's momentum (Nesterov)."""
     weight_decay: float = 0.01
