@@ -59,10 +59,6 @@ class Optimizers:
         return (opt for opt, _ in self.parts.values())
 
     @property
-    def param_groups(self) -> list[dict]:
-        return [group for opt in self for group in opt.param_groups]
-
-    @property
     def state(self) -> dict:
         """Every parameter's optimizer state (its moments, or its momentum buffer)."""
         return {p: s for opt in self for p, s in opt.state.items()}
@@ -78,16 +74,15 @@ class Optimizers:
         decides on the device: it takes the flag a gradient scaler would hand it
         (``found_inf``) and then leaves its weights, moments and step count alone. An
         optimizer without that (Muon) reads the flag on the host."""
-        host_ok = None if finite is not None else True
         for opt in self:
-            if opt.defaults.get("fused") and finite is not None:
+            if finite is None:
+                opt.step()
+            elif opt.defaults.get("fused"):
                 opt.found_inf = (~finite).float()
                 opt.step()
                 del opt.found_inf
-            else:
-                host_ok = bool(finite) if host_ok is None else host_ok
-                if host_ok:
-                    opt.step()
+            elif bool(finite):
+                opt.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self:
