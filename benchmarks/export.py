@@ -7,7 +7,8 @@ CTranslate2 fp32 and int8 (and ONNX Runtime, greedy, with ``--onnx``), greedy an
 
 Every engine runs in a process of its own, called as its own users call it (benchmarks/peers.py
 says how): vaswani's ``translate``; CTranslate2's one ``translate_batch`` over every sentence
-with its own sorting and batching (each of ``peers.CT2_BATCHINGS``, its fastest kept) and the
+with its own sorting and batching (each of ``peers.CT2_BATCHINGS`` on each of its CPU backends,
+``peers.CT2_BACKENDS``, its fastest kept) and the
 options the export's README gives; ONNX Runtime's two graphs under a numpy greedy loop. The
 engines take turns, ``--rounds`` times, and each keeps its best time. The sentences are the
 run's test split. ``--length-penalty`` (default 0) is given to every engine: with 0 vaswani's
@@ -97,7 +98,7 @@ def main() -> None:
                 "sentences_per_s": r["per_s"], "rounds_s": r["rounds"],
                 "speed_vs_ct2_fp32": round(peer["seconds"] / r["seconds"], 2),
                 "same_as_ct2_fp32": round(agreement(r["outputs"], peer["outputs"]), 4),
-                "settings": r["settings"], **({"per_s_by_batching": r["tried"]}
+                "settings": r["settings"], **({"per_s_by_setting": r["tried"]}
                                               if "tried" in r else {}),
                 "examples": r["outputs"][:3]}
         for r in list(results.values())[-len(raced):]:

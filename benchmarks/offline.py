@@ -153,7 +153,7 @@ def versus(raced: dict) -> dict:
             "vaswani_over_ct2": round(theirs["seconds"] / ours["seconds"], 2),
             "same_outputs": agreement(ours["outputs"], theirs["outputs"]),
             "ctranslate2_settings": theirs["settings"],
-            "ctranslate2_per_s_by_batching": theirs["tried"]}
+            "ctranslate2_per_s_by_setting": theirs["tried"]}
 
 
 def profile_row(work: Path, row: str = "lm", n: int = 300, run_dir: str | None = None) -> dict:

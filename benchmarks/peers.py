@@ -16,7 +16,9 @@ How each engine is called:
 - ``ctranslate2``: one ``translate_batch`` (``generate_batch``) call over every input, with
   CTranslate2's own batching and sorting (``max_batch_size``, ``batch_type``: the settings
   given, default 1,024 tokens as its documentation suggests for throughput; the benchmarks
-  race it at each of :data:`CT2_BATCHINGS` and keep its fastest), ``intra_threads``
+  race it at each of :data:`CT2_BATCHINGS` and keep its fastest), on each of its two CPU
+  backends (:data:`CT2_BACKENDS`: Intel MKL or oneDNN, which CTranslate2 picks by the CPU's
+  vendor unless ``CT2_USE_MKL`` says; the faster kept), ``intra_threads``
   = the threads given, and the options the export's README gives (``vaswani export --format
   ct2`` writes it): ``min_decoding_length=0``, ``suppress_sequences`` of ``<pad>``/``<bos>``,
   one ``max_decoding_length``. Tokens come from the ``tokenizers`` library (or, for a
@@ -36,6 +38,7 @@ from the timing.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -58,7 +61,7 @@ def run_child(job: dict, timeout: float = 1800) -> dict:
         job_path.write_text(json.dumps(job))
         proc = subprocess.run([sys.executable, "-m", "benchmarks.peers", str(job_path),
                                str(out_path)], cwd=ROOT, capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=timeout, env={**os.environ, **job.get("env", {})})
         if proc.returncode != 0:
             raise RuntimeError(f"the {job['engine']} child failed ({proc.returncode}):\n"
                                f"{proc.stderr[-3000:]}")
@@ -95,10 +98,20 @@ CT2_BATCHINGS = {
 }
 
 
-def batchings(name: str, job: dict, settings: dict = CT2_BATCHINGS) -> dict[str, dict]:
-    """``job`` once per batch setting, named ``name [setting]``, for :func:`race`."""
-    return {f"{name} [{label}]": {**job, "batching": batching}
-            for label, batching in settings.items()}
+# CTranslate2's two CPU backends, chosen by the environment variable CT2_USE_MKL (by default
+# it takes Intel MKL on an Intel CPU, oneDNN on others). Which is faster depends on the CPU
+# (2-vCPU Intel Xeon with AMX, the demo model, greedy: MKL 177 sentences/s, oneDNN 740), so a
+# row is raced on both.
+CT2_BACKENDS = {"MKL": {"CT2_USE_MKL": "1"}, "oneDNN": {"CT2_USE_MKL": "0"}}
+
+
+def batchings(name: str, job: dict, settings: dict = CT2_BATCHINGS,
+              backends: dict = CT2_BACKENDS) -> dict[str, dict]:
+    """``job`` once per batch setting and backend, named ``name [setting, backend]``, for
+    :func:`race`."""
+    return {f"{name} [{label}, {backend}]": {**job, "batching": batching, "env": env,
+                                             "backend": backend}
+            for label, batching in settings.items() for backend, env in backends.items()}
 
 
 def keep_fastest(raced: dict[str, dict]) -> dict[str, dict]:
@@ -214,7 +227,9 @@ def _ctranslate2(job: dict) -> tuple[list, float, dict]:
     tgt = _Tokenizer(folder / "vaswani" / "tokenizer", "target")
     settings = {**CT2_BATCHINGS["1024 tokens"], **job.get("batching", {}),
                 "intra_threads": job["threads"], "compute_type": job.get("compute_type",
-                                                                           "default")}
+                                                                           "default"),
+                "backend": job.get("backend", "default"),
+                "CT2_USE_MKL": os.environ.get("CT2_USE_MKL", "(unset)")}
     never = [["<pad>"], ["<bos>"]]
     opts = job["options"]
     if job["task"] == "translate":

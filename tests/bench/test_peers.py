@@ -87,18 +87,22 @@ def test_agreement_is_the_share_of_equal_outputs():
 
 
 def test_ctranslate2_is_raced_at_each_batch_setting_and_keeps_its_fastest(copy_ct2):
-    """Each CTranslate2 row is CTranslate2 at its best of several batch settings: the child
-    takes the setting given, and keep_fastest folds the group into its fastest entry."""
+    """Each CTranslate2 row is CTranslate2 at its best of several batch settings and both CPU
+    backends: the child takes the setting and the backend's environment given (its outputs
+    the same on both), and keep_fastest folds the group into its fastest entry."""
     run_dir, folder = copy_ct2
     job = {"engine": "ctranslate2", "task": "translate", "model": str(folder),
            "inputs": WORDS, "threads": 1, "options": {"beam_size": 1, "max_decoding_length": 31}}
     jobs = peers.batchings("ctranslate2", job)
-    assert len(jobs) == len(peers.CT2_BATCHINGS) >= 2
-    label, jobbed = next((k, j) for k, j in jobs.items() if "examples" in k)
-    result = peers.run_child(jobbed)
-    assert result["settings"]["batch_type"] == "examples"
-    assert result["outputs"] == vaswani.load(run_dir).translate(
-        WORDS, beam=1, max_len_a=0.0, max_len_b=31)
+    assert len(jobs) == len(peers.CT2_BATCHINGS) * len(peers.CT2_BACKENDS) >= 4
+    ours = vaswani.load(run_dir).translate(WORDS, beam=1, max_len_a=0.0, max_len_b=31)
+    for backend, env in peers.CT2_BACKENDS.items():
+        label = f"ctranslate2 [64 examples, {backend}]"
+        result = peers.run_child(jobs[label])
+        assert result["settings"]["batch_type"] == "examples"
+        assert result["settings"]["backend"] == backend
+        assert result["settings"]["CT2_USE_MKL"] == env["CT2_USE_MKL"]
+        assert result["outputs"] == ours
 
     raced = {"vaswani": {"seconds": 2.0, "per_s": 3.5},
              "ct2 [1024 tokens]": {"seconds": 3.0, "per_s": 2.3, "settings": "a"},
