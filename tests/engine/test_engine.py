@@ -390,6 +390,36 @@ def test_sources_of_unlike_lengths_are_encoded_apart_and_translate_as_alone():
                                          max_len_b=6)[0]
 
 
+def test_a_step_over_short_and_long_sources_reads_them_in_parts_and_decodes_as_alone():
+    """Many sources of 2-4 and of 50-60 tokens decoded together (greedy, and beam searches
+    whose rows share their source): the step's cross-attention runs in parts, each reading
+    its own sources' length of keys (cache.py ``SlotCache.parts``), and every output is the
+    reference decoder's."""
+    mt = model("encoder-decoder", max_len=64)
+    rng = random.Random(3)
+    sources = [[rng.randint(3, 22) for _ in range(rng.choice([2, 3, 4, 50, 60]))] + [EOS]
+               for _ in range(80)]
+    sources.sort(key=len)  # as the offline commands submit them
+    requests = [Request(s, Params(max_new_tokens=0, beam=2 if i % 3 == 0 else 0),
+                        start=[BOS], history_start=1, limit=8)
+                for i, s in enumerate(sources)]
+    eng = engine(mt, max_rows=128)
+    used = []
+    parts = eng.cache.parts
+    eng.cache.parts = lambda: used.append(parts()) or used[-1]
+    eng.run(requests)
+    assert any(p is not None and len(p) > 1 for p in used)
+    for s, r in zip(sources, requests, strict=True):
+        src = torch.tensor([s], device=DEVICE)
+        if r.params.beam:
+            want = beam_decode(mt, src, beam=2, bos_id=BOS, eos_id=EOS, max_len_a=0,
+                               max_len_b=8)[0]
+            assert r.hypotheses()[0][0] == want[0][0]
+        else:
+            assert r.output == greedy_decode(mt, src, bos_id=BOS, eos_id=EOS, max_len_a=0,
+                                             max_len_b=8)[0]
+
+
 def test_a_seed_out_of_range_is_refused_when_submitted():
     eng = engine(model("decoder"))
     with pytest.raises(ValueError, match=r"seed \(1180591620717411303424\) must be in"):

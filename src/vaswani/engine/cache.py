@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 ALIGN = 16  # slot widths are multiples of this many tokens
+PART = 32  # source slots per part of a decoding step's cross-attention (SlotCache.parts)
 
 
 def aligned(n: int) -> int:
@@ -239,16 +240,37 @@ class SlotCache:
         return (torch.tensor(grid, device=self.device),
                 torch.tensor(place, device=self.device))
 
+    def parts(self) -> list[tuple[int, int, int]] | None:
+        """How a decoding step's cross-attention reads the used source slots in place: in
+        parts ``(a, b, w)`` of consecutive source slots ``a .. b - 1``, each over its own
+        longest source's ``w`` keys, rather than every slot over the longest source's of all
+        (a step over sources of 10 and 150 tokens would read 150 keys for each). None: one
+        pass, where parts would not save a quarter of the keys read. Parts of ``PART``
+        slots; neighbours of one width merged."""
+        lengths = self.lengths[:self.sources_used]
+        longest = max(lengths)
+        parts: list[tuple[int, int, int]] = []
+        for a in range(0, len(lengths), PART):
+            b = min(len(lengths), a + PART)
+            w = min(longest, aligned(max(lengths[a:b])))
+            if parts and parts[-1][2] == w:
+                parts[-1] = (parts[-1][0], b, w)
+            else:
+                parts.append((a, b, w))
+        read = sum((b - a) * w for a, b, w in parts)
+        return parts if len(parts) > 1 and 4 * read <= 3 * len(lengths) * longest else None
+
     # --- one forward pass ---------------------------------------------------------------
     def step(self, rows: Tensor | None, columns: Tensor, width: int, cross_width: int = 0,
-             sources: Tensor | None = None,
-             groups: tuple[Tensor, Tensor] | None = None) -> StepCache:
+             sources: Tensor | None = None, groups: tuple[Tensor, Tensor] | None = None,
+             parts: list[tuple[int, int, int]] | None = None) -> StepCache:
         """The cache as one forward pass sees it: ``rows`` (R,) the slots of its rows (None:
         the first R slots, read in place), ``columns`` (R, T) where the new tokens' keys go,
         ``width`` keys read per row; a translator's ``cross_width`` source keys, of source
         slots ``sources`` (R,) read by index, or (None) of the leading source slots in
-        place: row i's the i-th, or as :meth:`groups` says."""
-        return StepCache(self, rows, columns, width, cross_width, sources, groups)
+        place: row i's the i-th, or as :meth:`groups` says, read in ``parts`` (see
+        :meth:`parts`) or in one pass."""
+        return StepCache(self, rows, columns, width, cross_width, sources, groups, parts)
 
 
 class SlotKV:
@@ -263,10 +285,12 @@ class SlotKV:
 
     def __init__(self, k: Tensor, v: Tensor, rows: Tensor | None, n: int, width: int,
                  write: tuple[Tensor, Tensor] | None = None,
-                 groups: tuple[Tensor, Tensor] | None = None) -> None:
+                 groups: tuple[Tensor, Tensor] | None = None,
+                 parts: list[tuple[int, int, int]] | None = None) -> None:
         self.k_all, self.v_all = k, v
         self.rows, self.n, self.width, self.write = rows, n, width, write
         self.groups = groups
+        self.parts = parts  # a cross-attention in parts of sources (SlotCache.parts)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """k, v (R, Hkv, T, Dh) into their (slot (R, 1), column (R, T)) places ``write``
@@ -316,7 +340,8 @@ class StepCache:
 
     def __init__(self, cache: SlotCache, rows: Tensor | None, columns: Tensor, width: int,
                  cross_width: int, sources: Tensor | None,
-                 groups: tuple[Tensor, Tensor] | None) -> None:
+                 groups: tuple[Tensor, Tensor] | None,
+                 parts: list[tuple[int, int, int]] | None = None) -> None:
         n = columns.size(0)
         slots = torch.arange(n, device=columns.device) if rows is None else rows
         write = (slots[:, None], columns)  # where every layer writes its new keys
@@ -325,6 +350,6 @@ class StepCache:
         G = n if groups is None else groups[0].size(0)
         self.layers = [(SlotKV(cache.k[i], cache.v[i], rows, n, width, write),
                         SlotKV(cache.ck[i], cache.cv[i], sources, G, cross_width,
-                               groups=groups)
+                               groups=groups, parts=parts)
                         if cache.seq2seq else None)
                        for i in range(cache.n_layers)]

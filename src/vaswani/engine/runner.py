@@ -79,7 +79,8 @@ class Runner:
             if self.cache.seq2seq:  # the leading source slots, read in place
                 G = self.cache.sources_used
                 kwargs = dict(cross=max(self.cache.lengths), groups=self.cache.groups(n),
-                              lengths=torch.tensor(self.cache.lengths[:G], device=d))
+                              lengths=torch.tensor(self.cache.lengths[:G], device=d),
+                              parts=self.cache.parts())
             logits = forward_step(self.model, self.cache, ids, positions, None, columns,
                                   width, torch.zeros(n, dtype=torch.long, device=d), **kwargs)
         return logits, [seq.slot for _, seq in rows]

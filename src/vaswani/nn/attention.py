@@ -156,7 +156,10 @@ class MultiHeadAttention(nn.Module):
                     cache.k, cache.v = k, v
             if cache is not None:  # an engine's cache may hold one source for many rows
                 q = cache.queries(q)
-        out, weights = self.attend(q, k, v, mask, need_weights)
+        if cross and cache is not None and cache.parts is not None and not need_weights:
+            out, weights = self._attend_parts(q, k, v, mask, cache.parts), None
+        else:
+            out, weights = self.attend(q, k, v, mask, need_weights)
         if cross and cache is not None:
             out = cache.outputs(out)
         out = out.transpose(1, 2).reshape(B, Tq, self.q_dim)  # (B, Tq, H*Dh)
@@ -177,6 +180,18 @@ class MultiHeadAttention(nn.Module):
             v = v.repeat_interleave(group, dim=1)
         out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)
         return out, weights if need_weights else None  # never keep weights nobody asked for
+
+    def _attend_parts(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                      parts: list[tuple[int, int, int]]) -> Tensor:
+        """:meth:`attend` over rows ``a:b`` at a time, each part reading only the first ``w``
+        keys, for each ``(a, b, w)`` of ``parts``: an engine's decoding step over sources
+        of many lengths, where one padded pass would read every row's keys up to the longest
+        source's (cache.py ``SlotCache.parts``)."""
+        outs = []
+        for a, b, w in parts:
+            m = None if mask is None else mask[a:b, ..., :w]
+            outs.append(self.attend(q[a:b], k[a:b, :, :w], v[a:b, :, :w], m)[0])
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
 
     def _use_sdpa(self, q: Tensor, k: Tensor, dropout_p: float) -> bool:
         if self.backend != "auto":

@@ -27,6 +27,9 @@ class KV:
 
     k: Tensor | None = None
     v: Tensor | None = None
+    # an engine's cross-attention may attend in parts of rows, each over its own number of
+    # keys (engine/cache.py); here one pass over all the keys
+    parts = None
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add new keys/values along the time axis; return the full (cached + new) ones."""
