@@ -26,18 +26,24 @@ import torch.nn.functional as F
 from .common import report
 
 
-def switches() -> int:
-    """Voluntary context switches of every thread of this process."""
-    total = 0
+def switches() -> dict[str, int]:
+    """Voluntary context switches of each thread of this process, by thread id."""
+    counts = {}
     for path in glob.glob(f"/proc/{os.getpid()}/task/*/status"):
         try:
             with open(path) as f:
                 for line in f:
                     if line.startswith("voluntary_ctxt_switches"):
-                        total += int(line.split()[1])
+                        counts[path.split("/")[-2]] = int(line.split()[1])
         except FileNotFoundError:  # a thread that ended between the listing and the read
             continue
-    return total
+    return counts
+
+
+def switched(before: dict[str, int], after: dict[str, int]) -> int:
+    """Switches between two :func:`switches` readings, thread by thread: a thread that ended
+    in between takes none of its count away (summed totals went negative when one did)."""
+    return sum(n - before.get(tid, 0) for tid, n in after.items())
 
 
 def timed(fn, repeats: int) -> tuple[float, float]:
@@ -50,7 +56,7 @@ def timed(fn, repeats: int) -> tuple[float, float]:
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    rate = (switches() - before) / (time.perf_counter() - start)
+    rate = switched(before, switches()) / (time.perf_counter() - start)
     return statistics.median(times) * 1e3, rate
 
 
