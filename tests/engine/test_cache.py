@@ -149,3 +149,21 @@ def test_a_steps_cross_attention_reads_each_part_of_sources_to_its_own_longest()
     for n in (3, 40):
         c.take_source(request(), n)
     assert c.parts() is None  # one part
+
+
+def test_a_step_writing_one_column_writes_what_the_indexed_write_does():
+    """Every row's new token to one column (an offline batch in step): the slice write
+    leaves the cache as the (slot, column) write does."""
+    torch.manual_seed(0)
+    a, b = cache(), cache()
+    filled(a, 3)
+    filled(b, 3)
+    k, v = torch.randn(3, 2, 1, 4, device=DEVICE), torch.randn(3, 2, 1, 4, device=DEVICE)
+    columns = torch.full((3, 1), 2, device=DEVICE)
+    sliced = a.step(None, columns, width=3, column=2).layers[1][0]
+    indexed = b.step(None, columns, width=3).layers[1][0]
+    assert isinstance(sliced.write, int) and not isinstance(indexed.write, int)
+    for got, want in zip(sliced.append(k, v), indexed.append(k, v), strict=True):
+        assert torch.equal(got, want)
+    assert torch.equal(a.k[1], b.k[1]) and torch.equal(a.v[1], b.v[1])
+    assert torch.equal(a.k[1][:3, :, 2:3], k)

@@ -263,14 +263,17 @@ class SlotCache:
     # --- one forward pass ---------------------------------------------------------------
     def step(self, rows: Tensor | None, columns: Tensor, width: int, cross_width: int = 0,
              sources: Tensor | None = None, groups: tuple[Tensor, Tensor] | None = None,
-             parts: list[tuple[int, int, int]] | None = None) -> StepCache:
+             parts: list[tuple[int, int, int]] | None = None,
+             column: int | None = None) -> StepCache:
         """The cache as one forward pass sees it: ``rows`` (R,) the slots of its rows (None:
-        the first R slots, read in place), ``columns`` (R, T) where the new tokens' keys go,
-        ``width`` keys read per row; a translator's ``cross_width`` source keys, of source
-        slots ``sources`` (R,) read by index, or (None) of the leading source slots in
-        place: row i's the i-th, or as :meth:`groups` says, read in ``parts`` (see
-        :meth:`parts`) or in one pass."""
-        return StepCache(self, rows, columns, width, cross_width, sources, groups, parts)
+        the first R slots, read in place), ``columns`` (R, T) where the new tokens' keys go
+        (``column``: every row's one new token goes to this column, the first R slots'
+        written as one slice), ``width`` keys read per row; a translator's ``cross_width``
+        source keys, of source slots ``sources`` (R,) read by index, or (None) of the
+        leading source slots in place: row i's the i-th, or as :meth:`groups` says, read in
+        ``parts`` (see :meth:`parts`) or in one pass."""
+        return StepCache(self, rows, columns, width, cross_width, sources, groups, parts,
+                         column)
 
 
 class SlotKV:
@@ -284,7 +287,7 @@ class SlotKV:
     back through ``outputs``."""
 
     def __init__(self, k: Tensor, v: Tensor, rows: Tensor | None, n: int, width: int,
-                 write: tuple[Tensor, Tensor] | None = None,
+                 write: tuple[Tensor, Tensor] | int | None = None,
                  groups: tuple[Tensor, Tensor] | None = None,
                  parts: list[tuple[int, int, int]] | None = None) -> None:
         self.k_all, self.v_all = k, v
@@ -294,7 +297,13 @@ class SlotKV:
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """k, v (R, Hkv, T, Dh) into their (slot (R, 1), column (R, T)) places ``write``
-        -> the keys and values to attend over, (R, Hkv, Tk, Dh)."""
+        (an int: column ``write`` of the first R slots, T = 1) -> the keys and values to
+        attend over, (R, Hkv, Tk, Dh)."""
+        if isinstance(self.write, int):  # a strided copy, a third of index_put's time
+            c = self.write
+            self.k_all[:self.n, :, c:c + 1] = k
+            self.v_all[:self.n, :, c:c + 1] = v
+            return self.k, self.v
         slots, columns = self.write
         self.k_all[slots, :, columns] = k.transpose(1, 2)  # (R, T, Hkv, Dh)
         self.v_all[slots, :, columns] = v.transpose(1, 2)
@@ -341,10 +350,14 @@ class StepCache:
     def __init__(self, cache: SlotCache, rows: Tensor | None, columns: Tensor, width: int,
                  cross_width: int, sources: Tensor | None,
                  groups: tuple[Tensor, Tensor] | None,
-                 parts: list[tuple[int, int, int]] | None = None) -> None:
+                 parts: list[tuple[int, int, int]] | None = None,
+                 column: int | None = None) -> None:
         n = columns.size(0)
-        slots = torch.arange(n, device=columns.device) if rows is None else rows
-        write = (slots[:, None], columns)  # where every layer writes its new keys
+        if column is not None and rows is None:  # where every layer writes its new keys
+            write: tuple[Tensor, Tensor] | int = column
+        else:
+            slots = torch.arange(n, device=columns.device) if rows is None else rows
+            write = (slots[:, None], columns)
         if cache.seq2seq and sources is None and rows is not None:
             raise ValueError("rows read by index read their sources by index too")
         G = n if groups is None else groups[0].size(0)

@@ -64,6 +64,8 @@ class Runner:
             ids[seq.slot] = seq.uncached()[0]
             positions[seq.slot] = columns[seq.slot] = seq.cached
         width = max(positions) + 1
+        # rows in step (an offline batch) write one column: a slice, not an index_put
+        column = columns[0] if columns.count(columns[0]) == n else None
         d = self.device
         ids, positions, columns = (torch.tensor(x, device=d)[:, None]
                                    for x in (ids, positions, columns))
@@ -82,7 +84,8 @@ class Runner:
                               lengths=torch.tensor(self.cache.lengths[:G], device=d),
                               parts=self.cache.parts())
             logits = forward_step(self.model, self.cache, ids, positions, None, columns,
-                                  width, torch.zeros(n, dtype=torch.long, device=d), **kwargs)
+                                  width, torch.zeros(n, dtype=torch.long, device=d),
+                                  column=column, **kwargs)
         return logits, [seq.slot for _, seq in rows]
 
     @torch.inference_mode()

@@ -74,6 +74,8 @@ class DecoderLM(nn.Module):
         logits (B, V). Only those positions reach the output projection."""
         h, _ = self.decoder(self.embed(ids, positions=positions), mask=mask, cache=cache,
                             positions=positions)
+        if h.size(1) == 1:  # a decoding step: one position per row, no gather
+            return self.output_proj(h[:, 0])
         return self.output_proj(h[torch.arange(h.size(0), device=h.device), last])
 
     def new_cache(self) -> KVCache:

@@ -111,6 +111,8 @@ class EncoderDecoder(nn.Module):
         (B, 1, 1, S) -> next-token logits (B, V) at ``last``."""
         h, _ = self.decoder(self.tgt_embed(ids, positions=positions), mask=mask,
                             memory_mask=memory_mask, cache=cache, positions=positions)
+        if h.size(1) == 1:  # a decoding step: one position per row, no gather
+            return self.output_proj(h[:, 0])
         return self.output_proj(h[torch.arange(h.size(0), device=h.device), last])
 
     def new_cache(self) -> KVCache:

@@ -65,6 +65,20 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     return weights @ v, weights  # (..., Tq, Dh), (..., Tq, Tk)
 
 
+def decoding_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """:func:`scaled_dot_product_attention` in fewer operations, for a decoding step's few
+    queries per row over many rows, where each operation's fixed cost counts: the queries
+    scaled rather than the scores (Tq x Dh numbers, not Tq x Tk), the masked scores filled
+    in place, no weights kept. A query that may attend to no key gets the mean of the values
+    rather than zeros (a decoding step's real queries always see their own key; the
+    engine's padding rows are thrown away). 15-25% faster on a 2-core CPU (fp32, 300 rows of
+    4 heads over 25-60 keys)."""
+    scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)  # (..., Tq, Tk)
+    if mask is not None:
+        scores.masked_fill_(mask.logical_not(), torch.finfo(scores.dtype).min)
+    return scores.softmax(dim=-1) @ v
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention for self-attention (``memory=None``) and cross-attention.
 
@@ -178,6 +192,9 @@ class MultiHeadAttention(nn.Module):
             group = self.n_heads // self.n_kv_heads
             k = k.repeat_interleave(group, dim=1)  # (B, H, Tk, Dh)
             v = v.repeat_interleave(group, dim=1)
+        if (not need_weights and p == 0.0 and q.size(-2) <= DECODE_QUERIES
+                and not torch.is_grad_enabled()):  # inference's decoding steps
+            return decoding_attention(q, k, v, mask), None
         out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)
         return out, weights if need_weights else None  # never keep weights nobody asked for
 
