@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import DEVICE
-from vaswani.engine.cache import ALIGN, PART, SlotCache
+from vaswani.engine.cache import ALIGN, FORK_GROUP, PART, SlotCache
 from vaswani.engine.request import Params, Request, Sequence
 
 
@@ -65,12 +65,23 @@ def test_compaction_moves_the_last_rows_and_sources_into_the_holes_with_their_ke
 def test_a_fork_copies_the_parents_keys_but_not_past_the_length():
     c = cache()
     rows = filled(c, 3)
-    c.fork([2], [0], length=4)
+    c.fork([(2, 0, 0, 4)])
     for layer in range(c.n_layers):
         assert torch.all(c.k[layer][2, :, :4] == 10 ** layer)
         assert torch.all(c.k[layer][2, :, 4] == 3 * 10 ** layer)  # past the length: its own
         assert torch.all(c.ck[layer][2, :, :3] == 3 * 10 ** layer)  # sources never copied
     assert_holds(c, rows[0], 1)
+
+
+def test_a_fork_that_holds_a_prefix_already_copies_from_its_aligned_start_only():
+    c = cache()
+    filled(c, 3, length=30)
+    c.fork([(2, 0, 2 * FORK_GROUP + 1, 30), (1, 0, 0, 0)])  # a fork of no keys: no copy
+    for layer in range(c.n_layers):
+        k = c.k[layer]
+        assert torch.all(k[2, :, :2 * FORK_GROUP] == 3 * 10 ** layer)  # held: not copied
+        assert torch.all(k[2, :, 2 * FORK_GROUP:30] == 10 ** layer)  # from the aligned start
+        assert torch.all(k[2, :, 30:] == 0) and torch.all(k[1, :, :30] == 2 * 10 ** layer)
 
 
 def test_widening_keeps_every_rows_keys_and_holds_fewer_slots():

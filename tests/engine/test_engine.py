@@ -89,6 +89,56 @@ def test_translations_greedy_and_beam_equal_the_reference():
         assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-5)
 
 
+def test_shared_is_the_common_prefix_of_what_two_slots_hold():
+    from vaswani.engine.engine import shared, spare
+    from vaswani.engine.request import Sequence
+
+    def row(tokens, cached, offset=0):
+        s = Sequence(tokens)
+        s.cached, s.offset = cached, offset
+        return s
+
+    a = row([1, 5, 6, 7, 8, 9], 5)
+    assert shared(a, row([1, 5, 6, 7, 8, 3], 5)) == 5  # all that both hold
+    assert shared(a, row([1, 5, 6, 4, 8, 9], 5)) == 3
+    assert shared(a, row([1, 5, 6, 7], 2)) == 2  # within what each has cached
+    assert shared(a, row([2, 5, 6, 7, 8, 9], 5)) == 0
+    assert shared(a, row([1, 5, 6, 7, 8, 9], 5, offset=1)) == 0  # other positions
+    assert shared(a, row([1, 5, 6, 7, 8, 9], 0)) == 0
+    for n in range(1, 7):  # the bisection against a plain scan
+        b = row([1, 5, 6, 7, 8, 9][:n] + [0] * (6 - n), 6)
+        assert shared(row([1, 5, 6, 7, 8, 9], 6), b) == n
+    kept = spare(a)
+    assert kept.tokens == [1, 5, 6, 7, 8] and kept.cached == 5 and kept.uncached() == []
+
+
+def test_beam_forks_copy_only_what_their_slot_lacks_and_decode_as_full_copies(monkeypatch):
+    """A fork's slot holds its parent's prefix up to where the two hypotheses part: only
+    the rest is copied (a fraction of the keys), and the hypotheses equal those of full
+    copies (a request marked recomputed copies everything)."""
+    from vaswani.engine.cache import SlotCache
+
+    mt = model("encoder-decoder")
+    sources = [s + [EOS] for s in prompts(8, seed=6, low=6)]
+    copied = []
+    copy = SlotCache._copy
+    monkeypatch.setattr(SlotCache, "_copy", lambda self, pairs, to, of, length, start=0: (
+        copied.append(len(to) * (length - start)) if pairs[0] is self.k else None,
+        copy(self, pairs, to, of, length, start))[1])
+
+    def run(recomputed):
+        copied.clear()
+        requests = [Request(s, Params(max_new_tokens=0, beam=4, n_best=4), start=[BOS],
+                            history_start=1, limit=30) for s in sources]
+        for r in requests:
+            r.recomputed = recomputed
+        engine(mt, max_rows=32).run(requests)
+        return [r.hypotheses() for r in requests], sum(copied)
+
+    (shared_out, few), (full_out, many) = run(False), run(True)
+    assert shared_out == full_out and 0 < few < many / 2, (few, many)
+
+
 def test_long_prompts_are_prefilled_in_chunks_and_slide_past_max_len():
     lm = model("decoder")
     cases = [(p, Params(max_new_tokens=30)) for p in prompts(6, seed=2, low=20, high=60)]

@@ -37,6 +37,9 @@ from torch import Tensor
 
 ALIGN = 16  # slot widths are multiples of this many tokens
 PART = 32  # source slots per part of a decoding step's cross-attention (SlotCache.parts)
+FORK_GROUP = 4  # forks whose copies start within this many columns are copied together
+# (SlotCache.fork; the bible-en-es preset's beam 4: 1,181 MB copied in 792 copies against
+# 3,278 MB in 426 with 16, 599 MB in 1,766 with 1; 4 is as fast as 1, with fewer operations)
 
 
 def aligned(n: int) -> int:
@@ -197,22 +200,32 @@ class SlotCache:
                 self.holders[i].source_slot = i
         del self.holders[self.sources_used:], self.lengths[self.sources_used:]
 
-    def fork(self, targets: list[int], parents: list[int], length: int) -> None:
-        """Slots ``targets`` start as copies of the first ``length`` keys and values of
-        slots ``parents`` (a beam search's hypotheses that fork; they share their source)."""
-        if targets:
-            self._copy([self.k, self.v], targets, parents, length)
+    def fork(self, forks: list[tuple[int, int, int, int]]) -> None:
+        """For each ``(target, parent, start, length)`` of ``forks`` (a beam search's
+        hypotheses that fork; they share their source), slot ``target`` gets columns
+        ``start .. length - 1`` of slot ``parent``: it holds the first ``start`` already.
+        Forks are copied together, in groups of like ``start`` (``FORK_GROUP``; aligned
+        down: a copy of what a slot holds already changes nothing)."""
+        groups: dict[int, list[tuple[int, int, int]]] = {}
+        for target, parent, start, length in forks:
+            if length > start:
+                at = start // FORK_GROUP * FORK_GROUP
+                groups.setdefault(at, []).append((target, parent, length))
+        for start, group in groups.items():
+            targets, parents, lengths = zip(*group, strict=True)
+            self._copy([self.k, self.v], targets, parents, max(lengths), start)
 
-    def _copy(self, pairs: list[list[Tensor]], targets, sources, length: int) -> None:
-        """Slots ``targets`` of the tensors ``pairs`` (keys, values) get the first ``length``
-        columns of slots ``sources`` (what a slot holds past its row's context, or its
-        source's length, is never attended to)."""
+    def _copy(self, pairs: list[list[Tensor]], targets, sources, length: int,
+              start: int = 0) -> None:
+        """Slots ``targets`` of the tensors ``pairs`` (keys, values) get columns
+        ``start .. length - 1`` of slots ``sources`` (what a slot holds past its row's
+        context, or its source's length, is never attended to)."""
         to = torch.tensor(targets, device=self.device)
         of = torch.tensor(sources, device=self.device)
-        if length > 0:  # the sources are gathered first, then written: slots may be both
+        if length > start:  # the sources are gathered first, then written: slots may be both
             for tensors in pairs:
                 for t in tensors:
-                    view = t[:, :, :length]  # index_select + index_copy_: 0.29 ms where
+                    view = t[:, :, start:length]  # index_select + index_copy_: 0.29 ms where
                     view.index_copy_(0, to, view.index_select(0, of))  # t[to] = t[of]: 0.41
 
     def held(self, n: int) -> list[int]:

@@ -107,7 +107,7 @@ class Engine:
         if request.seq2seq:  # the target holds <bos> too
             request.limit = max(1, min(request.limit, self.max_len - len(request.start)))
         elif request.sequences[0].context > self.max_len:  # a prompt past max_len slides
-            self.scheduler.slide(request.sequences[0])
+            self.scheduler.slide(request.sequences[0])  # before anything is cached
         if p.seed is not None and request.generator is None:
             if not 0 <= p.seed < 2**63:
                 raise ValueError(f"seed ({p.seed}) must be in [0, 2**63)")
@@ -127,6 +127,7 @@ class Engine:
         for request in requests:
             self.scheduler.finish(request)
             request.status = Status.WAITING
+            request.recomputed = True
             for seq in request.sequences:
                 seq.cached = 0
         return requests
@@ -212,14 +213,14 @@ class Engine:
         for i, (r, _) in enumerate(rows):
             if r.beam is not None:
                 searches.setdefault(r.id, []).append(i)
-        forks: list[tuple[int, int, int]] = []  # (slot, parent's slot, keys to copy)
+        forks: list[tuple[int, int, int, int]] = []  # (slot, parent's slot, keys it holds
+        # already, keys to copy)
         if searches:
             order = [i for index in searches.values() for i in index]
             self._search([[rows[i] for i in index] for index in searches.values()], logits,
                           [at[i] for i in order], finished, forks)
         if forks:  # every search's copies at once
-            targets, parents, lengths = zip(*forks, strict=True)
-            self.cache.fork(list(targets), list(parents), max(lengths))
+            self.cache.fork(forks)
 
     @staticmethod
     def _rows_of(logits: Tensor, index: list[int]) -> Tensor:
@@ -321,10 +322,11 @@ class Engine:
 
     def _fork(self, rows: list[tuple[Request, Sequence]], top_scores: list[float],
               top_index: list[int], V: int, finished: list,
-              forks: list[tuple[int, int, int]]) -> None:
+              forks: list[tuple[int, int, int, int]]) -> None:
         """One search's step from its ranked candidates: the first child of a hypothesis
         takes its parent's slot over; another child takes a slot of the request that no
-        child holds, and is queued in ``forks`` to get a copy of its parent's."""
+        child holds, the one that already holds the longest prefix of its parent's keys
+        (:func:`shared`), and is queued in ``forks`` to get a copy of the rest."""
         request = rows[0][0]
         histories = [s.tokens[len(request.start):] for _, s in rows]
         alive = request.beam.advance(len(histories[0]) + 1, top_scores, top_index, V,
@@ -346,14 +348,19 @@ class Engine:
                 homes[row] = parents[row].slot
                 self.cache.put(parents[row].slot, child)
             children.append(child)
-        free = [p.slot for row, p in enumerate(parents) if row not in homes]
-        free += [spare.slot for spare in request.spares]
+        # the rows whose slots are free now, and what those slots hold: a parent without
+        # a child, a spare (a slot kept for later children)
+        free = [p for row, p in enumerate(parents) if row not in homes] + request.spares
         for child, row in orphans:
-            self.cache.put(free.pop(), child)
-            forks.append((child.slot, homes[row], parents[row].cached))
-        request.spares = [Sequence([]) for _ in free]  # slots kept for later children
-        for slot, spare in zip(free, request.spares, strict=True):
-            self.cache.put(slot, spare)
+            parent = parents[row]
+            held = [0 if request.recomputed else shared(f, parent) for f in free]
+            best = held.index(max(held))
+            slot = free.pop(best).slot
+            self.cache.put(slot, child)
+            forks.append((slot, homes[row], held[best], parent.cached))
+        request.spares = [spare(f) for f in free]  # slots kept for later children
+        for f, kept in zip(free, request.spares, strict=True):
+            self.cache.put(f.slot, kept)
         request.sequences = children
 
     def _finish(self, request: Request, reason: str, finished: list) -> None:
@@ -364,6 +371,37 @@ class Engine:
         finished.append(request)
         if request.on_finish is not None:
             request.on_finish(request)
+
+
+def shared(a: Sequence, b: Sequence) -> int:
+    """How many leading keys the slots of rows ``a`` and ``b`` (hypotheses of one beam search)
+    hold alike: their tokens' common prefix, within what each has cached. A hypothesis' keys
+    at a position were computed once, for the one hypothesis that then held that prefix,
+    and copied when it forked, so two slots that hold one prefix hold it bit for bit (unless
+    the rows were computed again one by one: ``Request.recomputed``). Beam hypotheses
+    mostly differ in their last few tokens: a fork then copies those, not the whole row."""
+    n = min(a.cached, b.cached)
+    if a.offset != b.offset or n == 0:
+        return 0
+    x, y = a.tokens[a.offset:a.offset + n], b.tokens[b.offset:b.offset + n]
+    if x == y:
+        return n
+    lo, hi = 0, n - 1  # x[:lo] == y[:lo] and x[:hi + 1] != y[:hi + 1]: bisect on slices
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if x[:mid] == y[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def spare(row: Sequence) -> Sequence:
+    """A spare row for the slot ``row`` held: no tokens of its own to decode, but what the
+    slot holds (its tokens, cached) kept, for :func:`shared`."""
+    kept = Sequence(row.tokens[:row.offset + row.cached])
+    kept.offset, kept.cached = row.offset, row.cached
+    return kept
 
 
 def prefill_groups(rows: list[tuple[Request, Sequence, int]], slack: int = 32

@@ -64,8 +64,11 @@ class Runner:
             ids[seq.slot] = seq.uncached()[0]
             positions[seq.slot] = columns[seq.slot] = seq.cached
         width = max(positions) + 1
-        # rows in step (an offline batch) write one column: a slice, not an index_put
-        column = columns[0] if columns.count(columns[0]) == n else None
+        # rows in step (an offline batch) write one column c: a slice, not an index_put,
+        # where no slot riding along as padding holds keys at c (a beam's spare does not)
+        c = rows[0][1].cached
+        column = c if (all(seq.cached == c for _, seq in rows) and all(
+            owner.cached <= c for owner in self.cache.owners[:n])) else None
         d = self.device
         ids, positions, columns = (torch.tensor(x, device=d)[:, None]
                                    for x in (ids, positions, columns))

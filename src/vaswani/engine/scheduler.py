@@ -79,6 +79,7 @@ class Scheduler:
             for seq in request.sequences:
                 if not request.seq2seq and seq.context > self.max_len:
                     self.slide(seq)
+                    request.recomputed = True
         self._widen()
         for request in self.running:  # decode what is ready; go on with prefills
             budget = self._rows_of(request, plan, budget)
@@ -204,6 +205,7 @@ class Scheduler:
         self._free(request)
         for seq in request.sequences:
             seq.cached = 0
+        request.recomputed = True
         self.running.remove(request)
         request.status = Status.WAITING
         self.waiting.appendleft(request)

@@ -20,9 +20,9 @@ def forward_step(model: torch.nn.Module, cache: SlotCache, ids: Tensor, position
     (R, T) of ``slots`` (None: the first R; with ``column``, all to that one column),
     ``width`` keys read per row -> the logits at ``last`` (R, V). A translator reads
     ``cross`` keys of its sources: of source slots ``sources`` (R,) by index, or of the
-    leading source slots in place, grouped as ``groups`` says (cache.py ``SlotCache.groups``), in ``parts`` (``SlotCache.parts``) or
-    in one pass; ``lengths`` are the real tokens of each source read ((R,), or (G,) when
-    grouped)."""
+    leading source slots in place, grouped as ``groups`` says (cache.py
+    ``SlotCache.groups``), in ``parts`` (``SlotCache.parts``) or in one pass; ``lengths``
+    are the real tokens of each source read ((R,), or (G,) when grouped)."""
     kwargs = {}
     if cache.seq2seq:
         kwargs["memory_mask"] = masks.length_mask(lengths, cross)
