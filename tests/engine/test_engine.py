@@ -90,7 +90,7 @@ def test_translations_greedy_and_beam_equal_the_reference():
 
 
 def test_shared_is_the_common_prefix_of_what_two_slots_hold():
-    from vaswani.engine.engine import shared, spare
+    from vaswani.engine.engine import shared
     from vaswani.engine.request import Sequence
 
     def row(tokens, cached, offset=0):
@@ -108,8 +108,6 @@ def test_shared_is_the_common_prefix_of_what_two_slots_hold():
     for n in range(1, 7):  # the bisection against a plain scan
         b = row([1, 5, 6, 7, 8, 9][:n] + [0] * (6 - n), 6)
         assert shared(row([1, 5, 6, 7, 8, 9], 6), b) == n
-    kept = spare(a)
-    assert kept.tokens == [1, 5, 6, 7, 8] and kept.cached == 5 and kept.uncached() == []
 
 
 def test_beam_forks_copy_only_what_their_slot_lacks_and_decode_as_full_copies(monkeypatch):

@@ -358,9 +358,8 @@ class Engine:
             slot = free.pop(best).slot
             self.cache.put(slot, child)
             forks.append((slot, homes[row], held[best], parent.cached))
-        request.spares = [spare(f) for f in free]  # slots kept for later children
-        for f, kept in zip(free, request.spares, strict=True):
-            self.cache.put(f.slot, kept)
+        request.spares = free  # slots kept for later children, as they are: a parent
+        # without a child still holds its slot and says what it holds
         request.sequences = children
 
     def _finish(self, request: Request, reason: str, finished: list) -> None:
@@ -394,14 +393,6 @@ def shared(a: Sequence, b: Sequence) -> int:
         else:
             hi = mid - 1
     return lo
-
-
-def spare(row: Sequence) -> Sequence:
-    """A spare row for the slot ``row`` held: no tokens of its own to decode, but what the
-    slot holds (its tokens, cached) kept, for :func:`shared`."""
-    kept = Sequence(row.tokens[:row.offset + row.cached])
-    kept.offset, kept.cached = row.offset, row.cached
-    return kept
 
 
 def prefill_groups(rows: list[tuple[Request, Sequence, int]], slack: int = 32
