@@ -90,7 +90,7 @@ def test_translations_greedy_and_beam_equal_the_reference():
 
 
 def test_shared_is_the_common_prefix_of_what_two_slots_hold():
-    from vaswani.engine.engine import shared
+    from vaswani.engine.beam import shared
     from vaswani.engine.request import Sequence
 
     def row(tokens, cached, offset=0):
@@ -105,9 +105,14 @@ def test_shared_is_the_common_prefix_of_what_two_slots_hold():
     assert shared(a, row([2, 5, 6, 7, 8, 9], 5)) == 0
     assert shared(a, row([1, 5, 6, 7, 8, 9], 5, offset=1)) == 0  # other positions
     assert shared(a, row([1, 5, 6, 7, 8, 9], 0)) == 0
-    for n in range(1, 7):  # the bisection against a plain scan
-        b = row([1, 5, 6, 7, 8, 9][:n] + [0] * (6 - n), 6)
-        assert shared(row([1, 5, 6, 7, 8, 9], 6), b) == n
+    rng = random.Random(0)
+    for _ in range(300):  # the search against a plain scan, parting anywhere
+        n = rng.randint(1, 70)
+        x = [rng.randint(3, 9) for _ in range(n)]
+        y = x[:rng.randint(0, n)] + [rng.randint(3, 9) for _ in range(n)]
+        y = y[:n]
+        want = next((i for i, (p, q) in enumerate(zip(x, y, strict=True)) if p != q), n)
+        assert shared(row(x, n), row(y, n)) == want
 
 
 def test_beam_forks_copy_only_what_their_slot_lacks_and_decode_as_full_copies(monkeypatch):

@@ -28,6 +28,7 @@ from ..generation.rules import Rules
 from ..generation.sampling import sample_rows
 from ..generation.search import Beam
 from ..models import EncoderDecoder
+from . import beam
 from .cache import SlotCache
 from .graphs import StaticDecoder
 from .memory import keep_freed_memory
@@ -287,80 +288,33 @@ class Engine:
             self._finish(request, "stop" if stop else "length", finished)
 
     def _search(self, searches: list[list[tuple[Request, Sequence]]], logits: Tensor,
-                at: list[int], finished: list, forks: list[tuple[int, int, int]]) -> None:
+                at: list[int], finished: list, forks: list[tuple[int, int, int, int]]
+                ) -> None:
         """A step of every beam search due (their rows search after search, row i's logits
         ``logits[at[i]]``): their candidates scored and ranked together (one log-softmax and
-        one top-k for all the logits, whatever their order), then each search's
-        generation/search.py ``Beam`` picks its finished and live hypotheses."""
+        one top-k for all the logits, whatever their order: beam.py ``rank``), then each
+        search's generation/search.py ``Beam`` picks its finished and live hypotheses, and
+        beam.py ``place`` gives the live ones their slots (the copies they need: ``forks``)."""
         if 2 * len(at) < logits.size(0):  # a few searches among many rows: theirs alone
             logits, at = self._rows_of(logits, at), list(range(len(at)))
         logp = self._scores([row for rows in searches for row in rows], logits, log=True,
                             at=at)
         V = logp.size(-1)
-        # A search's best candidates are among each of its rows' best 2 * beam tokens: rank
-        # those, not every (row, token), in float64 as Beam does.
-        m = min(2 * max(rows[0][0].beam.K for rows in searches), V)
-        index = torch.tensor(at, device=logp.device)
-        best, tokens = (t.index_select(0, index) for t in logp.topk(m, dim=-1))  # (N, m)
-        K = max(len(rows) for rows in searches)  # rows per search (fewer: -inf padding)
-        at = torch.tensor([i * K + j for i, rows in enumerate(searches)
-                           for j in range(len(rows))], device=logp.device)
-        scores = torch.tensor([s.score for rows in searches for _, s in rows],
-                              dtype=torch.float64, device=logp.device)
-        candidates = torch.full((len(searches) * K, m), float("-inf"), dtype=torch.float64,
-                                device=logp.device)
-        candidates[at] = scores[:, None] + best
-        ids = torch.zeros((len(searches) * K, m), dtype=torch.long, device=logp.device)
-        ids[at] = tokens
-        top = candidates.view(len(searches), K * m).topk(min(m, K * m))
-        token = ids.view(len(searches), K * m).gather(1, top.indices)
-        index = top.indices // m * V + token  # Beam's candidate index: row * V + token
-        for rows, top_scores, top_index in zip(searches, top.values.tolist(), index.tolist(),
-                                               strict=True):
-            n = rows[0][0].beam.candidates(len(rows) * V)
-            self._fork(rows, top_scores[:n], top_index[:n], V, finished, forks)
-
-    def _fork(self, rows: list[tuple[Request, Sequence]], top_scores: list[float],
-              top_index: list[int], V: int, finished: list,
-              forks: list[tuple[int, int, int, int]]) -> None:
-        """One search's step from its ranked candidates: the first child of a hypothesis
-        takes its parent's slot over; another child takes a slot of the request that no
-        child holds, the one that already holds the longest prefix of its parent's keys
-        (:func:`shared`), and is queued in ``forks`` to get a copy of the rest."""
-        request = rows[0][0]
-        histories = [s.tokens[len(request.start):] for _, s in rows]
-        alive = request.beam.advance(len(histories[0]) + 1, top_scores, top_index, V,
-                                     histories)
-        self.tokens_out += len(rows)
-        request.first_token = request.first_token or time.perf_counter()
-        if request.beam.done:
-            return self._finish(request, "stop", finished)
-        parents = [s for _, s in rows]
-        children: list[Sequence] = []
-        homes: dict[int, int] = {}  # parent's row -> the slot of its keys (its first child's)
-        orphans = []  # (child, parent's row): children whose parent's slot a sibling took
-        for row, token, score in alive:
-            child = Sequence(parents[row].tokens + [token], score)
-            child.cached = parents[row].cached
-            if row in homes:
-                orphans.append((child, row))
+        ranked = beam.rank([len(rows) for rows in searches],
+                           [rows[0][0].beam.K for rows in searches],
+                           [s.score for rows in searches for _, s in rows], logp, at)
+        for rows, (top_scores, top_index) in zip(searches, ranked, strict=True):
+            request = rows[0][0]
+            n = request.beam.candidates(len(rows) * V)
+            histories = [s.tokens[len(request.start):] for _, s in rows]
+            alive = request.beam.advance(len(histories[0]) + 1, top_scores[:n],
+                                         top_index[:n], V, histories)
+            self.tokens_out += len(rows)
+            request.first_token = request.first_token or time.perf_counter()
+            if request.beam.done:
+                self._finish(request, "stop", finished)
             else:
-                homes[row] = parents[row].slot
-                self.cache.put(parents[row].slot, child)
-            children.append(child)
-        # the rows whose slots are free now, and what those slots hold: a parent without
-        # a child, a spare (a slot kept for later children)
-        free = [p for row, p in enumerate(parents) if row not in homes] + request.spares
-        for child, row in orphans:
-            parent = parents[row]
-            held = [0 if request.recomputed else shared(f, parent) for f in free]
-            best = held.index(max(held))
-            slot = free.pop(best).slot
-            self.cache.put(slot, child)
-            forks.append((slot, homes[row], held[best], parent.cached))
-        request.spares = free  # slots kept for later children, as they are: a parent
-        # without a child still holds its slot and says what it holds
-        request.sequences = children
+                beam.place(self.cache, request, [s for _, s in rows], alive, forks)
 
     def _finish(self, request: Request, reason: str, finished: list) -> None:
         if request.status is Status.FINISHED:
@@ -370,29 +324,6 @@ class Engine:
         finished.append(request)
         if request.on_finish is not None:
             request.on_finish(request)
-
-
-def shared(a: Sequence, b: Sequence) -> int:
-    """How many leading keys the slots of rows ``a`` and ``b`` (hypotheses of one beam search)
-    hold alike: their tokens' common prefix, within what each has cached. A hypothesis' keys
-    at a position were computed once, for the one hypothesis that then held that prefix,
-    and copied when it forked, so two slots that hold one prefix hold it bit for bit (unless
-    the rows were computed again one by one: ``Request.recomputed``). Beam hypotheses
-    mostly differ in their last few tokens: a fork then copies those, not the whole row."""
-    n = min(a.cached, b.cached)
-    if a.offset != b.offset or n == 0:
-        return 0
-    x, y = a.tokens[a.offset:a.offset + n], b.tokens[b.offset:b.offset + n]
-    if x == y:
-        return n
-    lo, hi = 0, n - 1  # x[:lo] == y[:lo] and x[:hi + 1] != y[:hi + 1]: bisect on slices
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if x[:mid] == y[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def prefill_groups(rows: list[tuple[Request, Sequence, int]], slack: int = 32

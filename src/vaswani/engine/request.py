@@ -97,7 +97,7 @@ class Request:
         self.cancelled = False
         self.recomputed = False  # its rows' keys computed again row by row (a preemption, a
         # slide, a move to another engine): a beam search's slots no longer hold a shared
-        # prefix bit for bit (engine.py ``shared``)
+        # prefix bit for bit (beam.py ``shared``)
         self.reason: str | None = None  # why it finished: "stop", "length", "cancelled", ...
         self.error: BaseException | None = None  # what failed it, if anything did
         self.generated = 0  # tokens generated (one-row requests)
