@@ -28,7 +28,8 @@ nn/linear.py ``Linear`` (oneDNN over a reordered copy of the weight), for four w
 pass, alternating, four rounds; outputs compared.
 
 ``--attention`` only times a decoding step's attention by SDPA and written out (the choice
-nn/attention.py's ``auto`` makes on a CPU) for four shapes: many rows over short keys, a beam
+nn/attention.py's ``auto`` makes on a CPU; and the written-out path's lean form under
+inference, ``decoding_attention``) for four shapes: many rows over short keys, a beam
 search's grouped queries, one row, and rows over long keys.
 
 ``--profile [lm|translate|beam]`` runs only torch.profiler over the LM row (300 prompts),
@@ -267,13 +268,15 @@ ATTENTION_SHAPES = [(256, 1, 48, 32), (64, 4, 40, 32), (1, 1, 100, 64), (32, 1, 
 
 def decode_attention(shapes=ATTENTION_SHAPES, heads: int = 4, repeats: int = 5,
                      calls: int = 50) -> dict:
-    """A decoding step's attention, fp32, by PyTorch's SDPA and written out (nn/attention.py
-    ``scaled_dot_product_attention``), for (rows, queries per row, keys, head dim): the keys
-    a view of slots 176 wide, as the engine's cache holds them, a padding mask per row;
-    alternating, best of ``repeats`` x ``calls``; outputs checked equal."""
+    """A decoding step's attention, fp32, by PyTorch's SDPA, written out (nn/attention.py
+    ``scaled_dot_product_attention``) and by ``decoding_attention`` (what the written-out
+    path runs under inference: the same in fewer operations), for (rows, queries per row,
+    keys, head dim): the keys a view of slots 176 wide, as the engine's cache holds them, a
+    padding mask per row; alternating, best of ``repeats`` x ``calls``; outputs checked
+    equal."""
     import torch.nn.functional as F
 
-    from vaswani.nn.attention import scaled_dot_product_attention
+    from vaswani.nn.attention import decoding_attention, scaled_dot_product_attention
 
     out = {}
     for rows, queries, keys, dh in shapes:
@@ -281,10 +284,12 @@ def decode_attention(shapes=ATTENTION_SHAPES, heads: int = 4, repeats: int = 5,
         q = torch.randn(rows, heads, queries, dh)
         mask = (torch.arange(keys) < torch.randint(1, keys + 1, (rows, 1)))[:, None, None]
         ways = [lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
-                lambda q, k, v, m: scaled_dot_product_attention(q, k, v, m)[0]]
-        torch.testing.assert_close(ways[0](q, k, v, mask), ways[1](q, k, v, mask),
-                                   rtol=1e-4, atol=1e-4)
-        best = [float("inf"), float("inf")]
+                lambda q, k, v, m: scaled_dot_product_attention(q, k, v, m)[0],
+                decoding_attention]
+        for way in ways[1:]:
+            torch.testing.assert_close(way(q, k, v, mask), ways[0](q, k, v, mask),
+                                       rtol=1e-4, atol=1e-4)
+        best = [float("inf")] * len(ways)
         for _ in range(repeats):
             for i, fn in enumerate(ways):
                 start = time.perf_counter()
@@ -293,7 +298,9 @@ def decode_attention(shapes=ATTENTION_SHAPES, heads: int = 4, repeats: int = 5,
                 best[i] = min(best[i], (time.perf_counter() - start) / calls)
         out[f"{rows} rows x {queries} queries, {keys} keys, head dim {dh}"] = {
             "sdpa_ms": round(best[0] * 1e3, 3), "written_out_ms": round(best[1] * 1e3, 3),
-            "written_out_over_sdpa": round(best[1] / best[0], 2)}
+            "decoding_ms": round(best[2] * 1e3, 3),
+            "written_out_over_sdpa": round(best[1] / best[0], 2),
+            "decoding_over_written_out": round(best[2] / best[1], 2)}
     return out
 
 
@@ -363,8 +370,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.attention:
         timed = decode_attention()
-        report("A decoding step's attention (fp32): written out / SDPA",
-               versus_rows(timed, "written_out", "sdpa"), {"attention": timed}, args.json)
+        report("A decoding step's attention (fp32): written out / SDPA, and "
+               "decoding_attention / written out",
+               versus_rows(timed, "written_out", "sdpa")
+               + versus_rows(timed, "decoding", "written_out"), {"attention": timed},
+               args.json)
         return
     if args.burst:
         burst = prefill_burst()

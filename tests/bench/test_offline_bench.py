@@ -41,13 +41,14 @@ def test_a_bursts_prefill_is_timed_both_ways_with_the_same_outputs():
     assert engine.prefill_groups.__name__ == "prefill_groups"  # put back afterwards
 
 
-def test_a_decoding_steps_attention_is_timed_both_ways_on_equal_outputs():
+def test_a_decoding_steps_attention_is_timed_every_way_on_equal_outputs():
     timed = offline.decode_attention(shapes=[(4, 1, 10, 8), (2, 4, 12, 8)], repeats=1,
                                      calls=2)
     assert list(timed) == ["4 rows x 1 queries, 10 keys, head dim 8",
                            "2 rows x 4 queries, 12 keys, head dim 8"]
     for r in timed.values():
         assert r["sdpa_ms"] > 0 and r["written_out_ms"] > 0 and r["written_out_over_sdpa"] > 0
+        assert r["decoding_ms"] > 0 and r["decoding_over_written_out"] > 0
 
 
 def test_a_trained_translators_own_test_sentences_can_be_profiled(copy_run, tmp_path):
