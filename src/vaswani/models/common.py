@@ -76,6 +76,14 @@ def decoder_inputs(ids: Tensor, keep: Tensor | None, cache: KVCache | None,
     return start, positions, masks.decoder_self_mask(keep, T, start + T, device=ids.device)
 
 
+def at_last(h: Tensor, last: Tensor) -> Tensor:
+    """Each row's hidden state at its position ``last`` (B,): (B, T, D) -> (B, D). A decoding
+    step (T = 1) takes the one position as it is, no gather."""
+    if h.size(1) == 1:
+        return h[:, 0]
+    return h[torch.arange(h.size(0), device=h.device), last]
+
+
 def stack_weights(layers: list[LayerWeights], which: str) -> Tensor:
     """Per-layer (B, H, Tq, Tk) weights of one kind ("self_attn" or "cross_attn") ->
     (L, B, H, Tq, Tk)."""

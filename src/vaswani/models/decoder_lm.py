@@ -6,13 +6,13 @@ Shape legend: B batch, T length, D d_model, V vocabulary, L layers, H heads.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..nn.kv_cache import KVCache
 from ..nn.layers import DecoderLayer, Stack
 from .common import (
+    at_last,
     decoder_inputs,
     embeddings,
     final_norm,
@@ -74,9 +74,7 @@ class DecoderLM(nn.Module):
         logits (B, V). Only those positions reach the output projection."""
         h, _ = self.decoder(self.embed(ids, positions=positions), mask=mask, cache=cache,
                             positions=positions)
-        if h.size(1) == 1:  # a decoding step: one position per row, no gather
-            return self.output_proj(h[:, 0])
-        return self.output_proj(h[torch.arange(h.size(0), device=h.device), last])
+        return self.output_proj(at_last(h, last))
 
     def new_cache(self) -> KVCache:
         """An empty cache for incremental decoding with this model."""

@@ -8,7 +8,6 @@ come from ``config.pad_id``.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
@@ -16,6 +15,7 @@ from ..nn import masks
 from ..nn.kv_cache import KVCache
 from ..nn.layers import DecoderLayer, EncoderLayer, Stack
 from .common import (
+    at_last,
     decoder_inputs,
     embeddings,
     final_norm,
@@ -111,9 +111,7 @@ class EncoderDecoder(nn.Module):
         (B, 1, 1, S) -> next-token logits (B, V) at ``last``."""
         h, _ = self.decoder(self.tgt_embed(ids, positions=positions), mask=mask,
                             memory_mask=memory_mask, cache=cache, positions=positions)
-        if h.size(1) == 1:  # a decoding step: one position per row, no gather
-            return self.output_proj(h[:, 0])
-        return self.output_proj(h[torch.arange(h.size(0), device=h.device), last])
+        return self.output_proj(at_last(h, last))
 
     def new_cache(self) -> KVCache:
         """An empty cache for incremental decoding with this model."""
