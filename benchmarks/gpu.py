@@ -66,12 +66,12 @@ QUICK = {"base": Shape(64, 4, 128, 2, 1000, 8, 32),
 
 
 class Bench:
-    def __init__(self, device: torch.device, quick: bool) -> None:
+    def __init__(self, device: torch.device, quick: bool, repeats: int = 20) -> None:
         self.device, self.quick = device, quick
         self.shapes = QUICK if quick else FULL
         self.bf16 = bf16_is_fast(device)
         self.dtype = torch.bfloat16 if self.bf16 else torch.float32
-        self.warmup, self.timed = (1, 2) if quick else (5, 20)
+        self.warmup, self.timed = (1, 2) if quick else (min(5, repeats), repeats)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -315,14 +315,17 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", default=["loss", "seq2seq", "lm", "decode"],
                         choices=["loss", "seq2seq", "lm", "decode"])
     parser.add_argument("--compile", action="store_true", help="torch.compile the models")
+    parser.add_argument("--repeats", type=int, default=20, metavar="N",
+                        help="timed calls of each contender (median; default 20), after "
+                             "min(5, N) warm-up calls")
     parser.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     args = parser.parse_args()
-    b = Bench(torch.device(args.device), args.quick)
+    b = Bench(torch.device(args.device), args.quick, args.repeats)
     if not b.bf16:
         print(f"{args.device}: no native bf16 here; every row runs in fp32", flush=True)
     rows: list = []
     results: dict = {"device": args.device, "dtype": str(b.dtype), "quick": args.quick,
-                     "compile": args.compile, "peak_tflops": b.peak_tflops()}
+                     "compile": args.compile, "repeats": b.timed, "peak_tflops": b.peak_tflops()}
     rows.append(("matmul peak", f"{results['peak_tflops']:.1f} TFLOP/s ({b.dtype})"))
     parts = {"loss": lambda: loss_rows(b), "seq2seq": lambda: seq2seq_rows(b, args.compile),
              "lm": lambda: lm_rows(b, args.compile), "decode": lambda: decode_rows(b)}

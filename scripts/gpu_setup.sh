@@ -5,6 +5,7 @@
 #   here (with internet):  bash scripts/gpu_setup.sh fetch      # .whl/ and .gpu-cache/
 #   there:                 eval "$(bash scripts/gpu_setup.sh install)"  # PYTHONPATH, ...
 #                          pytest --device cuda tests && python -m benchmarks.gpu --json gpu.json
+#                          (or all of it, each part under a time limit: bash scripts/gpu_check.sh)
 #
 # fetch downloads, for Python 3.12 on x86-64 Linux, the wheels vaswani needs beyond torch,
 # transformers, onnxruntime, tokenizers, safetensors and sacrebleu (which such machines had),

@@ -42,6 +42,14 @@ def _on_device(request):
         yield
 
 
+@pytest.fixture
+def on_cpu():
+    """For tests of a CPU-only path (oneDNN linear, int8, the bit-trick dropout, the CPU's
+    attention thresholds): their tensors are made on the CPU whatever `--device` says."""
+    with torch.device("cpu"):
+        yield
+
+
 @pytest.fixture(scope="session")
 def device() -> torch.device:
     """The device of `pytest --device` (default cpu)."""

@@ -19,6 +19,21 @@ def test_resolve_device_names_and_errors():
             resolve_device("cuda:0")
 
 
+def test_each_process_of_a_node_gets_the_gpu_of_its_local_rank(monkeypatch):
+    """Two processes asking for "cuda" (or "auto") on a one-GPU machine would both take GPU 0,
+    which NCCL refuses with an error that names nothing of this; each takes the GPU of its
+    local rank, and a rank past the last GPU is told what to do."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for name in ("cuda", "auto"):
+        assert [resolve_device(name, r) for r in (0, 1)] == [torch.device("cuda:0"),
+                                                            torch.device("cuda:1")]
+        with pytest.raises(ValueError, match=r"local rank 2 has no GPU of its own \(this "
+                                             r"machine has 2\).*--nproc_per_node.*cpu"):
+            resolve_device(name, 2)
+    assert resolve_device("cuda:1", 0) == torch.device("cuda:1")  # named: as named
+
+
 def test_the_cpu_flags_and_a_timing_agree_on_bf16():
     """On this machine the flag check (avx512_bf16 / amx_bf16) and the timing fallback must
     give the same answer: emulated bf16 is ~50x slower than float32, native bf16 is faster."""

@@ -11,9 +11,18 @@ import torch
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"`` -> a usable torch.device."""
+    """``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"`` -> a usable torch.device.
+    ``"auto"`` and ``"cuda"`` give each process of a node the GPU of its ``local_rank``."""
     if name == "auto":
-        name = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(
+                f"device ({name!r}): the process of local rank {local_rank} has no GPU of its "
+                f"own (this machine has {torch.cuda.device_count()}): start at most that many "
+                "processes per node (torchrun --nproc_per_node), or train on the CPU "
+                "(--set train.device=cpu)")
+        name = f"cuda:{local_rank}"
     if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", str(name)):  # what vaswani runs on
         raise ValueError(f"device ({name!r}) must be 'auto', 'cpu', 'cuda', 'cuda:N' or "
                          "'mps'")

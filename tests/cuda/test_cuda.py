@@ -23,9 +23,10 @@ def losses(run_dir):
     return {r["step"]: r["loss"] for r in rows}
 
 
-def lm_run(tmp_path, name, **train_options):
+def lm_run(tmp_path, name, model=None, **train_options):
     cfg = config(tmp_path / f"{name}.toml", "decoder", text_file(tmp_path / "t.txt"),
-                 train={"max_steps": 6, "eval_every": 6, "device": "cuda", **train_options})
+                 train={"max_steps": 6, "eval_every": 6, "device": "cuda", **train_options},
+                 model=model)
     train(str(cfg), [], out=str(tmp_path / name), launch=Launch(progress=False))
     return tmp_path / name
 
@@ -97,7 +98,7 @@ def test_a_run_trained_on_cuda_resumes_on_cpu_and_back(tmp_path):
 def test_a_cuda_trained_run_exports_and_matches(tmp_path):
     from vaswani.export import export
 
-    run = lm_run(tmp_path, "lm")
+    run = lm_run(tmp_path, "lm", model={"norm_first": True, "activation": "gelu"})  # GPT-2's
     export(run, "hf", tmp_path / "hf")  # the export's own check compares on the check batch
     assert (tmp_path / "hf" / "config.json").exists()
 
@@ -118,3 +119,17 @@ def test_every_serve_route_on_cuda(tmp_path):
             assert r.status_code == 200, r.text
         r = c.post("/v1/attention", json={"model": "lm", "input": "to be"})
         assert r.status_code == 200, r.text
+
+
+def test_a_cpu_generator_draws_for_rows_on_the_gpu_as_for_rows_on_the_cpu():
+    from vaswani.generation.sampling import sample_rows
+
+    logits = torch.randn(3, 50)
+    hot, off, ones = torch.ones(3), torch.zeros(3, dtype=torch.long), torch.ones(3)
+
+    def draw(device):
+        gens = [None, torch.Generator().manual_seed(7), torch.Generator().manual_seed(8)]
+        return sample_rows(logits.to(device), hot.to(device), off.to(device), ones.to(device),
+                           gens)[1:].tolist()
+
+    assert draw(CUDA) == draw("cpu")

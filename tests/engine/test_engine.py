@@ -461,7 +461,8 @@ def test_a_step_over_short_and_long_sources_reads_them_in_parts_and_decodes_as_a
     parts = eng.cache.parts
     eng.cache.parts = lambda: used.append(parts()) or used[-1]
     eng.run(requests)
-    assert any(p is not None and len(p) > 1 for p in used)
+    if eng.runner.static is None:  # a CUDA graph reads one padded width of keys for all rows
+        assert any(p is not None and len(p) > 1 for p in used)
     for s, r in zip(sources, requests, strict=True):
         src = torch.tensor([s], device=DEVICE)
         if r.params.beam:

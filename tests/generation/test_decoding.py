@@ -27,7 +27,7 @@ def model(arch, vocab=13, **kw):
 
 
 def padded_sources(lengths, vocab=13, seed=1):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     src = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
     for i, n in enumerate(lengths):
         src[i, :n] = torch.randint(3, vocab, (n,), generator=g)
@@ -162,7 +162,7 @@ def test_wide_beam_finds_the_exhaustive_optimum(alpha):
 def sample_decode(model, src, *, bos_id, eos_id, top_k, seed):
     """Sampling a translation per sentence (as greedy_decode does, with sample_next)."""
     stepper = Seq2SeqStepper(model, src)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(torch.get_default_device()).manual_seed(seed)
     start = torch.full((src.size(0), 1), bos_id, dtype=torch.long)
     limits = (stepper.source_lengths().float() * 1.5 + 10).long().clamp(
         max=model.config.max_len - 1)
@@ -187,7 +187,7 @@ def test_sampling_is_seedable_and_filters():
     assert a == generate(lm, [5], max_new_tokens=15, seed=7, bos_id=BOS)
     assert a != generate(lm, [5], max_new_tokens=15, seed=8, bos_id=BOS)
     logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]]).repeat(500, 1)
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(torch.get_default_device()).manual_seed(0)
     picks = sample_next(logits, top_k=2, generator=g)
     assert set(picks.tolist()) == {0, 1}
     # p(0) = 0.64: top_p 0.5 keeps only token 0; top_p 0.9 keeps tokens 0-2 (0.64+0.24 < 0.9)
@@ -229,7 +229,7 @@ def test_a_beam_done_at_its_n_best_returns_what_searching_on_for_k_returns(alpha
 
     K, V = 4, 9
     for seed in range(40):
-        g = torch.Generator().manual_seed(seed)
+        g = torch.Generator(torch.get_default_device()).manual_seed(seed)
         runs = []
         for n in (n_best, K):
             beam = Beam(K, 12, eos_id=EOS, alpha=alpha, bounded=True, n_best=n)

@@ -16,7 +16,7 @@ PAD, BOS, EOS = 0, 1, 2
 
 
 def scores_and_history(seed=0, n=4, vocab=30, length=12):
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     return (torch.randn(n, vocab, generator=g) * 3,
             torch.randint(3, vocab, (n, length), generator=g))
 
@@ -41,7 +41,8 @@ def test_no_repeat_ngram_equals_hugging_face(n):
 
 def test_min_length_equals_hugging_face_and_padding_never_counts():
     scores, history = scores_and_history()
-    hf = transformers.MinNewTokensLengthLogitsProcessor(0, 15, EOS)(history, scores.clone())
+    hf = transformers.MinNewTokensLengthLogitsProcessor(
+        0, 15, EOS, device=str(scores.device))(history, scores.clone())
     ours = Rules(min_length=15).apply(scores, history, history, eos_id=EOS, pad_id=PAD)
     assert_close(ours, hf)
     assert torch.equal(Rules(min_length=12).apply(scores, history, history, eos_id=EOS,
@@ -97,7 +98,8 @@ def tiny(arch, **kw):
 
 def test_beam_search_with_no_repeat_never_repeats_an_ngram():
     m = tiny("encoder-decoder")
-    src = torch.randint(3, 12, (3, 8), generator=torch.Generator().manual_seed(2))
+    g = torch.Generator(torch.get_default_device()).manual_seed(2)
+    src = torch.randint(3, 12, (3, 8), generator=g)
     for hyps in beam_decode(m, src, beam=4, n_best=4, bos_id=BOS, eos_id=EOS, max_len_b=20,
                             rules=Rules(no_repeat_ngram_size=2)):
         for ids, _ in hyps:

@@ -8,7 +8,7 @@ from vaswani.generation.sampling import first_max, sample_rows
 def test_first_max_is_argmax_with_ties_nan_and_minus_infinity():
     """The fast greedy choice picks what ``argmax`` picks: the first of tied maxima, a NaN
     where there is one, and index 0 of a row of -inf."""
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(torch.get_default_device()).manual_seed(0)
     x = torch.randint(0, 4, (64, 300), generator=g).float()
     x[5, 17] = float("nan")
     x[9] = float("-inf")

@@ -174,6 +174,7 @@ def test_weight_tying_and_shared_embeddings():
     assert lm.output_proj.weight is lm.embed.token.weight
 
 
+@pytest.mark.usefixtures("on_cpu")  # the CPU's own path
 def test_the_output_projection_follows_its_weight_through_every_change():
     """Inference on a CPU multiplies through oneDNN's reordered copy of the weight
     (nn/linear.py, which models/common.py OutputProjection is): it equals F.linear, and an
@@ -234,3 +235,13 @@ def test_attention_weights_are_returned_per_layer_for_visualisation():
 def test_wrong_arch_for_class_is_rejected():
     with pytest.raises(ValueError, match="arch"):
         DecoderLM(ModelConfig(arch="encoder-decoder", vocab_size=5))
+
+
+def test_build_model_makes_its_model_on_torchs_default_device():
+    """As any nn.Module: on the device a `with torch.device(...)` block or
+    `torch.set_default_device` names (the CPU otherwise), unless one is passed."""
+    with torch.device("meta"):
+        inside = build_model(ModelConfig(arch="decoder", vocab_size=20, **SMALL))
+        named = build_model(ModelConfig(arch="decoder", vocab_size=20, **SMALL), device="cpu")
+    assert {p.device.type for p in inside.parameters()} == {"meta"}
+    assert {p.device.type for p in named.parameters()} == {"cpu"}

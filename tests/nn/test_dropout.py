@@ -57,6 +57,7 @@ def test_rejects_bad_probability():
         dropout(torch.ones(3), -0.1)
 
 
+@pytest.mark.usefixtures("on_cpu")  # the CPU's own path
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_auto_backend_matches_sdpa_for_short_and_long_keys(dtype):
     """The auto backend takes the written-out path for short bf16 keys and SDPA otherwise;
@@ -86,6 +87,7 @@ def test_auto_backend_matches_sdpa_for_short_and_long_keys(dtype):
     assert mha._use_sdpa(torch.ones(64, 4, 64, 8), torch.ones(64, 4, 64, 8), 0.0)  # training
 
 
+@pytest.mark.usefixtures("on_cpu")  # the CPU's own path
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_fast_dropout_equals_the_written_out_formula(dtype, p):
@@ -107,6 +109,7 @@ def test_fast_dropout_equals_the_written_out_formula(dtype, p):
     torch.testing.assert_close(a, module.reference(x))
 
 
+@pytest.mark.usefixtures("on_cpu")  # the CPU's own path
 def test_auto_backend_on_a_decoding_step_equals_sdpa():
     """A decoding step's shape (many rows of one query over padded keys, and a beam search's
     four grouped queries per row) takes the written-out path on a CPU: the same outputs."""

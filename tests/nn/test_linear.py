@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from vaswani.nn.linear import MIN_MACS, Linear, bucket, onednn_available
 
-pytestmark = pytest.mark.skipif(not onednn_available(), reason="no oneDNN in this PyTorch")
+pytestmark = [pytest.mark.skipif(not onednn_available(), reason="no oneDNN in this PyTorch"),
+              pytest.mark.usefixtures("on_cpu")]
 
 
 @pytest.mark.parametrize("shape", [(1, 48), (3, 48), (600, 48), (2, 400, 48)])

@@ -10,6 +10,8 @@ from vaswani import ModelConfig, build_model
 from vaswani.nn import MultiHeadAttention
 from vaswani.nn.quantized import Int8Linear, quantize_linears, reference_int8_linear
 
+pytestmark = pytest.mark.usefixtures("on_cpu")  # int8 is a CPU path
+
 
 @pytest.mark.parametrize("shape", [(5, 64), (3, 7, 64), (1, 64)])
 @pytest.mark.parametrize("bias", [True, False])

@@ -15,11 +15,19 @@ import torch
 from safetensors.torch import load_file
 
 from tests import processes
-from tests.training.fixtures import config, reverse_task
+from tests.training import fixtures
+from tests.training.fixtures import reverse_task
 from tests.training.test_trainer import free_port
 from vaswani import rundir
 
 STEPS, SAVE_EVERY, EVAL_EVERY = 24, 4, 5
+
+
+def config(*args, train: dict | None = None, **kwargs) -> Path:
+    """The jobs here are gloo processes on the CPU whatever `pytest --device` says (two
+    processes would need a GPU each)."""
+    return fixtures.config(*args, train={"device": "cpu", **(train or {})}, **kwargs)
+
 HELPER = str(Path(__file__).parents[1] / "training" / "die_in.py")
 
 

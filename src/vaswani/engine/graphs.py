@@ -75,7 +75,8 @@ class StaticDecoder:
         if not self.capture:
             return self._forward(B, W, X)[:R]
         if self.resizes != c.resizes:  # the graphs read tensors that are gone
-            self.graphs.clear()
+            self.graphs.clear()  # and with the last of them their memory pool:
+            self.mempool = None  # capturing into a released pool is an error in CUDA's allocator
             self.resizes = c.resizes
         if (B, W, X) not in self.graphs:
             self.graphs[(B, W, X)] = self._capture(B, W, X)

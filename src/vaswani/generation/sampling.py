@@ -47,15 +47,21 @@ def sample_rows(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tenso
 
 def exponential_race(probs: Tensor, generators: list[torch.Generator | None]) -> Tensor:
     """One token per row of probs (N, V): argmax p / E, E ~ Exp(1) drawn from the row's
-    generator (rows without one share a draw from the default generator)."""
+    generator (rows without one share a draw from the default generator); a generator on
+    another device than ``probs`` draws there."""
     draws = torch.empty_like(probs)
     shared = [i for i, g in enumerate(generators) if g is None]
     if shared:
         draws[shared] = torch.empty(len(shared), probs.size(-1), device=probs.device,
                                     dtype=probs.dtype).exponential_()
     for i, g in enumerate(generators):
-        if g is not None:
+        if g is None:
+            continue
+        if g.device == probs.device:
             draws[i].exponential_(generator=g)
+        else:  # e.g. a CPU generator for logits on a GPU: drawn where it lives, then moved
+            draws[i] = torch.empty(probs.size(-1), device=g.device,
+                                   dtype=probs.dtype).exponential_(generator=g)
     return first_max(probs / draws.clamp_min(1e-10))
 
 

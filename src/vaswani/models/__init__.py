@@ -18,17 +18,21 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
 }
 
 
-def build_model(config: ModelConfig, device: torch.device | str = "cpu") -> nn.Module:
-    """The model for ``config.arch`` on ``device``, freshly initialised; ``model.config is
-    config``. Built on the meta device first (shapes only: no memory, no random draws), then
-    allocated on ``device`` and initialised once, so a large model is not first made and
-    initialised on the CPU and then copied. (``device="meta"`` returns it unallocated: FSDP
-    shards it first, then each rank allocates and initialises its slices.)"""
+def build_model(config: ModelConfig, device: torch.device | str | None = None) -> nn.Module:
+    """The model for ``config.arch`` on ``device`` (default: torch's default device, as for
+    any ``nn.Module``: the CPU unless ``torch.set_default_device`` or a ``with torch.device``
+    block says otherwise), freshly initialised; ``model.config is config``. Built on the
+    meta device first (shapes only: no memory, no random draws), then allocated on
+    ``device`` and initialised once, so a large model is not first made and initialised on
+    the CPU and then copied. (``device="meta"`` returns it unallocated: FSDP shards it
+    first, then each rank allocates and initialises its slices.)"""
+    device = torch.get_default_device() if device is None else torch.device(device)
     with torch.device("meta"):
         model = ARCHITECTURES[config.arch](config)
-    if torch.device(device).type != "meta":
-        materialise(model, device)
-        init_weights(model, config.pad_id)
+    if device.type != "meta":
+        with torch.device(device):  # what initialising makes on the side goes there too
+            materialise(model, device)
+            init_weights(model, config.pad_id)
     return model
 
 
