@@ -32,7 +32,7 @@ DEVICE_TESTS="tests/cuda tests/nn tests/models tests/generation tests/engine tes
     nproc
 } 2>&1 | tee "$OUT/env.txt"
 
-declare -A LIMIT=([loss]=45 [seq2seq]=100 [lm]=150 [decode]=${DECODE_LIMIT:-90})
+declare -A LIMIT=([loss]=45 [seq2seq]=100 [lm]=120 [decode]=${DECODE_LIMIT:-90})
 for part in $PARTS; do
     [ "$part" = tests ] && continue
     echo "== benchmarks.gpu --only $part"
@@ -44,7 +44,7 @@ done
 if [[ " $PARTS " == *" tests "* ]]; then
     echo "== pytest --device cuda ${TESTS:-$DEVICE_TESTS}"
     # shellcheck disable=SC2086
-    timeout "${TEST_LIMIT:-150}" python3 -m pytest --device cuda ${TESTS:-$DEVICE_TESTS} -q -n "${WORKERS:-12}" \
+    timeout "${TEST_LIMIT:-200}" python3 -m pytest --device cuda ${TESTS:-$DEVICE_TESTS} -q -n "${WORKERS:-12}" \
         --timeout 60 -p no:cacheprovider -p scripts.pytest_failures -rfE --tb=short ${PYTEST_ARGS:-} \
         >"$OUT/pytest.log" 2>&1
     echo "rc=$?"
