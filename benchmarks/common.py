@@ -1,9 +1,14 @@
-"""Helpers shared by the benchmarks: timing, model sizes from presets, output."""
+"""Helpers shared by the benchmarks: timing, model sizes from presets, output, and the runs
+and ``vaswani serve`` processes that the serving benchmarks drive."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +18,7 @@ from vaswani.config import load_run_config
 from vaswani.devices import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
+VASWANI = [sys.executable, "-m", "vaswani"]
 
 
 def preset_model(name: str, vocab_size: int):
@@ -65,3 +71,93 @@ def report(title: str, rows: list[tuple[str, str]], results: dict, json_path: st
     if json_path:
         Path(json_path).write_text(json.dumps({**results, "hardware": hardware()}, indent=2))
         print(f"\nwrote {json_path}")
+
+
+# --- runs and servers ------------------------------------------------------------------------
+SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["the", "and", "of"]
+_lexicon = random.Random(7)
+WORDS = ["".join(_lexicon.choice(SYLLABLES) for _ in range(_lexicon.randint(1, 4)))
+         for _ in range(30000)]  # a made-up language, rich enough for a vocabulary of 8000
+WEIGHTS = [1 / (rank + 10) for rank in range(len(WORDS))]  # Zipf-like word frequencies
+
+
+def sentence(rng: random.Random, low: int = 12, high: int = 30) -> str:
+    """A sentence of ``low``-``high`` words of the made-up language."""
+    words = rng.choices(WORDS, WEIGHTS, k=rng.randint(low, high))
+    return " ".join(words).capitalize() + "."
+
+
+def train(command: list[str]) -> None:
+    """Run ``vaswani train ...`` (``command``) to its end; its stderr's tail on failure."""
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+
+
+ONE_STEP = ["--set", "train.max_steps=1", "--set", "train.eval_every=1",
+            "--set", "train.precision=fp32", "--set", "train.max_minutes=0", "--overwrite",
+            "--no-progress"]  # a real run directory (config, tokenizer, weights) in seconds
+
+
+def make_runs(work: Path) -> dict[str, Path]:
+    """A translator of the bible-en-es preset's size and a language model of the
+    shakespeare-char preset's, trained one step each on the made-up language (effectively
+    random weights), unless ``work`` holds them already: {"translator": dir, "lm": dir}."""
+    work.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    pairs = work / "pairs.tsv"
+    pairs.write_text("".join(f"{sentence(rng)}\t{sentence(rng)}\n" for _ in range(20000)))
+    valid = work / "valid.tsv"  # small: the one evaluation is not what is measured
+    valid.write_text("".join(f"{sentence(rng)}\t{sentence(rng)}\n" for _ in range(100)))
+    text = work / "text.txt"
+    text.write_text("".join(sentence(rng) + "\n" for _ in range(4000)))
+    runs = {"translator": work / "translator", "lm": work / "lm"}
+    if all((run / "model.safetensors").exists() for run in runs.values()):
+        return runs  # made by an earlier call with this work folder
+    common = [*ONE_STEP, "--cache", str(work / "cache")]
+    configs = ROOT / "configs"
+    train([*VASWANI, "train", str(configs / "bible-en-es.toml"),
+           "--out", str(runs["translator"]), "--set", "data.dataset=",
+           "--set", f"data.train={pairs}", "--set", f"data.valid={valid}",
+           "--set", "train.best_metric=valid_loss", "--set", "train.metric_examples=0", *common])
+    train([*VASWANI, "train", str(configs / "shakespeare-char.toml"),
+           "--out", str(runs["lm"]), "--set", "data.dataset=",
+           "--set", f"data.train={text}", "--set", f"data.valid={text}", *common])
+    return runs
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServeProcess:
+    """``vaswani serve ARGS`` in a child process on a free port of 127.0.0.1, ready once
+    /health answers (within ``start_s`` seconds); terminated on leaving the ``with``."""
+
+    def __init__(self, args: list[str], *, start_s: float = 120) -> None:
+        self.port, self.start_s = free_port(), start_s
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [*VASWANI, "serve", *args, "--port", str(self.port), "--log-level", "warning"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def __enter__(self):
+        import httpx  # the [serve] extra's; only the serving benchmarks need it
+
+        deadline = time.time() + self.start_s
+        while True:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            if self.process.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"vaswani serve did not start: {self.process.stderr.read()}")
+            time.sleep(0.2)
+
+    def __exit__(self, *exc) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)

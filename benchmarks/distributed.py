@@ -39,8 +39,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from .common import hardware
-from .serve import free_port
+from .common import free_port, hardware
 
 MODES = {"ddp": {"parallel": "ddp"}, "fsdp": {"parallel": "fsdp"},
          "fsdp+checkpointing": {"parallel": "fsdp", "checkpoint_activations": True}}

@@ -56,9 +56,8 @@ from pathlib import Path
 
 import torch
 
-from .common import report
+from .common import make_runs, report, sentence
 from .peers import agreement, batchings, keep_fastest, race
-from .serve import make_runs, sentence
 
 
 def decode_step(quick: bool) -> dict:

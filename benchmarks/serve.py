@@ -2,7 +2,7 @@
 request batching on and off.
 
     python -m benchmarks.serve [--quick] [--json OUT.json] [--work DIR] [--parts ...]
-                               [--baseline CHECKOUT] [--clients 1,8,32] [--device cuda]
+                               [--clients 1,8,32] [--device cuda]
 
 1. Translation: an encoder-decoder of the bible-en-es preset's size (3+3 layers, d_model 256,
    shared BPE vocabulary of 8000, learnt from sentences of a made-up language; weights after
@@ -21,8 +21,7 @@ request batching on and off.
    on as above.
 
 3. Mixed (``--parts mixed``): translations and completions of many lengths from 32 clients,
-   the server against a baseline checkout (``--baseline PATH``, the code before the inference
-   engine): benchmarks/serve_mixed.py says what is measured.
+   and a short request among long ones: benchmarks/serve_mixed.py says what is measured.
 
 Each server is a separate ``vaswani serve`` process (as a user runs it) on 127.0.0.1; the
 clients are threads in this process. The two settings alternate (off, on, off, on) and the
@@ -39,10 +38,7 @@ import argparse
 import json
 import os
 import random
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -51,105 +47,7 @@ from pathlib import Path
 
 import httpx
 
-from .common import ROOT, report
-
-VASWANI = [sys.executable, "-m", "vaswani"]
-SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["the", "and", "of"]
-_lexicon = random.Random(7)
-WORDS = ["".join(_lexicon.choice(SYLLABLES) for _ in range(_lexicon.randint(1, 4)))
-         for _ in range(30000)]  # a made-up language, rich enough for a vocabulary of 8000
-WEIGHTS = [1 / (rank + 10) for rank in range(len(WORDS))]  # Zipf-like word frequencies
-
-
-def sentence(rng: random.Random, low: int = 12, high: int = 30) -> str:
-    words = rng.choices(WORDS, WEIGHTS, k=rng.randint(low, high))
-    return " ".join(words).capitalize() + "."
-
-
-def make_runs(work: Path, checkout: Path | None = None) -> dict[str, Path]:
-    """Train the two runs one step each (a real run directory: config, tokenizer, weights),
-    unless ``work`` holds them already; with the code and presets of ``checkout`` when given
-    (an older one: runs that its code and this one both read)."""
-    work.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(0)
-    pairs = work / "pairs.tsv"
-    pairs.write_text("".join(f"{sentence(rng)}\t{sentence(rng)}\n" for _ in range(20000)))
-    valid = work / "valid.tsv"  # small: the one evaluation is not what is measured
-    valid.write_text("".join(f"{sentence(rng)}\t{sentence(rng)}\n" for _ in range(100)))
-    text = work / "text.txt"
-    text.write_text("".join(sentence(rng) + "\n" for _ in range(4000)))
-    runs = {"translator": work / "translator", "lm": work / "lm"}
-    if all((run / "model.safetensors").exists() for run in runs.values()):
-        return runs  # made by an earlier call with this --work
-    common = ["--set", "train.max_steps=1", "--set", "train.eval_every=1", *fp32(checkout),
-              "--set", "train.max_minutes=0", "--overwrite",
-              "--no-progress",
-              "--cache", str(work / "cache")]
-    configs = Path(checkout or ROOT) / "configs"
-    train([*VASWANI, "train", str(configs / "bible-en-es.toml"),
-           "--out", str(runs["translator"]), "--set", "data.dataset=",
-           "--set", f"data.train={pairs}", "--set", f"data.valid={valid}",
-           "--set", "train.best_metric=valid_loss", "--set", "train.metric_examples=0", *common],
-          checkout)
-    train([*VASWANI, "train", str(configs / "shakespeare-char.toml"),
-           "--out", str(runs["lm"]), "--set", "data.dataset=",
-           "--set", f"data.train={text}", "--set", f"data.valid={text}", *common], checkout)
-    return runs
-
-
-def fp32(checkout: Path | None) -> list[str]:
-    """The override that trains in float32 (code before 2026-11 spelt it ``bf16 = false``)."""
-    return ["--set", "train.precision=fp32" if checkout is None else "train.bf16=false"]
-
-
-def checkout_env(checkout: Path | None) -> dict | None:
-    """The environment that runs ``python -m vaswani`` from another checkout's code."""
-    import os
-
-    return None if checkout is None else {**os.environ,
-                                          "PYTHONPATH": str(Path(checkout) / "src")}
-
-
-def train(command: list[str], checkout: Path | None = None) -> None:
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                          env=checkout_env(checkout))
-    if done.returncode:
-        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServeProcess:
-    """``vaswani serve ARGS`` in a child process on a free port of 127.0.0.1 (``env``: its
-    environment, e.g. another checkout's PYTHONPATH), ready once /health answers."""
-
-    def __init__(self, args: list[str], *, env: dict | None = None,
-                 start_s: float = 120) -> None:
-        self.port, self.start_s = free_port(), start_s
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [*VASWANI, "serve", *args, "--port", str(self.port), "--log-level", "warning"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-    def __enter__(self):
-        deadline = time.time() + self.start_s
-        while True:
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            if self.process.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"vaswani serve did not start: {self.process.stderr.read()}")
-            time.sleep(0.2)
-
-    def __exit__(self, *exc) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=60)
+from .common import ServeProcess, hardware, make_runs, report, sentence
 
 
 class Server(ServeProcess):
@@ -254,9 +152,6 @@ def main() -> None:
     parser.add_argument("--parts", default="translation,streaming,mixed",
                         help="which to measure (comma-separated; the other parts of an existing "
                              "--json file are kept)")
-    parser.add_argument("--baseline", metavar="CHECKOUT",
-                        help="mixed: also serve from this checkout of vaswani and compare "
-                             "(e.g. `git worktree add /tmp/old 8c1487e`)")
     parser.add_argument("--clients", default="1,8,32",
                         help="translation and streaming: the numbers of concurrent clients")
     parser.add_argument("--device", help="the servers' device (default: vaswani serve's own, "
@@ -272,9 +167,9 @@ def main() -> None:
     rounds = 1 if args.quick else 2
     parts = set(args.parts.split(","))
     results: dict = {"translation": {}, "streaming": {}, "mixed": {}}
-    if args.json and Path(args.json).exists():
-        kept = json.loads(Path(args.json).read_text())
-        results.update({k: kept[k] for k in results if k not in parts and k in kept})
+    kept = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).exists() \
+        else {}
+    results.update({k: kept[k] for k in results if k not in parts and k in kept})
 
     for clients in counts if "translation" in parts else ():
         per_client = max(2, (16 if args.quick else 32) // clients)
@@ -307,9 +202,12 @@ def main() -> None:
         from .serve_mixed import run as mixed
 
         text = work / "text.txt"
-        results["mixed"] = mixed(work, runs["translator"], text, sentences[:512], args.baseline,
-                                 rounds, per_client=2 if args.quick else 4)
+        results["mixed"] = mixed(work, runs["translator"], text, sentences[:512], rounds,
+                                 per_client=2 if args.quick else 4)
 
+    here = {**hardware(), "date": time.strftime("%Y-%m-%d")}  # each part's machine and date
+    results["measured_on"] = {**kept.get("measured_on", {}),
+                              **{part: here for part in parts if part in results}}
     rows = []
     for clients, r in results["translation"].items():
         for setting in ("off", "on"):
@@ -331,9 +229,6 @@ def main() -> None:
             rows.append((f"stream, batching on: {clients} clients / 1 client, tokens/s",
                          f"{r['on']['tokens_per_s'] / one['on']['tokens_per_s']:.2f}x"))
     for name, r in results["mixed"].items():
-        if not isinstance(r, dict):
-            rows.append(("mixed: engine / baseline tokens/s", f"{r}x"))
-            continue
         if "tokens_per_s" in r:  # not for engine_alone, which measures the next row only
             ratio = r["first_token_loaded_over_alone"]
             rows.append((f"mixed, 32 clients, {name}",

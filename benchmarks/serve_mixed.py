@@ -1,19 +1,15 @@
-"""A mixed serving workload, the engine against a baseline checkout (``python -m
-benchmarks.serve --parts mixed [--baseline PATH]``; PATH a checkout of the code to compare
-with, e.g. ``git worktree add /tmp/old 8c1487e`` for the dynamic batching the engine
-replaced).
+"""A mixed serving workload (``python -m benchmarks.serve --parts mixed``).
 
 One ``vaswani serve`` holds a translator (the bible preset's size) and a language model (the
 shakespeare-char preset's size with ``max_len`` 512), both with effectively random weights
-(one training step; with a baseline, trained by the baseline's code, so that both servers
-read the same run directories), so every answer runs to its length: ``min_tokens`` =
-``max_tokens`` for completions, the length cap for translations. Measured, for each server
-in turn (baseline, engine, baseline, engine; the better round kept):
+(one training step), so every answer runs to its length: ``min_tokens`` = ``max_tokens`` for
+completions, the length cap for translations. Measured, in each of the rounds (a fresh
+server each; the round with more tokens/s kept, every round's figures in brief beside it):
 
-1. throughput: 32 clients, each sending requests back to back from one seeded list that both
-   servers get: completions (prompts of 5-200 tokens, ``max_tokens`` 8-256, half streamed)
-   and translations (beam 4); completion tokens per second over the whole run, and the
-   median time to the first streamed token;
+1. throughput: 32 clients, each sending requests back to back from one seeded list:
+   completions (prompts of 5-200 tokens, ``max_tokens`` 8-256, half streamed) and
+   translations (beam 4); completion tokens per second over the whole run, and the median
+   time to the first streamed token;
 2. the first token alone: one client streaming the same kind of completions, median time to
    its first token;
 3. a short request among long ones: 31 clients stream 256-token completions (read by one
@@ -41,36 +37,29 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from .common import ROOT
-from .serve import VASWANI, ServeProcess, checkout_env, make_runs
+from .common import ONE_STEP, ROOT, VASWANI, ServeProcess, train
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz ,.\n"
 
 
-def make_lm(work: Path, text: Path, checkout: Path | None = None) -> Path:
-    """The shakespeare-char preset's model with max_len 512, trained one step (with the code
-    of ``checkout`` when given)."""
+def make_lm(work: Path, text: Path) -> Path:
+    """The shakespeare-char preset's model with max_len 512, trained one step on ``text``."""
     run = work / "lm512"
     if not (run / "model.safetensors").exists():
-        from .serve import fp32, train
-
-        train([*VASWANI, "train", str(Path(checkout or ROOT) / "configs" / "shakespeare-char.toml"),
+        train([*VASWANI, "train", str(ROOT / "configs" / "shakespeare-char.toml"),
                "--out", str(run), "--set", "data.dataset=", "--set", f"data.train={text}",
-               "--set", f"data.valid={text}", "--set", "model.max_len=512",
-               "--set", "train.max_steps=1", "--set", "train.eval_every=1",
-               "--set", "train.max_minutes=0", *fp32(checkout), "--overwrite",
-               "--no-progress", "--cache", str(work / "cache")], checkout)
+               "--set", f"data.valid={text}", "--set", "model.max_len=512", *ONE_STEP,
+               "--cache", str(work / "cache")])
     return run
 
 
 class Served(ServeProcess):
-    """``vaswani serve`` of ``runs`` ({name: dir}) from ``checkout`` (None: this one)."""
+    """``vaswani serve`` of ``runs`` ({name: dir})."""
 
-    def __init__(self, runs: dict[str, Path], checkout: Path | None, max_batch: int) -> None:
-        env = checkout_env(checkout)
+    def __init__(self, runs: dict[str, Path], max_batch: int) -> None:
         names = [a for name in runs for a in ("--name", name)]
         super().__init__([*map(str, runs.values()), *names, "--max-batch", str(max_batch),
-                          "--max-queue", "1024"], env=env, start_s=180)
+                          "--max-queue", "1024"], start_s=180)
 
 
 def workload(sentences: list[str], clients: int, per_client: int, seed: int = 0) -> list:
@@ -322,8 +311,8 @@ def engine_short_among_long(lm: Path, clients: int = 31, repeats: int = 5,
             "per_token_among_long_s": round(statistics.median(p for _, p in among), 5)}
 
 
-def measure(runs: dict[str, Path], checkout: Path | None, plan: list, max_batch: int) -> dict:
-    with Served(runs, checkout, max_batch) as server:
+def measure(runs: dict[str, Path], plan: list, max_batch: int) -> dict:
+    with Served(runs, max_batch) as server:
         send(httpx.Client(base_url=server.url, timeout=300), ("translate", "Warm up."))
         out = throughput(server.url, plan)
         out["first_token_alone_s"] = first_token_alone(server.url, plan)
@@ -340,34 +329,23 @@ def in_brief(out: dict) -> dict:
             "short_s": [short["among_long_s"], short["alone_s"]], "short_ratio": short["ratio"]}
 
 
-def run(work: Path, translator: Path, text: Path, sentences: list[str], baseline: str | None,
-        rounds: int, per_client: int) -> dict:
-    if baseline:  # runs written by the baseline's code, which this code reads too
-        older = Path(baseline)
-        work = work / f"runs-of-{older.name}"
-        translator, text = make_runs(work, older)["translator"], work / "text.txt"
-    runs = {"bible": translator, "lm": make_lm(work, text, baseline and Path(baseline))}
+def run(work: Path, translator: Path, text: Path, sentences: list[str], rounds: int,
+        per_client: int) -> dict:
+    """The mixed workload's figures: {"engine": the best round's (with every round's in
+    brief), "engine_alone": the short request among long ones on the engine itself}."""
+    runs = {"bible": translator, "lm": make_lm(work, text)}
     plan = workload(sentences, 32, per_client)
-    contenders = {"engine": None, **({"baseline": Path(baseline)} if baseline else {})}
-    best: dict[str, dict] = {}
-    every: dict[str, list] = {name: [] for name in contenders}
+    best, every = None, []
     for _ in range(rounds):
-        for name in reversed(contenders):  # the baseline first in each round
-            out = measure(runs, contenders[name], plan, max_batch=32)
-            print(f"mixed, {name}: {out}", flush=True)
-            every[name].append(in_brief(out))
-            if name not in best or out["tokens_per_s"] > best[name]["tokens_per_s"]:
-                best[name] = out
-    for name in contenders:  # the best round's figures, and every round's in brief
-        best[name]["rounds"] = every[name]
-    if "baseline" in best:
-        best["engine_over_baseline"] = round(best["engine"]["tokens_per_s"]
-                                             / best["baseline"]["tokens_per_s"], 2)
-    for name in contenders:
-        b = best[name]
-        b["first_token_loaded_over_alone"] = round(b["first_token_p50_s"]
-                                                   / b["first_token_alone_s"], 2)
-    best["engine_alone"] = {"short_among_long": min(  # the faster round among the long
-        (engine_short_among_long(runs["lm"]) for _ in range(rounds)),  # ones, as the best
-        key=lambda r: r["among_long_s"])}  # time elsewhere, not the better ratio
-    return best
+        out = measure(runs, plan, max_batch=32)
+        print(f"mixed: {out}", flush=True)
+        every.append(in_brief(out))
+        if best is None or out["tokens_per_s"] > best["tokens_per_s"]:
+            best = out
+    best["rounds"] = every
+    best["first_token_loaded_over_alone"] = round(best["first_token_p50_s"]
+                                                  / best["first_token_alone_s"], 2)
+    alone = {"short_among_long": min(  # the faster round among the long ones, as the best
+        (engine_short_among_long(runs["lm"]) for _ in range(rounds)),  # time elsewhere,
+        key=lambda r: r["among_long_s"])}  # not the better ratio
+    return {"engine": best, "engine_alone": alone}
