@@ -24,7 +24,6 @@ decays over that many instead: the rate reaches its floor as the budget ends.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import time
@@ -37,10 +36,9 @@ from .. import checkpoint, devices, rundir
 from ..config import RunConfig
 from ..data.batching import Batch
 from ..evaluation.metrics import perplexity
-from ..models import build_model
 from ..nn.layers import Stack
 from ..tasks import Task, TaskData
-from . import sharding
+from . import parallel
 from .distributed import Dist
 from .optimizers import make_optimizer
 from .progress import Report
@@ -66,10 +64,8 @@ class Trainer:
         self.stop = stop or StopRequest()
         t = cfg.train
         torch.manual_seed(t.seed)  # same initial weights on every rank
-        self.sharded = t.parallel == "fsdp"
-        # FSDP: each rank allocates and initialises its slices only (sharding.build)
-        self.model = (sharding.build(cfg.model, device, t.precision) if self.sharded
-                      else build_model(cfg.model, device))
+        self.parallel = parallel.for_run(t.parallel, dist)  # one process, DDP or FSDP
+        self.model = self.parallel.build(cfg.model, device, t.precision)
         for module in self.model.modules():  # [train] checkpoint_activations: every stack
             if isinstance(module, Stack):
                 module.checkpoint_activations = t.checkpoint_activations
@@ -80,7 +76,8 @@ class Trainer:
         self.batches = task.batches(data, dist.rank, dist.world)
         # fp16 gradients underflow without a scale; it adapts, and resumes with the run
         self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
-        self.checkpoints = Checkpoints(cfg, run_dir, data, dist, device, self.scaler)
+        self.checkpoints = Checkpoints(cfg, run_dir, data, dist, device, self.scaler,
+                                       self.parallel)
         torch.manual_seed(t.seed + dist.rank)  # dropout differs across ranks, as it should
         self.state = RunState()
         if resume:
@@ -88,10 +85,7 @@ class Trainer:
         # steps with a non-finite loss or gradient, counted on the device
         self.skips = SkipCounter(device, limit=t.max_skipped_steps, total=self.state.skipped)
         self.grad_norm = torch.full((), math.nan, device=device)  # the last step's, unclipped
-        self.train_model: nn.Module = self.model
-        if dist.enabled and not self.sharded:
-            ids = [device.index] if device.type == "cuda" else None
-            self.train_model = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        self.train_model = self.parallel.wrap(self.model, device)  # what the step runs through
         if t.compile:
             self.train_model = torch.compile(self.train_model)
         self.report = Report(run_dir, main=dist.is_main, bar=progress, max_steps=t.max_steps,
@@ -163,27 +157,12 @@ class Trainer:
         loss_sum = torch.zeros(1, dtype=torch.float64, device=self.device)
         for k, batch in enumerate(micro):
             last = k == len(micro) - 1
-            with self._gradient_sync(last):
+            with self.parallel.sync(self.train_model, last):  # reduce in the last backward
                 with autocast:
                     loss, _, _ = self.task.loss(model, batch, t.label_smoothing)
                 self.scaler.scale(loss * scale).backward()
             loss_sum += loss.detach().double()
         return self.dist.all_sum(loss_sum)[0], total
-
-    @contextlib.contextmanager
-    def _gradient_sync(self, sync: bool):
-        """Reduce gradients over the ranks in this backward only if ``sync`` (the last
-        micro-batch of a step); the others accumulate locally. Under FSDP those local
-        gradients are unsharded: with ``grad_accum`` > 1 a rank holds the full gradients
-        until the step's last backward."""
-        if self.sharded:
-            self.model.set_requires_gradient_sync(sync)
-            yield
-        elif sync or not self.dist.enabled:
-            yield
-        else:
-            with self.train_model.no_sync():
-                yield
 
     def optimizer_step(self, loss_sum: Tensor | None = None) -> float:
         """Set this step's learning rate, clip, update and clear the gradients; returns the
@@ -200,7 +179,7 @@ class Trainer:
             self.scaler.unscale_(optimizer)  # (no-op unless fp16)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                               t.clip_norm if t.clip_norm > 0 else math.inf)
-        self.grad_norm = norm = sharding.full(norm).detach()  # before clipping (log lines)
+        self.grad_norm = norm = self.parallel.full(norm).detach()  # before clipping (log lines)
         finite_loss = (torch.ones((), dtype=torch.bool, device=norm.device) if loss_sum is None
                        else torch.isfinite(loss_sum))
         if self.scaler.is_enabled():
@@ -267,7 +246,7 @@ class Trainer:
         records nothing. A sharded model is gathered (every rank takes part) into an
         unsharded copy that rank 0 evaluates alone (sharding.py says why)."""
         flags, result = torch.zeros(2, device=self.device), {}  # (stop, improved)
-        weights = sharding.full_tensors(self.model) if self.sharded else self.model
+        weights = self.parallel.full_weights(self.model)
         failure = None
         if self.dist.is_main:
             try:
@@ -280,10 +259,7 @@ class Trainer:
 
     def _evaluate_and_keep_best(self, weights: checkpoint.Weights, flags: Tensor) -> dict:
         """Rank 0's part of :meth:`_eval_step`: evaluate, judge, save the best weights."""
-        model = self.model
-        if self.sharded:
-            model = build_model(self.cfg.model, self.device)
-            checkpoint.load_tensors(model, weights, "the gathered weights")
+        model = self.parallel.evaluation_model(self.model, weights, self.cfg.model, self.device)
         try:
             result = self.evaluate(model)
         except _Abandoned:

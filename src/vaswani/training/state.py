@@ -11,7 +11,6 @@ run stopped and resumed takes exactly the steps a straight run takes.
 from __future__ import annotations
 
 import math
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +20,9 @@ from torch import nn
 from .. import checkpoint, rundir
 from ..config import RunConfig
 from ..data.encode import TaskData
-from . import sharding
 from .distributed import Dist
 from .optimizers import Optimizers
+from .parallel import Single
 from .progress import trim_metrics
 
 
@@ -109,23 +108,19 @@ class Checkpoints:
     evaluation that improved, the last ``keep_checkpoints`` checkpoints' weights."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, data: TaskData, dist: Dist,
-                 device: torch.device, scaler: torch.amp.GradScaler | None = None) -> None:
+                 device: torch.device, scaler: torch.amp.GradScaler | None = None,
+                 parallel: Single | None = None) -> None:
         self.cfg, self.run_dir, self.data, self.dist, self.device = cfg, run_dir, data, dist, device
+        self.parallel = parallel or Single(dist)  # what each process holds (parallel.py)
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None  # fp16
 
     def save(self, model: nn.Module, optimizer: Optimizers, state: RunState) -> None:
         """``last/`` (and a kept checkpoint), after a whole step. Every rank calls it: a
         sharded run's ranks each write their slices, then rank 0 the weights in one file."""
         saved = self._state_json(state)
-        trainer_state = self._trainer_state(model, optimizer)  # a collective: every rank
-        folder = None
-        if sharding.is_sharded(model):
-            folder = self.run_dir / (rundir.SHARDED + ".tmp")  # moved into last/ when whole
-            if self.dist.is_main:
-                shutil.rmtree(folder, ignore_errors=True)  # a save killed part-way
-            self.dist.barrier()
-            sharding.save_sharded(model, optimizer, folder)
-        weights = self._weights(model)  # a collective when sharded
+        trainer_state = self._trainer_state(optimizer)  # a collective: every rank
+        folder = self.parallel.save(model, optimizer, self.run_dir)  # a sharded run's slices
+        weights = self.parallel.full_weights(model)  # a collective when sharded
         failure = None
         if self.dist.is_main:
             try:
@@ -175,31 +170,16 @@ class Checkpoints:
         require_finite(weights, state.step, self.run_dir)
         checkpoint.save_weights(weights, self.run_dir / rundir.BEST)
 
-    def _weights(self, model: nn.Module) -> checkpoint.Weights:
-        """What the weights files hold: gathered to rank 0 when sharded."""
-        return sharding.full_tensors(model) if sharding.is_sharded(model) else model
-
     def restore(self, model: nn.Module, optimizer: Optimizers) -> RunState:
         """Load ``last/`` into the model, the optimizer and the random-number generators;
         returns the run's state. Resuming on other data is refused."""
-        last = checkpoint.find_last(self.run_dir)
-        if (last / rundir.SHARDED).is_dir():  # a sharded run: any number of ranks reads it
-            trainer_state, saved = checkpoint.read_last(self.run_dir)
-        elif sharding.is_sharded(model):
-            raise ValueError(f"{last} was saved by unsharded training (parallel = 'ddp'); "
-                             "resume it with --set train.parallel=ddp")
-        else:
-            trainer_state, saved = checkpoint.load_last(self.run_dir, model)
+        trainer_state, saved = self.parallel.load(model, optimizer, self.run_dir)
         recorded = saved.get("data_fingerprint")
         same = recorded == self.data.fingerprint() or (  # runs saved before encoded datasets
             "fingerprint_format" not in saved and recorded == self.data.legacy_fingerprint())
         if not same:
             raise ValueError(f"the training data differs from the data {self.run_dir} was "
                              "trained on; resume with the same [data] files")
-        if (last / rundir.SHARDED).is_dir():
-            sharding.load_sharded(model, optimizer, last / rundir.SHARDED)
-        else:
-            optimizer.load_state_dict(trainer_state["optimizer"], model, last)
         if self.scaler is not None and "grad_scaler" in trainer_state:
             self.scaler.load_state_dict(trainer_state["grad_scaler"])
         ranks = trainer_state.get("rng_cpu_ranks") or [trainer_state["rng_cpu"]]
@@ -217,13 +197,12 @@ class Checkpoints:
             trim_metrics(self.run_dir, state.step)
         return state
 
-    def _trainer_state(self, model: nn.Module, optimizer: Optimizers) -> dict:
+    def _trainer_state(self, optimizer: Optimizers) -> dict:
         """Optimizer and random-number state (every rank's: dropout differs per rank). A
         sharded optimizer is saved with the sharded weights instead."""
         rng = torch.get_rng_state()
         out = {"rng_cpu": rng, "rng_cpu_ranks": self.dist.all_gather(rng)}
-        if not sharding.is_sharded(model):
-            out["optimizer"] = optimizer.state_dict()
+        out.update(self.parallel.optimizer_state(optimizer))
         if self.device.type == "cuda":
             out["rng_cuda"] = torch.cuda.get_rng_state(self.device)
         if self.scaler is not None:

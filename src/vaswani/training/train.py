@@ -36,6 +36,7 @@ from ..tasks import Task, TaskData, task_for
 from ..viz.curves import plot_loss
 from .distributed import Dist, init, rank0_decides, shutdown
 from .loop import Trainer
+from .parallel import parallel_class
 from .progress import TENSORBOARD
 from .state import StopRequest
 
@@ -83,7 +84,8 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
     task = task_for(cfg)
     task.check_training_config()
     dist = init(launch.rank, launch.world, launch.local_rank, device,
-                group_of_one=cfg.train.parallel == "fsdp", timeout=cfg.train.collective_timeout)
+                group_of_one=parallel_class(cfg.train.parallel, launch.world).group_of_one,
+                timeout=cfg.train.collective_timeout)
     created = not run_dir.exists()
     trainer = None
     try:
