@@ -24,3 +24,28 @@ def test_translate_fills_the_engines_rows_unless_batch_size_caps_them(copy_run, 
     rows.clear()
     assert run.translate(WORDS, beam=beam, batch_size=2) == together
     assert max(rows) == 2 * beam
+
+
+def test_sources_go_in_longest_first_and_the_slots_stay_in_length_order(copy_run):
+    """The engine gets the requests longest source first, so that the rows finishing first
+    (short sources) hold the last slots and compaction leaves the source slots in length
+    order: every decode step's source lengths, slot by slot, never rise."""
+    run = vaswani.load(copy_run[0])
+    engine, runner = run.engine, run.engine.runner
+    submitted, steps = [], []
+    engine_run, decode = engine.run, runner.decode
+
+    def run_spy(requests, *args, **kwargs):
+        submitted.append([len(r.prompt) for r in requests])
+        return engine_run(requests, *args, **kwargs)
+
+    def decode_spy(plan_rows):
+        steps.append(list(runner.cache.lengths[:runner.cache.sources_used]))
+        return decode(plan_rows)
+
+    engine.run, runner.decode = run_spy, decode_spy
+    texts = [w * (1 + i % 3) for i, w in enumerate(WORDS)]  # 70 sources of many lengths
+    run.translate(texts, beam=1)
+    [lengths] = submitted
+    assert lengths == sorted(lengths, reverse=True) and len(set(lengths)) > 3
+    assert steps and all(step == sorted(step, reverse=True) for step in steps)
