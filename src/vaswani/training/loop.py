@@ -76,8 +76,8 @@ class Trainer:
         self.batches = task.batches(data, dist.rank, dist.world)
         # fp16 gradients underflow without a scale; it adapts, and resumes with the run
         self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
-        self.checkpoints = Checkpoints(cfg, run_dir, data, dist, device, self.scaler,
-                                       self.parallel)
+        self.checkpoints = Checkpoints(cfg, run_dir, data, dist, device, self.parallel,
+                                       self.scaler)
         torch.manual_seed(t.seed + dist.rank)  # dropout differs across ranks, as it should
         self.state = RunState()
         if resume:

@@ -156,9 +156,7 @@ class FSDP(Single):
         if not (last / rundir.SHARDED).is_dir():
             raise ValueError(f"{last} was saved by unsharded training (parallel = 'ddp'); "
                              "resume it with --set train.parallel=ddp")
-        trainer_state, saved = checkpoint.read_last(run_dir)
-        sharding.load_sharded(model, optimizer, last / rundir.SHARDED)
-        return trainer_state, saved
+        return super().load(model, optimizer, run_dir)  # the slices, as any process reads them
 
 
 def parallel_class(name: str, world: int) -> type[Single]:

@@ -108,10 +108,10 @@ class Checkpoints:
     evaluation that improved, the last ``keep_checkpoints`` checkpoints' weights."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, data: TaskData, dist: Dist,
-                 device: torch.device, scaler: torch.amp.GradScaler | None = None,
-                 parallel: Single | None = None) -> None:
+                 device: torch.device, parallel: Single,
+                 scaler: torch.amp.GradScaler | None = None) -> None:
         self.cfg, self.run_dir, self.data, self.dist, self.device = cfg, run_dir, data, dist, device
-        self.parallel = parallel or Single(dist)  # what each process holds (parallel.py)
+        self.parallel = parallel  # what each process holds (parallel.py)
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None  # fp16
 
     def save(self, model: nn.Module, optimizer: Optimizers, state: RunState) -> None:
