@@ -19,8 +19,8 @@ CTranslate2 on the same exported model.
    rows again in int8: vaswani's ``quantize="int8"`` against CTranslate2's int8 export.
 
 ``--linear`` only times a linear layer's two CPU inference paths: ``torch.nn.Linear`` (MKL) and
-nn/linear.py ``Linear`` (oneDNN over a reordered copy of the weight), for four weights and
-1-512 rows.
+nn/linear.py ``Linear`` (oneDNN over a reordered copy of the weight; timed on any CPU, though
+``Linear`` takes it on CPUs that are not Intel's only), for four weights and 1-512 rows.
 
 ``--burst`` only times the step that prefills 14 prompts of 15-199 tokens arriving together
 (the shakespeare-char preset's shape, ``max_len`` 512), with engine.py ``prefill_groups``
@@ -229,14 +229,24 @@ SHAPES = [(768, 256), (2000, 128), (8000, 256), (1536, 576)]  # (out, in) of a d
 def linear_paths(shapes=SHAPES, rows=(1, 8, 64, 512), repeats: int = 5,
                  calls: int = 20) -> dict:
     """A linear layer's two CPU inference paths: ``torch.nn.Linear`` (``F.linear``: MKL) and
-    nn/linear.py ``Linear`` (oneDNN over the reordered copy of the weight where the product
-    is large enough, else ``F.linear``), fp32, in evaluation mode, for (out, in) weights of the
-    presets (a layer of the bible preset, the demo's and the bible preset's vocabulary
-    projections, a SmolLM2 feed-forward) at 1-512 rows; alternating, best of ``repeats`` x
-    ``calls``; the products checked equal."""
+    nn/linear.py ``Linear`` with its oneDNN path on, whatever the CPU's vendor (oneDNN over
+    the reordered copy of the weight where the product is large enough, else ``F.linear``),
+    fp32, in evaluation mode, for (out, in) weights of the presets (a layer of the bible
+    preset, the demo's and the bible preset's vocabulary projections, a SmolLM2 feed-forward)
+    at 1-512 rows; alternating, best of ``repeats`` x ``calls``; the products checked equal."""
     import torch.nn.functional as F
 
+    import vaswani.nn.linear
     from vaswani.nn.linear import Linear
+
+    chosen, vaswani.nn.linear.USE_ONEDNN = vaswani.nn.linear.USE_ONEDNN, True
+    try:
+        return _linear_paths(Linear, F.linear, shapes, rows, repeats, calls)
+    finally:
+        vaswani.nn.linear.USE_ONEDNN = chosen
+
+
+def _linear_paths(Linear, linear, shapes, rows, repeats, calls) -> dict:
 
     out = {}
     for o, i in shapes:
@@ -246,7 +256,7 @@ def linear_paths(shapes=SHAPES, rows=(1, 8, 64, 512), repeats: int = 5,
         for n in rows:
             x = torch.randn(n, i)
             with torch.no_grad():
-                torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias),
+                torch.testing.assert_close(layer(x), linear(x, layer.weight, layer.bias),
                                            rtol=1e-4, atol=1e-4)
                 ways = [torch_layer, layer]
                 best = [float("inf"), float("inf")]

@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from vaswani.devices import _measured_bf16_is_fast, bf16_is_fast, resolve_device
+import vaswani.devices
+from vaswani.devices import (
+    _measured_bf16_is_fast,
+    bf16_is_fast,
+    cpu_is_intel,
+    cpu_name,
+    resolve_device,
+)
 
 
 def test_resolve_device_names_and_errors():
@@ -38,3 +45,16 @@ def test_the_cpu_flags_and_a_timing_agree_on_bf16():
     """On this machine the flag check (avx512_bf16 / amx_bf16) and the timing fallback must
     give the same answer: emulated bf16 is ~50x slower than float32, native bf16 is faster."""
     assert bf16_is_fast(torch.device("cpu")) == _measured_bf16_is_fast()
+
+
+@pytest.mark.parametrize("vendor, intel", [("GenuineIntel", True), ("AuthenticAMD", False)])
+def test_the_cpu_vendor_and_name_come_from_cpuinfo(tmp_path, monkeypatch, vendor, intel):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nmodel name\t: A CPU\n"
+                       "flags\t\t: fpu avx2\n\nprocessor\t: 1\nvendor_id\t: Other\n")
+    monkeypatch.setattr(vaswani.devices, "CPUINFO", str(cpuinfo))
+    assert cpu_is_intel() is intel
+    assert cpu_name() == "A CPU"
+    assert bf16_is_fast(torch.device("cpu")) is False  # the flags say AVX2 only
+    monkeypatch.setattr(vaswani.devices, "CPUINFO", str(tmp_path / "none"))
+    assert cpu_is_intel() is False and cpu_name()  # no file: not Intel, a name from platform

@@ -59,17 +59,33 @@ def usable_precision(asked: str, device: torch.device, *, say: bool = True) -> s
     return "fp32"
 
 
-def cpu_name() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo), else what ``platform`` knows: for
-    reports of where a result was measured."""
+CPUINFO = "/proc/cpuinfo"  # Linux's description of the CPUs
+
+
+def _cpuinfo(field: str) -> str | None:
+    """The value of ``field`` for the first CPU in ``CPUINFO``; None where there is no such
+    file or field."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(CPUINFO) as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``CPUINFO``), else what ``platform`` knows: for
+    reports of where a result was measured."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+def cpu_is_intel() -> bool:
+    """Whether the CPU is Intel's (its vendor in ``CPUINFO``): Intel MKL, which PyTorch
+    calls for float32 matrix products, runs its AVX-512 kernels on Intel CPUs only, and its
+    AVX2 ones on others (nn/linear.py chooses oneDNN there)."""
+    return _cpuinfo("vendor_id") == "GenuineIntel"
 
 
 def bf16_is_fast(device: torch.device) -> bool:
@@ -80,14 +96,9 @@ def bf16_is_fast(device: torch.device) -> bool:
         return torch.cuda.is_bf16_supported()
     if device.type != "cpu":
         return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
+    flags = _cpuinfo("flags")
+    if flags is not None:
+        return bool(set(flags.split()) & {"avx512_bf16", "amx_bf16"})
     return _measured_bf16_is_fast()
 
 

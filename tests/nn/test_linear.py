@@ -1,15 +1,32 @@
 """nn/linear.py: a Linear's CPU inference path (oneDNN over a reordered copy of the weight,
 rows padded to a bucket) gives F.linear's outputs, whole or by parts, and is used only where
-it may be: no gradients, float32, a CPU."""
+it may be: no gradients, float32, a CPU that is not Intel's. The tests below force it on
+(``USE_ONEDNN``), so that it is tested on every machine."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import vaswani.nn.linear
 from vaswani.nn.linear import MIN_MACS, Linear, bucket, onednn_available
 
 pytestmark = [pytest.mark.skipif(not onednn_available(), reason="no oneDNN in this PyTorch"),
               pytest.mark.usefixtures("on_cpu")]
+
+
+@pytest.fixture(autouse=True)
+def onednn(monkeypatch):
+    monkeypatch.setattr(vaswani.nn.linear, "USE_ONEDNN", True)
+
+
+def test_an_intel_cpu_keeps_f_linear(monkeypatch):
+    """Where the CPU is Intel's, MKL (F.linear) runs AVX-512 itself: no reordered copy."""
+    monkeypatch.setattr(vaswani.nn.linear, "USE_ONEDNN", False)
+    linear = Linear(16, 8).eval()
+    x = torch.randn(20000, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(linear(x), F.linear(x, linear.weight, linear.bias))
+    assert linear._packed == {}
 
 
 @pytest.mark.parametrize("shape", [(1, 48), (3, 48), (600, 48), (2, 400, 48)])

@@ -1,18 +1,20 @@
-"""``Linear``: ``nn.Linear`` with a faster path for inference on a CPU.
+"""``Linear``: ``nn.Linear`` with a faster path for inference on a CPU that is not Intel's.
 
 Shapes: (..., in) -> (..., out), as ``nn.Linear``.
 
-On a CPU, ``F.linear`` in float32 calls MKL's sgemm, and on the AMD EPYC machines this project
-runs on MKL picks its AVX2 kernels (it takes AVX-512 only on Intel's CPUs). oneDNN, also inside
-PyTorch (what torch.compile's CPU backend calls for a frozen linear layer), runs AVX-512 there,
-on a copy of the weight reordered once into its blocked layout (``python -m
-benchmarks.offline --linear`` compares the two). So in evaluation mode, without gradients, in
-float32, on a CPU, a :class:`Linear` multiplies through that copy (``torch.ops.mkldnn``), the
-rows padded to a few sizes (:func:`bucket`). A small product (under ``MIN_MACS``
-multiply-adds: a few rows through a small matrix) is faster by ``F.linear`` and keeps it; a
-large matrix (a vocabulary projection) takes the copy at one row already. Training, other
-devices and dtypes, sharded weights, tracing and torch.compile use ``F.linear``. The price: a
-second copy of each weight while it lives.
+On a CPU, ``F.linear`` in float32 calls Intel MKL's sgemm, which runs its AVX-512 kernels on
+Intel's CPUs only: on the AMD EPYC machines this project also runs on it picks its AVX2 ones.
+oneDNN, also inside PyTorch (what torch.compile's CPU backend calls for a frozen linear
+layer), runs AVX-512 there, on a copy of the weight reordered once into its blocked layout:
+1.75-2.8x ``F.linear`` on a 2-vCPU EPYC at 8-512 rows, while on a 2-vCPU Xeon ``F.linear`` is
+the faster, 1.1-1.75x (``python -m benchmarks.offline --linear`` compares the two;
+docs/performance.md). So on a CPU that is not Intel's (``USE_ONEDNN``), in evaluation mode,
+without gradients, in float32, a :class:`Linear` multiplies through that copy
+(``torch.ops.mkldnn``), the rows padded to a few sizes (:func:`bucket`). A small product
+(under ``MIN_MACS`` multiply-adds: a few rows through a small matrix) is faster by
+``F.linear`` and keeps it; a large matrix (a vocabulary projection) takes the copy at one row
+already. Training, other devices and dtypes, sharded weights, tracing and torch.compile use
+``F.linear``. The price: a second copy of each weight while it lives.
 
 The copy is made again whenever the weight may have changed: when its version counter moves
 (an in-place edit, a load) and whenever the layer is put back in training mode, because a
@@ -30,12 +32,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..devices import cpu_is_intel
+
 MIN_MACS = 1 << 21  # multiply-adds (rows x weight elements) from which oneDNN pays
 ROWS_HINT = 128  # the rows oneDNN lays the copy out for (any number of rows can use it)
 
 
 def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available()
+
+
+USE_ONEDNN = onednn_available() and not cpu_is_intel()  # see the module's docstring
 
 
 def bucket(rows: int) -> int:
@@ -88,7 +95,7 @@ class Linear(nn.Linear):
                 and type(w.data) is Tensor  # not a sharded (DTensor) weight
                 and not w.is_inference()  # made under inference_mode: no version to watch
                 and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
-                and onednn_available())
+                and USE_ONEDNN)
 
     def _reordered(self, start: int, stop: int) -> Tensor:
         w = self.weight
