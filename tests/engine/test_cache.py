@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import DEVICE
-from vaswani.engine.cache import ALIGN, FORK_GROUP, PART, SlotCache
+from vaswani.engine.cache import ALIGN, FORK_GROUP, PART, SlotCache, parts
 from vaswani.engine.request import Params, Request, Sequence
 
 
@@ -144,14 +144,17 @@ def test_rows_that_share_a_source_attend_over_one_copy_as_if_each_had_its_own():
 
 def test_a_steps_cross_attention_reads_each_part_of_sources_to_its_own_longest():
     """Sources of unlike lengths in consecutive source slots: the step reads them in parts,
-    each to its longest source (aligned), neighbours of one width merged; sources of like
-    lengths (or too few slots) in one pass."""
-    c = cache(max_rows=4 * PART, tokens=4 * PART * 96, max_len=90)
-    lengths = [3] * PART + [5] * PART + [40] * PART + [80] * PART
+    each to its longest source, neighbours of one width merged; sources of like lengths (or
+    too few slots) in one pass."""
+    c = cache(max_rows=5 * PART, tokens=5 * PART * 96, max_len=90)
+    lengths = [3] * PART + [5] * (PART - 1) + [3] + [5] * PART + [40] * PART + [80] * PART
     for n in lengths:
         c.take_source(request(), n)
-    assert c.parts() == [(0, 2 * PART, ALIGN), (2 * PART, 3 * PART, 48),
-                         (3 * PART, 4 * PART, 80)]
+    assert c.parts() == [(0, PART, 3), (PART, 3 * PART, 5), (3 * PART, 4 * PART, 40),
+                         (4 * PART, 5 * PART, 80)]
+    assert parts([n + 1 for n in lengths]) == [(0, PART, 4), (PART, 3 * PART, 6),
+                                                (3 * PART, 4 * PART, 41),
+                                                (4 * PART, 5 * PART, 81)]
     c = cache(max_rows=4 * PART, tokens=4 * PART * 96, max_len=90)
     for n in [70] * (2 * PART) + [80] * (2 * PART):
         c.take_source(request(), n)

@@ -474,6 +474,58 @@ def test_a_step_over_short_and_long_sources_reads_them_in_parts_and_decodes_as_a
                                              max_len_b=8)[0]
 
 
+def test_rows_of_short_and_long_contexts_attend_in_parts_and_decode_as_alone(monkeypatch):
+    """Prompts of 2-7 and of 40-50 tokens continued together, longest first (as
+    generate_many hands them in), greedy and seeded sampling: each step's self-attention
+    runs in parts, each reading its own rows' context of keys (cache.py ``parts``), and every
+    output is the reference decoder's."""
+    import vaswani.engine.runner
+
+    lm = model("decoder", max_len=64)
+    rng = random.Random(5)
+    prompts_ = [[rng.randint(3, 22) for _ in range(rng.choice([2, 3, 4, 5, 6, 7, 40, 50]))]
+                for _ in range(80)]
+    requests = [Request(p, Params(max_new_tokens=6, temperature=0.8 if i % 4 == 0 else 0.0,
+                                  seed=i))
+                for i, p in enumerate(prompts_)]
+    used = []
+    parts = vaswani.engine.runner.parts
+    monkeypatch.setattr(vaswani.engine.runner, "parts",
+                        lambda lengths: used.append(parts(lengths)) or used[-1])
+    engine(lm, max_rows=128).run(sorted(requests, key=lambda r: -len(r.prompt)))
+    if DEVICE.type == "cpu":  # a CUDA graph reads one padded width of keys for all rows
+        assert any(p is not None and len(p) > 1 for p in used)
+    for p, r in zip(prompts_, requests, strict=True):
+        assert r.output == alone(lm, p, r.params)
+
+
+def test_a_decode_step_in_self_attention_parts_gives_the_one_pass_logits(monkeypatch):
+    """The same decode step (rows of 3-8 and of 41-51 tokens of context) with its
+    self-attention in parts and in one pass: the same logits (a part that read too few keys
+    would change them)."""
+    import vaswani.engine.runner
+
+    lm = model("decoder", max_len=64)
+    rng = random.Random(6)
+    eng = engine(lm, max_rows=64)
+    for n in sorted([rng.randint(40, 50) for _ in range(12)] + [rng.randint(2, 7)
+                                                                for _ in range(40)],
+                    reverse=True):
+        eng.submit(Request([rng.randint(3, 22) for _ in range(n)], Params(max_new_tokens=9)))
+    for _ in range(3):
+        eng.step()
+    rows = [(r, s) for r in eng.scheduler.running for s in r.sequences
+            if len(s.uncached()) == 1]
+    assert len(rows) == 52
+    found = vaswani.engine.runner.parts([s.cached + 1 for _, s in rows])
+    assert found is not None and len(found) > 1
+    in_parts, at = eng.runner.decode(rows)
+    monkeypatch.setattr(vaswani.engine.runner, "parts", lambda lengths: None)
+    one_pass, at_too = eng.runner.decode(rows)
+    assert at == at_too
+    torch.testing.assert_close(in_parts, one_pass)
+
+
 def test_a_seed_out_of_range_is_refused_when_submitted():
     eng = engine(model("decoder"))
     with pytest.raises(ValueError, match=r"seed \(1180591620717411303424\) must be in"):

@@ -125,3 +125,27 @@ def test_text_stream_stops_at_a_stop_string_and_holds_back_its_start():
     stream = TextStream(tok, ["\n\n"])
     out = "".join(stream.push(i) for i in tok.encode("ab\n\nc"))
     assert stream.stopped and out == stream.text == "ab"
+
+
+def test_generate_many_hands_in_the_longest_prompt_first_and_gives_each_its_own_text(
+        small_runs):
+    """generate_many submits its prompts longest first (their rows' contexts then stay in
+    slot order, engine/cache.py ``parts``), returns the texts in the prompts' order, and a
+    text is what generating it alone gives (decoded once at the end, with no stop string
+    and nobody streaming)."""
+    import vaswani
+
+    run = vaswani.load(small_runs["decoder"][0])
+    submitted = []
+    engine_run = run.engine.run
+    run.engine.run = lambda requests, *a, **k: (submitted.append(
+        [len(r.prompt) for r in requests]), engine_run(requests, *a, **k))[1]
+    prompts = ["to", "the king and the queen of the land", "a", "to be or not to be"]
+    many = run.generate_many(prompts, max_new_tokens=6, temperature=0)
+    [lengths] = submitted
+    assert lengths == sorted(lengths, reverse=True) and len(set(lengths)) == 4
+    assert many == [run.generate(p, max_new_tokens=6, temperature=0) for p in prompts]
+    assert len(set(many)) > 1
+    pushed = run.generate_many(prompts, max_new_tokens=6, temperature=0,
+                               stop=["never in it"])  # a stop string: text token by token
+    assert pushed == many

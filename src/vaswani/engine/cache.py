@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 ALIGN = 16  # slot widths are multiples of this many tokens
-PART = 32  # source slots per part of a decoding step's cross-attention (SlotCache.parts)
+PART = 32  # rows (source slots) per part of a decoding step's attention (parts)
 FORK_GROUP = 4  # forks whose copies start within this many columns are copied together
 # (SlotCache.fork; on the bible-en-es preset's beam 4, 16 copied nearly three times 4's
 # bytes, and 1 half of them in twice the operations, no faster)
@@ -44,6 +44,30 @@ FORK_GROUP = 4  # forks whose copies start within this many columns are copied t
 
 def aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
+
+
+def parts(lengths: list[int]) -> list[tuple[int, int, int]] | None:
+    """How a decoding step's attention reads rows 0 .. len(lengths) - 1 whose keys are
+    ``lengths`` long: in parts ``(a, b, w)`` of consecutive rows ``a .. b - 1``, each over its
+    own longest row's ``w`` keys, rather than every row over the longest's (a step over rows
+    of 10 and 150 keys would read 150 for each). None: one pass, where parts would not save a
+    quarter of the keys read. Parts of ``PART`` rows; neighbours of one width merged. (Widths
+    rounded up to 16 read more keys and merged more parts: 2-5% slower on the demo's greedy
+    translate and the shakespeare-char row of ``benchmarks.offline``.) Rows in order of
+    length gain the most: translate and generate_many hand the engine their longest inputs
+    first, and a finished row's slot takes the last one's row (:meth:`SlotCache.compact`),
+    so the order holds."""
+    longest = max(lengths)
+    found: list[tuple[int, int, int]] = []
+    for a in range(0, len(lengths), PART):
+        b = min(len(lengths), a + PART)
+        w = max(lengths[a:b])
+        if found and found[-1][2] == w:
+            found[-1] = (found[-1][0], b, w)
+        else:
+            found.append((a, b, w))
+    read = sum((b - a) * w for a, b, w in found)
+    return found if len(found) > 1 and 4 * read <= 3 * len(lengths) * longest else None
 
 
 def _moves(owners: list, live: int) -> list[tuple[int, int]]:
@@ -254,39 +278,26 @@ class SlotCache:
                 torch.tensor(place, device=self.device))
 
     def parts(self) -> list[tuple[int, int, int]] | None:
-        """How a decoding step's cross-attention reads the used source slots in place: in
-        parts ``(a, b, w)`` of consecutive source slots ``a .. b - 1``, each over its own
-        longest source's ``w`` keys, rather than every slot over the longest source's of all
-        (a step over sources of 10 and 150 tokens would read 150 keys for each). None: one
-        pass, where parts would not save a quarter of the keys read. Parts of ``PART``
-        slots; neighbours of one width merged."""
-        lengths = self.lengths[:self.sources_used]
-        longest = max(lengths)
-        parts: list[tuple[int, int, int]] = []
-        for a in range(0, len(lengths), PART):
-            b = min(len(lengths), a + PART)
-            w = min(longest, aligned(max(lengths[a:b])))
-            if parts and parts[-1][2] == w:
-                parts[-1] = (parts[-1][0], b, w)
-            else:
-                parts.append((a, b, w))
-        read = sum((b - a) * w for a, b, w in parts)
-        return parts if len(parts) > 1 and 4 * read <= 3 * len(lengths) * longest else None
+        """How a decoding step's cross-attention reads the used source slots in place
+        (:func:`parts`, each source over its own length)."""
+        return parts(self.lengths[:self.sources_used])
 
     # --- one forward pass ---------------------------------------------------------------
     def step(self, rows: Tensor | None, columns: Tensor, width: int, cross_width: int = 0,
              sources: Tensor | None = None, groups: tuple[Tensor, Tensor] | None = None,
              parts: list[tuple[int, int, int]] | None = None,
-             column: int | None = None) -> StepCache:
+             column: int | None = None,
+             self_parts: list[tuple[int, int, int]] | None = None) -> StepCache:
         """The cache as one forward pass sees it: ``rows`` (R,) the slots of its rows (None:
         the first R slots, read in place), ``columns`` (R, T) where the new tokens' keys go
         (``column``: every row's one new token goes to this column, the first R slots'
         written as one slice), ``width`` keys read per row; a translator's ``cross_width``
         source keys, of source slots ``sources`` (R,) read by index, or (None) of the
         leading source slots in place: row i's the i-th, or as :meth:`groups` says, read in
-        ``parts`` (see :meth:`parts`) or in one pass."""
+        ``parts`` (see :meth:`parts`) or in one pass; the leading slots' own keys read in
+        ``self_parts`` (:func:`parts` of their rows' contexts), or in one pass."""
         return StepCache(self, rows, columns, width, cross_width, sources, groups, parts,
-                         column)
+                         column, self_parts)
 
 
 class SlotKV:
@@ -306,7 +317,7 @@ class SlotKV:
         self.k_all, self.v_all = k, v
         self.rows, self.n, self.width, self.write = rows, n, width, write
         self.groups = groups
-        self.parts = parts  # a cross-attention in parts of sources (SlotCache.parts)
+        self.parts = parts  # an attention in parts of rows (:func:`parts`)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """k, v (R, Hkv, T, Dh) into their (slot (R, 1), column (R, T)) places ``write``
@@ -364,7 +375,8 @@ class StepCache:
                  cross_width: int, sources: Tensor | None,
                  groups: tuple[Tensor, Tensor] | None,
                  parts: list[tuple[int, int, int]] | None = None,
-                 column: int | None = None) -> None:
+                 column: int | None = None,
+                 self_parts: list[tuple[int, int, int]] | None = None) -> None:
         n = columns.size(0)
         if column is not None and rows is None:  # where every layer writes its new keys
             write: tuple[Tensor, Tensor] | int = column
@@ -374,7 +386,8 @@ class StepCache:
         if cache.seq2seq and sources is None and rows is not None:
             raise ValueError("rows read by index read their sources by index too")
         G = n if groups is None else groups[0].size(0)
-        self.layers = [(SlotKV(cache.k[i], cache.v[i], rows, n, width, write),
+        self.layers = [(SlotKV(cache.k[i], cache.v[i], rows, n, width, write,
+                               parts=self_parts),
                         SlotKV(cache.ck[i], cache.cv[i], sources, G, cross_width,
                                groups=groups, parts=parts)
                         if cache.seq2seq else None)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .cache import SlotCache
+from .cache import SlotCache, parts
 from .graphs import StaticDecoder
 from .request import Request, Sequence
 from .step import forward_step
@@ -64,6 +64,9 @@ class Runner:
             ids[seq.slot] = seq.uncached()[0]
             positions[seq.slot] = columns[seq.slot] = seq.cached
         width = max(positions) + 1
+        # rows of unlike contexts (admitted at different times, or prompts of unlike
+        # lengths): each part of the self-attention reads its own rows' keys
+        self_parts = parts([p + 1 for p in positions])
         # rows in step (an offline batch) write one column c: a slice, not an index_put,
         # where no slot riding along as padding holds keys at c (a beam's spare does not)
         c = rows[0][1].cached
@@ -88,7 +91,7 @@ class Runner:
                               parts=self.cache.parts())
             logits = forward_step(self.model, self.cache, ids, positions, None, columns,
                                   width, torch.zeros(n, dtype=torch.long, device=d),
-                                  column=column, **kwargs)
+                                  column=column, self_parts=self_parts, **kwargs)
         return logits, [seq.slot for _, seq in rows]
 
     @torch.inference_mode()

@@ -15,18 +15,21 @@ def forward_step(model: torch.nn.Module, cache: SlotCache, ids: Tensor, position
                  lengths: Tensor | None = None, cross: int = 0, sources: Tensor | None = None,
                  groups: tuple[Tensor, Tensor] | None = None,
                  parts: list[tuple[int, int, int]] | None = None,
-                 column: int | None = None) -> Tensor:
+                 column: int | None = None,
+                 self_parts: list[tuple[int, int, int]] | None = None) -> Tensor:
     """``model.decode_step`` over the cache: ids and positions (R, T) written to ``columns``
     (R, T) of ``slots`` (None: the first R; with ``column``, all to that one column),
     ``width`` keys read per row -> the logits at ``last`` (R, V). A translator reads
     ``cross`` keys of its sources: of source slots ``sources`` (R,) by index, or of the
     leading source slots in place, grouped as ``groups`` says (cache.py
     ``SlotCache.groups``), in ``parts`` (``SlotCache.parts``) or in one pass; ``lengths``
-    are the real tokens of each source read ((R,), or (G,) when grouped)."""
+    are the real tokens of each source read ((R,), or (G,) when grouped). ``self_parts``:
+    the first R slots' own keys read in parts (cache.py ``parts``)."""
     kwargs = {}
     if cache.seq2seq:
         kwargs["memory_mask"] = masks.length_mask(lengths, cross)
     return model.decode_step(
         ids, positions=positions, mask=masks.position_mask(positions, width),
-        cache=cache.step(slots, columns, width, cross, sources, groups, parts, column),
+        cache=cache.step(slots, columns, width, cross, sources, groups, parts, column,
+                         self_parts),
         last=last, **kwargs)

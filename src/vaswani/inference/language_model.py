@@ -47,7 +47,10 @@ class LanguageModel(Run):
         decode = self.decode_options(**options)
         completions = [self.completion(p, decode, seed=None if seed is None else seed + i)
                        for i, p in enumerate(prompts)]
-        self.engine.run([c.request for c in completions])
+        # longest prompt first, as Translator.translations hands in its sources: the rows'
+        # contexts then stay in slot order, and each part of a step's attention reads keys
+        # to its own rows' longest context (engine/cache.py SlotCache.parts)
+        self.engine.run(sorted((c.request for c in completions), key=lambda r: -len(r.prompt)))
         return [c.result() for c in completions]
 
     def continuation(self, prompt: str, decode: DecodeConfig, *, seed: int | None = None,
@@ -72,6 +75,9 @@ class LanguageModel(Run):
         text = TextStream(tok, decode.stop)
 
         def on_token(request: Request, token: int) -> bool:
+            if emit is None and not text.stop:  # nothing to show or to stop at: the text is
+                text.ids.append(token)  # decoded once, when the request finishes
+                return False
             piece = text.push(token)
             if emit is not None and piece:
                 emit(piece)

@@ -170,7 +170,7 @@ class MultiHeadAttention(nn.Module):
                     cache.k, cache.v = k, v
             if cache is not None:  # an engine's cache may hold one source for many rows
                 q = cache.queries(q)
-        if cross and cache is not None and cache.parts is not None and not need_weights:
+        if cache is not None and cache.parts is not None and not need_weights:
             out, weights = self._attend_parts(q, k, v, mask, cache.parts), None
         else:
             out, weights = self.attend(q, k, v, mask, need_weights)
@@ -201,9 +201,9 @@ class MultiHeadAttention(nn.Module):
     def _attend_parts(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                       parts: list[tuple[int, int, int]]) -> Tensor:
         """:meth:`attend` over rows ``a:b`` at a time, each part reading only the first ``w``
-        keys, for each ``(a, b, w)`` of ``parts``: an engine's decoding step over sources
-        of many lengths, where one padded pass would read every row's keys up to the longest
-        source's (cache.py ``SlotCache.parts``)."""
+        keys, for each ``(a, b, w)`` of ``parts``: an engine's decoding step over rows of
+        many contexts (or sources, in cross-attention), where one padded pass would read
+        every row's keys up to the longest (engine/cache.py ``parts``)."""
         outs = []
         for a, b, w in parts:
             m = None if mask is None else mask[a:b, ..., :w]
