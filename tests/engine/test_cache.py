@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import DEVICE
-from vaswani.engine.cache import ALIGN, FORK_GROUP, PART, SlotCache, parts
+from vaswani.engine.cache import ALIGN, FORK_GROUP, PART, SlotCache, flat_index, parts
 from vaswani.engine.request import Params, Request, Sequence
 
 
@@ -181,3 +181,17 @@ def test_a_step_writing_one_column_writes_what_the_indexed_write_does():
         assert torch.equal(got, want)
     assert torch.equal(a.k[1], b.k[1]) and torch.equal(a.v[1], b.v[1])
     assert torch.equal(a.k[1][:3, :, 2:3], k)
+
+
+def test_keys_written_by_flat_index_land_where_slot_and_column_indexing_puts_them():
+    """Rows at unlike columns, several tokens each (a prefill): the copy through the cache
+    seen as rows of Dh numbers equals indexing (slot, :, column)."""
+    torch.manual_seed(0)
+    t = torch.zeros(6, 3, 20, 4)
+    want = t.clone()
+    slots = torch.tensor([4, 0, 2])
+    columns = torch.tensor([[5, 6], [0, 1], [17, 19]])
+    k = torch.randn(3, 3, 2, 4)  # (R, heads, T, Dh)
+    want[slots[:, None], :, columns] = k.transpose(1, 2)
+    t.view(-1, 4).index_copy_(0, flat_index(slots, columns, 3, 20).view(-1), k.reshape(-1, 4))
+    assert torch.equal(t, want)

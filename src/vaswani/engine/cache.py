@@ -70,6 +70,14 @@ def parts(lengths: list[int]) -> list[tuple[int, int, int]] | None:
     return found if len(found) > 1 and 4 * read <= 3 * len(lengths) * longest else None
 
 
+def flat_index(slots: Tensor, columns: Tensor, heads: int, width: int) -> Tensor:
+    """Where the keys of rows in ``slots`` (R,) at ``columns`` (R, T) go in a cache tensor
+    (rows, heads, width, Dh) seen as rows of Dh numbers: (R, heads, T), in the order of the
+    keys (R, heads, T, Dh) a forward pass makes."""
+    head = torch.arange(heads, device=slots.device)[None, :, None]
+    return (slots[:, None, None] * heads + head) * width + columns[:, None, :]
+
+
 def _moves(owners: list, live: int) -> list[tuple[int, int]]:
     """(hole, slot) pairs that make slots 0 .. live - 1 the held ones again: each of the
     last held slots moves into a hole before it."""
@@ -311,7 +319,7 @@ class SlotKV:
     back through ``outputs``."""
 
     def __init__(self, k: Tensor, v: Tensor, rows: Tensor | None, n: int, width: int,
-                 write: tuple[Tensor, Tensor] | int | None = None,
+                 write: Tensor | int | None = None,
                  groups: tuple[Tensor, Tensor] | None = None,
                  parts: list[tuple[int, int, int]] | None = None) -> None:
         self.k_all, self.v_all = k, v
@@ -320,17 +328,18 @@ class SlotKV:
         self.parts = parts  # an attention in parts of rows (:func:`parts`)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k, v (R, Hkv, T, Dh) into their (slot (R, 1), column (R, T)) places ``write``
-        (an int: column ``write`` of the first R slots, T = 1) -> the keys and values to
-        attend over, (R, Hkv, Tk, Dh)."""
+        """k, v (R, Hkv, T, Dh) into their places ``write`` -> the keys and values to attend
+        over, (R, Hkv, Tk, Dh). ``write`` (R, Hkv, T): where each key goes among the cache's
+        keys seen as rows of Dh numbers (:func:`flat_index`); an int: column ``write`` of
+        the first R slots (T = 1)."""
         if isinstance(self.write, int):  # a strided copy, a third of index_put's time
             c = self.write
             self.k_all[:self.n, :, c:c + 1] = k
             self.v_all[:self.n, :, c:c + 1] = v
             return self.k, self.v
-        slots, columns = self.write
-        self.k_all[slots, :, columns] = k.transpose(1, 2)  # (R, T, Hkv, Dh)
-        self.v_all[slots, :, columns] = v.transpose(1, 2)
+        Dh = k.size(-1)  # whole rows of Dh numbers copied: 0.6x indexing (slot, :, column)
+        self.k_all.view(-1, Dh).index_copy_(0, self.write.view(-1), k.reshape(-1, Dh))
+        self.v_all.view(-1, Dh).index_copy_(0, self.write.view(-1), v.reshape(-1, Dh))
         return self.k, self.v
 
     def queries(self, q: Tensor) -> Tensor:
@@ -379,10 +388,10 @@ class StepCache:
                  self_parts: list[tuple[int, int, int]] | None = None) -> None:
         n = columns.size(0)
         if column is not None and rows is None:  # where every layer writes its new keys
-            write: tuple[Tensor, Tensor] | int = column
+            write: Tensor | int = column
         else:
             slots = torch.arange(n, device=columns.device) if rows is None else rows
-            write = (slots[:, None], columns)
+            write = flat_index(slots, columns, cache.shape[0], cache.width)
         if cache.seq2seq and sources is None and rows is not None:
             raise ValueError("rows read by index read their sources by index too")
         G = n if groups is None else groups[0].size(0)
