@@ -48,15 +48,11 @@ def aligned(n: int) -> int:
 
 def parts(lengths: list[int]) -> list[tuple[int, int, int]] | None:
     """How a decoding step's attention reads rows 0 .. len(lengths) - 1 whose keys are
-    ``lengths`` long: in parts ``(a, b, w)`` of consecutive rows ``a .. b - 1``, each over its
-    own longest row's ``w`` keys, rather than every row over the longest's (a step over rows
-    of 10 and 150 keys would read 150 for each). None: one pass, where parts would not save a
-    quarter of the keys read. Parts of ``PART`` rows; neighbours of one width merged. (Widths
-    rounded up to 16 read more keys and merged more parts: 2-5% slower on the demo's greedy
-    translate and the shakespeare-char row of ``benchmarks.offline``.) Rows in order of
-    length gain the most: translate and generate_many hand the engine their longest inputs
-    first, and a finished row's slot takes the last one's row (:meth:`SlotCache.compact`),
-    so the order holds."""
+    ``lengths`` long: in parts ``(a, b, w)`` of ``PART`` consecutive rows, each over its own
+    longest row's ``w`` keys (not rounded up: 2-5% faster), neighbours of one width merged,
+    rather than every row over the longest's. None: one pass, where parts would not save a
+    quarter of the keys read. Rows in order of length gain the most: translate and
+    generate_many hand in their longest first, and compaction keeps the order."""
     longest = max(lengths)
     found: list[tuple[int, int, int]] = []
     for a in range(0, len(lengths), PART):
