@@ -65,8 +65,9 @@ class Runner:
             positions[seq.slot] = columns[seq.slot] = seq.cached
         width = max(positions) + 1
         # rows of unlike contexts (admitted at different times, or prompts of unlike
-        # lengths): each part of the self-attention reads its own rows' keys
-        self_parts = parts([p + 1 for p in positions])
+        # lengths): each part of the self-attention reads its own rows' keys (a CUDA graph
+        # reads one padded width for all)
+        self_parts = None if self.static is not None else parts([p + 1 for p in positions])
         # rows in step (an offline batch) write one column c: a slice, not an index_put,
         # where no slot riding along as padding holds keys at c (a beam's spare does not)
         c = rows[0][1].cached

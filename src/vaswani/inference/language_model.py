@@ -49,7 +49,7 @@ class LanguageModel(Run):
                        for i, p in enumerate(prompts)]
         # longest prompt first, as Translator.translations hands in its sources: the rows'
         # contexts then stay in slot order, and each part of a step's attention reads keys
-        # to its own rows' longest context (engine/cache.py SlotCache.parts)
+        # to its own rows' longest context (engine/cache.py parts)
         self.engine.run(sorted((c.request for c in completions), key=lambda r: -len(r.prompt)))
         return [c.result() for c in completions]
 

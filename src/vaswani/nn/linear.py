@@ -7,10 +7,10 @@ Intel's CPUs only: on the AMD EPYC machines this project also runs on it picks i
 oneDNN, also inside PyTorch (what torch.compile's CPU backend calls for a frozen linear
 layer), runs AVX-512 there, on a copy of the weight reordered once into its blocked layout:
 1.75-2.8x ``F.linear`` on a 2-vCPU EPYC at 8-512 rows, while on a 2-vCPU Xeon ``F.linear`` is
-the faster, 1.1-1.75x (``python -m benchmarks.offline --linear`` compares the two;
-docs/performance.md). So on a CPU that is not Intel's (``USE_ONEDNN``), in evaluation mode,
-without gradients, in float32, a :class:`Linear` multiplies through that copy
-(``torch.ops.mkldnn``), the rows padded to a few sizes (:func:`bucket`). A small product
+the faster at 13 of 16 shapes, by up to 1.75x (``python -m benchmarks.offline --linear``
+compares the two; docs/performance.md). So on a CPU that is not Intel's (``USE_ONEDNN``),
+in evaluation mode, without gradients, in float32, a :class:`Linear` multiplies through that
+copy (``torch.ops.mkldnn``), the rows padded to a few sizes (:func:`bucket`). A small product
 (under ``MIN_MACS`` multiply-adds: a few rows through a small matrix) is faster by
 ``F.linear`` and keeps it; a large matrix (a vocabulary projection) takes the copy at one row
 already. Training, other devices and dtypes, sharded weights, tracing and torch.compile use
