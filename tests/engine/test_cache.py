@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import DEVICE
-from vaswani.engine.cache import ALIGN, FORK_GROUP, PART, SlotCache, flat_index, parts
+from vaswani.engine.cache import ALIGN, PART, SlotCache, flat_index, parts
 from vaswani.engine.request import Params, Request, Sequence
 
 
@@ -73,15 +73,36 @@ def test_a_fork_copies_the_parents_keys_but_not_past_the_length():
     assert_holds(c, rows[0], 1)
 
 
-def test_a_fork_that_holds_a_prefix_already_copies_from_its_aligned_start_only():
+def test_a_fork_that_holds_a_prefix_already_copies_from_its_start_only():
     c = cache()
     filled(c, 3, length=30)
-    c.fork([(2, 0, 2 * FORK_GROUP + 1, 30), (1, 0, 0, 0)])  # a fork of no keys: no copy
+    c.fork([(2, 0, 9, 30), (1, 0, 0, 0)])  # a fork of no keys: no copy
     for layer in range(c.n_layers):
-        k = c.k[layer]
-        assert torch.all(k[2, :, :2 * FORK_GROUP] == 3 * 10 ** layer)  # held: not copied
-        assert torch.all(k[2, :, 2 * FORK_GROUP:30] == 10 ** layer)  # from the aligned start
-        assert torch.all(k[2, :, 30:] == 0) and torch.all(k[1, :, :30] == 2 * 10 ** layer)
+        for t in (c.k, c.v):
+            k = t[layer]
+            assert torch.all(k[2, :, :9] == 3 * 10 ** layer)  # held: not copied
+            assert torch.all(k[2, :, 9:30] == 10 ** layer)  # from its start
+            assert torch.all(k[2, :, 30:] == 0) and torch.all(k[1, :, :30] == 2 * 10 ** layer)
+
+
+def test_many_forks_at_once_copy_each_its_own_columns_in_place():
+    """Forks of unlike starts and lengths in one call, a slot both a fork's parent and
+    another's target: each target's columns start .. length - 1 are its parent's as they
+    were before the call, head by head and column by column; nothing else changes."""
+    c = cache()
+    filled(c, 5, length=30)
+    for layer in range(c.n_layers):  # every number its own
+        for i, t in enumerate((c.k, c.v)):
+            t[layer].copy_(torch.arange(t[layer].numel()).view_as(t[layer]) * (i + 1 + layer))
+    before = [[t.clone() for t in ts] for ts in (c.k, c.v)]
+    forks = [(2, 0, 3, 17), (4, 2, 0, 9), (1, 3, 12, 13), (3, 0, 5, 5)]
+    c.fork(forks)
+    for ts, old in zip((c.k, c.v), before, strict=True):
+        for t, was in zip(ts, old, strict=True):
+            want = was.clone()
+            for target, parent, start, length in forks:
+                want[target, :, start:length] = was[parent, :, start:length]
+            assert torch.equal(t, want)
 
 
 def test_widening_keeps_every_rows_keys_and_holds_fewer_slots():

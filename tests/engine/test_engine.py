@@ -123,11 +123,10 @@ def test_beam_forks_copy_only_what_their_slot_lacks_and_decode_as_full_copies(mo
 
     mt = model("encoder-decoder")
     sources = [s + [EOS] for s in prompts(8, seed=6, low=6)]
-    copied = []
-    copy = SlotCache._copy
-    monkeypatch.setattr(SlotCache, "_copy", lambda self, pairs, to, of, length, start=0: (
-        copied.append(len(to) * (length - start)) if pairs[0] is self.k else None,
-        copy(self, pairs, to, of, length, start))[1])
+    copied = []  # columns copied into forks' slots
+    fork = SlotCache.fork
+    monkeypatch.setattr(SlotCache, "fork", lambda self, forks: (
+        copied.append(sum(max(0, n - start) for *_, start, n in forks)), fork(self, forks))[1])
 
     def run(recomputed):
         copied.clear()
