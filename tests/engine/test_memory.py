@@ -66,3 +66,28 @@ def test_an_engine_on_a_cpu_pins_them():
     out = subprocess.run([sys.executable, "-c", script], env=clean_env(), capture_output=True,
                          text=True, check=True, timeout=120).stdout.strip()
     assert out == str(run("pin")[0] == "True")  # pinned wherever pinning is possible
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_an_offline_run_steps_with_the_cyclic_collector_paused_then_as_it_was(enabled):
+    import gc
+
+    import torch
+
+    from vaswani import ModelConfig, build_model
+    from vaswani.engine import Engine
+    from vaswani.engine.request import Params, Request
+
+    config = ModelConfig(arch="decoder", vocab_size=11, d_model=8, n_heads=2, d_ff=16,
+                         n_layers=1, max_len=16)
+    torch.manual_seed(0)
+    engine = Engine(build_model(config).eval(), bos_id=1, eos_id=2)
+    seen = []
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        engine.run([Request([3, 4, 5], Params(max_new_tokens=4, temperature=0))],
+                   progress=lambda n: seen.append(gc.isenabled()))
+        assert seen == [False] and gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

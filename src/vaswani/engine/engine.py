@@ -31,7 +31,7 @@ from ..models import EncoderDecoder
 from . import beam
 from .cache import SlotCache
 from .graphs import StaticDecoder
-from .memory import keep_freed_memory
+from .memory import collector_paused, keep_freed_memory
 from .request import Params, Request, Sequence, Status
 from .runner import Runner
 from .scheduler import Scheduler
@@ -193,10 +193,11 @@ class Engine:
         how many finished in each step."""
         for request in requests:
             self.submit(request)
-        while any(r.status is not Status.FINISHED for r in requests):
-            done = self.step()
-            if progress is not None and done:
-                progress(len(done))
+        with collector_paused():  # memory.py
+            while any(r.status is not Status.FINISHED for r in requests):
+                done = self.step()
+                if progress is not None and done:
+                    progress(len(done))
 
     # --- tokens out -------------------------------------------------------------------------
     def _advance(self, rows: list[tuple[Request, Sequence]], logits: Tensor, at: list[int],
