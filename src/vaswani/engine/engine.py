@@ -176,7 +176,7 @@ class Engine:
             due = []
             for i, (_, seq, n) in enumerate(group):
                 seq.cached += n
-                if not seq.uncached():  # the whole context is in: its next token is due
+                if not seq.pending:  # the whole context is in: its next token is due
                     due.append(i)
             if due:
                 self._advance([group[i][:2] for i in due], logits, due, finished)

@@ -68,6 +68,11 @@ class Sequence:
         """The context tokens whose keys and values the cache still lacks."""
         return self.tokens[self.offset + self.cached:]
 
+    @property
+    def pending(self) -> int:
+        """How many context tokens the cache still lacks (``len(uncached())``, no copy)."""
+        return len(self.tokens) - self.offset - self.cached
+
 
 class Request:
     """One prompt (or source) and everything the engine knows of it."""

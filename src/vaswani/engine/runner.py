@@ -61,7 +61,7 @@ class Runner:
         scratch = self.cache.width - 1
         ids, positions, columns = [self.pad_id] * n, [0] * n, [scratch] * n
         for _, seq in rows:
-            ids[seq.slot] = seq.uncached()[0]
+            ids[seq.slot] = seq.tokens[-1]  # its one uncached token
             positions[seq.slot] = columns[seq.slot] = seq.cached
         width = max(positions) + 1
         # rows of unlike contexts (admitted at different times, or prompts of unlike

@@ -121,7 +121,7 @@ class Scheduler:
         within the budget; returns the budget left."""
         for seq in request.sequences:
             n = self._to_prefill(request, seq, budget)
-            if len(seq.uncached()) == 1:
+            if seq.pending == 1:
                 plan.decode.append((request, seq))
             elif n:
                 plan.prefill.append((request, seq, n))
@@ -133,7 +133,7 @@ class Scheduler:
         """How many of a row's uncached tokens to prefill now (0 when one is left: that one
         is decoded). A beam search's rows stop one short, so that they are all decoded, and
         searched, in the same step."""
-        n = len(seq.uncached())
+        n = seq.pending
         if n <= 1:
             return 0
         return min(n - 1 if request.beam is not None else n, budget)
