@@ -35,6 +35,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .memory import zeros_in_huge_pages
+
 ALIGN = 16  # slot widths are multiples of this many tokens
 PART = 32  # rows (source slots) per part of a decoding step's attention (parts)
 
@@ -149,8 +151,8 @@ class SlotCache:
         def remake(old: list[Tensor], w: int, used: int, keep: int) -> list[Tensor]:
             out = []
             for i in range(self.n_layers):
-                new = torch.zeros(rows, self.shape[0], w, self.shape[1], dtype=self.dtype,
-                                  device=self.device)
+                new = zeros_in_huge_pages((rows, self.shape[0], w, self.shape[1]),
+                                          self.dtype, self.device)  # memory.py
                 if old:
                     new[:used, :, :keep] = old[i][:used, :, :keep]
                     old[i] = None  # one layer's old tensor alive at a time
@@ -227,9 +229,8 @@ class SlotCache:
         """For each ``(target, parent, start, length)`` of ``forks`` (a beam search's
         hypotheses that fork; they share their source), slot ``target`` gets columns
         ``start .. length - 1`` of slot ``parent``: it holds the first ``start`` already.
-        Every fork's columns in one gather and one write per tensor, as rows of Dh numbers
-        (:func:`flat_index`): 0.55-0.65x the time of copying slot slices, forks of like
-        start together (beam 4 on the bible-en-es preset and the demo, 2-core Xeon)."""
+        All in one gather and one write per tensor, as rows of Dh numbers (flat_index):
+        0.55-0.65x the time of slot slices copied by like starts (beam 4, 2-core Xeon)."""
         forks = [f for f in forks if f[3] > f[2]]
         if not forks:
             return
@@ -248,8 +249,7 @@ class SlotCache:
 
     def _copy(self, pairs: list[list[Tensor]], targets, sources, length: int) -> None:
         """Slots ``targets`` of the tensors ``pairs`` (keys, values) get the first ``length``
-        columns of slots ``sources`` (what a slot holds past its row's context, or its
-        source's length, is never attended to)."""
+        columns of slots ``sources`` (past a row's context or source: never attended to)."""
         to = torch.tensor(targets, device=self.device)
         of = torch.tensor(sources, device=self.device)
         for tensors in pairs:  # the sources gathered first, then written: slots may be both

@@ -1,5 +1,5 @@
-"""Keeping freed memory for the engine's next step (Linux with glibc), and the cyclic
-garbage collector out of an offline run.
+"""Keeping freed memory for the engine's next step (Linux with glibc), the cache in huge
+pages, and the cyclic garbage collector out of an offline run.
 
 A decode step allocates its activations afresh and frees them before the next: the logits
 alone are rows x vocabulary (8 MB for a beam-4 step of 64 sentences and an 8,000-token
@@ -15,6 +15,14 @@ blocks up to 32 MiB come from the heap and up to 64 MiB of free heap stays with 
 for reuse. It changes the whole process's allocator, so the engine calls it on a CPU only,
 and never where the operator has set glibc's own variables.
 
+:func:`zeros_in_huge_pages`: the key/value cache's tensors (cache.py) in memory the kernel
+backs with 2 MiB pages where it can (transparent huge pages, asked for with ``madvise``; the
+kernel's default "madvise" mode gives them only to memory that asks). A decode step writes
+each row's new keys at its own place in every layer's cache, hundreds of 256-byte writes
+each on a 4 KiB page of its own, and the processor's TLB cannot hold that many pages: 1,200
+such writes into 600 MB of caches took 241 us with 4 KiB pages and 112 us with 2 MiB ones
+(with other memory read between steps, as a decode step does; 2-core Xeon).
+
 :func:`collector_paused`: Python's cyclic garbage collector paused while an offline run
 (``Engine.run``) steps. A beam search makes and drops many small objects (hypotheses, token
 lists), and every so many the collector walks every object the process holds (some 290,000
@@ -29,13 +37,19 @@ import contextlib
 import ctypes
 import ctypes.util
 import gc
+import math
 import os
 import sys
+
+import torch
+from torch import Tensor
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 MMAP_THRESHOLD = 32 << 20  # glibc's largest (4 Mi x sizeof(long) on 64-bit)
 TRIM_THRESHOLD = 64 << 20
 OPERATOR_SET = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+HUGE_PAGE = 2 << 20  # the transparent huge page of x86-64 (and of aarch64 with 4 KiB pages)
+MADV_HUGEPAGE = 14  # Linux's mman.h
 
 _pinned: bool | None = None  # once per process
 
@@ -51,13 +65,19 @@ def keep_freed_memory() -> bool:
     return _pinned
 
 
-def _pin() -> bool:
-    if not sys.platform.startswith("linux") or any(v in os.environ for v in OPERATOR_SET):
-        return False
+def _libc(name: str):
+    """The C library's function ``name`` on Linux; None elsewhere or where it lacks it."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):  # e.g. musl has no mallopt
+        return None
+
+
+def _pin() -> bool:
+    mallopt = _libc("mallopt")
+    if mallopt is None or any(v in os.environ for v in OPERATOR_SET):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
@@ -74,3 +94,22 @@ def collector_paused():
     finally:
         if enabled:
             gc.enable()
+
+
+def zeros_in_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+                        ) -> Tensor:
+    """``torch.zeros(shape)``, on a CPU under Linux in memory asked to be backed by huge
+    pages: a view, aligned to ``HUGE_PAGE``, of a slightly larger tensor, advised before the
+    first write faults its pages in (a block the heap hands back already in use keeps its
+    pages until the kernel merges them). Other devices, systems and tensors under a huge
+    page: plain ``torch.zeros``."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    madvise = _libc("madvise") if device.type == "cpu" and nbytes >= HUGE_PAGE else None
+    if madvise is None:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
+    start = -raw.data_ptr() % HUGE_PAGE
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    madvise(raw.data_ptr() + start, nbytes, MADV_HUGEPAGE)  # a refusal: 4 KiB pages, as ever
+    return raw[start:start + nbytes].view(dtype).view(shape).zero_()
