@@ -5,6 +5,7 @@ CTranslate2 on the same exported model.
     python -m benchmarks.offline --linear [--json OUT.json]
     python -m benchmarks.offline --burst [--json OUT.json]
     python -m benchmarks.offline --attention [--json OUT.json]
+    python -m benchmarks.offline --cache-writes [--json OUT.json]
 
 1. A decode step: 32 prompts of 5-60 tokens continued by 64 tokens, greedy, by the engine and
    by generation/decode.py ``generate_batch`` (the left-padded batch with a concatenating KV
@@ -31,6 +32,12 @@ pass, alternating, four rounds; outputs compared.
 nn/attention.py's ``auto`` makes on a CPU; and the written-out path's lean form under
 inference, ``decoding_attention``) for four shapes: many rows over short keys, a beam
 search's grouped queries, one row, and rows over long keys.
+
+``--cache-writes`` only times a decode step's cache writes (engine/cache.py ``SlotKV.append``:
+300 rows x 4 heads, each at its own column, into 8 tensors of 576 slots, as the
+shakespeare-char row's four layers hold them), 120 MB read between steps as a step's other
+work does, into tensors in 4 KiB pages (``torch.zeros``) and in huge pages
+(engine/memory.py ``zeros_in_huge_pages``, what the cache uses), alternating.
 
 ``--profile [lm|translate|beam]`` runs only torch.profiler over the LM row (300 prompts),
 greedy translation or beam-4 translation (300 sentences; ``--profile-run RUN_DIR``: that
@@ -313,6 +320,48 @@ def decode_attention(shapes=ATTENTION_SHAPES, heads: int = 4, repeats: int = 5,
     return out
 
 
+def cache_writes(rounds: int = 4, steps: int = 40, tensors: int = 8, slots: int = 576,
+                 rows: int = 300, heads: int = 4, width: int = 128, dh: int = 64,
+                 between: int = 30_000_000) -> dict:
+    """Microseconds per write of one step's keys into one cache tensor, best round, in 4 KiB
+    pages and in huge pages (``between`` numbers read between steps); the huge pages the
+    kernel gave (AnonHugePages, kB); whether both ways wrote the same numbers."""
+    import re
+
+    from vaswani.engine.cache import flat_index
+    from vaswani.engine.memory import zeros_in_huge_pages
+
+    shape, cpu = (slots, heads, width, dh), torch.device("cpu")
+    ways = {"4 KiB pages": lambda: torch.zeros(shape),
+            "huge pages": lambda: zeros_in_huge_pages(shape, torch.float32, cpu)}
+    keys, other = torch.randn(rows * heads, dh), torch.randn(between)
+    starts = torch.randint(0, width - steps, (rows,), generator=torch.Generator().manual_seed(0))
+    best = dict.fromkeys(ways, float("inf"))
+    huge_kb, written = {}, {}
+    for _ in range(rounds):
+        for way, make in ways.items():
+            caches = [make().view(-1, dh) for _ in range(tensors)]
+            spent = 0.0
+            for step in range(steps):
+                index = flat_index(torch.arange(rows), (starts + step)[:, None], heads,
+                                   width).view(-1)
+                other.sum()  # the rest of a step: other memory through the caches
+                start = time.perf_counter()
+                for cache in caches:
+                    cache.index_copy_(0, index, keys)
+                spent += time.perf_counter() - start
+            best[way] = min(best[way], spent / (steps * tensors))
+            written[way] = [float(c.sum()) for c in caches]
+            smaps = Path("/proc/self/smaps_rollup")
+            if smaps.exists():
+                huge_kb[way] = int(re.search(r"AnonHugePages:\s+(\d+)", smaps.read_text())[1])
+            del caches
+    return {"us_per_write": {way: round(t * 1e6, 1) for way, t in best.items()},
+            "four_k_over_huge": round(best["4 KiB pages"] / best["huge pages"], 2),
+            "anon_huge_pages_kb_while_held": huge_kb,
+            "same_writes": written["4 KiB pages"] == written["huge pages"]}
+
+
 def prefill_burst(rounds: int = 4, n: int = 14, d_model: int = 256, layers: int = 4) -> dict:
     """The first step of an engine given ``n`` prompts of random lengths at once, its prefill
     rows grouped by length (``prefill_groups``) or all in one pass; milliseconds per round."""
@@ -376,7 +425,18 @@ def main() -> None:
                         help="only time a burst's prefill step, rows grouped or in one pass")
     parser.add_argument("--attention", action="store_true",
                         help="only time a decoding step's attention, SDPA or written out")
+    parser.add_argument("--cache-writes", action="store_true",
+                        help="only time a decode step's cache writes, 4 KiB or huge pages")
     args = parser.parse_args()
+    if args.cache_writes:
+        timed = cache_writes()
+        report("A decode step's cache writes (1,200 rows of 64 numbers, one tensor)",
+               [*((way, f"{us} us") for way, us in timed["us_per_write"].items()),
+                ("4 KiB / huge", f"{timed['four_k_over_huge']}x"),
+                ("huge pages the kernel gave (kB)", str(timed["anon_huge_pages_kb_while_held"])),
+                ("the same numbers written", str(timed["same_writes"]))],
+               {"cache_writes": timed}, args.json)
+        return
     if args.attention:
         timed = decode_attention()
         report("A decoding step's attention (fp32): written out / SDPA, and "

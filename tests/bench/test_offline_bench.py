@@ -68,3 +68,11 @@ def test_a_trained_translators_own_test_sentences_can_be_profiled(copy_run, tmp_
     assert abs(sum(profiled["shares"].values()) - 1) < 0.01 and profiled["seconds"] > 0
     with pytest.raises(ValueError, match="--profile-run takes a translator"):
         offline.profile_row(tmp_path, "lm", n=8, run_dir=str(copy_run[0]))
+
+
+def test_a_steps_cache_writes_are_timed_in_both_kinds_of_page_with_the_same_numbers():
+    timed = offline.cache_writes(rounds=1, steps=3, tensors=2, slots=8, rows=6, heads=2,
+                                 width=16, dh=8, between=1000)
+    assert set(timed["us_per_write"]) == {"4 KiB pages", "huge pages"}
+    assert all(us > 0 for us in timed["us_per_write"].values())
+    assert timed["four_k_over_huge"] > 0 and timed["same_writes"] is True
