@@ -178,8 +178,8 @@ def test_fine_tuning_smollm2_sharded_on_two_processes(smollm, tmp_path):
     import sys
 
     from tests import processes
+    from tests.processes import free_port
     from tests.training.fixtures import config
-    from tests.training.test_trainer import free_port
 
     _, base = smollm
     text = tmp_path / "story.txt"

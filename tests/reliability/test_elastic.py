@@ -15,9 +15,9 @@ import torch
 from safetensors.torch import load_file
 
 from tests import processes
+from tests.processes import free_port
 from tests.training import fixtures
 from tests.training.fixtures import reverse_task
-from tests.training.test_trainer import free_port
 from vaswani import rundir
 
 STEPS, SAVE_EVERY, EVAL_EVERY = 24, 4, 5

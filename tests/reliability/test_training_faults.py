@@ -18,9 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.processes import alive, descendants, kill_tree, wait_gone
+from tests.processes import alive, descendants, free_port, kill_tree, wait_gone
 from tests.training.fixtures import config, reverse_task
-from tests.training.test_trainer import free_port
 from vaswani import atomic, checkpoint, rundir
 from vaswani.cli import main
 from vaswani.training.train import Launch, train

@@ -1,7 +1,6 @@
 """Runs to serve (one of each kind) and servers: FastAPI's test client, and a real uvicorn
 server on 127.0.0.1 (a free port, started and stopped by the fixture)."""
 
-import socket
 import threading
 import time
 
@@ -9,6 +8,7 @@ import pytest
 
 import vaswani
 from tests import conftest
+from tests.processes import free_port
 from tests.reliability.checkpoints import CHATML, bert_folder, llama_gguf
 
 pytest.importorskip("fastapi", reason="vaswani[serve] is not installed")
@@ -37,12 +37,6 @@ def client(served):
 
     with TestClient(create_app(served), base_url="http://127.0.0.1") as c:
         yield c
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LiveServer:

@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 from torch.testing import assert_close
 
 from tests import processes
+from tests.processes import free_port
 from tests.training.fixtures import classification_file, config, reverse_task
-from tests.training.test_trainer import free_port, losses
+from tests.training.test_trainer import losses
 from vaswani.training.train import Launch, train
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -143,12 +142,6 @@ def test_resume_refuses_other_data_and_missing_checkpoints(tmp_path):
         train(str(cfg), [], out=str(run))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_ddp_processes_equal_one_process_on_the_combined_batch(tmp_path):
     data = reverse_task(tmp_path / "pairs.tsv")
     cfg = config(tmp_path / "c.toml", "encoder-decoder", data,
@@ -159,7 +152,7 @@ def test_two_ddp_processes_equal_one_process_on_the_combined_batch(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr
     ddp = processes.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                         "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+                         "--master_addr=127.0.0.1", f"--master_port={processes.free_port()}",
                          "-m", "vaswani", "train", str(cfg), "--out", str(tmp_path / "two"),
                          "--no-progress"], env=env, timeout=300)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
