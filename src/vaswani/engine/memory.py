@@ -19,9 +19,10 @@ and never where the operator has set glibc's own variables.
 backs with 2 MiB pages where it can (transparent huge pages, asked for with ``madvise``; the
 kernel's default "madvise" mode gives them only to memory that asks). A decode step writes
 each row's new keys at its own place in every layer's cache, hundreds of 256-byte writes
-each on a 4 KiB page of its own, and the processor's TLB cannot hold that many pages: 1,200
-such writes into 600 MB of caches took 241 us with 4 KiB pages and 112 us with 2 MiB ones
-(with other memory read between steps, as a decode step does; 2-core Xeon).
+each on a 4 KiB page of its own, and the processor's TLB cannot hold that many pages: a
+step's 1,200 such writes into one of 8 caches of 75 MB took 311 us in 4 KiB pages and 145 us
+in huge pages, with other memory read between steps as a decode step does (``python -m
+benchmarks.offline --cache-writes``; 2-vCPU Xeon, 2026-11-26).
 
 :func:`collector_paused`: Python's cyclic garbage collector paused while an offline run
 (``Engine.run``) steps. A beam search makes and drops many small objects (hypotheses, token
@@ -36,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import gc
 import math
 import os
@@ -65,6 +67,7 @@ def keep_freed_memory() -> bool:
     return _pinned
 
 
+@functools.cache  # finding the library runs ldconfig: 1.6 ms, once per process
 def _libc(name: str):
     """The C library's function ``name`` on Linux; None elsewhere or where it lacks it."""
     if not sys.platform.startswith("linux"):
