@@ -442,6 +442,32 @@ def test_sources_of_unlike_lengths_are_encoded_apart_and_translate_as_alone():
                                          max_len_b=6)[0]
 
 
+def test_many_sources_are_encoded_in_passes_within_max_step_tokens():
+    """A step that admits 20 sources of 9-12 tokens encodes them in passes of at most
+    ``max_step_tokens`` padded positions (one pass of all 240 would make activations many
+    times a pass's), a source longer than that alone, and each translation is its reference
+    decoder's."""
+    mt = model("encoder-decoder", max_len=64)
+    eng = engine(mt, max_rows=32, max_step_tokens=48)
+    passes = []
+    encode = eng.runner.encode
+    eng.runner.encode = lambda group: passes.append([len(r.prompt) for r in group]) or \
+        encode(group)
+    rng = random.Random(5)
+    sources = [[rng.randint(3, 22) for _ in range(rng.randint(8, 11))] + [EOS]
+               for _ in range(20)] + [[7] * 59 + [EOS]]
+    requests = [Request(s, Params(max_new_tokens=0), start=[BOS], history_start=1, limit=5)
+                for s in sources]
+    eng.run(requests)
+    assert sorted(n for p in passes for n in p) == sorted(map(len, sources))
+    assert all(len(p) * max(p) <= 48 for p in passes if p != [60]) and [60] in passes
+    assert len(passes) >= 240 // 48 + 1
+    for s, r in zip(sources, requests, strict=True):
+        src = torch.tensor([s], device=DEVICE)
+        assert r.output == greedy_decode(mt, src, bos_id=BOS, eos_id=EOS, max_len_a=0,
+                                         max_len_b=5)[0]
+
+
 def test_a_step_over_short_and_long_sources_reads_them_in_parts_and_decodes_as_alone():
     """Many sources of 2-4 and of 50-60 tokens decoded together (greedy, and beam searches
     whose rows share their source): the step's cross-attention runs in parts, each reading
