@@ -25,7 +25,6 @@ import os
 import random
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests/reliability/checkpoints.py writes the tiny checkpoints
+from tests.reliability import cases as shared  # noqa: E402  (bad inputs the tests try too)
+
 CASES: list[tuple[str, str, str, object]] = []  # (id, group, description, function)
 
 
@@ -279,24 +280,25 @@ def probe_unknown_key(p):
     return _train_with(p, "train.lrr=1")
 
 
-for _name, _set in [("device_foo", "train.device=foo"), ("lr_inf", "train.lr=inf"),
-                    ("lr_nan", "train.lr=nan"), ("beta1_2", "train.beta1=2"),
-                    ("weight_decay_negative", "train.weight_decay=-1"),
-                    ("min_lr_above_lr", "train.min_lr=1"), ("max_len_1", "model.max_len=1"),
-                    ("temperature_nan", "decode.temperature=nan"),
-                    ("length_penalty_nan", "decode.length_penalty=nan"),
-                    ("valid_fraction_0", "data.valid_fraction=0"),
-                    ("best_metric_wrong_task", "train.best_metric=accuracy"),
-                    ("d_model_not_divisible", "model.d_model=30")]:
-    def _probe(p, _set=_set):
-        return _train_with(p, _set)
-    _probe.__name__ = f"probe_{_name}"
-    case("config", f"`--set {_set}`")(_probe)
+def _refused_training(id: str, group: str, description: str) -> None:
+    """A case of tests/reliability/cases.py ``TRAINING`` as a row: refused with its message,
+    its --out never made."""
+    _, args, message = next(c for c in shared.TRAINING if c[0] == id)
+
+    def _probe(p):
+        out = p.work / f"never-{id}"
+        r = p.cli("train", p.config("encoder-decoder"), "--out", out,
+                  *(a.format(dir=p.work) for a in args))
+        return expect_error(r, untouched=out, must_say=message)
+    _probe.__name__ = "probe_" + id.replace("-", "_")
+    case(group, description)(_probe)
 
 
-@case("config", "`metric_examples=0` with a metric `best_metric` (bleu)")
-def probe_metric_examples_0(p):
-    return _train_with(p, "train.best_metric=bleu", "train.metric_examples=0")
+for _id, _args, _ in shared.TRAINING:
+    if _id not in ("metric-examples-0", "data-is-a-directory"):
+        _refused_training(_id, "config", f"`{' '.join(_args)}`")
+_refused_training("metric-examples-0", "config",
+                  "`metric_examples=0` with a metric `best_metric` (bleu)")
 
 
 @case("config", "`block_size` longer than `max_len` (language model)")
@@ -304,9 +306,7 @@ def probe_block_size_too_long(p):
     return _train_with(p, "data.block_size=64", arch="decoder")
 
 
-@case("data", "a data path that is a directory")
-def probe_data_is_a_directory(p):
-    return _train_with(p, f"data.train={p.work}", must_say="directory")
+_refused_training("data-is-a-directory", "data", "a data path that is a directory")
 
 
 @case("data", "a data file that does not exist")
@@ -744,40 +744,41 @@ def probe_kill_during_import(p):
 
 # --- using a run -------------------------------------------------------------------------------
 
-def _use(p: Probe, arch: str, *args: str, stdin: str | bytes = "abc\n") -> tuple[str, str]:
+def _use(p: Probe, arch: str, *args: str, stdin: str | bytes = "abc\n",
+         must_say: str = "") -> tuple[str, str]:
     run = p.run(arch)
-    return expect_error(p.cli(args[0], run, *args[1:], stdin=stdin))
+    return expect_error(p.cli(args[0], run, *args[1:], stdin=stdin), must_say=must_say)
 
 
-for _name, _arch, _args in [
-        ("beam_0", "encoder-decoder", ("translate", "--beam", "0")),
-        ("beam_huge", "encoder-decoder", ("translate", "--beam", "100000")),
-        ("n_best_above_beam", "encoder-decoder", ("translate", "--beam", "2", "--n-best", "3")),
-        ("length_penalty_nan_flag", "encoder-decoder", ("translate", "--length-penalty", "nan")),
-        ("top_p_1_5", "decoder", ("generate", "--prompt", "to", "--top-p", "1.5")),
-        ("temperature_negative", "decoder", ("generate", "--prompt", "to", "--temperature", "-1")),
-        ("max_new_tokens_0", "decoder", ("generate", "--prompt", "to", "--max-new-tokens", "0")),
-        ("max_new_tokens_huge", "decoder", ("generate", "--prompt", "to", "--max-new-tokens",
-                                            "1000000000")),
-        ("translate_a_language_model", "decoder", ("translate",)),
-        ("generate_with_a_translator", "encoder-decoder", ("generate", "--prompt", "a")),
-        ("classify_with_a_language_model", "decoder", ("classify",)),
-        ("embed_with_a_translator", "encoder-decoder", ("embed",)),
-        ("device_cuda_on_cpu_pytorch", "encoder-decoder", ("translate", "--device", "cuda")),
-        ("device_foo_flag", "encoder-decoder", ("translate", "--device", "foo")),
-        ("input_missing", "encoder-decoder", ("translate", "--input", "/nope.txt")),
-        ("evaluate_data_is_a_directory", "encoder-decoder", ("evaluate", "--data", "/tmp")),
-        ("evaluate_split_without_files", "encoder-decoder", ("evaluate", "--split", "test")),
-        ("attention_head_out_of_range", "encoder-decoder", ("attention", "--text", "ab",
-                                                            "--out", "/tmp/a.png", "--head", "9")),
-        ("attention_layer_out_of_range", "encoder-decoder",
-         ("attention", "--text", "ab", "--out", "/tmp/a.png", "--layer", "7"))]:
-    def _probe(p, _arch=_arch, _args=_args):
-        return _use(p, _arch, *_args)
-    _probe.__name__ = f"probe_{_name}"
-    case("inference", "`vaswani " + " ".join(_args) + "`" +
-         (f" on a {_arch} run" if _name.startswith(("translate_a", "generate_with", "classify",
-                                                     "embed")) else ""))(_probe)
+def _refused_use(id: str, group: str, on_a_run: bool = False) -> None:
+    """A case of tests/reliability/cases.py ``INFERENCE`` as a row: refused with its
+    message."""
+    _, arch, args, message = next(c for c in shared.INFERENCE if c[0] == id)
+
+    def _probe(p):
+        return _use(p, arch, *args, must_say=message)
+    _probe.__name__ = "probe_" + id.replace("-", "_")
+    case(group, f"`vaswani {' '.join(args)}`" + (f" on a {arch} run" if on_a_run else ""))(
+        _probe)
+
+
+for _id in ("beam-0", "beam-huge", "n-best-above-beam", "length-penalty-nan-flag", "top-p-1-5",
+            "temperature-negative", "max-new-tokens-0", "max-new-tokens-huge"):
+    _refused_use(_id, "inference")
+for _id in ("translate-a-language-model", "generate-with-a-translator",
+            "classify-with-a-language-model", "embed-with-a-translator"):
+    _refused_use(_id, "inference", on_a_run=True)
+
+
+@case("inference", "`vaswani translate --device cuda`")
+def probe_device_cuda_on_cpu_pytorch(p):  # a refusal only where PyTorch sees no CUDA device
+    return _use(p, "encoder-decoder", "translate", "--device", "cuda")
+
+
+for _id in ("device-foo-flag", "input-missing", "evaluate-data-is-a-directory",
+            "evaluate-split-without-files", "attention-head-out-of-range",
+            "attention-layer-out-of-range"):
+    _refused_use(_id, "inference")
 
 
 @case("inference", "a translate input that is not UTF-8")
@@ -785,58 +786,23 @@ def probe_input_not_utf8(p):
     return _use(p, "encoder-decoder", "translate", stdin=b"abc\n\xff\xfe\n")
 
 
-def _damaged(p: Probe, damage) -> tuple[str, str]:
+def _damaged(p: Probe, damage, message: str) -> tuple[str, str]:
     run = p.run("encoder-decoder")
     damage(run)
-    return expect_error(p.cli("translate", run, stdin="abc\n"))
+    return expect_error(p.cli("translate", run, stdin="abc\n"), must_say=message)
 
 
-@case("inference", "a truncated model.safetensors")
-def probe_truncated_weights(p):
-    def damage(run):
-        w = run / "model.safetensors"
-        w.write_bytes(w.read_bytes()[:500])
-    return _damaged(p, damage)
-
-
-@case("inference", "a bit-flipped model.safetensors")
-def probe_bit_flipped_weights(p):
-    def damage(run):
-        w = run / "model.safetensors"
-        data = bytearray(w.read_bytes())
-        header = struct.unpack("<Q", data[:8])[0]
-        data[8 + header + 101] ^= 0x40
-        w.write_bytes(bytes(data))
-    return _damaged(p, damage)
-
-
-@case("inference", "a deleted tokenizer/")
-def probe_no_tokenizer(p):
-    return _damaged(p, lambda run: shutil.rmtree(run / "tokenizer"))
-
-
-@case("inference", "a damaged tokenizer file")
-def probe_damaged_tokenizer(p):
-    def damage(run):
-        f = run / "tokenizer" / "source.json"
-        f.write_text(f.read_text().replace('"a"', '"z"', 1))
-    return _damaged(p, damage)
-
-
-@case("inference", "config.toml edited to another d_model")
-def probe_config_other_d_model(p):
-    def damage(run):
-        f = run / "config.toml"
-        f.write_text(f.read_text().replace("d_model = 32", "d_model = 64"))
-    return _damaged(p, damage)
-
-
-@case("inference", "a run directory with no weights (no model, no last/)")
-def probe_no_weights(p):
-    def damage(run):
-        (run / "model.safetensors").unlink(missing_ok=True)
-        shutil.rmtree(run / "last")
-    return _damaged(p, damage)
+for _id, _description in [
+        ("truncated-weights", "a truncated model.safetensors"),
+        ("bit-flipped-weights", "a bit-flipped model.safetensors"),
+        ("no-tokenizer", "a deleted tokenizer/"), ("damaged-tokenizer", "a damaged tokenizer file"),
+        ("config-other-d-model", "config.toml edited to another d_model"),
+        ("no-weights", "a run directory with no weights (no model, no last/)")]:
+    def _probe(p, _id=_id):  # a case of tests/reliability/cases.py DAMAGE
+        _, damage, message = next(c for c in shared.DAMAGE if c[0] == _id)
+        return _damaged(p, damage, message)
+    _probe.__name__ = "probe_" + _id.replace("-", "_")
+    case("inference", _description)(_probe)
 
 
 @case("inference", "a missing run directory")
@@ -885,15 +851,14 @@ def expect_usage_error(r: Result) -> tuple[str, str]:
     return "wrong", r.describe()
 
 
-for _name, _arch, _args, _usage in [
-        ("device_meta", "encoder-decoder", ("translate", "--device", "meta"), False),
-        ("device_xpu", "encoder-decoder", ("translate", "--device", "xpu"), False),
-        ("embed_batch_size_0", "encoder", ("embed", "--batch-size", "0"), True)]:
-    def _probe(p, _arch=_arch, _args=_args, _usage=_usage):
-        r = p.cli(_args[0], p.run(_arch), *_args[1:], stdin="abc\n")
-        return expect_usage_error(r) if _usage else expect_error(r)
-    _probe.__name__ = f"probe_{_name}"
-    case("2: commands", "`vaswani " + " ".join(_args) + "`")(_probe)
+_refused_use("device-meta", "2: commands")
+_refused_use("device-xpu", "2: commands")
+
+
+@case("2: commands", "`vaswani embed --batch-size 0`")
+def probe_embed_batch_size_0(p):
+    return expect_usage_error(p.cli("embed", p.run("encoder"), "--batch-size", "0",
+                                    stdin="abc\n"))
 
 
 for _port in ("-1", "70000"):

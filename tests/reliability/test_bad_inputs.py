@@ -1,13 +1,14 @@
 """Bad inputs, as a new user or an adversary would give them: each is a one-line error (exit
-status 2, no traceback), and a bad training input touches no run directory."""
+status 2, no traceback), and a bad training input touches no run directory. The tables of
+cases.py are scripts/probe_reliability.py's too, which gives them to the command line."""
 
 import shutil
-import struct
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.reliability.cases import DAMAGE, INFERENCE, RUN_OF, TRAINING
 from tests.reliability.checkpoints import bert_folder, llama_gguf
 from tests.training.fixtures import config, reverse_task, text_file
 from vaswani.cli import main
@@ -37,45 +38,11 @@ def one_line_error(capsys, code: int = 2) -> str:
     return lines[-1]
 
 
-INFERENCE = [  # (id, family, arguments after RUN_DIR, expected in the message)
-    ("beam-0", "translation", ["translate", "--beam", "0"], "need beam (0) >= 1"),
-    ("beam-huge", "translation", ["translate", "--beam", "100000"], "at most 128"),
-    ("n-best>beam", "translation", ["translate", "--beam", "2", "--n-best", "3"],
-     "n_best (3) <= beam"),
-    ("length-penalty-nan", "translation", ["translate", "--length-penalty", "nan"],
-     "must be a finite number"),
-    ("top-p", "lm", ["generate", "--prompt", "to", "--top-p", "1.5"], "top_p (1.5)"),
-    ("temperature", "lm", ["generate", "--prompt", "to", "--temperature", "-1"],
-     "temperature (-1.0) >= 0"),
-    ("max-new-tokens-0", "lm", ["generate", "--prompt", "to", "--max-new-tokens", "0"],
-     "max_new_tokens (0) must be in [1, 100,000]"),
-    ("max-new-tokens-huge", "lm", ["generate", "--prompt", "to", "--max-new-tokens",
-                                   "1000000000"], "max_new_tokens (1000000000)"),
-    ("translate-a-lm", "lm", ["translate"], "translate needs a translation model"),
-    ("generate-a-translator", "translation", ["generate", "--prompt", "x"],
-     "generate needs a language model"),
-    ("classify-a-lm", "lm", ["classify"], "classify needs an encoder"),
-    ("embed-a-translator", "translation", ["embed"], "embed needs an encoder"),
-    ("head-out-of-range", "classifier", ["attention", "--text", "a", "--out", "a.png",
-                                         "--head", "9"], "head (9) must be in [0, 2)"),
-    ("device-foo", "translation", ["translate", "--device", "foo"], "device ('foo')"),
-    # torch knows these device types; vaswani runs on cpu, cuda and mps only
-    ("device-meta", "translation", ["translate", "--device", "meta"], "device ('meta') must be"),
-    ("device-xpu", "lm", ["generate", "--prompt", "to", "--device", "xpu"],
-     "device ('xpu') must be"),
-    ("input-missing", "translation", ["translate", "--input", "nope.txt"],
-     "input file not found"),
-    ("evaluate-data-is-a-directory", "translation", ["evaluate", "--data", "data"],
-     "is a directory, not a data file"),
-]
-
-
-@pytest.mark.parametrize("name, family, args, message", INFERENCE,
-                         ids=[c[0] for c in INFERENCE])
-def test_bad_inference_inputs(runs, capsys, monkeypatch, name, family, args, message):
+@pytest.mark.parametrize("name, arch, args, message", INFERENCE, ids=[c[0] for c in INFERENCE])
+def test_bad_inference_inputs(runs, capsys, monkeypatch, name, arch, args, message):
     monkeypatch.chdir(runs)
     monkeypatch.setattr("sys.stdin", __import__("io").StringIO("abc\n"))
-    assert main([args[0], family, *args[1:]]) == 2
+    assert main([args[0], RUN_OF[arch], *args[1:]]) == 2
     assert message in one_line_error(capsys)
 
 
@@ -121,39 +88,6 @@ def damaged_copy(runs: Path, tmp_path: Path, name: str, damage) -> Path:
     shutil.copytree(runs / name, run)
     damage(run)
     return run
-
-
-def flip_a_weight_bit(run: Path) -> None:
-    path = run / "model.safetensors"
-    data = bytearray(path.read_bytes())
-    header = struct.unpack("<Q", data[:8])[0]
-    data[8 + header + 17] ^= 0x04  # a bit inside the tensor data, not the header
-    path.write_bytes(bytes(data))
-
-
-def truncate_weights(run: Path) -> None:
-    path = run / "model.safetensors"
-    path.write_bytes(path.read_bytes()[:300])
-
-
-def other_d_model(run: Path) -> None:
-    path = run / "config.toml"
-    path.write_text(path.read_text().replace("d_model = 8", "d_model = 16"))
-
-
-def flip_a_tokenizer_byte(run: Path) -> None:
-    path = run / "tokenizer" / "source.json"
-    path.write_text(path.read_text().replace('"a"', '"q"', 1))
-
-
-DAMAGE = [
-    ("bit-flipped-weights", flip_a_weight_bit, "is damaged: its tensors do not match"),
-    ("truncated-weights", truncate_weights, "is damaged or not a safetensors file"),
-    ("no-tokenizer", lambda run: shutil.rmtree(run / "tokenizer"), "missing meta.json"),
-    ("damaged-tokenizer", flip_a_tokenizer_byte, "source.json is damaged"),
-    ("config-edited-to-another-d_model", other_d_model,
-     "does not match the model built from the config"),
-]
 
 
 @pytest.mark.parametrize("name, damage, message", DAMAGE, ids=[c[0] for c in DAMAGE])
@@ -247,27 +181,12 @@ def train_files(tmp_path):
     return cfg, tmp_path
 
 
-TRAINING = [  # (id, extra arguments, expected in the message)
-    ("lr-inf", ["--set", "train.lr=inf"], "lr (inf) must be a finite number"),
-    ("lr-nan", ["--set", "train.lr=nan"], "lr (nan) must be a finite number"),
-    ("beta1", ["--set", "train.beta1=2"], "beta1 (2.0) must be in [0, 1)"),
-    ("weight-decay", ["--set", "train.weight_decay=-1"], "weight_decay (-1.0) must be >= 0"),
-    ("min-lr>lr", ["--set", "train.min_lr=1"], "min_lr (1.0) must be in [0, lr"),
-    ("device", ["--set", "train.device=foo"], "device ('foo') must be"),
-    ("best-metric", ["--set", "train.best_metric=accuracy"], "best_metric ('accuracy')"),
-    ("no-metric-examples", ["--set", "train.best_metric=bleu",
-                            "--set", "train.metric_examples=0"],
-     "metric_examples (0) turns task metrics off"),
-    ("max-len-1", ["--set", "model.max_len=1"], "max_len (1) must be at least 2"),
-    ("valid-fraction-0", ["--set", "data.valid_fraction=0"], "leaves no validation data"),
-    ("temperature-nan", ["--set", "decode.temperature=nan"], "temperature (nan)"),
-    ("length-penalty-nan", ["--set", "decode.length_penalty=nan"], "length_penalty (nan)"),
-    ("data-is-a-directory", ["--set", "data.train={dir}"], "is a directory, not a data file"),
-    ("cache-is-a-file", ["--cache", "{cfg}"], "is a file, not a directory"),
-]
+TRAINING_HERE = [*TRAINING, ("cache-is-a-file", ["--cache", "{cfg}"],
+                                "is a file, not a directory")]
 
 
-@pytest.mark.parametrize("name, extra, message", TRAINING, ids=[c[0] for c in TRAINING])
+@pytest.mark.parametrize("name, extra, message", TRAINING_HERE,
+                         ids=[c[0] for c in TRAINING_HERE])
 def test_bad_training_inputs_touch_nothing(train_files, capsys, name, extra, message):
     cfg, tmp = train_files
     extra = [x.format(dir=tmp, cfg=cfg) for x in extra]
