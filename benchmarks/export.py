@@ -8,9 +8,9 @@ CTranslate2 fp32 and int8 (and ONNX Runtime, greedy, with ``--onnx``), greedy an
 Every engine runs in a process of its own, called as its own users call it (benchmarks/peers.py
 says how): vaswani's ``translate``; CTranslate2's one ``translate_batch`` over every sentence
 with its own sorting and batching (each of ``peers.CT2_BATCHINGS`` on each of its CPU backends,
-``peers.CT2_BACKENDS``, its fastest kept) and the
-options the export's README gives; ONNX Runtime's two graphs under a numpy greedy loop. The
-engines take turns, ``--rounds`` times, and each keeps its best time. The sentences are the
+``peers.CT2_BACKENDS``, tried once, its fastest kept) and the options the export's README
+gives; ONNX Runtime's two graphs under a numpy greedy loop. Then the engines take turns,
+``--rounds`` times, and each keeps its best time (peers.py ``race_at_best``). The sentences are the
 run's test split. ``--length-penalty`` (default 0) is given to every engine: with 0 vaswani's
 GNMT penalty and CTranslate2's are both the raw log-probability, so the outputs can agree, and
 one length cap (the model's ``max_len - 1``) is given to both for the same reason
@@ -25,7 +25,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from .peers import agreement, batchings, keep_fastest, race
+from .peers import agreement, batchings, race_at_best
 
 
 def main() -> None:
@@ -88,7 +88,7 @@ def main() -> None:
             jobs["ONNX Runtime fp32"] = {**common, "engine": "onnxruntime",
                                          "model": str(tmp / "onnx"), "options": {
                                              "max_len_a": 0.0, "max_len_b": cap}}
-        raced = keep_fastest(race(jobs, rounds=args.rounds))
+        raced = race_at_best(jobs, rounds=args.rounds)
         base, peer = raced["vaswani fp32"], raced["CTranslate2 fp32"]
         for name, r in raced.items():
             scores = bleu_chrf(r["outputs"], references)

@@ -64,7 +64,7 @@ from pathlib import Path
 import torch
 
 from .common import make_runs, report, sentence
-from .peers import agreement, batchings, keep_fastest, race
+from .peers import agreement, batchings, race_at_best
 
 
 def decode_step(quick: bool) -> dict:
@@ -111,8 +111,10 @@ def against_ct2(work: Path, n: int, threads: int, rounds: int = 2,
     on both sides: its effectively random weights run every output to the cap) and the
     language model (64 new tokens, greedy) against CTranslate2 on their exports, in float32
     and in int8 (vaswani's ``quantize="int8"``, CTranslate2's int8 export and compute type),
-    each engine in a process of its own (peers.py), alternating, best of ``rounds``; outputs
-    compared (int8 rounds differently in the two engines: their outputs may differ)."""
+    each engine in a process of its own (peers.py), CTranslate2 at its fastest batch setting
+    and backend (picked in a first round), then each engine best of ``rounds`` alternating
+    (peers.py ``race_at_best``); outputs compared (int8 rounds differently in the two
+    engines: their outputs may differ)."""
     from vaswani.export import export
 
     runs = make_runs(work)
@@ -132,7 +134,7 @@ def against_ct2(work: Path, n: int, threads: int, rounds: int = 2,
                   "compute_type": "int8" if quantize else "float32"}
         for beam in (1, 4):
             common = {"task": "translate", "inputs": sources}
-            out[f"translate {n} sentences, beam {beam}, {precision}"] = versus(race({
+            out[f"translate {n} sentences, beam {beam}, {precision}"] = versus(race_at_best({
                 "vaswani": {**common, **ours, "model": str(runs["translator"]),
                             "options": {"beam": beam, "length_penalty": 0.0,
                                         "max_len_a": 0.0, "max_len_b": CAP}},
@@ -141,7 +143,7 @@ def against_ct2(work: Path, n: int, threads: int, rounds: int = 2,
                     "options": {"beam_size": beam, "length_penalty": 0.0,
                                 "max_decoding_length": CAP}})}, rounds))
         common = {"task": "generate", "inputs": prompts}
-        out[f"generate {n} prompts, greedy, {precision}"] = versus(race({
+        out[f"generate {n} prompts, greedy, {precision}"] = versus(race_at_best({
             "vaswani": {**common, **ours, "model": str(runs["lm"]),
                         "options": {"max_new_tokens": 64, "temperature": 0}},
             **batchings("ctranslate2", {**common, **theirs, "model": str(folder / precision / "lm"),
@@ -153,7 +155,6 @@ CAP = 64  # tokens a translation may have at most, on both sides
 
 
 def versus(raced: dict) -> dict:
-    raced = keep_fastest(raced)
     ours, theirs = raced["vaswani"], raced["ctranslate2"]
     return {"per_s": {"vaswani": ours["per_s"], "ctranslate2": theirs["per_s"]},
             "rounds_s": {"vaswani": ours["rounds"], "ctranslate2": theirs["rounds"]},

@@ -115,6 +115,28 @@ def test_ctranslate2_is_raced_at_each_batch_setting_and_keeps_its_fastest(copy_c
     assert kept["vaswani"] == raced["vaswani"]
 
 
+def test_race_at_best_picks_a_setting_then_times_every_engine_as_often(monkeypatch):
+    """A group of settings runs once each, its fastest is kept, then it and the single jobs
+    alternate for as many rounds each: no contender's best is a best of more tries."""
+    seconds = {"v": 2.0, "ct2 [a]": 3.0, "ct2 [b]": 1.0, "ct2 [c]": 4.0}
+    calls = []
+
+    def child(job):
+        calls.append(job["key"])
+        return {"outputs": ["x"], "seconds": seconds[job["key"]] + 0.1 * len(calls),
+                "settings": {"key": job["key"]}, "started": len(calls)}
+
+    monkeypatch.setattr(peers, "run_child", child)
+    raced = peers.race_at_best({key: {"key": key} for key in seconds}, rounds=3)
+    assert calls == ["ct2 [a]", "ct2 [b]", "ct2 [c]", *["v", "ct2 [b]"] * 3]
+    assert set(raced) == {"v", "ct2"}
+    assert len(raced["v"]["rounds"]) == len(raced["ct2"]["rounds"]) == 3
+    assert raced["ct2"]["setting"] == "b" and raced["ct2"]["settings"] == {"key": "ct2 [b]"}
+    assert raced["ct2"]["seconds"] == min(raced["ct2"]["rounds"]) == 1.0 + 0.1 * 5
+    assert raced["ct2"]["tried"] == {"a": round(1 / 3.1, 1), "b": round(1 / 1.2, 1),
+                                     "c": round(1 / 4.3, 1)}
+
+
 def test_short_passes_repeat_and_the_best_is_kept(monkeypatch):
     """A pass shorter than the timed budget repeats (up to MAX_PASSES); the best is kept."""
     calls, slow = [], iter([0.06, 0.01, 0.04, 0.04, 0.04])
