@@ -468,6 +468,45 @@ def test_many_sources_are_encoded_in_passes_within_max_step_tokens():
                                          max_len_b=5)[0]
 
 
+def test_an_offline_run_admits_new_requests_in_groups_and_translates_as_alone():
+    """Engine.run over more requests than rows: once the first rows are running, the waiting
+    ones join only when an eighth of the rows are free, a group at a time (one encoder pass
+    for the group, not one per row that finishes), and every output is its reference's; an
+    engine stepped by hand (a server's) admits each as soon as a row is free."""
+    mt = model("encoder-decoder", max_len=64)
+    rng = random.Random(7)
+    sources = [[rng.randint(3, 22) for _ in range(rng.randint(2, 9))] + [EOS]
+               for _ in range(60)]
+
+    def requests():
+        return [Request(s, Params(max_new_tokens=0), start=[BOS], history_start=1,
+                        limit=2 + i % 29) for i, s in enumerate(sources)]
+
+    def admitted(eng):  # requests admitted, per step that admits any
+        counts = []
+        plan = eng.scheduler.plan
+        eng.scheduler.plan = lambda: (p := plan()).encode and counts.append(len(p.encode)) or p
+        return counts
+
+    eng = engine(mt, max_rows=32)  # an offline run gathers 32 // 8 = 4 rows
+    counts, offline = admitted(eng), requests()
+    eng.run(offline)
+    assert sum(counts) == 60 and counts[0] == 32 and eng.scheduler.gather == 0  # put back
+    assert min(counts[1:-1]) >= 4, counts
+    for s, r in zip(sources, offline, strict=True):
+        src = torch.tensor([s], device=DEVICE)
+        assert r.output == greedy_decode(mt, src, bos_id=BOS, eos_id=EOS, max_len_a=0,
+                                         max_len_b=r.limit)[0]
+    eng = engine(mt, max_rows=32)
+    counts, served = admitted(eng), requests()
+    for r in served:
+        eng.submit(r)
+    while eng.busy:
+        eng.step()
+    assert min(counts[1:]) < 4, counts
+    assert [r.output for r in served] == [r.output for r in offline]
+
+
 def test_a_step_over_short_and_long_sources_reads_them_in_parts_and_decodes_as_alone():
     """Many sources of 2-4 and of 50-60 tokens decoded together (greedy, and beam searches
     whose rows share their source): the step's cross-attention runs in parts, each reading

@@ -37,6 +37,7 @@ from .runner import Runner
 from .scheduler import Scheduler
 
 FAST_LANE = 32  # a CPU's fast lane: requests of at most this many tokens (scheduler.py)
+GATHER = 8  # an offline run admits new requests once 1/GATHER of its rows are free
 
 
 def fast_lane_for(device: torch.device) -> int:
@@ -195,11 +196,16 @@ class Engine:
         how many finished in each step."""
         for request in requests:
             self.submit(request)
-        with collector_paused():  # memory.py
-            while any(r.status is not Status.FINISHED for r in requests):
-                done = self.step()
-                if progress is not None and done:
-                    progress(len(done))
+        s = self.scheduler
+        s.gather = max(1, s.max_rows // GATHER)  # new requests in groups (scheduler.py)
+        try:
+            with collector_paused():  # memory.py
+                while any(r.status is not Status.FINISHED for r in requests):
+                    done = self.step()
+                    if progress is not None and done:
+                        progress(len(done))
+        finally:
+            s.gather = 0
 
     # --- tokens out -------------------------------------------------------------------------
     def _advance(self, rows: list[tuple[Request, Sequence]], logits: Tensor, at: list[int],
