@@ -247,3 +247,13 @@ def test_extending_past_the_end_of_a_cosine_schedule(tmp_path, capsys):
     assert "--set train.schedule_steps=4 to stretch" in one_line_error(capsys)
     assert main(["train", "--resume", str(run), "--no-progress", "--set", "train.max_steps=4",
                  "--set", "train.schedule_steps=4"]) == 0
+
+
+def test_a_batch_size_below_one_is_refused_by_the_library(runs):
+    """Not one text at a time in silence (translate ran one row, classify failed in range)."""
+    import vaswani
+
+    with pytest.raises(ValueError, match=r"batch_size \(0\) must be >= 1"):
+        vaswani.load(runs / "translation").translate(["abc"], batch_size=0)
+    with pytest.raises(ValueError, match=r"batch_size \(-1\) must be >= 1"):
+        vaswani.load(runs / "classifier").classify(["a b"], batch_size=-1)

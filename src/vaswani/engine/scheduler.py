@@ -25,7 +25,7 @@ rows costs what a step of one does, so there the lane would only slow the long r
 Why ``gather`` (``Engine.run`` sets it, a server's engine never does): an offline call over
 more inputs than the engine has rows admits the rest as rows finish, mostly one or two a step,
 and each admission is a pass of the encoder (or a prefill) of its own, for one or two inputs:
-the demo model translating 300 verses 64 at a time ran 175 such passes, 0.4 s of its 1.9 s.
+the demo model translating 300 verses 32 at a time ran 175 such passes, 0.4 s of its 1.9 s.
 Held back until a group's rows are free, the waiting inputs start together, one pass each
 group, while the running rows go on decoding.
 

@@ -47,6 +47,8 @@ class Encoder(Run):
         if not self.labels:
             raise WrongHead(f"{self.run_dir} holds an encoder without a classification head "
                             "(n_classes = 0): embed with it, or fine-tune it on labelled data")
+        if batch_size < 1:
+            raise ValueError(f"batch_size ({batch_size}) must be >= 1")
         encoded = self.inputs(texts)
         for start in range(0, len(texts), batch_size):
             ids = pad(encoded[start:start + batch_size], self.config.model.pad_id)

@@ -66,6 +66,8 @@ class Translator(Run):
         decode alone at the end. The demo model's 300 test verses, 2-vCPU Xeon, against
         CTranslate2 (``python -m benchmarks.export runs/demo-bible-en-es --limit 300``): greedy
         0.51x -> 0.59x, the same translations."""
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size ({batch_size}) must be >= 1")
         requests = self.requests(texts, decode)
         rows = max([1, *(r.params.beam for r in requests.values())])
         limit = contextlib.nullcontext() if batch_size is None else \
