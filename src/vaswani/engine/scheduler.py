@@ -124,7 +124,7 @@ class Scheduler:
         room = min(self.max_rows, self.cache.rows_at(self.cache.width, self.cache.cross_width))
         need = 0
         for request in self.waiting:
-            need += self._need(request)[0]
+            need += self._rows(request)
             if need >= self.gather:
                 break
         return room - self.rows < min(self.gather, need, room // 4)
@@ -175,10 +175,15 @@ class Scheduler:
     def _need(self, request: Request) -> tuple[int, tuple[int, int]]:
         """Slots a request takes (a beam search: one per hypothesis it may keep) and the
         slot widths its rows and source need (whatever the cache's widths are now)."""
-        rows = max(request.params.beam if request.beam is not None else 0,
-                   len(request.sequences))
         longest = max(seq.context for seq in request.sequences)
-        return rows, self.cache.widths_for(longest, len(request.prompt) * request.seq2seq)
+        return self._rows(request), self.cache.widths_for(longest,
+                                                          len(request.prompt) * request.seq2seq)
+
+    @staticmethod
+    def _rows(request: Request) -> int:
+        """Slots a request takes: one per row, a beam search one per hypothesis it may keep."""
+        return max(request.params.beam if request.beam is not None else 0,
+                   len(request.sequences))
 
     def _take(self, request: Request, rows: int) -> None:
         request.spares = [Sequence([]) for _ in range(rows - len(request.sequences))]

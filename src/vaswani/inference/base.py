@@ -37,6 +37,12 @@ from ..nn.quantized import quantize_linears
 from ..tasks import Task, task_for
 
 
+def check_batch_size(batch_size: int) -> None:
+    """A batch of fewer than one input is refused, not run one at a time or failed in range."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size ({batch_size}) must be >= 1")
+
+
 class WrongModel(ValueError, AttributeError):
     """A run was asked for what its family does not do (``generate`` on a translator). A
     ValueError for the CLI's one-line errors, an AttributeError for ``hasattr``."""

@@ -15,7 +15,7 @@ import torch
 from ..data.batching import pad
 from ..data.files import DataError
 from ..tasks.classification import classifier_inputs
-from .base import Run, as_batch, attention_map, token_labels
+from .base import Run, as_batch, attention_map, check_batch_size, token_labels
 
 
 class Encoder(Run):
@@ -47,8 +47,7 @@ class Encoder(Run):
         if not self.labels:
             raise WrongHead(f"{self.run_dir} holds an encoder without a classification head "
                             "(n_classes = 0): embed with it, or fine-tune it on labelled data")
-        if batch_size < 1:
-            raise ValueError(f"batch_size ({batch_size}) must be >= 1")
+        check_batch_size(batch_size)
         encoded = self.inputs(texts)
         for start in range(0, len(texts), batch_size):
             ids = pad(encoded[start:start + batch_size], self.config.model.pad_id)
@@ -71,8 +70,7 @@ class Encoder(Run):
     def embed(self, texts: list[str], batch_size: int = 32) -> torch.Tensor:
         """Sentence embeddings (N, D): the encoder's hidden states averaged over each text's
         tokens (padding excluded) and L2-normalised. Texts are batched by length."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size ({batch_size}) must be >= 1")
+        check_batch_size(batch_size)
         encoded = self.inputs(texts)
         out = torch.zeros(len(texts), self.config.model.d_model)
         order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))

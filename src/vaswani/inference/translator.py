@@ -21,6 +21,7 @@ from .base import (
     Run,
     as_batch,
     attention_map,
+    check_batch_size,
     encode_inputs,
     next_token_probabilities,
     token_labels,
@@ -66,8 +67,8 @@ class Translator(Run):
         decode alone at the end. The demo model's 300 test verses, 2-vCPU Xeon, against
         CTranslate2 (``python -m benchmarks.export runs/demo-bible-en-es --limit 300``): greedy
         0.51x -> 0.59x, the same translations."""
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size ({batch_size}) must be >= 1")
+        if batch_size is not None:
+            check_batch_size(batch_size)
         requests = self.requests(texts, decode)
         rows = max([1, *(r.params.beam for r in requests.values())])
         limit = contextlib.nullcontext() if batch_size is None else \
