@@ -54,6 +54,18 @@ def test_padding_a_product_to_its_bucket_changes_no_row():
     assert [bucket(m) for m in (1, 3, 17, 33, 65, 512, 513)] == [1, 4, 32, 64, 96, 512, 768]
 
 
+def test_rows_at_their_bucket_and_strided_inputs_are_not_padded_yet_equal_f_linear():
+    """64 rows are a bucket's own size: no padded copy is made, and a strided input (a
+    column slice, a transposed view) still multiplies as F.linear does."""
+    torch.manual_seed(0)
+    linear = Linear(48, 1024).eval()  # 64 x 48 x 1024 multiply-adds: past MIN_MACS
+    for x in (torch.randn(64, 48), torch.randn(64, 96)[:, ::2], torch.randn(48, 64).t(),
+              torch.randn(2, 32, 48).transpose(0, 1)):
+        with torch.no_grad():
+            torch.testing.assert_close(linear(x), F.linear(x, linear.weight, linear.bias))
+    assert linear._packed
+
+
 def test_training_and_other_dtypes_use_f_linear_and_get_gradients():
     torch.manual_seed(0)
     linear = Linear(16, 8).eval()

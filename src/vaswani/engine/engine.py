@@ -247,7 +247,8 @@ class Engine:
         without ``at``, row i's are ``logits[i]``) with its request's rules applied with the
         history its reference decoder gives them; log-probabilities with ``log``."""
         scores = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        scores[:, [self.pad_id, self.bos_id]] = float("-inf")
+        for never in (self.pad_id, self.bos_id):  # a column each: indexing by a list of
+            scores[:, never] = float("-inf")  # them is a scatter, 0.18 ms at 256 rows
         if log:
             scores = scores.log_softmax(-1)
         groups: dict[Rules, list[int]] = {}

@@ -24,12 +24,17 @@ def forward_step(model: torch.nn.Module, cache: SlotCache, ids: Tensor, position
     leading source slots in place, grouped as ``groups`` says (cache.py
     ``SlotCache.groups``), in ``parts`` (``SlotCache.parts``) or in one pass; ``lengths``
     are the real tokens of each source read ((R,), or (G,) when grouped). ``self_parts``:
-    the first R slots' own keys read in parts (cache.py ``parts``)."""
+    the first R slots' own keys read in parts (cache.py ``parts``).
+
+    With ``column`` the rows are in step: each attends to all ``width`` = ``column + 1``
+    keys, so no self-attention mask is made (a padding row riding along reads its slot's
+    keys too; its output is thrown away)."""
     kwargs = {}
     if cache.seq2seq:
         kwargs["memory_mask"] = masks.length_mask(lengths, cross)
+    in_step = column is not None and width == column + 1 and ids.size(1) == 1
     return model.decode_step(
-        ids, positions=positions, mask=masks.position_mask(positions, width),
+        ids, positions=positions, mask=None if in_step else masks.position_mask(positions, width),
         cache=cache.step(slots, columns, width, cross, sources, groups, parts, column,
                          self_parts),
         last=last, **kwargs)

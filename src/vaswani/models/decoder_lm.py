@@ -65,13 +65,14 @@ class DecoderLM(nn.Module):
                                   cache=cache, positions=positions, need_weights=need_weights)
         return self.output_proj(h), weights
 
-    def decode_step(self, ids: Tensor, *, positions: Tensor, mask: Tensor, cache,
+    def decode_step(self, ids: Tensor, *, positions: Tensor, mask: Tensor | None, cache,
                     last: Tensor) -> Tensor:
         """The inference engine's call (engine/runner.py): new tokens ``ids`` (B, T) at
-        explicit ``positions`` (B, T), an explicit self-attention ``mask`` (B, 1, T, Tk) over
-        the keys the ``cache`` returns (its layers write the new keys and values in place), and
-        ``last`` (B,): the position in each row whose next-token logits are wanted ->
-        logits (B, V). Only those positions reach the output projection."""
+        explicit ``positions`` (B, T), an explicit self-attention ``mask`` (B, 1, T, Tk; None:
+        every query sees every key) over the keys the ``cache`` returns (its layers write the
+        new keys and values in place), and ``last`` (B,): the position in each row whose
+        next-token logits are wanted -> logits (B, V). Only those positions reach the output
+        projection."""
         h, _ = self.decoder(self.embed(ids, positions=positions), mask=mask, cache=cache,
                             positions=positions)
         return self.output_proj(at_last(h, last))

@@ -104,7 +104,7 @@ class EncoderDecoder(nn.Module):
         engine computes them once per request and keeps them in its cache."""
         return [layer.cross_attn.project_kv(memory) for layer in self.decoder.layers]
 
-    def decode_step(self, ids: Tensor, *, positions: Tensor, mask: Tensor,
+    def decode_step(self, ids: Tensor, *, positions: Tensor, mask: Tensor | None,
                     memory_mask: Tensor, cache, last: Tensor) -> Tensor:
         """The inference engine's call (engine/runner.py): as :meth:`DecoderLM.decode_step`,
         the memory's keys and values coming from the ``cache`` with ``memory_mask``

@@ -82,7 +82,9 @@ class Linear(nn.Linear):
 
     def _onednn(self, x: Tensor, start: int, stop: int, bias: Tensor | None) -> Tensor:
         m = x.numel() // self.in_features  # rows, padded to a bucket (see bucket())
-        flat = F.pad(x.reshape(m, self.in_features), (0, 0, 0, bucket(m) - m))
+        flat = x.reshape(m, self.in_features)
+        if bucket(m) > m:  # only then: a pad copies every row
+            flat = F.pad(flat, (0, 0, 0, bucket(m) - m))
         out = torch.ops.mkldnn._linear_pointwise(flat, self._reordered(start, stop), bias,
                                                  "none", [], "")
         return out[:m].view(*x.shape[:-1], stop - start)
