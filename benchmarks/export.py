@@ -4,6 +4,7 @@ CTranslate2 fp32 and int8 (and ONNX Runtime, greedy, with ``--onnx``), greedy an
 
     python -m benchmarks.export RUN_DIR [--limit N] [--beams 1,4] [--rounds 2] [--onnx]
                                         [--json FILE]
+    python -m benchmarks.export RUN_DIR --step-costs 1,8,64,256 [--json FILE]
 
 Every engine runs in a process of its own, called as its own users call it (benchmarks/peers.py
 says how): vaswani's ``translate``; CTranslate2's one ``translate_batch`` over every sentence
@@ -16,6 +17,13 @@ GNMT penalty and CTranslate2's are both the raw log-probability, so the outputs 
 one length cap (the model's ``max_len - 1``) is given to both for the same reason
 (``--run-defaults`` keeps vaswani's own per-sentence cap and length penalty instead). Output
 agreement with CTranslate2 fp32 is reported beside the speed, not inside it.
+
+``--step-costs ROWS`` instead times a greedy step at each number of rows: one test sentence
+(the first whose translation is 40-80 tokens) given R times, so every row decodes as many
+steps; vaswani with ``batch_size`` R, CTranslate2 fp32 with ``max_batch_size`` R examples (its
+faster backend), each in its own process, alternating. A step's milliseconds (the call's
+time, its one encoder pass included, over the steps) at 1 row say what a step costs however
+few rows it has; the rise from there, per row, what each row adds.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="default: this CPU's cores")
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs per engine")
     parser.add_argument("--onnx", action="store_true", help="also ONNX Runtime (greedy)")
+    parser.add_argument("--step-costs", metavar="ROWS",
+                        help="only time a greedy step at these numbers of rows (1,8,64,256)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
 
@@ -65,6 +75,16 @@ def main() -> None:
     if args.onnx:
         export(args.run_dir, "onnx", tmp / "onnx")
     bf16 = bf16_is_fast(torch.device("cpu"))
+    if args.step_costs:
+        target = run.target_tokenizer or run.source_tokenizer
+        sentence = next(s for s, t in pairs if 40 <= len(target.encode(t)) <= 80)
+        summary = step_costs(args, sentence, tmp, threads, cap,
+                             lambda text: len(target.encode(text)) + 1)
+        summary["hardware"] = hardware()
+        if args.json:
+            Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+            print(f"\nwrote {args.json}")
+        return
     del run  # the children load their own
 
     results: dict[str, dict] = {}
@@ -129,6 +149,41 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
         print(f"\nwrote {args.json}")
+
+
+def step_costs(args, sentence: str, tmp: Path, threads: int, cap: int, steps_of) -> dict:
+    """Milliseconds per greedy step at each number of rows in ``args.step_costs``, vaswani fp32
+    and CTranslate2 fp32: ``sentence`` given R times (see the module's docstring);
+    ``steps_of(output)`` counts an output's steps (its tokens and the end)."""
+    rows = [int(r) for r in args.step_costs.split(",")]
+    table: dict[str, dict] = {}
+    for R in rows:
+        common = {"task": "translate", "inputs": [sentence] * R, "threads": threads}
+        jobs = {"vaswani": {**common, "engine": "vaswani", "model": args.run_dir, "options": {
+            "beam": 1, "length_penalty": 0.0, "max_len_a": 0.0, "max_len_b": cap,
+            "batch_size": R}}}
+        jobs.update(batchings("CTranslate2", {
+            **common, "engine": "ctranslate2", "model": str(tmp / "fp32"),
+            "compute_type": "float32", "options": {"beam_size": 1, "length_penalty": 0.0,
+                                                   "max_decoding_length": cap}},
+            settings={f"{R} examples": {"max_batch_size": R, "batch_type": "examples"}}))
+        raced = race_at_best(jobs, rounds=args.rounds)
+        ours, peer = raced["vaswani"], raced["CTranslate2"]
+        steps = steps_of(ours["outputs"][0])
+        table[str(R)] = {
+            "steps": steps, "same_outputs": agreement(ours["outputs"], peer["outputs"]),
+            "vaswani_ms_per_step": round(ours["seconds"] / steps * 1e3, 3),
+            "ct2_ms_per_step": round(peer["seconds"] / steps * 1e3, 3),
+            "ct2_setting": peer["setting"]}
+    print(f"\none sentence given R times, greedy, {threads} threads, each engine in its own "
+          f"process, best of {args.rounds}\n\n| rows | steps | vaswani ms/step | "
+          "CTranslate2 ms/step | vaswani / CTranslate2 |\n|---|---|---|---|---|")
+    for R, r in table.items():
+        print(f"| {R} | {r['steps']} | {r['vaswani_ms_per_step']:.3f} | "
+              f"{r['ct2_ms_per_step']:.3f} | "
+              f"{r['vaswani_ms_per_step'] / r['ct2_ms_per_step']:.2f}x |")
+    return {"run_dir": args.run_dir, "sentence": sentence, "threads": threads,
+            "rounds": args.rounds, "rows": table}
 
 
 if __name__ == "__main__":
