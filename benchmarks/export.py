@@ -177,7 +177,7 @@ def step_costs(args, sentence: str, tmp: Path, threads: int, cap: int, steps_of)
             "ct2_setting": peer["setting"]}
     print(f"\none sentence given R times, greedy, {threads} threads, each engine in its own "
           f"process, best of {args.rounds}\n\n| rows | steps | vaswani ms/step | "
-          "CTranslate2 ms/step | vaswani / CTranslate2 |\n|---|---|---|---|---|")
+          "CTranslate2 ms/step | vaswani's time / CTranslate2's |\n|---|---|---|---|---|")
     for R, r in table.items():
         print(f"| {R} | {r['steps']} | {r['vaswani_ms_per_step']:.3f} | "
               f"{r['ct2_ms_per_step']:.3f} | "

@@ -1,6 +1,7 @@
 """Training-step speed: vaswani vs torch.nn.Transformer vs a tutorial-style implementation.
 
     python -m benchmarks.train_step [--quick] [--json OUT.json]
+    python -m benchmarks.train_step --profile bf16 [--json OUT.json]
 
 All three train the same encoder-decoder (d_model 512, 8 heads, d_ff 2048, 3+3 pre-LN layers,
 vocabulary 8000, dropout 0.1, tied sinusoidal embeddings) on the same random batches of
@@ -12,6 +13,11 @@ in bf16 autocast.
 MFU (model FLOPs utilisation) = the step's matmul FLOPs (counted by
 ``torch.utils.flop_counter`` on the plain-matmul implementation) / step time / the peak of a
 large square matmul measured in the same process and dtype.
+
+``--profile fp32|bf16`` only profiles vaswani's step (torch.profiler, 3 steps after 2): the
+share of its time in matrix products, in dtype casts (autocast's), in dropout's random
+numbers and in the rest, and the matrix products' own GFLOP/s against the peak: how much
+higher the step's MFU could go if everything else took no time.
 """
 
 from __future__ import annotations
@@ -118,12 +124,49 @@ def step_flops() -> float:
     return float(counter.get_total_flops())
 
 
+KINDS = {"matrix products": ("aten::mm", "aten::addmm", "aten::bmm"),
+         "dtype casts": ("aten::copy_",), "dropout's random numbers": ("aten::random_",)}
+
+
+def profile_step(precision: str, steps: int = 3) -> dict:
+    """Shares of vaswani's step time by kind of operator (:data:`KINDS`), self CPU time."""
+    from torch.profiler import profile
+
+    step = make_step("vaswani", precision == "bf16")
+    data = batches(2 + steps)
+    for src, tgt in data[:2]:
+        step(src, tgt)
+    with profile() as prof:
+        for src, tgt in data[2:]:
+            step(src, tgt)
+    self_us = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    total = sum(self_us.values())
+    shares = {kind: sum(self_us.get(op, 0.0) for op in ops) / total
+              for kind, ops in KINDS.items()}
+    shares["the rest"] = 1.0 - sum(shares.values())
+    matmul_s = shares["matrix products"] * total / 1e6
+    peak = matmul_peak_gflops(torch.bfloat16 if precision == "bf16" else torch.float32)
+    return {"precision": precision, "shares": shares, "peak_gflops": peak,
+            "matmul_gflops": step_flops() * steps / matmul_s / 1e9}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (about a minute)")
     parser.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     parser.add_argument("--only", nargs="+", choices=list(BUILDERS), default=list(BUILDERS))
+    parser.add_argument("--profile", choices=["fp32", "bf16"],
+                        help="only profile vaswani's step in this precision")
     args = parser.parse_args()
+    if args.profile:
+        found = profile_step(args.profile)
+        rows = [(kind, f"{share:.1%}") for kind, share in found["shares"].items()]
+        rows.append(("matrix products' own speed", f"{found['matmul_gflops']:.0f} GFLOP/s = "
+                     f"{found['matmul_gflops'] / found['peak_gflops']:.0%} of the peak "
+                     f"({found['peak_gflops']:.0f})"))
+        report(f"Where vaswani's {args.profile} training step goes (self CPU time)", rows,
+               found, args.json)
+        return
     warmup, timed = (2, 3) if args.quick else (3, 8)
     data = batches(warmup + timed)
     flops = step_flops()

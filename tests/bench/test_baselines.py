@@ -60,3 +60,18 @@ def test_naive_baseline_trains_and_has_the_tutorial_layernorm():
     unbiased = (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(ln(x), unbiased)
     assert not torch.allclose(ln(x), torch.nn.functional.layer_norm(x, (8,)))
+
+
+def test_a_step_profile_splits_the_time_into_kinds_that_add_up(monkeypatch):
+    """``--profile``: the shares of a (tiny) fp32 step: matrix products take some, they and
+    the other kinds add up to the whole, and the products' own speed is set against the
+    peak."""
+    for name, value in dict(D=32, HEADS=2, D_FF=64, LAYERS=1, VOCAB=50, BATCH=2, SRC_LEN=6,
+                            TGT_LEN=6).items():
+        monkeypatch.setattr(train_step, name, value)
+    monkeypatch.setattr(train_step, "matmul_peak_gflops", lambda dtype: 1000.0)
+    found = train_step.profile_step("fp32", steps=1)
+    shares = found["shares"]
+    assert set(shares) == {*train_step.KINDS, "the rest"}
+    assert shares["matrix products"] > 0 and abs(sum(shares.values()) - 1.0) < 1e-9
+    assert found["peak_gflops"] == 1000.0 and found["matmul_gflops"] > 0
