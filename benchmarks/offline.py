@@ -6,6 +6,7 @@ CTranslate2 on the same exported model.
     python -m benchmarks.offline --burst [--json OUT.json]
     python -m benchmarks.offline --attention [--json OUT.json]
     python -m benchmarks.offline --cache-writes [--json OUT.json]
+    python -m benchmarks.offline --cold-keys [--json OUT.json]
 
 1. A decode step: 32 prompts of 5-60 tokens continued by 64 tokens, greedy, by the engine and
    by generation/decode.py ``generate_batch`` (the left-padded batch with a concatenating KV
@@ -32,6 +33,12 @@ pass, alternating, four rounds; outputs compared.
 nn/attention.py's ``auto`` makes on a CPU; and the written-out path's lean form under
 inference, ``decoding_attention``) for four shapes: many rows over short keys, a beam
 search's grouped queries, one row, and rows over long keys.
+
+``--cold-keys`` only times a decoding step's attention (``decoding_attention``, 256 rows x 4
+heads over 36 keys of 32 numbers) over keys the step has not read before (many copies,
+cycled, more than the CPU's caches hold), in slots wider than the keys read (the engine's
+cache) and packed (slots exactly as wide): what reading one (row, head)'s keys at a time from
+memory costs.
 
 ``--cache-writes`` only times a decode step's cache writes (engine/cache.py ``SlotKV.append``:
 300 rows x 4 heads, each at its own column, into 8 tensors of 576 slots, as the
@@ -321,6 +328,33 @@ def decode_attention(shapes=ATTENTION_SHAPES, heads: int = 4, repeats: int = 5,
     return out
 
 
+def cold_keys(rows: int = 256, heads: int = 4, keys: int = 36, dh: int = 32,
+              widths=(36, 48, 176), bytes_cycled: float = 600e6, rounds: int = 3) -> dict:
+    """Microseconds of ``decoding_attention`` over cold keys and values, and the GB/s of keys
+    and values read, for slots of each of ``widths`` (``keys`` wide: packed), best of
+    ``rounds`` passes over enough copies to fill ``bytes_cycled``."""
+    from vaswani.engine.memory import zeros_in_huge_pages
+    from vaswani.nn.attention import decoding_attention
+
+    q = torch.randn(rows, heads, 1, dh)
+    read = 2 * rows * heads * keys * dh * 4  # bytes of keys and values a step reads
+    out = {}
+    for width in widths:
+        copies = max(4, int(bytes_cycled / (2 * rows * heads * width * dh * 4)))
+        kv = [zeros_in_huge_pages((2, rows, heads, width, dh), torch.float32,
+                                  torch.device("cpu")).normal_() for _ in range(copies)]
+        best = float("inf")
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for t in kv:
+                decoding_attention(q, t[0, :, :, :keys], t[1, :, :, :keys])
+            best = min(best, (time.perf_counter() - start) / copies)
+        out[f"slots {width} wide" + (" (packed)" if width == keys else "")] = {
+            "us": round(best * 1e6, 1), "gb_per_s": round(read / best / 1e9, 1)}
+        del kv
+    return out
+
+
 def cache_writes(rounds: int = 4, steps: int = 40, tensors: int = 8, slots: int = 576,
                  rows: int = 300, heads: int = 4, width: int = 128, dh: int = 64,
                  between: int = 30_000_000) -> dict:
@@ -428,7 +462,16 @@ def main() -> None:
                         help="only time a decoding step's attention, SDPA or written out")
     parser.add_argument("--cache-writes", action="store_true",
                         help="only time a decode step's cache writes, 4 KiB or huge pages")
+    parser.add_argument("--cold-keys", action="store_true",
+                        help="only time a decoding step's attention over keys not yet read")
     args = parser.parse_args()
+    if args.cold_keys:
+        timed = cold_keys()
+        report("A decoding step's attention over keys it has not read yet (256 rows x 4 "
+               "heads x 36 keys)", [(way, f"{r['us']} us, {r['gb_per_s']} GB/s")
+                                    for way, r in timed.items()], {"cold_keys": timed},
+               args.json)
+        return
     if args.cache_writes:
         timed = cache_writes()
         report("A decode step's cache writes (1,200 rows of 64 numbers, one tensor)",

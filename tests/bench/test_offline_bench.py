@@ -76,3 +76,10 @@ def test_a_steps_cache_writes_are_timed_in_both_kinds_of_page_with_the_same_numb
     assert set(timed["us_per_write"]) == {"4 KiB pages", "huge pages"}
     assert all(us > 0 for us in timed["us_per_write"].values())
     assert timed["four_k_over_huge"] > 0 and timed["same_writes"] is True
+
+
+def test_attention_over_cold_keys_is_timed_for_packed_and_wider_slots():
+    timed = offline.cold_keys(rows=4, heads=2, keys=3, dh=4, widths=(3, 8), bytes_cycled=4096,
+                              rounds=1)
+    assert list(timed) == ["slots 3 wide (packed)", "slots 8 wide"]
+    assert all(r["us"] > 0 and r["gb_per_s"] >= 0 for r in timed.values())
