@@ -234,7 +234,7 @@ def expect_success(r: Result, ok: bool = True, why: str = "") -> tuple[str, str]
 
 def _train_with(p: Probe, *sets: str, arch: str = "encoder-decoder",
                 must_say: str = "") -> tuple[str, str]:
-    out = p.work / f"never-{random.random()}"
+    out = p.work / ("never-" + "-".join(s.split("=")[0].split(".")[-1] for s in sets))
     args = [x for s in sets for x in ("--set", s)]
     return expect_error(p.cli("train", p.config(arch), "--out", out, *args), untouched=out,
                         must_say=must_say)
@@ -1164,8 +1164,11 @@ INTRO = """# Reliability
 
 Every fault and bad input below is tried through the command line (and, for the server, over
 HTTP) by `scripts/probe_reliability.py`, and the table says what this version does with it. The
-same faults are tests in `tests/reliability/`, which run in `make test`. Rerun the probe and
-rewrite this page with
+same faults are tests in `tests/reliability/`, which run in `make test`; the bad settings,
+flags and damaged runs of the config, data and inference groups are written once, in
+`tests/reliability/cases.py`, with the message each must give: the tests pass them to the
+command-line entry point in their own process, the probe to the `vaswani` command, and both
+check that message. Rerun the probe and rewrite this page with
 
     python scripts/probe_reliability.py --json docs/results/reliability-now.json \\
         --markdown docs/reliability.md
