@@ -112,3 +112,15 @@ def test_a_fused_optimizer_step_between_evaluations_is_seen():
             torch.testing.assert_close(linear.eval()(x), F.linear(x, linear.weight,
                                                                   linear.bias))
         assert linear._packed  # evaluated through the copy
+
+
+def test_torch_compile_takes_f_linear_without_breaking_its_graph():
+    """Under torch.compile (an evaluation of a compiled model) the layer asks nothing that
+    breaks the graph (``is_inference``) before it knows it is being compiled."""
+    torch.manual_seed(0)
+    linear = Linear(48, 1024).eval()
+    x = torch.randn(64, 48)
+    compiled = torch.compile(linear, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), F.linear(x, linear.weight, linear.bias))
+    assert linear._packed == {}

@@ -93,10 +93,11 @@ class Linear(nn.Linear):
         w = self.weight
         return (USE_ONEDNN and not self.training and x.dtype == w.dtype == torch.float32
                 and x.device.type == "cpu" and not torch.is_grad_enabled()
+                # first: a compiled graph may not ask what follows (is_inference breaks it)
+                and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
                 and x.numel() // self.in_features * w.numel() >= MIN_MACS
                 and type(w.data) is Tensor  # not a sharded (DTensor) weight
-                and not w.is_inference()  # made under inference_mode: no version to watch
-                and not torch.jit.is_tracing() and not torch.compiler.is_compiling())
+                and not w.is_inference())  # made under inference_mode: no version to watch
 
     def _reordered(self, start: int, stop: int) -> Tensor:
         w = self.weight
