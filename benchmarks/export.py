@@ -61,8 +61,6 @@ def main() -> None:
     from vaswani.evaluation.metrics import bleu_chrf
     from vaswani.export import export
 
-    from .common import hardware
-
     threads = args.threads or torch.get_num_threads()
     run = vaswani.load(args.run_dir)
     pairs = list(iter_translation(run.data_files("test", default_cache()), ReadReport()))
@@ -70,21 +68,17 @@ def main() -> None:
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
     cap = run.config.model.max_len - 1
     tmp = Path(tempfile.mkdtemp(prefix="vaswani-export-bench-"))
-    for name, quantize in [("fp32", None), ("int8", "int8")]:
-        export(args.run_dir, "ct2", tmp / name, quantize=quantize)
+    export(args.run_dir, "ct2", tmp / "fp32")
+    if args.step_costs:  # CTranslate2 fp32 only
+        target = run.target_tokenizer or run.source_tokenizer
+        sentence = next(s for s, t in pairs if 40 <= len(target.encode(t)) <= 80)
+        write(step_costs(args, sentence, tmp, threads, cap,
+                         lambda text: len(target.encode(text)) + 1), args.json)
+        return
+    export(args.run_dir, "ct2", tmp / "int8", quantize="int8")
     if args.onnx:
         export(args.run_dir, "onnx", tmp / "onnx")
     bf16 = bf16_is_fast(torch.device("cpu"))
-    if args.step_costs:
-        target = run.target_tokenizer or run.source_tokenizer
-        sentence = next(s for s, t in pairs if 40 <= len(target.encode(t)) <= 80)
-        summary = step_costs(args, sentence, tmp, threads, cap,
-                             lambda text: len(target.encode(text)) + 1)
-        summary["hardware"] = hardware()
-        if args.json:
-            Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
-            print(f"\nwrote {args.json}")
-        return
     del run  # the children load their own
 
     results: dict[str, dict] = {}
@@ -145,10 +139,17 @@ def main() -> None:
     summary = {"run_dir": args.run_dir, "sentences": len(sources), "threads": threads,
                "length_penalty": args.length_penalty, "rounds": args.rounds,
                "int8_over_ct2_int8": {str(b): round(r, 2) for b, r in sorted(int8.items())},
-               "engines": results, "hardware": hardware()}
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"\nwrote {args.json}")
+               "engines": results}
+    write(summary, args.json)
+
+
+def write(summary: dict, path: str | None) -> None:
+    """The summary and this machine's description as JSON, where ``--json`` asks."""
+    from .common import hardware
+
+    if path:
+        Path(path).write_text(json.dumps({**summary, "hardware": hardware()}, indent=2) + "\n")
+        print(f"\nwrote {path}")
 
 
 def step_costs(args, sentence: str, tmp: Path, threads: int, cap: int, steps_of) -> dict:
