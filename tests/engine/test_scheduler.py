@@ -9,7 +9,7 @@ import torch
 from tests.conftest import DEVICE
 from tests.engine.test_engine import alone, engine, model, prompts
 from vaswani.engine import EngineConfig, Params, Request, Status
-from vaswani.engine.engine import FAST_LANE, fast_lane_for
+from vaswani.engine.config import FAST_LANE, fast_lane_for
 from vaswani.generation import Rules
 
 

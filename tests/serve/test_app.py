@@ -20,7 +20,7 @@ def test_health_and_models(client):
 
 def test_every_model_runs_in_one_thread_with_the_threads_it_was_given(served):
     """Engines, an encoder's batches and one-off jobs all run in the engines' thread (one
-    team of OpenMP threads: engine/loop.py), with the torch threads create_app was given."""
+    team of OpenMP threads: serve/loop.py), with the torch threads create_app was given."""
     import asyncio
     import threading
 
@@ -48,7 +48,7 @@ def test_the_fast_lane_of_vaswani_serve_reaches_every_engine(served, capsys):
     from fastapi.testclient import TestClient
 
     from vaswani.cli import main
-    from vaswani.engine.engine import FAST_LANE
+    from vaswani.engine.config import FAST_LANE
     from vaswani.serve import create_app
 
     for given, lane in [(None, FAST_LANE), (0, 0), (8, 8)]:  # None: the CPU's default
@@ -113,7 +113,7 @@ def test_streamed_completion_joins_to_the_whole(client):
 def test_a_streams_first_text_goes_out_at_once_and_the_rest_once_per_step(client,
                                                                            monkeypatch):
     """The engines' thread hands a stream's text to the server's thread once per step
-    (engine/loop.py ``post``), except its first piece, which goes at once: the time to the
+    (serve/loop.py ``post``), except its first piece, which goes at once: the time to the
     first token does not wait for the rest of the step."""
     loop = client.app.state.server.loop
     texts, post = [], loop.post
@@ -294,8 +294,8 @@ def test_requests_are_answered_without_a_worker_thread(served):
     ("clf", "/v1/classify", {"input": "a good b"}),  # an encoder's worker
 ])
 def test_a_full_queue_answers_503(client, monkeypatch, model, route, body):
-    from vaswani.engine import Busy, EngineLoop
     from vaswani.serve import workers
+    from vaswani.serve.loop import Busy, EngineLoop
 
     def full(self, *job):
         raise (Busy if isinstance(self, EngineLoop) else workers.Busy)(

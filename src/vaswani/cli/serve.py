@@ -85,7 +85,7 @@ def serve(args: argparse.Namespace) -> int:
     from ..serve import name_runs
 
     # This thread answers HTTP; the models run in a thread of their own with torch's threads
-    # (engine/loop.py: a second team of OpenMP threads would slow every operator down).
+    # (serve/loop.py: a second team of OpenMP threads would slow every operator down).
     # Loading with one thread makes no team here; the models' thread then sets the count
     # back (it is the process's, not a thread's), and this thread runs none of their work.
     threads = torch.get_num_threads()

@@ -3,8 +3,9 @@ each search's new hypotheses their cache slots.
 
 A request that searches with a beam of K holds K slots (cache.py), one per live hypothesis
 (a :class:`~.request.Sequence`), and generation/search.py's ``Beam`` decides, step by step,
-which hypotheses live on (engine.py ``Engine._search``). Here:
+which hypotheses live on. Here:
 
+* :func:`search`: a step of every beam search due, given their rows' logits;
 * :func:`rank`: every due search's best candidates, ranked in one pass over all their rows;
 * :func:`place`: a search's children into its slots. The first child of a hypothesis takes
   its parent's slot over (its keys are already there); another child takes a slot no child
@@ -15,11 +16,44 @@ which hypotheses live on (engine.py ``Engine._search``). Here:
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import Tensor
 
 from .cache import SlotCache
 from .request import Request, Sequence
+from .sampler import Row, Sampler, rows_of
+
+
+def search(searches: list[list[Row]], logits: Tensor, at: list[int], sampler: Sampler,
+           cache: SlotCache) -> tuple[list[Request], list[tuple[int, int, int, int]]]:
+    """A step of every beam search due (their rows search after search, row i's logits
+    ``logits[at[i]]``): their candidates scored and ranked together (one log-softmax and
+    one top-k for all the logits, whatever their order: :func:`rank`), then each search's
+    generation/search.py ``Beam`` picks its finished and live hypotheses, and :func:`place`
+    gives the live ones their slots. Returns the searches that are done, and the copies the
+    live hypotheses need (``forks``, for cache.py ``SlotCache.fork``)."""
+    if 2 * len(at) < logits.size(0):  # a few searches among many rows: theirs alone
+        logits, at = rows_of(logits, at), list(range(len(at)))
+    logp = sampler.scores([row for rows in searches for row in rows], logits, log=True, at=at)
+    V = logp.size(-1)
+    ranked = rank([len(rows) for rows in searches], [rows[0][0].beam.K for rows in searches],
+                  [s.score for rows in searches for _, s in rows], logp, at)
+    done: list[Request] = []
+    forks: list[tuple[int, int, int, int]] = []
+    for rows, (top_scores, top_index) in zip(searches, ranked, strict=True):
+        request = rows[0][0]
+        n = request.beam.candidates(len(rows) * V)
+        histories = [s.tokens[len(request.start):] for _, s in rows]
+        alive = request.beam.advance(len(histories[0]) + 1, top_scores[:n], top_index[:n], V,
+                                     histories)
+        request.first_token = request.first_token or time.perf_counter()
+        if request.beam.done:
+            done.append(request)
+        else:
+            place(cache, request, [s for _, s in rows], alive, forks)
+    return done, forks
 
 
 def rank(sizes: list[int], beams: list[int], scores: list[float], logp: Tensor,

@@ -110,6 +110,25 @@ class Request:
         self.first_token: float | None = None  # when its first token came
         self.finished: float | None = None
 
+    def prepare(self, *, max_len: int, eos_id: int, device: torch.device) -> None:
+        """Ready it for an engine of a model of ``max_len`` positions on ``device``: its
+        limit within the target's room, its generator and its beam search made. Raises
+        ValueError if it cannot run (a seed out of range, a source past ``max_len``)."""
+        p = self.params
+        if self.seq2seq and len(self.prompt) > max_len:
+            raise ValueError(f"the source is {len(self.prompt)} tokens; the model takes "
+                             f"{max_len} at most")
+        if self.seq2seq:  # the target holds <bos> too
+            self.limit = max(1, min(self.limit, max_len - len(self.start)))
+        if p.seed is not None and self.generator is None:
+            if not 0 <= p.seed < 2**63:
+                raise ValueError(f"seed ({p.seed}) must be in [0, 2**63)")
+            self.generator = torch.Generator(device).manual_seed(p.seed)
+        if p.beam and self.beam is None:
+            bounded = p.rules.presence_penalty >= 0 and p.rules.frequency_penalty >= 0
+            self.beam = Beam(p.beam, self.limit, eos_id=eos_id, alpha=p.length_penalty,
+                             bounded=bounded, n_best=p.n_best)
+
     @property
     def output(self) -> list[int]:
         """The generated tokens of a one-row request (without ``<eos>``)."""

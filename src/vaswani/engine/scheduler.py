@@ -39,11 +39,14 @@ each finishes exactly once.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from .cache import SlotCache
 from .request import Request, Sequence, Status
+
+GATHER = 8  # an offline run admits new requests once 1/GATHER of its rows are free
 
 
 @dataclass
@@ -72,6 +75,8 @@ class Scheduler:
         self.preemptions = 0
 
     def add(self, request: Request) -> None:
+        if not request.seq2seq and request.sequences[0].context > self.max_len:
+            self.slide(request.sequences[0])  # a prompt past max_len: before anything is cached
         self.waiting.append(request)
 
     @property
@@ -162,14 +167,44 @@ class Scheduler:
             return 0
         return min(n - 1 if request.beam is not None else n, budget)
 
-    def finish(self, request: Request) -> None:
-        """Free a request's slots and drop it (finished or cancelled)."""
+    # --- a request's state: every change of its status, and of what its rows have cached ---
+    def finish(self, request: Request, reason: str, error: BaseException | None = None
+               ) -> bool:
+        """Free a request's slots and drop it (finished, cancelled or failed: ``reason``,
+        ``error``); whether it was not finished already."""
+        if request.status is Status.FINISHED:
+            return False
         self._free(request)
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
-        request.status = Status.FINISHED
+        request.status, request.reason = Status.FINISHED, reason
+        request.error = error or request.error  # a request the cache cannot hold has its own
+        request.finished = time.perf_counter()
+        return True
+
+    def cancelled(self) -> list[Request]:
+        """The requests cancelled (``Request.cancel``) and not yet finished."""
+        return [r for r in [*self.running, *self.waiting] if r.cancelled]
+
+    def take_back(self) -> list[Request]:
+        """Every request out (its slots freed), waiting again with nothing cached; its tokens,
+        generator and beam kept, to be submitted again where it stands."""
+        requests = [*self.running, *self.waiting]
+        for request in requests:
+            self._free(request)
+            request.status, request.recomputed = Status.WAITING, True
+            for seq in request.sequences:
+                seq.cached = 0
+        self.running.clear()
+        self.waiting.clear()
+        return requests
+
+    @staticmethod
+    def fed(seq: Sequence, n: int) -> None:
+        """A row's next ``n`` tokens are in the cache now (a forward pass wrote them)."""
+        seq.cached += n
 
     # --- slots ---------------------------------------------------------------------------
     def _need(self, request: Request) -> tuple[int, tuple[int, int]]:
@@ -245,3 +280,38 @@ class Scheduler:
         restart), and recompute it (in the same slot)."""
         seq.offset = len(seq.tokens) - max(1, self.max_len // 2)
         seq.cached = 0
+
+
+def prefill_groups(rows: list[tuple[Request, Sequence, int]], slack: int = 32
+                   ) -> list[list[tuple[Request, Sequence, int]]]:
+    """Prefill rows (each feeding ``n`` tokens) in groups that run as one padded forward
+    pass each, shortest first (:func:`length_groups`)."""
+    return length_groups(rows, lambda row: row[2], slack)
+
+
+def length_groups(items: list, length, slack: int = 32, tokens: int | None = None
+                  ) -> list[list]:
+    """``items`` in groups that run as one padded pass each, shortest first: an item joins the
+    group before it while the padding that costs stays within a quarter of the group's
+    tokens and ``slack`` more, and (with ``tokens``) the pass stays within ``tokens`` padded
+    positions. Prompts of 5 and 200 tokens padded together would compute 400 positions for
+    205 tokens; apart, 205, for one more pass. ``length(item)``: its tokens.
+
+    ``tokens`` bounds the encoder's passes (the engine's ``max_step_tokens``), and with them
+    its activations: 300 sources of the demo model admitted at once made passes of up to
+    7,728 positions, a feed-forward layer's activations 16 MB each; 200 sources of up to
+    160 tokens translated in one call peaked at 850 MB of memory, in passes of 1,024
+    positions at 710 MB, in the same time (2-core Xeon)."""
+    groups: list[list] = []
+    real = 0  # the last group's real tokens
+    for item in sorted(items, key=length):
+        n = length(item)  # the longest so far: the group is padded to it
+        padded = (len(groups[-1]) + 1) * n if groups else 0
+        if groups and padded - (real + n) <= (real + n) // 4 + slack and (
+                tokens is None or padded <= tokens):
+            groups[-1].append(item)
+            real += n
+        else:
+            groups.append([item])
+            real = n
+    return groups

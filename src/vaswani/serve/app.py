@@ -12,7 +12,7 @@ Routes (JSON in and out; errors as ``{"error": {"message", "type", "param"}}`` w
     GET  /                                        the page (self-contained, works offline)
 
 A translator's or a language model's work runs on its inference engine, in a thread of its
-own (server.py, engine/loop.py): requests join the running batch at the next step and leave
+own (server.py, serve/loop.py): requests join the running batch at the next step and leave
 it when they end. An encoder's work is batched by a worker thread (workers.py). openai.py
 shapes OpenAI's responses. With an API key, every /v1 route needs ``Authorization: Bearer
 KEY``.

@@ -5,7 +5,7 @@ A run that decodes (a translator, a language model) gets an inference engine: ev
 translation and completion is a request of that engine, joining the running batch at the next
 step and leaving it as soon as it ends; its tokens come back to the event loop as they are
 made. An encoder's work (classify, embed) is batched by a worker thread (workers.py). Every
-model runs in one thread, the engines' (engine/loop.py says why): it steps each engine in
+model runs in one thread, the engines' (serve/loop.py says why): it steps each engine in
 turn, and runs an encoder's batches and one-off jobs (the attention explorer) between steps.
 """
 
@@ -17,11 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import DecodeConfig
-from ..engine import Busy, EngineConfig, EngineLoop, Request
+from ..engine import EngineConfig, Request
 from ..inference import Run
 from ..inference.base import owner_of
 from ..inference.language_model import Completion
 from . import schemas
+from .loop import Busy, EngineLoop
 from .metrics import Metrics
 from .workers import Busy as WorkerBusy
 from .workers import Job, Worker

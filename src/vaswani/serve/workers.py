@@ -1,10 +1,10 @@
 """An encoder's work off the event loop, with requests that arrive together batched (a
-translator's or a language model's runs on its inference engine instead, engine/loop.py).
+translator's or a language model's runs on its inference engine instead, serve/loop.py).
 
 Each encoder has one :class:`Worker`: a thread that takes jobs from a bounded queue (a full
 queue is a 503 for the caller), waits up to ``max_wait_ms`` for more jobs of the same kind (up
 to ``max_batch`` of them), runs them as one batch (in the thread that runs every model of the
-server, engine/loop.py, when it is given one), and hands each job its result back on the
+server, serve/loop.py, when it is given one), and hands each job its result back on the
 event loop. A batch computes for each job what the job would get alone (classification and
 embeddings are padding-invariant). A batch that fails is run again job by job, so only a job
 that fails alone gets the error.

@@ -33,8 +33,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from .engine import Engine
-from .request import Request, Status
+from ..engine import Engine, Request
 
 
 class Busy(Exception):
@@ -61,7 +60,7 @@ class EngineLoop:
         """Queue a request for the engine of model ``name`` (its hooks are called in the
         loop's thread); Busy when ``max_queue`` requests already wait for it."""
         with self.lock:
-            if self.queued[name] + len(self.engines[name].scheduler.waiting) >= self.max_queue:
+            if self.queued[name] + self.engines[name].waiting >= self.max_queue:
                 raise Busy(f"model {name!r} has {self.max_queue} requests waiting; try again "
                            "shortly")
             self.queued[name] += 1
@@ -138,7 +137,7 @@ class EngineLoop:
             try:
                 self.engines[name].submit(request)
             except ValueError as e:  # a request that cannot run: its own error
-                fail(request, e)
+                self.engines[name].fail(request, e)
             return
         fn, future = item
         try:
@@ -172,13 +171,5 @@ def _isolate(engine: Engine) -> None:
         except Exception as e:
             traceback.print_exc()
             engine.take_back()
-            fail(request, e)
+            engine.fail(request, e)
 
-
-def fail(request: Request, error: BaseException) -> None:
-    """Finish a request with an error (its ``on_finish`` hook sees ``request.error``)."""
-    if request.status is Status.FINISHED:
-        return
-    request.error, request.reason, request.status = error, "error", Status.FINISHED
-    if request.on_finish is not None:
-        request.on_finish(request)

@@ -1,0 +1,56 @@
+"""The engine's size: its config, the cache it makes for a model, and the fast lane's
+default (scheduler.py says what the lane is for)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .cache import SlotCache
+
+FAST_LANE = 32  # a CPU's fast lane: requests of at most this many tokens (scheduler.py)
+
+
+def fast_lane_for(device: torch.device) -> int:
+    """The fast lane's default: on a CPU, where a step costs about its rows; none on a GPU,
+    where a step of many rows costs what a step of one does (scheduler.py)."""
+    return FAST_LANE if device.type == "cpu" else 0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine's size."""
+
+    max_rows: int = 64  # sequences decoded together at most (a beam search takes `beam`)
+    max_step_tokens: int = 1024  # prompt tokens prefilled in one step at most (longer: chunks);
+    # also the padded positions of one encoder pass at most (a longer source: a pass alone)
+    cache_tokens: int = 0  # token positions the cache holds, all rows and sources together;
+    # 0: max_rows full-length rows (and their sources), within cache_bytes
+    cache_bytes: int = 1 << 30  # the cache's memory at most, when cache_tokens is 0
+    cuda_graphs: bool = True  # on a GPU: decode steps as CUDA graphs (graphs.py)
+    fast_lane: int | None = None  # requests of at most this many tokens decoded at every
+    # step, the others at every other step while they run (scheduler.py); None: 32 on a CPU,
+    # 0 (no lane) on a GPU
+
+    def __post_init__(self) -> None:
+        for name in ("max_rows", "max_step_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
+        if self.fast_lane is not None and self.fast_lane < 0:
+            raise ValueError(f"fast_lane ({self.fast_lane}) must be 0 (none) or more")
+
+    def lane(self, device: torch.device) -> int:
+        """The fast lane on ``device``: as given, or its default there."""
+        return fast_lane_for(device) if self.fast_lane is None else self.fast_lane
+
+    def cache_for(self, model: torch.nn.Module, seq2seq: bool) -> SlotCache:
+        """The key/value cache for ``model``'s decoder layers: ``cache_tokens`` positions, or
+        as many as ``cache_bytes`` holds, on the model's device and in its dtype."""
+        c, param = model.config, next(model.parameters())
+        head_dim = c.d_model // c.n_heads
+        per_token = 2 * c.n_decoder_layers * c.n_kv_heads * head_dim * param.element_size()
+        return SlotCache(c.n_decoder_layers, c.n_kv_heads, head_dim,
+                         tokens=self.cache_tokens or self.cache_bytes // per_token,
+                         max_rows=self.max_rows, max_len=c.max_len, seq2seq=seq2seq,
+                         dtype=param.dtype, device=param.device)
