@@ -188,6 +188,23 @@ def test_attention_holds_the_models_weights(client, served, model, body):
     assert all(p["p"] is None or 0 <= p["p"] <= 1 for p in data["probabilities"])
 
 
+def test_attention_without_a_target_translates_on_the_servers_engine(copy_run):
+    """A translator asked to explain an input without a target explains its own greedy
+    translation, made by the server's engine: the run's offline engine (a second cache, kept
+    for the server's life) is never made."""
+    from fastapi.testclient import TestClient
+
+    import vaswani
+    from tests import conftest
+    from vaswani.serve import create_app
+
+    run = vaswani.load(copy_run[0], device=str(conftest.DEVICE))
+    with TestClient(create_app({"copy": run}), base_url="http://127.0.0.1") as c:
+        data = c.post("/v1/attention", json={"model": "copy", "input": "abcde"}).json()
+    assert run._engine is None
+    assert data["target"] == run.translate(["abcde"], beam=1)[0]
+
+
 BAD = [  # (request, status, words in the message)
     (("post", "/v1/translate", {"model": "nope", "input": "x"}), 404, "unknown model 'nope'"),
     (("post", "/v1/completions", {"model": "copy", "prompt": "x"}), 400,

@@ -209,7 +209,13 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
                                f"{limits.max_attention_tokens}", name)
         if not body.input.strip():
             raise ApiError(400, "input is empty", "input")
-        view = await server.call(body.model, lambda: run.attention_view(body.input, body.target))
+        target = body.target
+        if target is None and run.takes_target:  # a translator explains its own greedy
+            # translation: made by the server's engine, as /v1/translate's (a second engine
+            # for it, the run's offline one, would hold its own cache for the server's life)
+            greedy = run.decode_options(beam=1, n_best=1)
+            target = (await server.translate(body.model, [body.input], greedy))[0][0][0]
+        view = await server.call(body.model, lambda: run.attention_view(body.input, target))
         return {"model": body.model, **view}
 
     @app.get("/", response_class=HTMLResponse)
