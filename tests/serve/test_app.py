@@ -205,6 +205,22 @@ def test_attention_without_a_target_translates_on_the_servers_engine(copy_run):
     assert data["target"] == run.translate(["abcde"], beam=1)[0]
 
 
+def test_a_completions_prompt_is_tokenized_once_for_all_its_completions(client, served,
+                                                                        monkeypatch):
+    """The server counts the prompt's tokens (its limit) and hands those tokens to every
+    completion: one encode for n completions, and the same text as each alone."""
+    run = served["lm"]
+    encode, calls = run.source_tokenizer.encode, []
+    monkeypatch.setattr(run.source_tokenizer, "encode",
+                        lambda text: calls.append(text) or encode(text))
+    body = {"model": "lm", "prompt": "to be or", "max_tokens": 5, "n": 3, "temperature": 0}
+    data = client.post("/v1/completions", json=body).json()
+    assert calls == ["to be or"]
+    monkeypatch.undo()
+    alone = run.generate("to be or", max_new_tokens=5, temperature=0)
+    assert [c["text"] for c in data["choices"]] == [alone] * 3
+
+
 BAD = [  # (request, status, words in the message)
     (("post", "/v1/translate", {"model": "nope", "input": "x"}), 404, "unknown model 'nope'"),
     (("post", "/v1/completions", {"model": "copy", "prompt": "x"}), 400,
@@ -314,9 +330,8 @@ def test_a_full_queue_answers_503(client, monkeypatch, model, route, body):
     from vaswani.serve import workers
     from vaswani.serve.loop import Busy, EngineLoop
 
-    def full(self, *job):
-        raise (Busy if isinstance(self, EngineLoop) else workers.Busy)(
-            f"model {model!r} has 256 requests waiting; try again shortly")
+    def full(self, *job):  # one Busy for an engine's queue and an encoder's worker alike
+        raise Busy(f"model {model!r} has 256 requests waiting; try again shortly")
 
     monkeypatch.setattr(workers.Worker, "submit", full)
     monkeypatch.setattr(EngineLoop, "submit", full)

@@ -61,12 +61,15 @@ class LanguageModel(Run):
         return completion.result()
 
     def completion(self, prompt: str, decode: DecodeConfig, *, seed: int | None = None,
-                   emit: Callable[[str], None] | None = None) -> Completion:
+                   emit: Callable[[str], None] | None = None,
+                   ids: list[int] | None = None) -> Completion:
         """An engine request to continue ``prompt``, with the text it produces: ``emit``
         receives each new piece of it as it comes. A prompt longer than ``max_len`` keeps
-        its last half window (as a model trained on windows expects), with a warning."""
+        its last half window (as a model trained on windows expects), with a warning.
+        ``ids``: the prompt's tokens, when the caller has them already (the server counts
+        them first)."""
         tok = self.source_tokenizer
-        ids = tok.encode(prompt) or [tok.bos_id]
+        ids = (tok.encode(prompt) if ids is None else list(ids)) or [tok.bos_id]
         max_len = self.config.model.max_len
         if len(ids) > max_len:
             warnings.warn(f"the prompt is {len(ids)} tokens, longer than the model's max_len "

@@ -34,9 +34,24 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..inference import Run
 from . import chat, openai, schemas
-from .server import ApiError, Generation, Limits, Server, error_body
+from .loop import Busy
+from .server import Generation, Limits, Refused, Server, UnknownModel
 
 # --- the application ------------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    """An answer other than 2xx: its HTTP status, message, type and the field at fault."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None):
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
 
 LOOPBACK = ("localhost", "127.0.0.1", "::1", "[::1]")
 
@@ -71,6 +86,16 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
         return JSONResponse(error_body(e.message, e.kind, e.param), status_code=e.status)
+
+    @app.exception_handler(Refused)  # the server's refusals (server.py), as HTTP answers
+    async def refused(request, e: Refused):
+        if isinstance(e, UnknownModel):
+            return JSONResponse(error_body(e.message, "not_found_error", e.param), 404)
+        return JSONResponse(error_body(e.message, param=e.param), status_code=400)
+
+    @app.exception_handler(Busy)
+    async def busy(request, e: Busy):
+        return JSONResponse(error_body(str(e), "server_busy"), status_code=503)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, e: RequestValidationError):
@@ -274,7 +299,8 @@ def _generation(server: Server, run: Run, body, name: str, prompt: str,
     if max_tokens is not None and max_tokens > limits.max_tokens:
         raise ApiError(400, f"max_tokens ({max_tokens}) is over the limit of "
                        f"{limits.max_tokens}", "max_tokens")
-    n = len(run.source_tokenizer.encode(prompt))
+    ids = run.source_tokenizer.encode(prompt)  # counted here, and not made again
+    n = len(ids)
     if n > limits.max_prompt_tokens:
         raise ApiError(400, f"the prompt is {n:,} tokens; the limit is "
                        f"{limits.max_prompt_tokens:,}", "prompt")
@@ -285,7 +311,8 @@ def _generation(server: Server, run: Run, body, name: str, prompt: str,
                      frequency_penalty=body.frequency_penalty,
                      repetition_penalty=body.repetition_penalty,
                      no_repeat_ngram_size=body.no_repeat_ngram_size, min_length=body.min_tokens)
-    return server.generate(name, prompt, decode, n=body.n, seed=body.seed, stream=body.stream)
+    return server.generate(name, prompt, decode, n=body.n, seed=body.seed, stream=body.stream,
+                           ids=ids)
 
 
 async def _result(generation: Generation) -> dict:

@@ -34,7 +34,9 @@ Text = Annotated[str, AfterValidator(encodable)]
 Count = Annotated[int, Field(ge=0, le=MAX_NEW_TOKENS)]
 
 
-class Request(BaseModel):
+class Body(BaseModel):
+    """What every request body holds: the model it asks."""
+
     model_config = ConfigDict(extra="ignore",  # OpenAI clients send fields we do not use
                               allow_inf_nan=False)
 
@@ -50,7 +52,7 @@ class Controls(BaseModel):
     min_tokens: Count | None = None
 
 
-class Generation(Request, Controls):
+class GenerationBody(Body, Controls):
     """The fields completions and chat share (OpenAI's)."""
 
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
@@ -64,7 +66,7 @@ class Generation(Request, Controls):
     stream: bool = False
 
 
-class CompletionRequest(Generation):
+class CompletionRequest(GenerationBody):
     prompt: Text | list[Text]
 
 
@@ -75,17 +77,17 @@ class Message(BaseModel):
     content: Text
 
 
-class ChatRequest(Generation):
+class ChatRequest(GenerationBody):
     messages: list[Message] = Field(min_length=1, max_length=1024)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
 
 
-class EmbeddingRequest(Request):
+class EmbeddingRequest(Body):
     input: Text | list[Text]
     encoding_format: Literal["float", "base64"] = "float"
 
 
-class TranslateRequest(Request):
+class TranslateRequest(Body):
     input: Text | list[Text]
     beam: int | None = Field(default=None, ge=1, le=MAX_BEAM)
     n_best: int = Field(default=1, ge=1, le=MAX_BEAM)
@@ -95,10 +97,10 @@ class TranslateRequest(Request):
     min_length: Count | None = None
 
 
-class ClassifyRequest(Request):
+class ClassifyRequest(Body):
     input: Text | list[Text]
 
 
-class AttentionRequest(Request):
+class AttentionRequest(Body):
     input: Text
     target: Text | None = None

@@ -1,5 +1,6 @@
 """The server's state and its model work: the loaded runs, the limits a request must keep, the
-errors it answers with, and where each run's work goes (the routes are app.py's).
+ways it refuses one (:class:`Refused`, :class:`UnknownModel`, serve/loop.py ``Busy``: app.py
+answers each with its HTTP status), and where each run's work goes (the routes are app.py's).
 
 A run that decodes (a translator, a language model) gets an inference engine: every
 translation and completion is a request of that engine, joining the running batch at the next
@@ -24,7 +25,6 @@ from ..inference.language_model import Completion
 from . import schemas
 from .loop import Busy, EngineLoop
 from .metrics import Metrics
-from .workers import Busy as WorkerBusy
 from .workers import Job, Worker
 
 # What each route asks of a run: the method of the use class that serves it.
@@ -45,15 +45,17 @@ class Limits:
     max_attention_tokens: int = 256  # tokens of the input (and target) of /v1/attention
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+class Refused(Exception):
+    """A request that cannot be served as asked (a model of the wrong kind, input a run
+    refuses); the message says why, ``param`` names the field at fault."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.message, self.param = message, param
 
 
-def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None):
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+class UnknownModel(Refused):
+    """No model of that name is loaded."""
 
 
 class Server:
@@ -80,13 +82,13 @@ class Server:
 
     def run_for(self, name: str, route: str) -> Run:
         if name not in self.runs:
-            raise ApiError(404, f"unknown model {name!r}; loaded: {', '.join(self.runs)}",
-                           "model", "not_found_error")
+            raise UnknownModel(f"unknown model {name!r}; loaded: {', '.join(self.runs)}",
+                               "model")
         run = self.runs[name]
         method = METHOD_OF_ROUTE.get(route)
         if method is not None and not callable(getattr(type(run), method, None)):
-            raise ApiError(400, f"model {name!r} is {run.describes}; /v1/{route} needs "
-                           f"{owner_of(method).describes}", "model")
+            raise Refused(f"model {name!r} is {run.describes}; /v1/{route} needs "
+                          f"{owner_of(method).describes}", "model")
         return run
 
     def served(self, name: str) -> dict:
@@ -125,10 +127,10 @@ class Server:
             for request in requests:
                 self.loop.submit(name, request)
                 self.submitted[name] += 1
-        except Busy as e:
+        except Busy:
             for request in requests:
                 request.cancel()
-            raise ApiError(503, str(e), kind="server_busy") from None
+            raise
         return done
 
     async def translate(self, name: str, texts: list[str], decode: DecodeConfig) -> list:
@@ -139,9 +141,10 @@ class Server:
         return _answer(lambda: run.results(texts, requests, decode))
 
     def generate(self, name: str, prompt: str, decode: DecodeConfig, *, n: int,
-                 seed: int | None, stream: bool) -> Generation:
-        """``n`` completions of one prompt (seeds ``seed``, ``seed + 1``, ...); streaming,
-        each new piece of text goes to the generation's events as ("text", (index, piece))."""
+                 seed: int | None, stream: bool, ids: list[int] | None = None) -> Generation:
+        """``n`` completions of one prompt (seeds ``seed``, ``seed + 1``, ...), ``ids`` its
+        tokens if known already; streaming, each new piece of text goes to the generation's
+        events as ("text", (index, piece))."""
         run, loop = self.runs[name], asyncio.get_running_loop()
         events = asyncio.Queue() if stream else None
 
@@ -156,7 +159,7 @@ class Server:
                 first = False
             return emit
 
-        completions = [run.completion(prompt, decode, emit=emitter(k),
+        completions = [run.completion(prompt, decode, emit=emitter(k), ids=ids,
                                       seed=None if seed is None else seed + k)
                        for k in range(n)]
         done = self._submit(name, [c.request for c in completions], events)
@@ -168,13 +171,10 @@ class Server:
             try:
                 return await asyncio.wrap_future(self.loop.call(fn))
             except ValueError as e:
-                raise ApiError(400, str(e)) from None
+                raise Refused(str(e)) from None
         loop = asyncio.get_running_loop()
         job = Job("call", ("call", id(fn)), {"fn": fn}, loop=loop, future=loop.create_future())
-        try:
-            self.workers[name].submit(job)
-        except WorkerBusy as e:
-            raise ApiError(503, str(e), kind="server_busy") from None
+        self.workers[name].submit(job)
         return await _result(job)
 
     # --- work for an encoder (in its worker's thread, batched) -------------------------------
@@ -191,10 +191,7 @@ class Server:
         """An encoder's batched work (``kind``: "classify" or "embed") on ``texts``."""
         loop = asyncio.get_running_loop()
         job = Job(kind, (kind,), {"texts": texts}, loop=loop, future=loop.create_future())
-        try:
-            self.workers[name].submit(job)
-        except WorkerBusy as e:
-            raise ApiError(503, str(e), kind="server_busy") from None
+        self.workers[name].submit(job)
         return await _result(job)
 
     def close(self) -> None:
@@ -235,18 +232,18 @@ class Generation:
 
 
 def _answer(fn: Callable[[], object]):
-    """``fn()``, a ValueError from it a 400 that says why."""
+    """``fn()``; a ValueError from it (the run refusing the input) :class:`Refused`."""
     try:
         return fn()
     except ValueError as e:
-        raise ApiError(400, str(e)) from None
+        raise Refused(str(e)) from None
 
 
 async def _result(job: Job):
     try:
         return await job.future
     except ValueError as e:
-        raise ApiError(400, str(e)) from None
+        raise Refused(str(e)) from None
 
 
 def _split(jobs: list[Job], results: list) -> list:

@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-
-class Busy(Exception):
-    """The queue is full; the client should try again later."""
+from .loop import Busy
 
 
 @dataclass
