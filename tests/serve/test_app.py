@@ -324,16 +324,16 @@ def test_requests_are_answered_without_a_worker_thread(served):
 @pytest.mark.parametrize("model, route, body", [
     ("copy", "/v1/translate", {"input": "abc"}),  # an engine's queue
     ("lm", "/v1/completions", {"prompt": "to be", "n": 2}),
-    ("clf", "/v1/classify", {"input": "a good b"}),  # an encoder's worker
+    ("clf", "/v1/classify", {"input": "a good b"}),  # an encoder's batcher
 ])
 def test_a_full_queue_answers_503(client, monkeypatch, model, route, body):
-    from vaswani.serve import workers
-    from vaswani.serve.loop import Busy, EngineLoop
+    from vaswani.serve.batcher import Batcher, Busy
+    from vaswani.serve.loop import EngineLoop
 
     def full(self, *job):  # one Busy for an engine's queue and an encoder's worker alike
         raise Busy(f"model {model!r} has 256 requests waiting; try again shortly")
 
-    monkeypatch.setattr(workers.Worker, "submit", full)
+    monkeypatch.setattr(Batcher, "submit", full)
     monkeypatch.setattr(EngineLoop, "submit", full)
     response = client.post(route, json={"model": model, **body})
     assert response.status_code == 503 and "try again" in response.json()["error"]["message"]

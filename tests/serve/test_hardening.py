@@ -120,8 +120,10 @@ def test_serve_allows_the_loopback_names_and_its_own_host_by_default():
 
 
 def test_a_batch_that_fails_is_retried_job_by_job():
-    """An encoder's worker: one job that fails takes only itself down."""
-    from vaswani.serve.workers import Job, Worker
+    """An encoder's batcher, stepped by the server's loop: jobs that arrive together run as
+    one batch; one job that fails takes only itself down."""
+    from vaswani.serve.batcher import Batcher, Job
+    from vaswani.serve.loop import EngineLoop
 
     calls = []
 
@@ -132,14 +134,15 @@ def test_a_batch_that_fails_is_retried_job_by_job():
         return [j.payload["text"].upper() for j in jobs]
 
     async def main():
-        worker = Worker("w", {"up": handler}, max_batch=8, max_wait_ms=50)
+        models = EngineLoop({}, batchers={"w": Batcher("w", {"up": handler}, max_batch=8,
+                                                       max_wait_ms=50)})
         loop = asyncio.get_running_loop()
         jobs = [Job("up", (), {"text": t}, loop.create_future(), loop=loop)
                 for t in ("a", "b", "boom", "c")]
         for job in jobs:
-            worker.submit(job)
+            models.submit_job("w", job)
         results = await asyncio.gather(*(j.future for j in jobs), return_exceptions=True)
-        worker.stop()
+        models.stop()
         return results
 
     results = asyncio.run(main())

@@ -141,3 +141,26 @@ def test_a_posted_call_that_fails_does_not_stop_the_others_handed_over_with_it(c
         loop.stop()
         events.close()
     assert got == [1, 3] and "ZeroDivisionError" in capsys.readouterr().err
+
+
+def test_an_encoders_batches_run_in_the_models_thread_with_no_thread_of_their_own(
+        served, monkeypatch):
+    """Classify and embed requests are batched by the loop that steps the engines: they run
+    in its thread, and the server starts no other thread for an encoder."""
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from vaswani.serve import create_app
+
+    run, ran_in = served["clf"], []
+    probabilities = run.probabilities
+    monkeypatch.setattr(run, "probabilities", lambda texts: ran_in.append(
+        threading.current_thread().name) or probabilities(texts))
+    with TestClient(create_app({"clf": run, "lm": served["lm"]}),
+                    base_url="http://127.0.0.1") as c:
+        names = {t.name for t in threading.enumerate()}
+        answer = c.post("/v1/classify", json={"model": "clf", "input": ["a good b", "a b"]})
+    assert answer.status_code == 200 and len(answer.json()["data"]) == 2
+    assert ran_in == ["vaswani-models"]
+    assert {n for n in names if n.startswith("vaswani-")} == {"vaswani-models"}

@@ -1,6 +1,7 @@
 """``vaswani serve``: an HTTP API (OpenAI-compatible where that fits) and a page to use and
-look inside loaded runs. The application is in app.py (FastAPI, served by uvicorn); model
-work and request batching in workers.py; the page in page/ (self-contained, offline)."""
+look inside loaded runs. The application is in app.py (FastAPI, served by uvicorn); the
+runs, their engines and limits in server.py; every model's work in one thread, loop.py (an
+encoder's batches: batcher.py); the page in page/ (self-contained, offline)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ Routes (JSON in and out; errors as ``{"error": {"message", "type", "param"}}`` w
 
 A translator's or a language model's work runs on its inference engine, in a thread of its
 own (server.py, serve/loop.py): requests join the running batch at the next step and leave
-it when they end. An encoder's work is batched by a worker thread (workers.py). openai.py
+it when they end. An encoder's work is batched (batcher.py), in that same thread. openai.py
 shapes OpenAI's responses. With an API key, every /v1 route needs ``Authorization: Bearer
 KEY``.
 """
@@ -34,7 +34,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..inference import Run
 from . import chat, openai, schemas
-from .loop import Busy
+from .batcher import Busy
 from .server import Generation, Limits, Refused, Server, UnknownModel
 
 # --- the application ------------------------------------------------------------------------

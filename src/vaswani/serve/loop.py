@@ -1,7 +1,7 @@
-"""Engines in a thread of their own, for the server: requests (and one-off calls such as the
-attention explorer's, or an encoder's batch) arrive from any thread; the thread steps every
-engine that has work, in turn, and sleeps when none has. Every use of the models happens in
-this one thread.
+"""The server's models in a thread of their own: requests (and one-off calls such as the
+attention explorer's) arrive from any thread; the thread steps every engine that has work, in
+turn, runs each encoder's batches as they fall due (batcher.py), and sleeps when nothing is
+due. Every use of the models happens in this one thread.
 
 Why one thread for all of a server's models, rather than one each: on a CPU, PyTorch runs an
 operator on a team of OpenMP threads, and each Python thread that runs operators gets a team
@@ -28,26 +28,27 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 
 from ..engine import Engine, Request
+from .batcher import Batcher, Busy, Job, settle
 
-
-class Busy(Exception):
-    """Too many requests are waiting; the client should try again later."""
+WAKE = object()  # an inbox item that only wakes the loop (an encoder's job has arrived)
 
 
 class EngineLoop:
-    def __init__(self, engines: dict[str, Engine], *, max_queue: int = 256,
-                 threads: int | None = None) -> None:
-        """``engines`` by model name; ``threads``: PyTorch's threads in the loop's thread
-        (default: as many as it has now)."""
+    def __init__(self, engines: dict[str, Engine], *, batchers: dict[str, Batcher] | None = None,
+                 max_queue: int = 256, threads: int | None = None) -> None:
+        """``engines`` and an encoder's ``batchers`` by model name; ``threads``: PyTorch's
+        threads in the loop's thread (default: as many as it has now)."""
         import torch
 
         self.engines, self.max_queue = dict(engines), max_queue
+        self.batchers = dict(batchers or {})
         self.threads = threads or torch.get_num_threads()
         self.inbox: queue.Queue = queue.Queue()
         self.outbox: dict = {}  # asyncio event loop -> [(fn, args), ...] posted this step
@@ -65,6 +66,12 @@ class EngineLoop:
                            "shortly")
             self.queued[name] += 1
         self.inbox.put((name, request))
+
+    def submit_job(self, name: str, job: Job) -> None:
+        """Queue an encoder's job for the batcher of model ``name`` (its future is settled
+        in its event loop); Busy when its queue is full."""
+        self.batchers[name].submit(job)
+        self.inbox.put(WAKE)
 
     def call(self, fn: Callable[[], object]) -> Future:
         """Run ``fn()`` in the loop's thread, between two steps."""
@@ -102,24 +109,41 @@ class EngineLoop:
     def busy(self) -> bool:
         return any(engine.busy for engine in self.engines.values())
 
+    def _idle(self) -> float | None:
+        """How long the loop may wait for new work: 0 while an engine is busy, until the
+        next encoder batch falls due, or (None) until something arrives."""
+        if self.busy:
+            return 0.0
+        now = time.perf_counter()
+        due = [t for b in self.batchers.values() if (t := b.due_in(now)) is not None]
+        return min(due, default=None)
+
     def _loop(self) -> None:
         import torch
 
         torch.set_num_threads(self.threads)
         torch.set_grad_enabled(False)
-        while self._take_all(wait=not self.busy):  # wait for work only when there is none
+        while self._take_all(self._idle()):  # wait for work only when none is due
             for engine in self.engines.values():  # a step of each, in turn
                 if engine.busy:
                     self._step(engine)
-                if not self._take_all(wait=False):  # what came meanwhile joins the next step
+                if not self._take_all(0.0):  # what came meanwhile joins the next step
                     return
+            now = time.perf_counter()
+            for batcher in self.batchers.values():  # an encoder's batch once it is due
+                if batcher.due_in(now) == 0.0:
+                    for job, result in batcher.step():
+                        if job.future is not None and job.loop is not None:
+                            self.post(job.loop, settle, job.future, result)
+            self._deliver()  # the batches' results, before the loop waits again
 
-    def _take_all(self, wait: bool) -> bool:
-        """Take everything in the inbox (first waiting for an item, with ``wait``), then
-        hand over what was posted since the last time (by a step's hooks, or by a request
-        refused as it was taken); False once told to stop."""
+    def _take_all(self, timeout: float | None) -> bool:
+        """Take everything in the inbox (first waiting up to ``timeout`` seconds for an item;
+        None: until one comes), then hand over what was posted since the last time (by a
+        step's hooks, by a batch, or by a request refused as it was taken); False once told
+        to stop."""
         try:
-            item = self.inbox.get(block=wait)
+            item = self.inbox.get(block=timeout != 0.0, timeout=timeout or None)
             while item is not None:
                 self._take(item)
                 item = self.inbox.get_nowait()
@@ -130,6 +154,8 @@ class EngineLoop:
             self._deliver()
 
     def _take(self, item) -> None:
+        if item is WAKE:  # an encoder's job: its batcher holds it
+            return
         if isinstance(item[1], Request):
             name, request = item
             with self.lock:

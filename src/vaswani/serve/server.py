@@ -5,9 +5,9 @@ answers each with its HTTP status), and where each run's work goes (the routes a
 A run that decodes (a translator, a language model) gets an inference engine: every
 translation and completion is a request of that engine, joining the running batch at the next
 step and leaving it as soon as it ends; its tokens come back to the event loop as they are
-made. An encoder's work (classify, embed) is batched by a worker thread (workers.py). Every
-model runs in one thread, the engines' (serve/loop.py says why): it steps each engine in
-turn, and runs an encoder's batches and one-off jobs (the attention explorer) between steps.
+made. An encoder's work (classify, embed) is batched (batcher.py). Every model runs in one
+thread, the loop's (loop.py says why): it steps each engine in turn, and runs an encoder's
+batches and one-off jobs (the attention explorer) between steps.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from ..inference import Run
 from ..inference.base import owner_of
 from ..inference.language_model import Completion
 from . import schemas
-from .loop import Busy, EngineLoop
+from .batcher import Batcher, Busy, Job
+from .loop import EngineLoop
 from .metrics import Metrics
-from .workers import Job, Worker
 
 # What each route asks of a run: the method of the use class that serves it.
 METHOD_OF_ROUTE = {"completions": "generate", "chat": "generate", "translate": "translate",
@@ -59,7 +59,7 @@ class UnknownModel(Refused):
 
 
 class Server:
-    """The loaded runs, their engines and workers, and the limits."""
+    """The loaded runs, their engines and batchers, and the limits."""
 
     def __init__(self, runs: dict[str, Run], *, max_batch: int, max_wait_ms: float,
                  max_queue: int, limits: Limits, threads: int | None = None,
@@ -70,11 +70,11 @@ class Server:
         config = EngineConfig(max_rows=max_batch, fast_lane=fast_lane)
         self.engines = {name: run.new_engine(config)
                         for name, run in runs.items() if run.decodes}
-        self.loop = EngineLoop(self.engines, max_queue=max_queue, threads=threads)
-        self.workers = {name: Worker(name, self._handlers(run), max_batch=max_batch,
-                                     max_wait_ms=max_wait_ms, max_queue=max_queue,
-                                     compute=self.loop.call)
-                        for name, run in runs.items() if not run.decodes}
+        self.batchers = {name: Batcher(name, self._handlers(run), max_batch=max_batch,
+                                       max_wait_ms=max_wait_ms, max_queue=max_queue)
+                         for name, run in runs.items() if not run.decodes}
+        self.loop = EngineLoop(self.engines, batchers=self.batchers, max_queue=max_queue,
+                               threads=threads)
         self.submitted = dict.fromkeys(runs, 0)
         self.cancelled = dict.fromkeys(runs, 0)
         self.started = int(time.time())
@@ -94,10 +94,10 @@ class Server:
     def served(self, name: str) -> dict:
         """What /health says of one model: requests, batches (engine steps), cancelled,
         waiting (and, for an engine, what it runs and how full its cache is)."""
-        if name in self.workers:
-            w = self.workers[name]
-            return {"batches": w.batches, "requests": w.jobs, "cancelled": w.cancelled,
-                    "waiting": w.queue.qsize()}
+        if name in self.batchers:
+            b = self.batchers[name]
+            return {"batches": b.batches, "requests": b.jobs, "cancelled": b.cancelled,
+                    "waiting": b.waiting}
         stats = self.engines[name].stats()
         return {"batches": stats["steps"], "requests": self.submitted[name],
                 "cancelled": self.cancelled[name], **stats}
@@ -166,37 +166,29 @@ class Server:
         return Generation(completions, done, events)
 
     async def call(self, name: str, fn: Callable[[], object]):
-        """Run one-off work with a run's model, in the thread that owns it."""
-        if name in self.engines:
-            try:
-                return await asyncio.wrap_future(self.loop.call(fn))
-            except ValueError as e:
-                raise Refused(str(e)) from None
-        loop = asyncio.get_running_loop()
-        job = Job("call", ("call", id(fn)), {"fn": fn}, loop=loop, future=loop.create_future())
-        self.workers[name].submit(job)
-        return await _result(job)
+        """Run one-off work with a run's model, in the thread that owns it (between steps)."""
+        try:
+            return await asyncio.wrap_future(self.loop.call(fn))
+        except ValueError as e:
+            raise Refused(str(e)) from None
 
-    # --- work for an encoder (in its worker's thread, batched) -------------------------------
+    # --- work for an encoder (batched, in the loop's thread) ---------------------------------
     def _handlers(self, run: Run) -> dict:
         return {
             "classify": lambda jobs: _split(jobs, run.probabilities(
                 [t for j in jobs for t in j.payload["texts"]])),
             "embed": lambda jobs: _split(jobs, list(run.embed(
                 [t for j in jobs for t in j.payload["texts"]]))),
-            "call": lambda jobs: [jobs[0].payload["fn"]()],
         }
 
     async def encode(self, name: str, kind: str, texts: list[str]) -> list:
         """An encoder's batched work (``kind``: "classify" or "embed") on ``texts``."""
         loop = asyncio.get_running_loop()
         job = Job(kind, (kind,), {"texts": texts}, loop=loop, future=loop.create_future())
-        self.workers[name].submit(job)
+        self.loop.submit_job(name, job)
         return await _result(job)
 
     def close(self) -> None:
-        for worker in self.workers.values():
-            worker.stop()
         self.loop.stop()
 
 
@@ -244,6 +236,9 @@ async def _result(job: Job):
         return await job.future
     except ValueError as e:
         raise Refused(str(e)) from None
+    except asyncio.CancelledError:  # the client went away: the batch drops it
+        job.cancelled = True
+        raise
 
 
 def _split(jobs: list[Job], results: list) -> list:
