@@ -1,0 +1,266 @@
+"""The routes of ``vaswani serve`` (app.py builds the application around them): the model
+routes under /v1 (behind the API key when there is one), /health and /metrics, and the page.
+
+Each route checks what the request asks against the server's limits (a 400 that names the
+field and the limit), hands the work to the server (server.py) and shapes the answer
+(OpenAI's where there is one: openai.py). Every route and dependency here is a coroutine:
+FastAPI runs a plain function in a worker thread, and every request would hop there and back
+(under load, each hop waits for a core that the models' threads are using); only the page's
+static files, which touch no model, are plain functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from importlib import resources
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import HTMLResponse, Response
+
+from ..inference import Run
+from . import chat, openai, schemas
+from .server import Generation, Limits, Server
+
+
+class ApiError(Exception):
+    """An answer other than 2xx: its HTTP status, message, type and the field at fault."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+
+async def the_server(request: Request) -> Server:
+    return request.app.state.server
+
+
+async def authorised(request: Request) -> None:
+    key = request.app.state.api_key
+    if key and request.headers.get("authorization") != f"Bearer {key}":
+        raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY",
+                       kind="authentication_error")
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None):
+    """An error answer's body, as OpenAI's."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+TheServer = Annotated[Server, Depends(the_server)]
+info = APIRouter()  # /health, /metrics
+api = APIRouter(prefix="/v1", dependencies=[Depends(authorised)])
+pages = APIRouter()  # the page and its files
+
+
+@info.get("/health")
+async def health(request: Request, server: TheServer):
+    return {"status": "ok", "models": list(server.runs),
+            "auth": bool(request.app.state.api_key),
+            "served": {name: server.served(name) for name in server.runs}}
+
+
+@info.get("/metrics")
+async def metrics(server: TheServer):
+    body, media_type = server.metrics.exposition()
+    return Response(body, media_type=media_type)
+
+
+@api.get("/models")
+async def models(server: TheServer):
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": server.started, "owned_by": "vaswani",
+         "task": run.task.name, "arch": run.config.model.arch, "action": run.action,
+         "summary": run.summary, "target": run.takes_target,
+         "chat": run.chat_template is not None, "labels": run.labels}
+        for name, run in server.runs.items()]}
+
+
+@api.post("/translate")
+async def translate(body: schemas.TranslateRequest, server: TheServer):
+    run = server.run_for(body.model, "translate")
+    texts = _texts(body.input, server.limits)
+    decode = _decode(run, beam=body.beam, n_best=body.n_best,
+                     length_penalty=body.length_penalty,
+                     no_repeat_ngram_size=body.no_repeat_ngram_size,
+                     repetition_penalty=body.repetition_penalty,
+                     min_length=body.min_length)
+    results = await server.translate(body.model, texts, decode)
+    return {"object": "list", "model": body.model, "data": [
+        {"index": i, "translations": [{"text": t, "score": s} for t, s in hyps]}
+        for i, hyps in enumerate(results)]}
+
+
+@api.post("/classify")
+async def classify(body: schemas.ClassifyRequest, server: TheServer):
+    run = server.run_for(body.model, "classify")
+    if not run.labels:
+        raise ApiError(400, f"model {body.model!r} has no classification head (an "
+                       "imported encoder): use /v1/embeddings", "model")
+    results = await server.encode(body.model, "classify", _texts(body.input, server.limits))
+    return {"object": "list", "model": body.model, "data": [
+        {"index": i, "label": max(p, key=p.get), "probability": max(p.values()),
+         "probabilities": p} for i, p in enumerate(results)]}
+
+
+@api.post("/embeddings")
+async def embeddings(body: schemas.EmbeddingRequest, server: TheServer):
+    run = server.run_for(body.model, "embeddings")
+    texts = _texts(body.input, server.limits)
+    vectors = await server.encode(body.model, "embed", texts)
+    n_tokens = sum(len(run.source_tokenizer.encode(t)) for t in texts)
+    return {"object": "list", "model": body.model, "data": [
+        {"object": "embedding", "index": i, "embedding": openai.vector(v, body.encoding_format)}
+        for i, v in enumerate(vectors)],
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+
+
+@api.post("/completions")
+async def completions(body: schemas.CompletionRequest, request: Request, server: TheServer):
+    run = server.run_for(body.model, "completions")
+    prompts = _texts(body.prompt, server.limits, allow_empty=True)
+    if body.stream and len(prompts) > 1:
+        raise ApiError(400, "stream with a list of prompts is not supported; send one "
+                       "prompt per request", "prompt")
+    generations = [_generation(server, run, body, body.model, p, body.max_tokens)
+                   for p in prompts]
+    if body.stream:
+        return openai.sse(generations[0], request, body.model, "text_completion",
+                          chat_mode=False)
+    results = [await _result(g) for g in generations]
+    choices, usage = openai.choices(results, body.n, chat_mode=False)
+    return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
+            "created": int(time.time()), "model": body.model, "choices": choices,
+            "usage": usage}
+
+
+@api.post("/chat/completions")
+async def chat_completions(body: schemas.ChatRequest, request: Request, server: TheServer):
+    run = server.run_for(body.model, "chat")
+    if run.chat_template is None:
+        raise ApiError(400, f"model {body.model!r} has no chat template (a model trained "
+                       "with vaswani has none); use /v1/completions with a plain prompt",
+                       "model")
+    tok = run.source_tokenizer
+    try:
+        prompt = chat.render(run.chat_template, [m.model_dump() for m in body.messages],
+                             bos_token=tok.token(tok.bos_id), eos_token=tok.token(tok.eos_id))
+    except chat.TemplateError as e:
+        raise ApiError(400, str(e), "messages") from None
+    _check_length(prompt, server.limits, "messages")
+    generation = _generation(server, run, body, body.model, prompt,
+                             body.max_completion_tokens or body.max_tokens)
+    if body.stream:
+        return openai.sse(generation, request, body.model, "chat.completion.chunk",
+                          chat_mode=True)
+    choices, usage = openai.choices([await _result(generation)], body.n, chat_mode=True)
+    return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
+            "created": int(time.time()), "model": body.model, "choices": choices,
+            "usage": usage}
+
+
+@api.post("/attention")
+async def attention(body: schemas.AttentionRequest, server: TheServer):
+    run = server.run_for(body.model, "attention")
+    for name, text in (("input", body.input), ("target", body.target)):
+        if text is None:
+            continue
+        _check_length(text, server.limits, name)
+        n = len(run.source_tokenizer.encode(text))
+        if n > server.limits.max_attention_tokens:
+            raise ApiError(400, f"{name} is {n} tokens; /v1/attention takes at most "
+                           f"{server.limits.max_attention_tokens}", name)
+    if not body.input.strip():
+        raise ApiError(400, "input is empty", "input")
+    target = body.target
+    if target is None and run.takes_target:  # a translator explains its own greedy
+        # translation: made by the server's engine, as /v1/translate's (a second engine
+        # for it, the run's offline one, would hold its own cache for the server's life)
+        greedy = run.decode_options(beam=1, n_best=1)
+        target = (await server.translate(body.model, [body.input], greedy))[0][0][0]
+    view = await server.call(body.model, lambda: run.attention_view(body.input, target))
+    return {"model": body.model, **view}
+
+
+@pages.get("/", response_class=HTMLResponse)
+def page():
+    return _page_file("index.html")
+
+
+@pages.get("/app.js")
+def script():
+    return Response(_page_file("app.js"), media_type="text/javascript")
+
+
+@pages.get("/style.css")
+def style():
+    return Response(_page_file("style.css"), media_type="text/css")
+
+
+def _page_file(name: str) -> str:
+    return resources.files("vaswani.serve").joinpath("page", name).read_text(encoding="utf-8")
+
+
+# --- request helpers -----------------------------------------------------------------------
+
+def _check_length(text: str, limits: Limits, param: str) -> None:
+    if len(text) > limits.max_input_chars:
+        raise ApiError(400, f"{param} is {len(text):,} characters; the limit is "
+                       f"{limits.max_input_chars:,}", param)
+
+
+def _texts(value: str | list[str], limits: Limits, *, allow_empty: bool = False) -> list[str]:
+    texts = [value] if isinstance(value, str) else list(value)
+    if not texts:
+        raise ApiError(400, "input is an empty list", "input")
+    if len(texts) > limits.max_items:
+        raise ApiError(400, f"input has {len(texts)} items; the limit is {limits.max_items}",
+                       "input")
+    for text in texts:
+        _check_length(text, limits, "input")
+        if not allow_empty and not text.strip():
+            raise ApiError(400, "input holds an empty text", "input")
+    return texts
+
+
+def _decode(run: Run, **given):
+    try:
+        return run.decode_options(**given)
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+
+
+def _generation(server: Server, run: Run, body, name: str, prompt: str,
+                max_tokens: int | None) -> Generation:
+    limits = server.limits
+    if body.n > limits.max_n:
+        raise ApiError(400, f"n ({body.n}) is over the limit of {limits.max_n}", "n")
+    if max_tokens is not None and max_tokens > limits.max_tokens:
+        raise ApiError(400, f"max_tokens ({max_tokens}) is over the limit of "
+                       f"{limits.max_tokens}", "max_tokens")
+    ids = run.source_tokenizer.encode(prompt)  # counted here, and not made again
+    n = len(ids)
+    if n > limits.max_prompt_tokens:
+        raise ApiError(400, f"the prompt is {n:,} tokens; the limit is "
+                       f"{limits.max_prompt_tokens:,}", "prompt")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    decode = _decode(run, max_new_tokens=max_tokens, temperature=body.temperature,
+                     top_p=body.top_p, top_k=body.top_k, stop=stop,
+                     presence_penalty=body.presence_penalty,
+                     frequency_penalty=body.frequency_penalty,
+                     repetition_penalty=body.repetition_penalty,
+                     no_repeat_ngram_size=body.no_repeat_ngram_size, min_length=body.min_tokens)
+    return server.generate(name, prompt, decode, n=body.n, seed=body.seed, stream=body.stream,
+                           ids=ids)
+
+
+async def _result(generation: Generation) -> dict:
+    try:
+        await generation.done
+    except asyncio.CancelledError:  # the client went away
+        generation.cancel()
+        raise
+    return generation.result()
