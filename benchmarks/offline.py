@@ -1,5 +1,5 @@
-"""Offline decoding through the inference engine, against the old batched decoder and against
-CTranslate2 on the same exported model.
+"""Offline decoding through the inference engine, against CTranslate2 on the same exported
+model.
 
     python -m benchmarks.offline [--quick] [--json OUT.json] [--work DIR] [--profile [ROW]]
     python -m benchmarks.offline --linear [--json OUT.json]
@@ -8,17 +8,14 @@ CTranslate2 on the same exported model.
     python -m benchmarks.offline --cache-writes [--json OUT.json]
     python -m benchmarks.offline --cold-keys [--json OUT.json]
 
-1. A decode step: 32 prompts of 5-60 tokens continued by 64 tokens, greedy, by the engine and
-   by generation/decode.py ``generate_batch`` (the left-padded batch with a concatenating KV
-   cache that serving used before the engine), alternating, best of four; outputs compared.
-2. 1,000 sentences (``vaswani translate``'s path: ``Translator.translate``), greedy and beam 4
-   (length penalty 0, one length cap of 64 tokens), against CTranslate2 on the run exported
-   with ``vaswani export --format ct2``; 1,000 prompts (``generate_many``, 64 new tokens,
-   greedy) against its ``generate_batch``. Each engine runs in a process of its own, called as
-   its users call it (benchmarks/peers.py: CTranslate2 gets every input in one call and sorts
-   and batches them itself); they take turns twice and each keeps its best time. Outputs are
-   compared apart from the timing (the algorithms agree, beam search included). The same
-   rows again in int8: vaswani's ``quantize="int8"`` against CTranslate2's int8 export.
+1,000 sentences (``vaswani translate``'s path: ``Translator.translate``), greedy and beam 4
+(length penalty 0, one length cap of 64 tokens), against CTranslate2 on the run exported with
+``vaswani export --format ct2``; 1,000 prompts (``generate_many``, 64 new tokens, greedy)
+against its ``generate_batch``. Each engine runs in a process of its own, called as its users
+call it (benchmarks/peers.py: CTranslate2 gets every input in one call and sorts and batches
+them itself); they take turns twice and each keeps its best time. Outputs are compared apart
+from the timing (the algorithms agree, beam search included). The same rows again in int8:
+vaswani's ``quantize="int8"`` against CTranslate2's int8 export.
 
 ``--linear`` only times a linear layer's two CPU inference paths: ``torch.nn.Linear`` (MKL) and
 nn/linear.py ``Linear`` (oneDNN over a reordered copy of the weight; timed on any CPU, though
@@ -72,44 +69,6 @@ import torch
 
 from .common import make_runs, report, sentence
 from .peers import agreement, batchings, race_at_best
-
-
-def decode_step(quick: bool) -> dict:
-    from vaswani import ModelConfig, build_model
-    from vaswani.engine import Engine, EngineConfig, Params, Request
-    from vaswani.generation import Sampling, generate_batch
-
-    torch.manual_seed(0)
-    lm = build_model(ModelConfig(arch="decoder", vocab_size=65, d_model=256, n_heads=4,
-                                 d_ff=1024, n_layers=4, dropout=0.0, max_len=512,
-                                 positional="learned", norm_first=True, activation="gelu",
-                                 scale_embeddings=False)).eval()
-    rng = random.Random(0)
-    prompts = [[rng.randint(3, 64) for _ in range(rng.randint(5, 60))] for _ in range(32)]
-    new = 32 if quick else 64
-    engine = Engine(lm, bos_id=1, eos_id=-1, config=EngineConfig(max_rows=64))
-    outputs: dict[str, list] = {}
-
-    def old() -> None:
-        with torch.inference_mode():
-            outputs["old"] = generate_batch(lm, prompts, max_new_tokens=[new] * 32,
-                                            sampling=[Sampling(0.0)] * 32, bos_id=1, eos_id=-1)
-
-    def engine_run() -> None:
-        requests = [Request(p, Params(max_new_tokens=new)) for p in prompts]
-        engine.run(requests)
-        outputs["engine"] = [r.output for r in requests]
-
-    best = {"engine": 0.0, "generate_batch": 0.0}
-    for rep in range(2 if quick else 4):
-        order = [("engine", engine_run), ("generate_batch", old)]
-        for name, fn in order if rep % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
-            fn()
-            best[name] = max(best[name], 32 * new / (time.perf_counter() - start))
-    return {"tokens_per_s": {k: round(v) for k, v in best.items()},
-            "engine_over_generate_batch": round(best["engine"] / best["generate_batch"], 2),
-            "same_outputs": outputs["engine"] == outputs["old"]}
 
 
 def against_ct2(work: Path, n: int, threads: int, rounds: int = 2,
@@ -512,7 +471,7 @@ def main() -> None:
                                                    f"{row['kernel_seconds']} s")],
                {f"profile_{args.profile}": row}, args.json)
         return
-    results = {"decode_step": decode_step(args.quick)}
+    results = {}
     try:
         import ctranslate2  # noqa: F401
 
@@ -520,10 +479,7 @@ def main() -> None:
                                              torch.get_num_threads())
     except ImportError:
         results["ctranslate2"] = "not run: pip install 'vaswani[export]'"
-    step = results["decode_step"]
-    rows = [("decode 32 x 64 tokens, engine / generate_batch",
-             f"{step['engine_over_generate_batch']}x ({step['tokens_per_s']}; same outputs: "
-             f"{step['same_outputs']})")]
+    rows = []
     ct2 = results["ctranslate2"]
     for name, r in ct2.items() if isinstance(ct2, dict) else []:
         same = f"; same outputs {r['same_outputs']:.0%}" if "same_outputs" in r else ""

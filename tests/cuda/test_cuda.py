@@ -65,7 +65,7 @@ def test_fused_sdpa_kernels_equal_the_written_out_attention(backend):
 
 
 def test_cached_generation_equals_uncached_on_cuda(tmp_path):
-    from vaswani.generation.decode import generate
+    from vaswani.generation.reference import generate
 
     run = vaswani.load(lm_run(tmp_path, "lm"), device="cuda")
     tok = run.source_tokenizer

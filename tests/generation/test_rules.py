@@ -1,14 +1,13 @@
 """Decoding controls (generation/rules.py) against Hugging Face's logits processors, and
 batched generation against generation one prompt at a time."""
 
-import random
 
 import pytest
 import torch
 from torch.testing import assert_close
 
 from vaswani import ModelConfig, build_model
-from vaswani.generation import Rules, Sampling, beam_decode, generate, generate_batch
+from vaswani.generation import Rules, beam_decode
 from vaswani.generation.rules import banned_by_ngrams
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
@@ -105,23 +104,3 @@ def test_beam_search_with_no_repeat_never_repeats_an_ngram():
         for ids, _ in hyps:
             pairs = list(zip(ids, ids[1:], strict=False))
             assert len(pairs) == len(set(pairs)), ids
-
-
-@pytest.mark.parametrize("positional", ["learned", "rope"])
-def test_batched_generation_equals_one_prompt_at_a_time(positional):
-    """Left-padded rows of different lengths, each with its own limit, sampling and seed, give
-    exactly what generate() gives each prompt alone (with the same rules)."""
-    lm = tiny("decoder", positional=positional, norm_first=True)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, 12) for _ in range(n)] for n in (1, 6, 3, 9)]
-    sampling = [Sampling(temperature=0), Sampling(temperature=0.9, seed=5),
-                Sampling(temperature=1.2, top_k=4, seed=7), Sampling(top_p=0.8, seed=1)]
-    limits = [12, 7, 20, 10]
-    rules = Rules(repetition_penalty=1.2, no_repeat_ngram_size=3)
-    together = generate_batch(lm, prompts, max_new_tokens=limits, sampling=sampling,
-                              bos_id=BOS, eos_id=EOS, rules=rules)
-    for prompt, s, limit, got in zip(prompts, sampling, limits, together, strict=True):
-        alone = generate(lm, prompt, max_new_tokens=limit, bos_id=BOS, eos_id=EOS,
-                         temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
-                         rules=rules)
-        assert got == alone

@@ -334,9 +334,9 @@ class SlotKV:
             self.k_all[:self.n, :, c:c + 1] = k
             self.v_all[:self.n, :, c:c + 1] = v
             return self.k, self.v
-        Dh = k.size(-1)  # whole rows of Dh numbers copied: 0.6x indexing (slot, :, column)
-        self.k_all.view(-1, Dh).index_copy_(0, self.write.view(-1), k.reshape(-1, Dh))
-        self.v_all.view(-1, Dh).index_copy_(0, self.write.view(-1), v.reshape(-1, Dh))
+        Dh, dtype = k.size(-1), self.k_all.dtype  # k may be bf16 (autocast: a training metric)
+        self.k_all.view(-1, Dh).index_copy_(0, self.write.view(-1), k.reshape(-1, Dh).to(dtype))
+        self.v_all.view(-1, Dh).index_copy_(0, self.write.view(-1), v.reshape(-1, Dh).to(dtype))
         return self.k, self.v
 
     def queries(self, q: Tensor) -> Tensor:

@@ -48,8 +48,8 @@ class Runner:
         memory = self.model.encode(src, src_mask=keep)  # (B, S, D)
         to = torch.tensor([r.source_slot for r in requests], device=self.device)
         for i, (k, v) in enumerate(self.model.cross_keys_values(memory)):  # (B, Hkv, S, Dh)
-            self.cache.ck[i][to, :, :S] = k
-            self.cache.cv[i][to, :, :S] = v
+            self.cache.ck[i][to, :, :S] = k.to(self.cache.dtype)  # (under autocast: bf16)
+            self.cache.cv[i][to, :, :S] = v.to(self.cache.dtype)
 
     @torch.inference_mode()
     def decode(self, rows: list[tuple[Request, Sequence]]) -> tuple[Tensor, list[int]]:

@@ -6,7 +6,7 @@ Every step:
 2. every running row with exactly one token not yet cached is decoded (it feeds that token
    and gets its next one); a language model's row whose context would pass ``max_len``
    slides first (its context is cut to the last half window and recomputed, as
-   generation/steppers.py ``LMStepper`` does);
+   generation/reference.py ``LMStepper`` does);
 3. rows with more uncached tokens (a prompt, a slid context, a preempted request being
    recomputed) are prefilled, in chunks, under a budget of ``max_step_tokens`` tokens;
 4. waiting requests are admitted in arrival order while slots and the budget allow (in an

@@ -1,10 +1,20 @@
-"""Turning a trained model into outputs: greedy, beam search and sampling, with a KV cache."""
+"""Turning a trained model into outputs: the reference decoders (greedy, beam search and
+sampling, reference.py) that the inference engine (engine/) is tested against, and what both
+share: one sentence's beam search (search.py), sampling many rows at once (sampling.py) and
+the decoding rules (rules.py)."""
 
-from .decode import Sampling, beam_decode, generate, generate_batch, greedy_decode
+from .reference import (
+                        LMStepper,
+                        Seq2SeqStepper,
+                        beam_decode,
+                        beam_search,
+                        decode_loop,
+                        generate,
+                        greedy_decode,
+                        sample_next,
+)
 from .rules import Rules
-from .search import beam_search, decode_loop, length_penalty, sample_next
-from .steppers import LMStepper, Seq2SeqStepper
+from .search import Beam, length_penalty
 
-__all__ = ["LMStepper", "Rules", "Sampling", "Seq2SeqStepper", "beam_decode", "beam_search",
-           "decode_loop", "generate", "generate_batch", "greedy_decode", "length_penalty",
-           "sample_next"]
+__all__ = ["Beam", "LMStepper", "Rules", "Seq2SeqStepper", "beam_decode", "beam_search",
+           "decode_loop", "generate", "greedy_decode", "length_penalty", "sample_next"]

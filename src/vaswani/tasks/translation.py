@@ -19,8 +19,8 @@ import torch
 from ..data import files
 from ..data.batching import Batch, BucketBatches, pad
 from ..data.tokenizers import train_tokenizer
+from ..engine import Engine, EngineConfig, Params, Request
 from ..evaluation.metrics import bleu_chrf, exact_match
-from ..generation import greedy_decode
 from ..models.losses import smoothed_cross_entropy
 from .base import Task
 
@@ -99,17 +99,24 @@ class Translation(Task):
 
     @torch.no_grad()
     def metric(self, model, data, batches, n_examples, device):
+        """Exact match, sacreBLEU and chrF of the greedy translations of the first
+        ``n_examples`` validation pairs, decoded as ``vaswani translate`` decodes: on the
+        inference engine (engine/), each within the run's ``max_len_a`` and ``max_len_b``."""
         pairs = data.raw_valid[:n_examples]
         if not pairs:
             return {}
-        target = data.target_tokenizer
-        d = self.config.decode
-        hyps = []
-        for start in range(0, len(pairs), 64):
-            sources = [data.valid[start + j][0] for j in range(len(pairs[start: start + 64]))]
-            out = greedy_decode(model, pad(sources, self.pad_id).to(device), bos_id=target.bos_id,
-                                eos_id=target.eos_id, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
-            hyps.extend(target.decode(ids) for ids in out)
+        target, d = data.target_tokenizer, self.config.decode
+        # 64 rows (a small cache); no CUDA graphs captured for a one-off pass; no fast lane
+        engine = Engine(model, bos_id=target.bos_id, eos_id=target.eos_id,
+                        config=EngineConfig(max_rows=64, cuda_graphs=False, fast_lane=0))
+        requests = []
+        for i in range(len(pairs)):
+            source = data.valid[i][0].tolist()
+            limit = max(1, int(len(source) * d.max_len_a + d.max_len_b))
+            requests.append(Request(source, Params(max_new_tokens=limit),
+                                    start=[target.bos_id], history_start=1))
+        engine.run(sorted(requests, key=lambda r: -len(r.prompt)))  # longest first (translate)
+        hyps = [target.decode(r.output) for r in requests]
         refs = [t for _, t in pairs]
         scores = bleu_chrf(hyps, refs)
         return {"exact_match": exact_match(hyps, refs), "bleu": scores["bleu"],
