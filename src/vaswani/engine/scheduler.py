@@ -1,4 +1,5 @@
-"""Which rows run in the engine's next step; nothing here runs a model.
+"""Which rows run in the engine's next step, and every change of a request's state (its
+status, its slots, what its rows have cached); nothing here runs a model.
 
 Every step:
 
