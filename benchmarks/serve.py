@@ -22,6 +22,10 @@ request batching on and off.
 
 3. Mixed (``--parts mixed``): translations and completions of many lengths from 32 clients,
    and a short request among long ones: benchmarks/serve_mixed.py says what is measured.
+4. The explorer's memory (``--parts attention``): the translator above serves 8 translations,
+   then 3 ``POST /v1/attention`` without a target (the server translates each input first, to
+   explain its own output); the server's resident memory (Linux, /proc) after each. An engine
+   made for the explorer beside the serving one would show here as hundreds of MB.
 
 Each server is a separate ``vaswani serve`` process (as a user runs it) on 127.0.0.1; the
 clients are threads in this process. The two settings alternate (off, on, off, on) and the
@@ -118,6 +122,30 @@ def thread_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+def rss_mb(pid: int) -> float | None:
+    """Process ``pid``'s resident memory in MB (Linux), else None."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
+    return round(kb / 1024, 1)
+
+
+def attention_memory(url: str, pid: int, name: str, texts: list[str], calls: int = 3) -> dict:
+    """The server's resident memory after 8 translations of ``texts``, and after ``calls``
+    /v1/attention requests without a target on the next ones (model ``name``)."""
+    with httpx.Client(base_url=url, timeout=600) as http:
+        for text in texts[:8]:
+            http.post("/v1/translate", json={"model": name, "input": text}).raise_for_status()
+        serving = rss_mb(pid)
+        for text in texts[8:8 + calls]:
+            http.post("/v1/attention", json={"model": name, "input": text}).raise_for_status()
+        explained = rss_mb(pid)
+    grew = None if serving is None or explained is None else round(explained - serving, 1)
+    return {"rss_serving_mb": serving, "rss_after_attention_mb": explained, "grew_mb": grew}
+
+
 def stream(url: str, clients: int, tokens: int, pid: int | None = None) -> dict:
     """Each client streams one completion of ``tokens`` tokens (after a warm-up). With the
     server's ``pid``: also the CPU time its main thread (HTTP and server-sent events; the
@@ -149,7 +177,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer requests (~3 minutes)")
     parser.add_argument("--json", metavar="OUT.json")
     parser.add_argument("--work", metavar="DIR", help="where the runs go (default: a temp dir)")
-    parser.add_argument("--parts", default="translation,streaming,mixed",
+    parser.add_argument("--parts", default="translation,streaming,mixed,attention",
                         help="which to measure (comma-separated; the other parts of an existing "
                              "--json file are kept)")
     parser.add_argument("--clients", default="1,8,32",
@@ -166,7 +194,7 @@ def main() -> None:
     sentences = [sentence(rng) for _ in range(4096)]
     rounds = 1 if args.quick else 2
     parts = set(args.parts.split(","))
-    results: dict = {"translation": {}, "streaming": {}, "mixed": {}}
+    results: dict = {"translation": {}, "streaming": {}, "mixed": {}, "attention": {}}
     kept = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).exists() \
         else {}
     results.update({k: kept[k] for k in results if k not in parts and k in kept})
@@ -204,6 +232,11 @@ def main() -> None:
         text = work / "text.txt"
         results["mixed"] = mixed(work, runs["translator"], text, sentences[:512], rounds,
                                  per_client=2 if args.quick else 4)
+
+    if "attention" in parts:
+        with Server(runs["translator"], "bible", 32, args.device) as server:
+            results["attention"] = attention_memory(server.url, server.process.pid, "bible",
+                                                    sentences)
 
     here = {**hardware(), "date": time.strftime("%Y-%m-%d")}  # each part's machine and date
     results["measured_on"] = {**kept.get("measured_on", {}),
@@ -254,6 +287,11 @@ def main() -> None:
             rows.append((f"mixed, {name}: the same, per token after the first",
                          f"{s['per_token_among_long_s']} s vs {s['per_token_alone_s']} s "
                          "alone"))
+    a = results["attention"]
+    if a:
+        rows.append(("/v1/attention without a target: the server's resident memory",
+                     f"{a['rss_serving_mb']} MB serving, {a['rss_after_attention_mb']} MB after "
+                     f"(+{a['grew_mb']} MB)"))
     report("Serving (vaswani serve, CPU)", rows, results, args.json)
 
 

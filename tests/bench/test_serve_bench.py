@@ -5,7 +5,7 @@ never asserted)."""
 import sys
 
 import pytest
-from benchmarks.serve import Server, stream
+from benchmarks.serve import Server, attention_memory, stream
 
 
 def test_streaming_clients_each_get_every_token(small_runs):
@@ -68,3 +68,15 @@ def test_each_round_is_kept_in_brief_beside_the_best():
            "short_among_long": {"alone_s": 0.02, "among_long_s": 0.075, "ratio": 3.69}}
     assert in_brief(out) == {"tokens_per_s": 1077.4, "first_token_s": [0.026, 0.015],
                              "short_s": [0.075, 0.02], "short_ratio": 3.69}
+
+
+def test_the_explorers_memory_is_read_around_attention_calls_without_a_target(copy_run):
+    with Server(copy_run[0], "copy", max_batch=4, device="cpu") as server:
+        out = attention_memory(server.url, server.process.pid, "copy",
+                               ["abcde", "bcd", "cdefg", "ab"] * 3, calls=2)
+    if sys.platform.startswith("linux"):
+        assert out["rss_serving_mb"] > 0 and out["rss_after_attention_mb"] > 0
+        assert out["grew_mb"] == pytest.approx(out["rss_after_attention_mb"]
+                                               - out["rss_serving_mb"], abs=0.11)
+    else:
+        assert out == {"rss_serving_mb": None, "rss_after_attention_mb": None, "grew_mb": None}
