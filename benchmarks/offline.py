@@ -22,7 +22,7 @@ nn/linear.py ``Linear`` (oneDNN over a reordered copy of the weight; timed on an
 ``Linear`` takes it on CPUs that are not Intel's only), for four weights and 1-512 rows.
 
 ``--burst`` only times the step that prefills 14 prompts of 15-199 tokens arriving together
-(the shakespeare-char preset's shape, ``max_len`` 512), with engine.py ``prefill_groups``
+(the shakespeare-char preset's shape, ``max_len`` 512), with scheduler.py ``prefill_groups``
 (rows of like lengths in separate passes, shortest first) and with every row in one padded
 pass, alternating, four rounds; outputs compared.
 

@@ -51,7 +51,7 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
     default; ``("*",)`` for any): a web page cannot reach a local server through DNS
     rebinding, whose requests carry the page's own host name. ``threads``: PyTorch's
     threads in the thread that runs the models (default: as many as this thread has).
-    ``fast_lane``: the engines' (engine/engine.py ``EngineConfig``; None: their default)."""
+    ``fast_lane``: the engines' (engine/config.py ``EngineConfig``; None: their default)."""
     limits = limits or Limits()
     server = Server(runs, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
                     fast_lane=fast_lane, limits=limits, threads=threads)
