@@ -110,6 +110,14 @@ class Request:
         self.first_token: float | None = None  # when its first token came
         self.finished: float | None = None
 
+    @classmethod
+    def translation(cls, source: list[int], params: Params, *, bos_id: int, max_len_a: float,
+                    max_len_b: int) -> Request:
+        """A request to translate ``source`` (ids, ``<eos>`` included): from ``<bos>``, at
+        most ``max_len_a * len(source) + max_len_b`` tokens."""
+        limit = max(1, int(len(source) * max_len_a + max_len_b))
+        return cls(source, params, start=[bos_id], history_start=1, limit=limit)
+
     def prepare(self, *, max_len: int, eos_id: int, device: torch.device) -> None:
         """Ready it for an engine of a model of ``max_len`` positions on ``device``: its
         limit within the target's room, its generator and its beam search made. Raises

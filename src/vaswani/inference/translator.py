@@ -99,10 +99,9 @@ class Translator(Run):
     def request(self, source: list[int], decode: DecodeConfig) -> Request:
         """An engine request to translate ``source`` (ids, ``<eos>`` included): from
         ``<bos>``, at most ``max_len_a * len(source) + max_len_b`` tokens."""
-        limit = max(1, int(len(source) * decode.max_len_a + decode.max_len_b))
-        return Request(source, self.params(decode, search=True),
-                       start=[self.target_tokenizer.bos_id],
-                       history_start=1, limit=limit)
+        return Request.translation(source, self.params(decode, search=True),
+                                   bos_id=self.target_tokenizer.bos_id,
+                                   max_len_a=decode.max_len_a, max_len_b=decode.max_len_b)
 
     def score(self, pairs, *, beam=None, outputs=None):
         """sacreBLEU and chrF (with their signatures) of the translations of ``pairs``

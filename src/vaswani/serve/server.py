@@ -1,6 +1,7 @@
 """The server's state and its model work: the loaded runs, the limits a request must keep, the
-ways it refuses one (:class:`Refused`, :class:`UnknownModel`, serve/loop.py ``Busy``: app.py
-answers each with its HTTP status), and where each run's work goes (the routes are app.py's).
+ways it refuses one (:class:`Refused`, :class:`UnknownModel`, batcher.py ``Busy``: app.py
+answers each with its HTTP status), and where each run's work goes (the routes are
+routes.py's).
 
 A run that decodes (a translator, a language model) gets an inference engine: every
 translation and completion is a request of that engine, joining the running batch at the next

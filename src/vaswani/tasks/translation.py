@@ -109,12 +109,10 @@ class Translation(Task):
         # 64 rows (a small cache); no CUDA graphs captured for a one-off pass; no fast lane
         engine = Engine(model, bos_id=target.bos_id, eos_id=target.eos_id,
                         config=EngineConfig(max_rows=64, cuda_graphs=False, fast_lane=0))
-        requests = []
-        for i in range(len(pairs)):
-            source = data.valid[i][0].tolist()
-            limit = max(1, int(len(source) * d.max_len_a + d.max_len_b))
-            requests.append(Request(source, Params(max_new_tokens=limit),
-                                    start=[target.bos_id], history_start=1))
+        greedy = Params(max_new_tokens=d.max_new_tokens)  # no decoding rules
+        requests = [Request.translation(data.valid[i][0].tolist(), greedy, bos_id=target.bos_id,
+                                        max_len_a=d.max_len_a, max_len_b=d.max_len_b)
+                    for i in range(len(pairs))]
         engine.run(sorted(requests, key=lambda r: -len(r.prompt)))  # longest first (translate)
         hyps = [target.decode(r.output) for r in requests]
         refs = [t for _, t in pairs]
