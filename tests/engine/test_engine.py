@@ -10,6 +10,7 @@ import torch
 
 from tests.conftest import DEVICE
 from vaswani import ModelConfig, build_model
+from vaswani.config.sections import MAX_SEED
 from vaswani.engine import Engine, EngineConfig, Params, Request, Status
 from vaswani.generation import Rules, beam_decode, generate, greedy_decode
 
@@ -456,9 +457,13 @@ def test_a_decode_step_in_self_attention_parts_gives_the_one_pass_logits(monkeyp
 
 
 def test_a_seed_out_of_range_is_refused_when_submitted():
+    """The bound is the one the HTTP schema holds a seed to (config.sections.MAX_SEED)."""
     eng = engine(model("decoder"))
     with pytest.raises(ValueError, match=r"seed \(1180591620717411303424\) must be in"):
         eng.submit(Request([5], Params(max_new_tokens=2, temperature=1.0, seed=2**70)))
+    with pytest.raises(ValueError, match=r"seed \(-1\) must be in"):
+        eng.submit(Request([5], Params(max_new_tokens=2, temperature=1.0, seed=-1)))
+    eng.submit(Request([5], Params(max_new_tokens=2, temperature=1.0, seed=MAX_SEED)))
 
 
 def test_random_translations_and_cancellations_keep_every_source_with_its_rows():

@@ -14,6 +14,7 @@ from .base import ConfigBase
 
 MAX_BEAM = 128  # wider beams cost memory and time and rarely help
 MAX_NEW_TOKENS = 100_000
+MAX_SEED = 2**63 - 1  # the largest seed a torch.Generator takes
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from enum import Enum
 
 import torch
 
+from ..config.sections import MAX_SEED
 from ..generation.rules import Rules
 from ..generation.search import Beam
 
@@ -129,8 +130,8 @@ class Request:
         if self.seq2seq:  # the target holds <bos> too
             self.limit = max(1, min(self.limit, max_len - len(self.start)))
         if p.seed is not None and self.generator is None:
-            if not 0 <= p.seed < 2**63:
-                raise ValueError(f"seed ({p.seed}) must be in [0, 2**63)")
+            if not 0 <= p.seed <= MAX_SEED:
+                raise ValueError(f"seed ({p.seed}) must be in [0, {MAX_SEED}]")
             self.generator = torch.Generator(device).manual_seed(p.seed)
         if p.beam and self.beam is None:
             bounded = p.rules.presence_penalty >= 0 and p.rules.frequency_penalty >= 0

@@ -15,10 +15,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from ..config.sections import MAX_BEAM, MAX_NEW_TOKENS
+from ..config.sections import MAX_BEAM, MAX_NEW_TOKENS, MAX_SEED
 
 MAX_ITEMS = 64  # texts or prompts in one request
-MAX_SEED = 2**63 - 1  # what a torch.Generator takes
 
 
 def encodable(text: str) -> str:
