@@ -65,6 +65,27 @@ def test_every_decoding_rule_together_equals_each_request_alone():
         assert request.reason in ("stop", "length")
 
 
+def test_sources_are_encoded_into_their_slots_taken_in_order_or_not():
+    """A group of sources taken into consecutive source slots is written as one slice, any
+    other as an indexed write: each source's cross-attention keys and values land in its
+    own slot either way."""
+    mt = model("encoder-decoder")
+    e = engine(mt, max_rows=8)
+    sources = [s + [EOS] for s in prompts(4, seed=2, low=2)]
+    requests = [Request(s, Params(max_new_tokens=0), start=[BOS], limit=5) for s in sources]
+    for slots in ([2, 3, 4, 5], [3, 0, 6, 1]):
+        for r, slot in zip(requests, slots, strict=True):
+            r.source_slot = slot
+        e.runner.encode(requests)
+        for r in requests:
+            with torch.inference_mode():
+                alone = mt.cross_keys_values(mt.encode(torch.tensor([r.prompt], device=DEVICE)))
+            S = len(r.prompt)
+            for i, (k, v) in enumerate(alone):
+                torch.testing.assert_close(e.cache.ck[i][r.source_slot, :, :S], k[0])
+                torch.testing.assert_close(e.cache.cv[i][r.source_slot, :, :S], v[0])
+
+
 def test_translations_greedy_and_beam_equal_the_reference():
     mt = model("encoder-decoder")
     sources = [s + [EOS] for s in prompts(12, seed=1, low=2)]
