@@ -111,6 +111,20 @@ def test_translations_greedy_and_beam_equal_the_reference():
         assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-5)
 
 
+def test_top_k_of_wide_rows_equals_topk_wherever_the_largest_entries_sit():
+    from vaswani.engine.beam import top_k
+
+    torch.manual_seed(0)
+    x = torch.randn(40, 6000, device=DEVICE).log_softmax(-1)
+    x[:, [0, 1]] = float("-inf")  # <pad> and <bos>, never chosen
+    width = 6000 // 8
+    x[1, torch.arange(8) * width + 5] = torch.arange(8.0) + 10  # all in one column
+    x[2, 3000:3008] = torch.arange(8.0) + 10  # side by side, in one group
+    for rows, k in ((x, 8), (x, 3), (x[:, :1000], 8), (x[:, :1001], 8), (x[:, :64], 8)):
+        want, got = rows.topk(k, dim=-1), top_k(rows, k)
+        assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices)
+
+
 def test_shared_is_the_common_prefix_of_what_two_slots_hold():
     from vaswani.engine.beam import shared
     from vaswani.engine.request import Sequence
