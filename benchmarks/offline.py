@@ -7,6 +7,7 @@ model.
     python -m benchmarks.offline --attention [--json OUT.json]
     python -m benchmarks.offline --cache-writes [--json OUT.json]
     python -m benchmarks.offline --cold-keys [--json OUT.json]
+    python -m benchmarks.offline --top-k [--json OUT.json]
 
 1,000 sentences (``vaswani translate``'s path: ``Translator.translate``), greedy and beam 4
 (length penalty 0, one length cap of 64 tokens), against CTranslate2 on the run exported with
@@ -36,6 +37,11 @@ heads over 36 keys of 32 numbers) over keys the step has not read before (many c
 cycled, more than the CPU's caches hold), in slots wider than the keys read (the engine's
 cache) and packed (slots exactly as wide): what reading one (row, head)'s keys at a time from
 memory costs.
+
+``--top-k`` only times a beam step's first ranking: each row's 8 best of a 6,000-token
+vocabulary's log-probabilities (the demo translator's), by ``Tensor.topk`` and by
+engine/beam.py ``top_k`` (the maxima of V/8 columns first), at 64, 300 and 1,200 rows,
+alternating; the two checked equal.
 
 ``--cache-writes`` only times a decode step's cache writes (engine/cache.py ``SlotKV.append``:
 300 rows x 4 heads, each at its own column, into 8 tensors of 576 slots, as the
@@ -287,6 +293,32 @@ def decode_attention(shapes=ATTENTION_SHAPES, heads: int = 4, repeats: int = 5,
     return out
 
 
+def top_k_rows(rows=(64, 300, 1200), vocab: int = 6000, k: int = 8, repeats: int = 5,
+               calls: int = 20) -> dict:
+    """Milliseconds of ``Tensor.topk`` and engine/beam.py ``top_k`` over (rows, vocab)
+    log-probabilities, best of ``repeats`` x ``calls``, alternating; outputs checked equal."""
+    from vaswani.engine.beam import top_k
+
+    out = {}
+    for n in rows:
+        x = torch.randn(n, vocab).log_softmax(-1)
+        ways = [lambda: x.topk(k, dim=-1), lambda: top_k(x, k)]
+        want, got = ways[0](), ways[1]()
+        if not (torch.equal(want.values, got[0]) and torch.equal(want.indices, got[1])):
+            raise AssertionError(f"top_k differs from topk at {n} rows")
+        best = [float("inf")] * len(ways)
+        for _ in range(repeats):
+            for i, fn in enumerate(ways):
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                best[i] = min(best[i], (time.perf_counter() - start) / calls)
+        out[f"{n} rows x {vocab}, k {k}"] = {
+            "topk_ms": round(best[0] * 1e3, 3), "top_k_ms": round(best[1] * 1e3, 3),
+            "topk_over_top_k": round(best[0] / best[1], 2)}
+    return out
+
+
 def cold_keys(rows: int = 256, heads: int = 4, keys: int = 36, dh: int = 32,
               widths=(36, 48, 176), bytes_cycled: float = 600e6, rounds: int = 3) -> dict:
     """Microseconds of ``decoding_attention`` over cold keys and values, and the GB/s of keys
@@ -423,7 +455,14 @@ def main() -> None:
                         help="only time a decode step's cache writes, 4 KiB or huge pages")
     parser.add_argument("--cold-keys", action="store_true",
                         help="only time a decoding step's attention over keys not yet read")
+    parser.add_argument("--top-k", action="store_true",
+                        help="only time a beam step's ranking: topk against beam.py's top_k")
     args = parser.parse_args()
+    if args.top_k:
+        timed = top_k_rows()
+        report("A beam step's ranking, each row's 8 best tokens: Tensor.topk / beam.py top_k",
+               versus_rows(timed, "topk", "top_k"), {"top_k": timed}, args.json)
+        return
     if args.cold_keys:
         timed = cold_keys()
         report("A decoding step's attention over keys it has not read yet (256 rows x 4 "

@@ -83,3 +83,10 @@ def test_attention_over_cold_keys_is_timed_for_packed_and_wider_slots():
                               rounds=1)
     assert list(timed) == ["slots 3 wide (packed)", "slots 8 wide"]
     assert all(r["us"] > 0 and r["gb_per_s"] >= 0 for r in timed.values())
+
+
+def test_a_beam_steps_ranking_is_timed_both_ways_on_equal_outputs():
+    timed = offline.top_k_rows(rows=(3,), vocab=640, repeats=1, calls=2)
+    assert list(timed) == ["3 rows x 640, k 8"]
+    r = timed["3 rows x 640, k 8"]
+    assert r["topk_ms"] > 0 and r["top_k_ms"] > 0 and r["topk_over_top_k"] > 0
