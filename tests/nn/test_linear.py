@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import vaswani.nn.linear
-from vaswani.nn.linear import MIN_MACS, Linear, bucket, onednn_available
+from vaswani.nn.linear import MIN_MACS, MIN_WEIGHT, Linear, bucket, onednn_available
 
 pytestmark = [pytest.mark.skipif(not onednn_available(), reason="no oneDNN in this PyTorch"),
               pytest.mark.usefixtures("on_cpu")]
@@ -42,6 +42,19 @@ def test_the_cpu_path_equals_f_linear_whole_and_by_parts(shape):
     assert whole.shape == (*shape[:-1], 96) and part.shape == (*shape[:-1], 64)
     small = x.numel() // 48 * linear.weight.numel() < MIN_MACS  # keeps F.linear
     assert set(linear._packed) == (set() if small else {(0, 96), (32, 96)})
+
+
+def test_a_large_weight_takes_the_copy_at_one_row_a_small_one_not():
+    """A vocabulary projection's weight (MIN_WEIGHT numbers or more) multiplies one row
+    through oneDNN (its call's fixed cost is small beside reading such a weight); a small
+    weight keeps F.linear for a few rows."""
+    torch.manual_seed(0)
+    large, small = Linear(64, MIN_WEIGHT // 64).eval(), Linear(64, 256).eval()
+    x = torch.randn(1, 64)
+    with torch.inference_mode():
+        for layer in (large, small):
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert set(large._packed) == {(0, MIN_WEIGHT // 64)} and small._packed == {}
 
 
 def test_padding_a_product_to_its_bucket_changes_no_row():
