@@ -86,8 +86,9 @@ def test_sources_are_encoded_into_their_slots_taken_in_order_or_not():
                 torch.testing.assert_close(e.cache.cv[i][r.source_slot, :, :S], v[0])
 
 
-def test_translations_greedy_and_beam_equal_the_reference():
-    mt = model("encoder-decoder")
+@pytest.mark.parametrize("vocab", [23, 520])  # 520: beam.py ranks through top_k's columns
+def test_translations_greedy_and_beam_equal_the_reference(vocab):
+    mt = model("encoder-decoder", vocab_size=vocab)
     sources = [s + [EOS] for s in prompts(12, seed=1, low=2)]
     greedy = [Request(s, Params(max_new_tokens=0, rules=RULES[i % len(RULES)]), start=[BOS],
                       history_start=1, limit=int(1.5 * len(s) + 5))
