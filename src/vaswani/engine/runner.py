@@ -90,10 +90,11 @@ class Runner:
         else:
             kwargs = {}
             if self.cache.seq2seq:  # the leading source slots, read in place
-                G = self.cache.sources_used
-                kwargs = dict(cross=max(self.cache.lengths), groups=self.cache.groups(n),
-                              lengths=torch.tensor(self.cache.lengths[:G], device=d),
-                              parts=self.cache.parts())
+                lengths = self.cache.lengths[:self.cache.sources_used]
+                longest = max(lengths)
+                kwargs = dict(cross=longest, groups=self.cache.groups(n), parts=self.cache.parts(),
+                              lengths=None if min(lengths) == longest  # all alike: no mask
+                              else torch.tensor(lengths, device=d))
             logits = forward_step(self.model, self.cache, ids, positions, None, columns,
                                   width, torch.zeros(n, dtype=torch.long, device=d),
                                   column=column, self_parts=self_parts, **kwargs)

@@ -23,7 +23,8 @@ def forward_step(model: torch.nn.Module, cache: SlotCache, ids: Tensor, position
     ``cross`` keys of its sources: of source slots ``sources`` (R,) by index, or of the
     leading source slots in place, grouped as ``groups`` says (cache.py
     ``SlotCache.groups``), in ``parts`` (``SlotCache.parts``) or in one pass; ``lengths``
-    are the real tokens of each source read ((R,), or (G,) when grouped). ``self_parts``:
+    are the real tokens of each source read ((R,), or (G,) when grouped; None: each is ``cross``
+    long, and its keys are read without a mask). ``self_parts``:
     the first R slots' own keys read in parts (cache.py ``parts``).
 
     With ``column`` the rows are in step: each attends to all ``width`` = ``column + 1``
@@ -31,7 +32,7 @@ def forward_step(model: torch.nn.Module, cache: SlotCache, ids: Tensor, position
     keys too; its output is thrown away)."""
     kwargs = {}
     if cache.seq2seq:
-        kwargs["memory_mask"] = masks.length_mask(lengths, cross)
+        kwargs["memory_mask"] = None if lengths is None else masks.length_mask(lengths, cross)
     in_step = column is not None and width == column + 1 and ids.size(1) == 1
     return model.decode_step(
         ids, positions=positions, mask=None if in_step else masks.position_mask(positions, width),
