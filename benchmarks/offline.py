@@ -302,7 +302,7 @@ def top_k_rows(rows=(64, 300, 1200), vocab: int = 6000, k: int = 8, repeats: int
     out = {}
     for n in rows:
         x = torch.randn(n, vocab).log_softmax(-1)
-        ways = [lambda: x.topk(k, dim=-1), lambda: top_k(x, k)]
+        ways = [lambda x=x: x.topk(k, dim=-1), lambda x=x: top_k(x, k)]
         want, got = ways[0](), ways[1]()
         if not (torch.equal(want.values, got[0]) and torch.equal(want.indices, got[1])):
             raise AssertionError(f"top_k differs from topk at {n} rows")
