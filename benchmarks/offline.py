@@ -73,7 +73,7 @@ from pathlib import Path
 
 import torch
 
-from .common import make_runs, report, sentence
+from .common import interleaved_best, make_runs, report, sentence
 from .peers import agreement, batchings, race_at_best
 
 
@@ -302,17 +302,12 @@ def top_k_rows(rows=(64, 300, 1200), vocab: int = 6000, k: int = 8, repeats: int
     out = {}
     for n in rows:
         x = torch.randn(n, vocab).log_softmax(-1)
-        ways = [lambda x=x: x.topk(k, dim=-1), lambda x=x: top_k(x, k)]
-        want, got = ways[0](), ways[1]()
+        want, got = x.topk(k, dim=-1), top_k(x, k)
         if not (torch.equal(want.values, got[0]) and torch.equal(want.indices, got[1])):
             raise AssertionError(f"top_k differs from topk at {n} rows")
-        best = [float("inf")] * len(ways)
-        for _ in range(repeats):
-            for i, fn in enumerate(ways):
-                start = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                best[i] = min(best[i], (time.perf_counter() - start) / calls)
+        best = [seconds / calls for seconds in interleaved_best(
+            [lambda x=x: [x.topk(k, dim=-1) for _ in range(calls)],
+             lambda x=x: [top_k(x, k) for _ in range(calls)]], repeats)]
         out[f"{n} rows x {vocab}, k {k}"] = {
             "topk_ms": round(best[0] * 1e3, 3), "top_k_ms": round(best[1] * 1e3, 3),
             "topk_over_top_k": round(best[0] / best[1], 2)}
