@@ -8,6 +8,7 @@ model.
     python -m benchmarks.offline --cache-writes [--json OUT.json]
     python -m benchmarks.offline --cold-keys [--json OUT.json]
     python -m benchmarks.offline --top-k [--json OUT.json]
+    python -m benchmarks.offline --first-max [--json OUT.json]
 
 1,000 sentences (``vaswani translate``'s path: ``Translator.translate``), greedy and beam 4
 (length penalty 0, one length cap of 64 tokens), against CTranslate2 on the run exported with
@@ -42,6 +43,10 @@ memory costs.
 vocabulary's log-probabilities (the demo translator's), by ``Tensor.topk`` and by
 engine/beam.py ``top_k`` (the maxima of V/8 columns first), at 64, 300 and 1,200 rows,
 alternating; the two checked equal.
+
+``--first-max`` only times a greedy step's choice: each row's best of a 6,000-token
+vocabulary's logits, by ``Tensor.max`` and by generation/sampling.py ``first_max`` (the
+maxima of blocks first), at 1-1,200 rows, alternating; the two checked equal.
 
 ``--cache-writes`` only times a decode step's cache writes (engine/cache.py ``SlotKV.append``:
 300 rows x 4 heads, each at its own column, into 8 tensors of 576 slots, as the
@@ -293,25 +298,44 @@ def decode_attention(shapes=ATTENTION_SHAPES, heads: int = 4, repeats: int = 5,
     return out
 
 
+def two_ways(shapes: dict[str, torch.Tensor], a: str, way_a, b: str, way_b, same,
+             repeats: int = 5, calls: int = 20) -> dict:
+    """Milliseconds of ``way_a(x)`` and ``way_b(x)`` for each x of ``shapes``, best of
+    ``repeats`` x ``calls``, alternating; ``same(out_a, out_b)`` checked first."""
+    out = {}
+    for shape, x in shapes.items():
+        if not same(way_a(x), way_b(x)):
+            raise AssertionError(f"{b} differs from {a} at {shape}")
+        best = [seconds / calls for seconds in interleaved_best(
+            [lambda x=x, f=f: [f(x) for _ in range(calls)] for f in (way_a, way_b)], repeats)]
+        out[shape] = {f"{a}_ms": round(best[0] * 1e3, 3), f"{b}_ms": round(best[1] * 1e3, 3),
+                      f"{a}_over_{b}": round(best[0] / best[1], 2)}
+    return out
+
+
 def top_k_rows(rows=(64, 300, 1200), vocab: int = 6000, k: int = 8, repeats: int = 5,
                calls: int = 20) -> dict:
     """Milliseconds of ``Tensor.topk`` and engine/beam.py ``top_k`` over (rows, vocab)
-    log-probabilities, best of ``repeats`` x ``calls``, alternating; outputs checked equal."""
+    log-probabilities (:func:`two_ways`)."""
     from vaswani.engine.beam import top_k
 
-    out = {}
-    for n in rows:
-        x = torch.randn(n, vocab).log_softmax(-1)
-        want, got = x.topk(k, dim=-1), top_k(x, k)
-        if not (torch.equal(want.values, got[0]) and torch.equal(want.indices, got[1])):
-            raise AssertionError(f"top_k differs from topk at {n} rows")
-        best = [seconds / calls for seconds in interleaved_best(
-            [lambda x=x: [x.topk(k, dim=-1) for _ in range(calls)],
-             lambda x=x: [top_k(x, k) for _ in range(calls)]], repeats)]
-        out[f"{n} rows x {vocab}, k {k}"] = {
-            "topk_ms": round(best[0] * 1e3, 3), "top_k_ms": round(best[1] * 1e3, 3),
-            "topk_over_top_k": round(best[0] / best[1], 2)}
-    return out
+    def same(want, got):
+        return torch.equal(want.values, got[0]) and torch.equal(want.indices, got[1])
+
+    return two_ways({f"{n} rows x {vocab}, k {k}": torch.randn(n, vocab).log_softmax(-1)
+                     for n in rows}, "topk", lambda x: x.topk(k, dim=-1),
+                    "top_k", lambda x: top_k(x, k), same, repeats, calls)
+
+
+def first_max_rows(rows=(1, 8, 64, 256, 1200), vocab: int = 6000, repeats: int = 5,
+                   calls: int = 20) -> dict:
+    """Milliseconds of ``Tensor.max``'s indices and generation/sampling.py ``first_max`` over
+    (rows, vocab) logits (:func:`two_ways`)."""
+    from vaswani.generation.sampling import first_max
+
+    return two_ways({f"{n} rows x {vocab}": torch.randn(n, vocab) for n in rows},
+                    "max", lambda x: x.max(-1).indices, "first_max", first_max, torch.equal,
+                    repeats, calls)
 
 
 def cold_keys(rows: int = 256, heads: int = 4, keys: int = 36, dh: int = 32,
@@ -452,7 +476,14 @@ def main() -> None:
                         help="only time a decoding step's attention over keys not yet read")
     parser.add_argument("--top-k", action="store_true",
                         help="only time a beam step's ranking: topk against beam.py's top_k")
+    parser.add_argument("--first-max", action="store_true",
+                        help="only time a greedy step's choice: max against first_max")
     args = parser.parse_args()
+    if args.first_max:
+        timed = first_max_rows()
+        report("A greedy step's choice, each row's best token: Tensor.max / first_max",
+               versus_rows(timed, "max", "first_max"), {"first_max": timed}, args.json)
+        return
     if args.top_k:
         timed = top_k_rows()
         report("A beam step's ranking, each row's 8 best tokens: Tensor.topk / beam.py top_k",

@@ -90,3 +90,10 @@ def test_a_beam_steps_ranking_is_timed_both_ways_on_equal_outputs():
     assert list(timed) == ["3 rows x 640, k 8"]
     r = timed["3 rows x 640, k 8"]
     assert r["topk_ms"] > 0 and r["top_k_ms"] > 0 and r["topk_over_top_k"] > 0
+
+
+def test_a_greedy_steps_choice_is_timed_both_ways_on_equal_outputs():
+    timed = offline.first_max_rows(rows=(1, 9), vocab=640, repeats=1, calls=2)
+    assert list(timed) == ["1 rows x 640", "9 rows x 640"]
+    assert all(r["max_ms"] > 0 and r["first_max_ms"] > 0 and r["max_over_first_max"] > 0
+               for r in timed.values())
