@@ -24,6 +24,7 @@ from torch import Tensor
 from .cache import SlotCache
 from .request import Request, Sequence
 from .sampler import Row, Sampler, rows_of
+from .tensors import tensor_of
 
 
 def search(searches: list[list[Row]], logits: Tensor, at: list[int], sampler: Sampler,
@@ -69,13 +70,12 @@ def rank(sizes: list[int], beams: list[int], scores: list[float], logp: Tensor,
     V = logp.size(-1)
     device = logp.device
     m = min(2 * max(beams), V)
-    index = torch.tensor(at, device=device)
+    index = tensor_of(at, device)
     best, tokens = (t.index_select(0, index) for t in top_k(logp, m))  # (N, m)
     S, K = len(sizes), max(sizes)  # searches, rows per search
-    rows = torch.tensor([i * K + j for i, n in enumerate(sizes) for j in range(n)],
-                        device=device)
+    rows = tensor_of([i * K + j for i, n in enumerate(sizes) for j in range(n)], device)
     candidates = torch.full((S * K, m), float("-inf"), dtype=torch.float64, device=device)
-    candidates[rows] = torch.tensor(scores, dtype=torch.float64, device=device)[:, None] + best
+    candidates[rows] = tensor_of(scores, device, torch.float64)[:, None] + best
     ids = torch.zeros((S * K, m), dtype=torch.long, device=device)
     ids[rows] = tokens
     top = candidates.view(S, K * m).topk(min(m, K * m))

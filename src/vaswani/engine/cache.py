@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from .memory import zeros_in_huge_pages
+from .tensors import tensor_of
 
 ALIGN = 16  # slot widths are multiples of this many tokens
 PART = 32  # rows (source slots) per part of a decoding step's attention (parts)
@@ -250,8 +251,7 @@ class SlotCache:
     def _copy(self, pairs: list[list[Tensor]], targets, sources, length: int) -> None:
         """Slots ``targets`` of the tensors ``pairs`` (keys, values) get the first ``length``
         columns of slots ``sources`` (past a row's context or source: never attended to)."""
-        to = torch.tensor(targets, device=self.device)
-        of = torch.tensor(sources, device=self.device)
+        to, of = tensor_of(targets, self.device), tensor_of(sources, self.device)
         for tensors in pairs:  # the sources gathered first, then written: slots may be both
             for t in tensors:
                 view = t[:, :, :length]  # index_select + index_copy_: 0.29 ms where
@@ -279,8 +279,7 @@ class SlotCache:
             for j, i in enumerate(rows):
                 place[i] = g * K + j
         grid = [m + [0] * (K - len(m)) for m in members]
-        return (torch.tensor(grid, device=self.device),
-                torch.tensor(place, device=self.device))
+        return tensor_of(grid, self.device), tensor_of(place, self.device)
 
     def parts(self) -> list[tuple[int, int, int]] | None:
         """How a decoding step's cross-attention reads the used source slots in place

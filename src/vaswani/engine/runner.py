@@ -26,6 +26,7 @@ from .cache import SlotCache, parts
 from .graphs import StaticDecoder
 from .request import Request, Sequence
 from .step import forward_step
+from .tensors import tensor_of
 
 
 class Runner:
@@ -79,8 +80,7 @@ class Runner:
         column = c if (all(seq.cached == c for _, seq in rows) and all(
             owner.cached <= c for owner in self.cache.owners[:n])) else None
         d = self.device
-        ids, positions, columns = (torch.tensor(x, device=d)[:, None]
-                                   for x in (ids, positions, columns))
+        ids, positions, columns = (tensor_of(x, d)[:, None] for x in (ids, positions, columns))
         if self.static is not None:
             sources = lengths = None
             if self.cache.seq2seq:  # each row's source read by index (the graph's shapes)

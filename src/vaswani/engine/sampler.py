@@ -14,8 +14,9 @@ import torch
 from torch import Tensor
 
 from ..generation.rules import Rules
-from ..generation.sampling import sample_rows
+from ..generation.sampling import first_max, sample_rows
 from .request import Request, Sequence
+from .tensors import tensor_of
 
 Row = tuple[Request, Sequence]
 
@@ -25,7 +26,7 @@ def rows_of(logits: Tensor, index: list[int]) -> Tensor:
     which the caller may then change in place."""
     if index == list(range(logits.size(0))):
         return logits
-    return logits.index_select(0, torch.tensor(index, device=logits.device))
+    return logits.index_select(0, tensor_of(index, logits.device))
 
 
 class Sampler:
@@ -36,10 +37,13 @@ class Sampler:
         """The next token (N,) of each of ``rows``, whose logits are ``logits`` (N, V)
         (changed in place)."""
         params = [r.params for r, _ in rows]
-        return sample_rows(self.scores(rows, logits, log=False),
-                           torch.tensor([p.temperature for p in params], device=self.device),
-                           torch.tensor([p.top_k for p in params], device=self.device),
-                           torch.tensor([p.top_p for p in params], device=self.device),
+        scores = self.scores(rows, logits, log=False)
+        if all(p.temperature == 0 or p.top_k == 1 for p in params):  # all greedy, as
+            return first_max(scores)  # sample_rows would find, without its settings' tensors
+        return sample_rows(scores, tensor_of([p.temperature for p in params], self.device,
+                                             torch.float32),
+                           tensor_of([p.top_k for p in params], self.device),
+                           tensor_of([p.top_p for p in params], self.device, torch.float32),
                            [r.generator for r, _ in rows])
 
     def scores(self, rows: list[Row], logits: Tensor, log: bool,
