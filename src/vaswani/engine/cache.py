@@ -236,7 +236,7 @@ class SlotCache:
         if not forks:
             return
         total = sum(length - start for _, _, start, length in forks)
-        at = torch.tensor(forks, device=self.device)  # (F, 4): target, parent, start, length
+        at = tensor_of(forks, self.device)  # (F, 4): target, parent, start, length
         counts = at[:, 3] - at[:, 2]  # column = shift + its index among all forks' columns
         shift = at[:, 2] - (counts.cumsum(0) - counts)
         at = torch.stack([at[:, 0], at[:, 1], shift], 1).repeat_interleave(
