@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from vaswani.config import load_run_config
-from vaswani.devices import cpu_name
+from vaswani.devices import cpu_generation, cpu_name, cpu_simd
 
 ROOT = Path(__file__).resolve().parents[1]
 VASWANI = [sys.executable, "-m", "vaswani"]
@@ -57,7 +57,8 @@ def hardware() -> dict:
     """What a result was measured on. The CPU machines differ between sessions (AVX2 only,
     or AVX-512 with bf16), and PyTorch's and CTranslate2's kernels with them, so figures are
     compared only within one file or one run."""
-    return {"cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    return {"cpu": cpu_name(), "cpu_generation": cpu_generation(), "cpu_simd": cpu_simd(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cores": os.cpu_count(), "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}

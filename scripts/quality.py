@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from vaswani.devices import cpu_name
+from vaswani.devices import cpu_generation, cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ["bbc-news", "shakespeare-char", "bible-en-es"]
@@ -44,6 +44,7 @@ def run_preset(name: str, overrides: list[str]) -> dict:
     record = {"preset": name, "train_command": "vaswani " + " ".join(train_cmd),
               "evaluate_command": "vaswani " + " ".join(eval_cmd),
               "wall_seconds": round(seconds, 1), "cpu": cpu_name(), "cores": _cores(),
+              "cpu_generation": cpu_generation(),
               "train_summary": summary, "test": test}
     (out / f"{name}.json").write_text(json.dumps(record, indent=2, ensure_ascii=False))
     print(json.dumps({"preset": name, "minutes": round(seconds / 60, 1), "test": test}))

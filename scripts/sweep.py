@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vaswani.devices import cpu_name
+from vaswani.devices import cpu_generation, cpu_name
 
 METRICS = {"translation": ["bleu", "chrf"], "lm": ["loss", "bits_per_char"],
            "classification": ["accuracy", "macro_f1"]}
@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"command": command, "cpu": cpu_name(),
+                                         "cpu_generation": cpu_generation(),
                                          "results": results}, indent=2))
 
 

@@ -7,8 +7,10 @@ import vaswani.devices
 from vaswani.devices import (
     _measured_bf16_is_fast,
     bf16_is_fast,
+    cpu_generation,
     cpu_is_intel,
     cpu_name,
+    cpu_simd,
     resolve_device,
 )
 
@@ -50,11 +52,15 @@ def test_the_cpu_flags_and_a_timing_agree_on_bf16():
 @pytest.mark.parametrize("vendor, intel", [("GenuineIntel", True), ("AuthenticAMD", False)])
 def test_the_cpu_vendor_and_name_come_from_cpuinfo(tmp_path, monkeypatch, vendor, intel):
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nmodel name\t: A CPU\n"
-                       "flags\t\t: fpu avx2\n\nprocessor\t: 1\nvendor_id\t: Other\n")
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 25\n"
+                       "model\t\t: 17\nmodel name\t: A CPU\nflags\t\t: fpu avx2 avx512f\n\n"
+                       "processor\t: 1\nvendor_id\t: Other\n")
     monkeypatch.setattr(vaswani.devices, "CPUINFO", str(cpuinfo))
     assert cpu_is_intel() is intel
     assert cpu_name() == "A CPU"
+    assert cpu_generation() == "family 25, model 17"
+    assert cpu_simd() == ["avx2", "avx512f"]
     assert bf16_is_fast(torch.device("cpu")) is False  # the flags say AVX2 only
     monkeypatch.setattr(vaswani.devices, "CPUINFO", str(tmp_path / "none"))
     assert cpu_is_intel() is False and cpu_name()  # no file: not Intel, a name from platform
+    assert cpu_generation() is None and cpu_simd() == []

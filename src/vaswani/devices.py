@@ -81,6 +81,25 @@ def cpu_name() -> str:
     return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
+def cpu_generation() -> str | None:
+    """The CPU's family and model numbers (``CPUINFO``), e.g. "family 25, model 17": a
+    virtual machine's model name may say only "AMD EPYC", and two with the same name and
+    instruction sets can differ 2x in float32 speed (Zen 4, family 25, runs AVX-512 on
+    256-bit units; Zen 5, family 26, on 512-bit ones). None where it is not known."""
+    family, model = _cpuinfo("cpu family"), _cpuinfo("model\t")
+    return None if family is None else f"family {family}, model {model}"
+
+
+SIMD_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
+
+
+def cpu_simd() -> list[str]:
+    """Which of ``SIMD_FLAGS`` the CPU has (``CPUINFO``): the vector instruction sets that
+    decide PyTorch's, oneDNN's and CTranslate2's kernels."""
+    flags = set((_cpuinfo("flags") or "").split())
+    return [f for f in SIMD_FLAGS if f in flags]
+
+
 def cpu_is_intel() -> bool:
     """Whether the CPU is Intel's (its vendor in ``CPUINFO``): Intel MKL, which PyTorch
     calls for float32 matrix products, runs its AVX-512 kernels on Intel CPUs only, and its

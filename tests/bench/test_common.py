@@ -15,3 +15,5 @@ def test_a_result_file_names_the_cpu_and_the_kernels_instruction_set(tmp_path):
     hw = written["hardware"]
     assert hw["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert hw["cpu"] and hw["cores"] >= 1 and hw["threads"] == torch.get_num_threads()
+    # which generation and vector units: one model name ("AMD EPYC") covers CPUs 2x apart
+    assert "cpu_generation" in hw and isinstance(hw["cpu_simd"], list)
