@@ -191,14 +191,16 @@ def profile_row(work: Path, row: str = "lm", n: int = 300, run_dir: str | None =
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
     kinds = {"linear layers (addmm, mm, oneDNN)":
-                 lambda k: k in ("aten::addmm", "aten::mm", "mkldnn::_linear_pointwise"),
+                 lambda k: k in ("aten::addmm", "aten::mm", "mkldnn::_linear_pointwise",
+                                 "quantized::linear_dynamic"),
              "attention (SDPA, or written out: bmm, softmax)":
                  lambda k: "scaled_dot_product" in k or k in ("aten::bmm", "aten::_softmax"),
              "KV cache writes and copies (index_put, index, index_copy)":
                  lambda k: k in ("aten::index_put_", "aten::_index_put_impl_", "aten::index",
                                  "aten::index_select", "aten::index_copy_"),
-             "choosing tokens (argmax, log-softmax, top-k)":
-                 lambda k: k in ("aten::argmax", "aten::_log_softmax", "aten::topk")}
+             "choosing tokens (argmax, log-softmax, top-k)":  # first_max: amax, max;
+                 lambda k: k in ("aten::argmax", "aten::max", "aten::amax",  # top_k: gather
+                                 "aten::_log_softmax", "aten::topk", "aten::gather")}
     shares = {kind: sum(e.self_cpu_time_total for e in events if match(e.key)) / total
               for kind, match in kinds.items()}
     shares["everything else"] = 1 - sum(shares.values())
