@@ -221,41 +221,28 @@ def linear_paths(shapes=SHAPES, rows=(1, 8, 64, 512), repeats: int = 5,
     fp32, in evaluation mode, for (out, in) weights of the presets (a layer of the bible
     preset, the demo's and the bible preset's vocabulary projections, a SmolLM2 feed-forward)
     at 1-512 rows; alternating, best of ``repeats`` x ``calls``; the products checked equal."""
-    import torch.nn.functional as F
-
     import vaswani.nn.linear
     from vaswani.nn.linear import Linear
 
     chosen, vaswani.nn.linear.USE_ONEDNN = vaswani.nn.linear.USE_ONEDNN, True
     try:
-        return _linear_paths(Linear, F.linear, shapes, rows, repeats, calls)
+        return _linear_paths(Linear, shapes, rows, repeats, calls)
     finally:
         vaswani.nn.linear.USE_ONEDNN = chosen
 
 
-def _linear_paths(Linear, linear, shapes, rows, repeats, calls) -> dict:
-
+def _linear_paths(Linear, shapes, rows, repeats, calls) -> dict:
     out = {}
     for o, i in shapes:
         layer = Linear(i, o).eval()
         torch_layer = torch.nn.Linear(i, o).eval()
         torch_layer.load_state_dict(layer.state_dict())
-        for n in rows:
-            x = torch.randn(n, i)
-            with torch.no_grad():
-                torch.testing.assert_close(layer(x), linear(x, layer.weight, layer.bias),
-                                           rtol=1e-4, atol=1e-4)
-                ways = [torch_layer, layer]
-                best = [float("inf"), float("inf")]
-                for _ in range(repeats):
-                    for k, fn in enumerate(ways):
-                        start = time.perf_counter()
-                        for _ in range(calls):
-                            fn(x)
-                        best[k] = min(best[k], (time.perf_counter() - start) / calls)
-            out[f"{o} x {i}, {n} rows"] = {"f_linear_ms": round(best[0] * 1e3, 3),
-                                           "linear_ms": round(best[1] * 1e3, 3),
-                                           "f_linear_over_linear": round(best[0] / best[1], 2)}
+        with torch.no_grad():
+            out.update(two_ways(
+                {f"{o} x {i}, {n} rows": torch.randn(n, i) for n in rows},
+                "f_linear", torch_layer, "linear", layer,
+                lambda want, got: torch.allclose(got, want, rtol=1e-4, atol=1e-4),
+                repeats, calls))
     return out
 
 
