@@ -40,7 +40,7 @@ class Runner:
     def encode(self, requests: list[Request]) -> None:
         """Encode the requests' sources and store each decoder layer's cross-attention keys
         and values in their requests' source slots (which all their rows read)."""
-        lengths = torch.tensor([len(r.prompt) for r in requests], device=self.device)
+        lengths = tensor_of([len(r.prompt) for r in requests], self.device)
         S = int(lengths.max())
         src = torch.full((len(requests), S), self.pad_id, dtype=torch.long, device=self.device)
         for i, r in enumerate(requests):
@@ -52,7 +52,7 @@ class Runner:
         # (encoding the demo's 300 test verses: 0.139 s against 0.147)
         in_order = slots == list(range(slots[0], slots[0] + len(slots)))
         to = (slice(slots[0], slots[0] + len(slots)) if in_order
-              else torch.tensor(slots, device=self.device))
+              else tensor_of(slots, self.device))
         for i, (k, v) in enumerate(self.model.cross_keys_values(memory)):  # (B, Hkv, S, Dh)
             self.cache.ck[i][to, :, :S] = k.to(self.cache.dtype)  # (under autocast: bf16)
             self.cache.cv[i][to, :, :S] = v.to(self.cache.dtype)
@@ -85,8 +85,8 @@ class Runner:
             sources = lengths = None
             if self.cache.seq2seq:  # each row's source read by index (the graph's shapes)
                 held = self.cache.held(n)
-                sources = torch.tensor(held, device=d)
-                lengths = torch.tensor([self.cache.lengths[g] for g in held], device=d)
+                sources = tensor_of(held, d)
+                lengths = tensor_of([self.cache.lengths[g] for g in held], d)
             logits = self.static.step(ids, positions, columns, width, sources, lengths)
         else:
             kwargs = {}
@@ -95,7 +95,7 @@ class Runner:
                 longest = max(lengths)
                 kwargs = dict(cross=longest, groups=self.cache.groups(n), parts=self.cache.parts(),
                               lengths=None if min(lengths) == longest  # all alike: no mask
-                              else torch.tensor(lengths, device=d))
+                              else tensor_of(lengths, d))
             logits = forward_step(self.model, self.cache, ids, positions, None, columns,
                                   width, torch.zeros(n, dtype=torch.long, device=d),
                                   column=column, self_parts=self_parts, **kwargs)
@@ -107,23 +107,23 @@ class Runner:
         last of them."""
         device = self.device
         fed = [seq.uncached()[:n] for _, seq, n in rows]
-        lengths = torch.tensor([len(f) for f in fed], device=device)
+        lengths = tensor_of([len(f) for f in fed], device)
         T = int(lengths.max())
         ids = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
         for i, f in enumerate(fed):
             ids[i, :len(f)] = torch.tensor(f)
-        start = torch.tensor([seq.cached for _, seq, _ in rows], device=device)
+        start = tensor_of([seq.cached for _, seq, _ in rows], device)
         steps = torch.arange(T, device=device)[None, :]
         real = steps < lengths[:, None]  # (R, T)
         positions = torch.where(real, start[:, None] + steps, 0)  # padding: position 0
         columns = torch.where(real, positions, self.cache.width - 1)  # padding: scratch
         width = max(seq.cached + n for _, seq, n in rows)
-        slots = torch.tensor([seq.slot for _, seq, _ in rows], device=device)
+        slots = tensor_of([seq.slot for _, seq, _ in rows], device)
         kwargs = {}
         if self.cache.seq2seq:  # each row's source, read by index
             kwargs = dict(
-                sources=torch.tensor([r.source_slot for r, _, _ in rows], device=device),
-                lengths=torch.tensor([len(r.prompt) for r, _, _ in rows], device=device),
+                sources=tensor_of([r.source_slot for r, _, _ in rows], device),
+                lengths=tensor_of([len(r.prompt) for r, _, _ in rows], device),
                 cross=max(len(r.prompt) for r, _, _ in rows))
         return forward_step(self.model, self.cache, ids.to(device), positions, slots, columns,
                             width, lengths - 1, **kwargs)
