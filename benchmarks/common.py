@@ -28,6 +28,19 @@ def preset_model(name: str, vocab_size: int):
     return cfg.model
 
 
+def test_pairs(run) -> list[tuple[str, str]]:
+    """A loaded translator run's test (source, target) pairs, or its validation pairs where
+    the run names no test split."""
+    from vaswani.data.files import ReadReport, iter_translation
+    from vaswani.data.registry import default_cache
+
+    try:
+        files = run.data_files("test", default_cache())
+    except ValueError:  # a run without a test split
+        files = run.data_files("valid", default_cache())
+    return list(iter_translation(files, ReadReport()))
+
+
 def best_time(fn, repeats: int) -> float:
     """Minimum wall time of ``repeats`` calls (after one warm-up call)."""
     fn()

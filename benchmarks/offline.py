@@ -78,7 +78,7 @@ from pathlib import Path
 
 import torch
 
-from .common import interleaved_best, make_runs, report, sentence
+from .common import interleaved_best, make_runs, report, sentence, test_pairs
 from .peers import agreement, batchings, race_at_best
 
 
@@ -155,18 +155,11 @@ def profile_row(work: Path, row: str = "lm", n: int = 300, run_dir: str | None =
 
     rng = random.Random(3)
     if run_dir is not None:
-        from vaswani.data.files import ReadReport, iter_translation
-        from vaswani.data.registry import default_cache
-
         if row == "lm":
             raise ValueError("--profile-run takes a translator: profile it with translate "
                              "or beam")
         run = vaswani.load(run_dir)
-        try:
-            files = run.data_files("test", default_cache())
-        except ValueError:  # a run without a test split: its validation sentences
-            files = run.data_files("valid", default_cache())
-        prompts = [source for source, _ in iter_translation(files, ReadReport())][:n]
+        prompts = [source for source, _ in test_pairs(run)][:n]
 
         def work_once(texts):
             return run.translate(texts, beam=4 if row == "beam" else 1, length_penalty=0.0)

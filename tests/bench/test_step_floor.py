@@ -1,0 +1,65 @@
+"""benchmarks/step_floor.py: the written-out decoding step computes the model's logits, and
+the benchmark times it beside the engine's step on a trained translator (timing is never
+asserted)."""
+
+import json
+import sys
+
+import pytest
+import torch
+from benchmarks import step_floor
+from torch.testing import assert_close
+
+from vaswani import ModelConfig, build_model
+from vaswani.nn.kv_cache import KVCache
+
+
+@pytest.mark.parametrize("norm_first,activation,positional", [
+    (True, "relu", "sinusoidal"), (False, "gelu", "learned")])
+def test_the_written_out_step_gives_the_models_next_token_logits(norm_first, activation,
+                                                                 positional):
+    """Three rows, five target tokens cached by the model's own incremental decoding: the
+    written-out step's logits for the sixth are the model's."""
+    cfg = ModelConfig(arch="encoder-decoder", vocab_size=37, d_model=32, n_heads=4, d_ff=64,
+                      n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, max_len=16,
+                      norm_first=norm_first, activation=activation, positional=positional)
+    model = build_model(cfg).eval()
+    src, tgt = torch.randint(4, 37, (3, 7)), torch.randint(4, 37, (3, 6))
+    with torch.no_grad():
+        memory = model.encode(src)
+        cache = KVCache(2)
+        model.decode(tgt[:, :5], memory, src_mask=None, cache=cache)
+
+        def widened(t):  # column 5 is the step's to write (NaN: read before it is written)
+            return torch.cat([t, torch.full((3, 4, 1, 8), float("nan"))], 2)
+
+        keys = [widened(c.self_attn.k) for c in cache.layers]
+        values = [widened(c.self_attn.v) for c in cache.layers]
+        cross = [(c.cross_attn.k, c.cross_attn.v) for c in cache.layers]
+        expected = model.decode(tgt[:, 5:], memory, src_mask=None, cache=cache)[:, 0]
+        got = step_floor.written_out(model)(tgt[:, 5], torch.full((3,), 5), 5, keys, values,
+                                            [k for k, _ in cross], [v for _, v in cross])
+    assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_models_it_does_not_cover_are_refused():
+    cfg = ModelConfig(arch="encoder-decoder", vocab_size=37, d_model=32, n_heads=4, d_ff=64,
+                      n_encoder_layers=1, n_decoder_layers=1, max_len=16, n_kv_heads=2)
+    with pytest.raises(ValueError, match="multi-head attention"):
+        step_floor.written_out(build_model(cfg))
+
+
+def test_the_benchmark_times_the_engine_the_written_out_and_the_compiled_step(
+        copy_run, tmp_path, monkeypatch, capsys):
+    """Two rows: the engine and the eager step timed here, the compiled step in a child
+    process whose figures join the table (its tokens the eager step's)."""
+    out = tmp_path / "floor.json"
+    monkeypatch.setattr(sys, "argv", ["step_floor", str(copy_run[0]), "--rows", "2",
+                                      "--repeats", "1", "--json", str(out)])
+    step_floor.main()
+    result = json.loads(out.read_text())
+    row = result["rows"]["2"]
+    assert result["steps"] >= 2 and row["compiled_same_tokens"] is True
+    assert all(row[f"{name}_ms_per_step"] > 0 for name in ("engine", "written_out", "compiled"))
+    assert row["compile_s"] > 0
+    assert "| 2 | " in capsys.readouterr().out
