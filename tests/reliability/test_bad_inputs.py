@@ -236,15 +236,18 @@ def test_a_read_only_cache(train_files, capsys, monkeypatch):
     assert "Permission denied" in one_line_error(capsys)
 
 
-def test_extending_past_the_end_of_a_cosine_schedule(tmp_path, capsys):
+@pytest.mark.parametrize("schedule", ["cosine", "wsd"])
+def test_extending_past_the_end_of_a_decaying_schedule(schedule, tmp_path, capsys):
     data = reverse_task(tmp_path / "p.tsv", n=60)
     cfg = config(tmp_path / "c.toml", "encoder-decoder", data,
-                 train={"max_steps": 2, "schedule": "cosine", "warmup": 1})
+                 train={"max_steps": 2, "schedule": schedule, "warmup": 1})
     run = tmp_path / "run"
     assert main(["train", str(cfg), "--out", str(run), "--no-progress"]) == 0
     capsys.readouterr()
     assert main(["train", "--resume", str(run), "--set", "train.max_steps=4"]) == 2
-    assert "--set train.schedule_steps=4 to stretch" in one_line_error(capsys)
+    error = one_line_error(capsys)
+    assert f"end of this run's {schedule} schedule" in error
+    assert "--set train.schedule_steps=4 to stretch" in error
     assert main(["train", "--resume", str(run), "--no-progress", "--set", "train.max_steps=4",
                  "--set", "train.schedule_steps=4"]) == 0
 

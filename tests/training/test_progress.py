@@ -1,8 +1,10 @@
 """What training shows: a bar against the budget or the steps, plain lines without a bar,
-and a cosine schedule that follows a time budget."""
+and a decaying schedule (cosine, wsd) that follows a time budget."""
 
 import io
 import json
+
+import pytest
 
 from tests.training.fixtures import config, text_file
 from vaswani.training.progress import Progress
@@ -42,7 +44,8 @@ def test_without_a_bar_a_line_is_printed_every_so_often():
     assert "ETA 0:40" in lines[0]
 
 
-def test_a_time_budget_shapes_the_cosine_schedule(tmp_path, capsys):
+@pytest.mark.parametrize("schedule", ["cosine", "wsd"])
+def test_a_time_budget_shapes_a_decaying_schedule(schedule, tmp_path, capsys):
     """Steps that take 0.1 s (a slow data loader stands in for a slow machine): a 0.12-minute
     budget reaches ~70 of 100,000 planned steps, and the rate decays over those instead of
     staying at its peak. (The schedule is re-planned from step 20 on: the budget leaves
@@ -53,7 +56,7 @@ def test_a_time_budget_shapes_the_cosine_schedule(tmp_path, capsys):
 
     data = text_file(tmp_path / "t.txt")
     cfg = config(tmp_path / "c.toml", "decoder", data,
-                 train={"max_steps": 100_000, "max_minutes": 0.12, "schedule": "cosine",
+                 train={"max_steps": 100_000, "max_minutes": 0.12, "schedule": schedule,
                         "warmup": 5, "eval_every": 100_000, "save_every": 100_000,
                         "metric_examples": 0, "log_every": 5})
     original = loop.Trainer.train_step
@@ -67,7 +70,7 @@ def test_a_time_budget_shapes_the_cosine_schedule(tmp_path, capsys):
         train(str(cfg), [], out=str(tmp_path / "run"), launch=Launch(progress=False))
     finally:
         loop.Trainer.train_step = original
-    assert "the cosine schedule now decays over the steps the budget reaches" in \
+    assert f"the {schedule} schedule now decays over the steps the budget reaches" in \
         capsys.readouterr().err
     rows = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     last = rows[-1]

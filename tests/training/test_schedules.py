@@ -36,3 +36,22 @@ def test_constant_and_unknown():
     assert lr_factor(15, schedule="constant", warmup=10, max_steps=20) == 1.0
     with pytest.raises(ValueError, match="schedule"):
         lr_factor(1, schedule="linear", warmup=1, max_steps=2)
+
+
+def test_wsd_warms_up_holds_then_falls_in_a_straight_line_to_the_floor():
+    """100 steps, the last 30% decayed: 1 until step 70, then linear to the floor at 100."""
+    f = lambda s: lr_factor(s, schedule="wsd", warmup=10, max_steps=100,  # noqa: E731
+                            min_ratio=0.1, cooldown=0.3)
+    assert f(4) == pytest.approx(0.5)  # the warm-up
+    assert f(10) == f(50) == f(70) == 1.0
+    assert f(85) == pytest.approx(0.1 + 0.9 * 0.5)  # halfway down
+    assert f(100) == pytest.approx(0.1) and f(120) == pytest.approx(0.1)
+
+
+def test_a_cooldown_outside_zero_to_one_is_refused():
+    from vaswani.config import TrainConfig
+
+    TrainConfig(schedule="wsd", cooldown=1.0).validate()
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match=r"cooldown \(.*\) must be in \(0, 1\]"):
+            TrainConfig(schedule="wsd", cooldown=bad).validate()

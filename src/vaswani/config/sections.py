@@ -104,13 +104,17 @@ class TrainConfig(ConfigBase):
     the same run."""
     lr: float = 5e-4
     """Peak learning rate."""
-    schedule: Literal["noam", "cosine", "constant"] = "cosine"
+    schedule: Literal["noam", "cosine", "constant", "wsd"] = "cosine"
     """Learning-rate schedule after the warm-up: "noam" (the paper's inverse square
-    root), "cosine" or "constant"."""
+    root), "cosine", "constant", or "wsd" (constant, then a straight line down to `min_lr`
+    over the last `cooldown` of the steps)."""
     warmup: int = 100
     """Optimizer steps of linear warmup."""
     min_lr: float = 0.0
-    """The cosine schedule's floor."""
+    """The floor the cosine and wsd schedules end at."""
+    cooldown: float = 0.3
+    """The wsd schedule's decay: the last fraction of the steps (0-1], over which the rate
+    falls in a straight line to `min_lr`."""
     optimizer: Literal["adamw", "muon"] = "adamw"
     """"adamw": AdamW for every parameter. "muon": Muon (`torch.optim.Muon`) for the
     transformer layers' weight matrices, at `muon_lr`, and AdamW for the embeddings, the
@@ -229,6 +233,8 @@ class TrainConfig(ConfigBase):
                 raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
         if self.schedule == "noam" and self.warmup == 0:
             raise ValueError("warmup (0) must be positive for the noam schedule")
+        if not 0.0 < self.cooldown <= 1.0:
+            raise ValueError(f"cooldown ({self.cooldown}) must be in (0, 1]")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing ({self.label_smoothing}) must be in [0, 1)")
 

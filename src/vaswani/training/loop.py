@@ -16,10 +16,10 @@ Stopping (Ctrl-C, SIGTERM, the time budget, early stopping) happens between step
 checkpoint always holds the state after a whole step: resuming from it is exact (state.py saves
 and restores it; progress.py reports what happens).
 
-A time budget shapes the schedule: a cosine schedule is planned over ``max_steps``, but the
-budget may end the run long before. So, past the warm-up, the steps the budget reaches are
-estimated from the speed so far (every log line; rank 0's estimate, shared) and the cosine
-decays over that many instead: the rate reaches its floor as the budget ends.
+A time budget shapes the schedule: a cosine (or wsd) schedule is planned over ``max_steps``,
+but the budget may end the run long before. So, past the warm-up, the steps the budget reaches
+are estimated from the speed so far (every log line; rank 0's estimate, shared) and the
+schedule decays over that many instead: the rate reaches its floor as the budget ends.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from . import parallel
 from .distributed import Dist
 from .optimizers import make_optimizer
 from .progress import Report
-from .schedules import lr_factor
+from .schedules import DECAYING, lr_factor
 from .state import Checkpoints, Diverged, RunState, SkipCounter, Stopped, StopRequest
 
 
@@ -103,13 +103,14 @@ class Trainer:
         t = self.cfg.train
         return t.lr * lr_factor(step, schedule=t.schedule, warmup=t.warmup,
                                 max_steps=self.state.planned_steps or t.schedule_steps,
-                                min_ratio=t.min_lr / t.lr)
+                                min_ratio=t.min_lr / t.lr, cooldown=t.cooldown)
 
     def replan(self, elapsed: float) -> None:
-        """With a time budget and a cosine schedule: decay over the steps the budget reaches
-        at the speed so far (never more than planned; rank 0 decides for every rank)."""
+        """With a time budget and a schedule that decays (cosine, wsd): decay over the steps
+        the budget reaches at the speed so far (never more than planned; rank 0 decides for
+        every rank)."""
         t, state = self.cfg.train, self.state
-        if not (t.max_minutes and t.schedule == "cosine") or state.step < max(t.warmup, 20):
+        if not (t.max_minutes and t.schedule in DECAYING) or state.step < max(t.warmup, 20):
             return
         estimate = state.step * t.max_minutes * 60 / max(elapsed, 1e-9)
         planned = torch.tensor([float(min(t.schedule_steps, max(state.step + 1, estimate)))],
@@ -117,7 +118,7 @@ class Trainer:
         planned = int(self.dist.broadcast(planned).item())
         if planned < t.schedule_steps and state.planned_steps is None and self.dist.is_main:
             print(f"vaswani train: at this speed the {t.max_minutes:g}-minute budget reaches "
-                  f"about {planned:,} of {t.schedule_steps:,} steps; the cosine schedule now "
+                  f"about {planned:,} of {t.schedule_steps:,} steps; the {t.schedule} schedule now "
                   "decays over the steps the budget reaches (re-estimated as training goes)",
                   file=sys.stderr, flush=True)
         state.planned_steps = planned if planned < t.schedule_steps else None

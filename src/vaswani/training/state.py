@@ -99,7 +99,7 @@ class RunState:
     best: float | None = None  # the best validation score so far ([train] best_metric)
     bad_evals: int = 0  # evaluations since it last improved (early stopping)
     skipped: int = 0  # steps whose loss or gradient was not finite (they update nothing)
-    planned_steps: int | None = None  # the cosine schedule's length as the time budget allows
+    planned_steps: int | None = None  # the schedule's length as the time budget allows
 
 
 class Checkpoints:

@@ -38,6 +38,7 @@ from .distributed import Dist, init, rank0_decides, shutdown
 from .loop import Trainer
 from .parallel import parallel_class
 from .progress import TENSORBOARD
+from .schedules import DECAYING
 from .state import StopRequest
 
 
@@ -177,7 +178,7 @@ def configure(config: str, overrides: list[str]) -> tuple[RunConfig, Tokenizers 
 def resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
     """The run's config with ``--set`` overrides. A run written before ``schedule_steps``
     existed keeps the schedule its ``max_steps`` gave it. Extending a cosine schedule that
-    has ended at a zero learning rate would change nothing, so it is refused."""
+    has ended at a zero learning rate (or a wsd one) would change nothing, so it is refused."""
     if not (run_dir / rundir.CONFIG).exists():
         rundir.read_config(run_dir)  # the clear "not a run directory" error
     data = load_toml(run_dir / rundir.CONFIG)
@@ -188,16 +189,16 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
     except (ValueError, TypeError) as e:
         raise ValueError(f"{run_dir / rundir.CONFIG}: {e}") from None
     t = cfg.train
-    if t.max_steps > t.schedule_steps and t.schedule == "cosine":
+    if t.max_steps > t.schedule_steps and t.schedule in DECAYING:
         if t.min_lr == 0:
             raise ValueError(
-                f"train.max_steps ({t.max_steps}) goes past the end of this run's cosine "
+                f"train.max_steps ({t.max_steps}) goes past the end of this run's {t.schedule} "
                 f"schedule ({t.schedule_steps} steps), where the learning rate is min_lr (0): "
                 f"the extra steps would change nothing. Also --set train.schedule_steps="
                 f"{t.max_steps} to stretch the schedule over them (the rate rises again), "
                 "or set train.min_lr")
         print(f"vaswani: steps {t.schedule_steps + 1}-{t.max_steps} run after the end of the "
-              f"cosine schedule, at min_lr ({t.min_lr:g}); --set train.schedule_steps="
+              f"{t.schedule} schedule, at min_lr ({t.min_lr:g}); --set train.schedule_steps="
               f"{t.max_steps} would stretch the schedule instead", file=sys.stderr, flush=True)
     return cfg
 
