@@ -7,7 +7,7 @@
 # tenths of BLEU); a busy machine takes longer, it does not learn less.
 # The recipe is configs/bible-en-es-demo.toml: the bible-en-es preset made cheap per token
 # (d_model 128, 2+2 layers, 6,000-token vocabulary, 1,500-token batches), trained with Muon,
-# cosine to zero.
+# the peak rate held, then a straight line to zero over the last 30% of the steps (wsd).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=.venv/bin/vaswani
