@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .common import ROOT
+from .common import ROOT, interleaved_best
 
 
 def written_out(model):
@@ -132,16 +132,11 @@ def choose(step):
 
 def best_of(contenders: dict, repeats: int) -> dict[str, float]:
     """Each contender's best seconds per call over ``repeats`` rounds, the contenders
-    alternating; ``contenders``: name -> (a call, calls per round)."""
-    best = dict.fromkeys(contenders, float("inf"))
-    for _ in range(repeats):
-        for name, (fn, n) in contenders.items():
-            fn()
-            start = time.perf_counter()
-            for _ in range(n):
-                fn()
-            best[name] = min(best[name], (time.perf_counter() - start) / n)
-    return best
+    alternating (common.py ``interleaved_best``); ``contenders``: name -> (a call, calls
+    per round)."""
+    rounds = [lambda fn=fn, n=n: [fn() for _ in range(n)] for fn, n in contenders.values()]
+    seconds = interleaved_best(rounds, repeats)
+    return {name: s / n for (name, (_, n)), s in zip(contenders.items(), seconds, strict=True)}
 
 
 def main() -> None:
