@@ -41,6 +41,16 @@ def test_pairs(run) -> list[tuple[str, str]]:
     return list(iter_translation(files, ReadReport()))
 
 
+def step_sentence(pairs: list[tuple[str, str]], target) -> str:
+    """The source sentence a step timing gives R times: the first of ``pairs`` whose
+    reference is 40-80 tokens of the ``target`` tokenizer (a small run's: its longest)."""
+    def tokens(pair: tuple[str, str]) -> int:
+        return len(target.encode(pair[1]))
+
+    found = next((pair for pair in pairs if 40 <= tokens(pair) <= 80), None)
+    return (found or max(pairs, key=tokens))[0]
+
+
 def best_time(fn, repeats: int) -> float:
     """Minimum wall time of ``repeats`` calls (after one warm-up call)."""
     fn()

@@ -19,11 +19,11 @@ one length cap (the model's ``max_len - 1``) is given to both for the same reaso
 agreement with CTranslate2 fp32 is reported beside the speed, not inside it.
 
 ``--step-costs ROWS`` instead times a greedy step at each number of rows: one test sentence
-(the first whose translation is 40-80 tokens) given R times, so every row decodes as many
-steps; vaswani with ``batch_size`` R, CTranslate2 fp32 with ``max_batch_size`` R examples (its
-faster backend), each in its own process, alternating. A step's milliseconds (the call's
-time, its one encoder pass included, over the steps) at 1 row say what a step costs however
-few rows it has; the rise from there, per row, what each row adds.
+(the first whose reference is 40-80 tokens, else the longest) given R times, so every row
+decodes as many steps; vaswani with ``batch_size`` R, CTranslate2 fp32 with ``max_batch_size``
+R examples (its faster backend), each in its own process, alternating. A step's milliseconds
+(the call's time, its one encoder pass included, over the steps) at 1 row say what a step costs
+however few rows it has; the rise from there, per row, what each row adds.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from .common import step_sentence
 from .peers import agreement, batchings, race_at_best
 
 
@@ -71,8 +72,7 @@ def main() -> None:
     export(args.run_dir, "ct2", tmp / "fp32")
     if args.step_costs:  # CTranslate2 fp32 only
         target = run.target_tokenizer or run.source_tokenizer
-        sentence = next(s for s, t in pairs if 40 <= len(target.encode(t)) <= 80)
-        write(step_costs(args, sentence, tmp, threads, cap,
+        write(step_costs(args, step_sentence(pairs, target), tmp, threads, cap,
                          lambda text: len(target.encode(text)) + 1), args.json)
         return
     export(args.run_dir, "ct2", tmp / "int8", quantize="int8")

@@ -152,14 +152,12 @@ def main() -> None:
 
     import vaswani
 
-    from .common import hardware, test_pairs
+    from .common import hardware, step_sentence, test_pairs
 
     run = vaswani.load(args.run_dir)
     model = run.model.eval()
     target = run.target_tokenizer or run.source_tokenizer
-    pairs = [(s, len(target.encode(t))) for s, t in test_pairs(run)]
-    # as --step-costs: the first 40-80 tokens long (a small run's longest)
-    sentence = next((s for s, n in pairs if 40 <= n <= 80), max(pairs, key=lambda p: p[1])[0])
+    sentence = step_sentence(test_pairs(run), target)  # as export's --step-costs
     source = len(run.source_tokenizer.encode(sentence)) + 1
     cap = run.config.model.max_len - 1
     options = dict(beam=1, length_penalty=0.0, max_len_a=0.0, max_len_b=cap)
