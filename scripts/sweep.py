@@ -58,11 +58,15 @@ def point_name(point: dict[str, str]) -> str:
 
 
 def budget_sets(steps: int | None, minutes: float | None) -> list[str]:
-    """The ``--set``s of the budget: one evaluation, at the end."""
+    """The ``--set``s of the budget: one evaluation, at the end.
+
+    Fixed work also turns off the config's own time budget (a preset's ``max_minutes``),
+    which would otherwise stop a slow point early and re-plan its schedule: the same steps
+    on every point, whatever else the machine is doing."""
     if minutes:
         return [f"train.max_minutes={minutes}", "train.max_steps=1000000",
                 "train.eval_every=1000000", "train.save_every=1000000"]
-    return [f"train.max_steps={steps}", f"train.eval_every={steps}",
+    return [f"train.max_steps={steps}", "train.max_minutes=0", f"train.eval_every={steps}",
             f"train.save_every={steps}"]
 
 

@@ -24,6 +24,11 @@ def test_the_grid_is_every_combination_named_by_its_values():
         sweep.parse_axis("lr=1e-3")
 
 
+def test_fixed_work_turns_off_the_configs_own_time_budget():
+    assert "train.max_minutes=0" in sweep.budget_sets(1500, None)
+    assert "train.max_minutes=10.0" in sweep.budget_sets(None, 10.0)
+
+
 def test_a_tiny_sweep_trains_scores_and_tabulates_each_point_once(tmp_path, capsys):
     data = reverse_task(tmp_path / "pairs.tsv", n=120)
     test = reverse_task(tmp_path / "test.tsv", n=20, seed=1)
@@ -40,6 +45,7 @@ def test_a_tiny_sweep_trains_scores_and_tabulates_each_point_once(tmp_path, caps
         assert r["steps"] == 3 and r["task"] == "translation"
         assert 0 <= r["test"]["bleu"] <= 100 and r["valid_loss"] > 0
         assert "train.max_steps=3" in r["train_command"]
+        assert "train.max_minutes=0" in r["train_command"]
     saved = (out / "optimizer-muon" / "config.toml").read_text()
     assert 'optimizer = "muon"' in saved
     rows = md.read_text().splitlines()
