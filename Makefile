@@ -18,7 +18,7 @@ demo: $(VENV)/.installed
 	bash scripts/demo.sh
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 # Long runs, not part of `make test`: the three real-data presets (about 1.5 hours on
 # 2 CPU cores) and the speed benchmarks.
