@@ -4,6 +4,7 @@ eagerly and compiled by ``torch.compile`` (inductor, weights frozen, its C++ wra
 engine's own step.
 
     python -m benchmarks.step_floor RUN_DIR [--rows 1,4,64,256] [--no-compile] [--json FILE]
+    python -m benchmarks.step_floor RUN_DIR --replay 300 [--json FILE]
 
 The written-out step (:func:`written_out`) is one decoder pass for R rows of one token each,
 with none of the engine's or the modules' Python: the embedding and its position, per layer a
@@ -27,6 +28,13 @@ keys cached).
 Each contender's best of ``--repeats`` timed rounds: the engine and the eager step alternate
 in one process; the compiled step runs in a process of its own (once inductor's code has run
 in a process, that process's eager steps are slower).
+
+``--replay N`` prices a whole offline translation at the floor instead (:func:`replay`):
+``translate`` of the first N test sentences, greedy, as ``benchmarks.export`` runs it, with
+its encoder passes and each decoding step timed and each step's shape recorded (rows, the
+longest row's position, the longest source); then the written-out step, packed, timed on
+every recorded shape. What the run would take if every step cost no more than the floor: the
+most any engine made of PyTorch's eager operators could gain on it.
 """
 
 from __future__ import annotations
@@ -139,6 +147,87 @@ def best_of(contenders: dict, repeats: int) -> dict[str, float]:
     return {name: s / n for (name, (_, n)), s in zip(contenders.items(), seconds, strict=True)}
 
 
+def replay(run, sentences: list[str], repeats: int) -> dict:
+    """``translate`` of ``sentences`` (greedy, length penalty 0, the model's length cap),
+    best of ``repeats`` runs, split into its encoder passes, its decoding steps (each step's
+    best) and the rest; and the same steps written out (:func:`written_out`, packed caches,
+    every row at its step's longest position and source), each timed best of ``repeats``."""
+    from vaswani.engine.runner import Runner
+
+    model = run.model.eval()
+    options = dict(beam=1, length_penalty=0.0, max_len_a=0.0,
+                   max_len_b=run.config.model.max_len - 1)
+    decode, encode = Runner.decode, Runner.encode
+    shapes: list[tuple[int, int, int]] = []  # a step's rows, longest position, longest source
+    times: list[float] = []  # this run's: each decoding step's seconds, then the encoder's
+
+    def timed_decode(self, rows):
+        start = time.perf_counter()
+        out = decode(self, rows)
+        times.append(time.perf_counter() - start)
+        shapes.append((len(rows), max(seq.cached for _, seq in rows),
+                       max(len(request.prompt) for request, _ in rows)))
+        return out
+
+    def timed_encode(self, requests):
+        start = time.perf_counter()
+        encode(self, requests)
+        encoding[0] += time.perf_counter() - start
+
+    run.translate(sentences[:16], **options)  # warm-up
+    best_total, best_encode, best_steps = float("inf"), float("inf"), None
+    Runner.decode, Runner.encode = timed_decode, timed_encode
+    try:
+        for _ in range(repeats):
+            shapes.clear()
+            times.clear()
+            encoding = [0.0]
+            start = time.perf_counter()
+            run.translate(sentences, **options)
+            best_total = min(best_total, time.perf_counter() - start)
+            best_encode = min(best_encode, encoding[0])
+            best_steps = list(times) if best_steps is None else [
+                min(a, b) for a, b in zip(best_steps, times, strict=True)]
+    finally:
+        Runner.decode, Runner.encode = decode, encode
+    step = choose(written_out(model))
+    floor = []
+    with torch.inference_mode():
+        for rows, position, source in shapes:
+            inputs = state(model, rows, source, position)
+            floor.append(best_of({"step": (lambda inputs=inputs: step(*inputs), 1)},
+                                 repeats)["step"])
+    by_rows = {}
+    for lo, hi in [(1, 4), (5, 16), (17, 64), (65, 256), (257, 1 << 20)]:
+        pick = [i for i, (rows, _, _) in enumerate(shapes) if lo <= rows <= hi]
+        if pick:
+            by_rows[f"{lo}-{hi}" if hi < 1 << 20 else f"{lo}+"] = {
+                "steps": len(pick), "engine_s": round(sum(best_steps[i] for i in pick), 4),
+                "written_out_s": round(sum(floor[i] for i in pick), 4)}
+    steps_s = sum(best_steps)
+    rest = max(0.0, best_total - best_encode - steps_s)
+    return {"sentences": len(sentences), "steps": len(shapes),
+            "row_steps": sum(rows for rows, _, _ in shapes), "repeats": repeats,
+            "translate_s": round(best_total, 4), "encode_s": round(best_encode, 4),
+            "decode_steps_s": round(steps_s, 4), "rest_s": round(rest, 4),
+            "written_out_steps_s": round(sum(floor), 4),
+            "translate_at_floor_s": round(best_encode + sum(floor) + rest, 4),
+            "by_rows": by_rows}
+
+
+def print_replay(r: dict) -> None:
+    print(f"translate of {r['sentences']} sentences, greedy, best of {r['repeats']}: "
+          f"{r['translate_s']:.3f} s = encoder passes {r['encode_s']:.3f} + {r['steps']} "
+          f"decoding steps ({r['row_steps']:,} row-steps) {r['decode_steps_s']:.3f} + the "
+          f"rest {r['rest_s']:.3f}")
+    print(f"the same steps written out: {r['written_out_steps_s']:.3f} s; the run with them: "
+          f"{r['translate_at_floor_s']:.3f} s ({r['sentences'] / r['translate_s']:.1f} -> "
+          f"{r['sentences'] / r['translate_at_floor_s']:.1f} sentences/s)\n")
+    print("| rows | steps | engine s | written out s |\n|---|---|---|---|")
+    for rows, row in r["by_rows"].items():
+        print(f"| {rows} | {row['steps']} | {row['engine_s']:.3f} | {row['written_out_s']:.3f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir")
@@ -147,6 +236,8 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="the eager step only")
     parser.add_argument("--compiled-only", action="store_true",
                         help="(the child process) time the compiled step only, print JSON")
+    parser.add_argument("--replay", type=int, metavar="N",
+                        help="price translate of the first N test sentences at the floor")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
 
@@ -156,6 +247,15 @@ def main() -> None:
 
     run = vaswani.load(args.run_dir)
     model = run.model.eval()
+    if args.replay:
+        result = replay(run, [s for s, _ in test_pairs(run)][:args.replay], args.repeats)
+        print_replay(result)
+        if args.json:
+            Path(args.json).write_text(json.dumps(
+                {"run_dir": args.run_dir, "threads": torch.get_num_threads(), **result,
+                 "hardware": hardware()}, indent=2) + "\n")
+            print(f"\nwrote {args.json}")
+        return
     target = run.target_tokenizer or run.source_tokenizer
     sentence = step_sentence(test_pairs(run), target)  # as export's --step-costs
     source = len(run.source_tokenizer.encode(sentence)) + 1

@@ -63,3 +63,32 @@ def test_the_benchmark_times_the_engine_the_written_out_and_the_compiled_step(
     assert all(row[f"{name}_ms_per_step"] > 0 for name in ("engine", "written_out", "compiled"))
     assert row["compile_s"] > 0
     assert "| 2 | " in capsys.readouterr().out
+
+
+def test_a_replay_prices_every_step_of_a_whole_translation(copy_run, tmp_path, monkeypatch,
+                                                           capsys):
+    """--replay: a translation of the run's first test sentences split into its encoder
+    passes, its decoding steps and the rest, each step's shape priced written out; one row
+    of a step gives one token, so the row-steps are the tokens the translations hold (each
+    with its end token); the engine is left as it was."""
+    import vaswani
+    from benchmarks.common import test_pairs
+    from vaswani.engine.runner import Runner
+
+    decode, encode = Runner.decode, Runner.encode
+    out = tmp_path / "replay.json"
+    monkeypatch.setattr(sys, "argv", ["step_floor", str(copy_run[0]), "--replay", "12",
+                                      "--repeats", "2", "--json", str(out)])
+    step_floor.main()
+    assert (Runner.decode, Runner.encode) == (decode, encode)
+    r = json.loads(out.read_text())
+    run = vaswani.load(copy_run[0])
+    sources = [s for s, _ in test_pairs(run)][:12]
+    cap = run.config.model.max_len - 1
+    outputs = run.translate(sources, beam=1, length_penalty=0.0, max_len_a=0.0, max_len_b=cap)
+    tokens = [len(run.target_tokenizer.encode(o)) for o in outputs]
+    assert r["sentences"] == 12 and r["row_steps"] == sum(min(n + 1, cap) for n in tokens)
+    assert r["steps"] == sum(row["steps"] for row in r["by_rows"].values())
+    assert r["encode_s"] > 0 and r["decode_steps_s"] > 0 and r["written_out_steps_s"] > 0
+    assert r["translate_at_floor_s"] >= r["encode_s"] + r["written_out_steps_s"]
+    assert "| rows | steps | engine s | written out s |" in capsys.readouterr().out
