@@ -71,8 +71,9 @@ def test_a_replay_prices_every_step_of_a_whole_translation(copy_run, tmp_path, m
     passes, its decoding steps and the rest, each step's shape priced written out; one row
     of a step gives one token, so the row-steps are the tokens the translations hold (each
     with its end token); the engine is left as it was."""
-    import vaswani
     from benchmarks.common import test_pairs
+
+    import vaswani
     from vaswani.engine.runner import Runner
 
     decode, encode = Runner.decode, Runner.encode
