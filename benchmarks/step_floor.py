@@ -159,7 +159,7 @@ def replay(run, sentences: list[str], repeats: int) -> dict:
                    max_len_b=run.config.model.max_len - 1)
     decode, encode = Runner.decode, Runner.encode
     shapes: list[tuple[int, int, int]] = []  # a step's rows, longest position, longest source
-    times: list[float] = []  # this run's: each decoding step's seconds, then the encoder's
+    times: list[float] = []  # this run's seconds of each decoding step
 
     def timed_decode(self, rows):
         start = time.perf_counter()
