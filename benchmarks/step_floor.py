@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .common import ROOT, interleaved_best
+from .common import ROOT, best_time, interleaved_best
 
 
 def written_out(model):
@@ -147,6 +147,12 @@ def best_of(contenders: dict, repeats: int) -> dict[str, float]:
     return {name: s / n for (name, (_, n)), s in zip(contenders.items(), seconds, strict=True)}
 
 
+def greedy(run) -> dict:
+    """``translate``'s options for a greedy decode as ``benchmarks.export`` runs it: length
+    penalty 0 and the model's length cap."""
+    return dict(beam=1, length_penalty=0.0, max_len_a=0.0, max_len_b=run.config.model.max_len - 1)
+
+
 def replay(run, sentences: list[str], repeats: int) -> dict:
     """``translate`` of ``sentences`` (greedy, length penalty 0, the model's length cap),
     best of ``repeats`` runs, split into its encoder passes, its decoding steps (each step's
@@ -155,8 +161,7 @@ def replay(run, sentences: list[str], repeats: int) -> dict:
     from vaswani.engine.runner import Runner
 
     model = run.model.eval()
-    options = dict(beam=1, length_penalty=0.0, max_len_a=0.0,
-                   max_len_b=run.config.model.max_len - 1)
+    options = greedy(run)
     decode, encode = Runner.decode, Runner.encode
     shapes: list[tuple[int, int, int]] = []  # a step's rows, longest position, longest source
     times: list[float] = []  # this run's seconds of each decoding step
@@ -195,8 +200,7 @@ def replay(run, sentences: list[str], repeats: int) -> dict:
     with torch.inference_mode():
         for rows, position, source in shapes:
             inputs = state(model, rows, source, position)
-            floor.append(best_of({"step": (lambda inputs=inputs: step(*inputs), 1)},
-                                 repeats)["step"])
+            floor.append(best_time(lambda inputs=inputs: step(*inputs), repeats))
     by_rows = {}
     for lo, hi in [(1, 4), (5, 16), (17, 64), (65, 256), (257, 1 << 20)]:
         pick = [i for i, (rows, _, _) in enumerate(shapes) if lo <= rows <= hi]
@@ -259,8 +263,7 @@ def main() -> None:
     target = run.target_tokenizer or run.source_tokenizer
     sentence = step_sentence(test_pairs(run), target)  # as export's --step-costs
     source = len(run.source_tokenizer.encode(sentence)) + 1
-    cap = run.config.model.max_len - 1
-    options = dict(beam=1, length_penalty=0.0, max_len_a=0.0, max_len_b=cap)
+    options = greedy(run)
     steps = len(target.encode(run.translate([sentence], **options)[0])) + 1
     rows = [int(r) for r in args.rows.split(",")]
     eager = choose(written_out(model))
