@@ -44,7 +44,9 @@ def test_sources_go_in_longest_first_and_the_slots_stay_in_length_order(copy_run
         return decode(plan_rows)
 
     engine.run, runner.decode = run_spy, decode_spy
-    texts = [w * (1 + i % 3) for i, w in enumerate(WORDS)]  # 70 sources of many lengths
+    # 70 sources of 16 lengths, all like the copy task's (5-20 of a-j), which the model
+    # copies exactly: a row's output is as long as its source, so short rows finish first
+    texts = [("abcdefghij" * 3)[i % 7:i % 7 + 5 + i % 16] for i in range(70)]
     run.translate(texts, beam=1)
     [lengths] = submitted
     assert lengths == sorted(lengths, reverse=True) and len(set(lengths)) > 3
