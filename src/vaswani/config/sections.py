@@ -116,8 +116,9 @@ class TrainConfig(ConfigBase):
     """The wsd schedule's decay: the last fraction of the steps (0-1], over which the rate
     falls in a straight line to `min_lr`."""
     optimizer: Literal["adamw", "muon"] = "adamw"
-    """"adamw": AdamW for every parameter. "muon": Muon (`torch.optim.Muon`) for the
-    transformer layers' weight matrices, at `muon_lr`, and AdamW for the embeddings, the
+    """"adamw": AdamW for every parameter. "muon": Muon (`torch.optim.Muon`'s step; its
+    Newton-Schulz iteration in bf16 where the device has native bf16, float32 elsewhere) for
+    the transformer layers' weight matrices, at `muon_lr`, and AdamW for the embeddings, the
     output head, norms and biases, at `lr` (both follow the schedule)."""
     muon_lr: float = 0.02
     """Muon's peak learning rate (optimizer = "muon"); scaled by the schedule as `lr` is.

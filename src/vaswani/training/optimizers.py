@@ -13,12 +13,14 @@ uses. :class:`Optimizers` steps, clears, saves and restores them together.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from ..devices import bf16_is_fast
 from ..nn.layers import Stack
 
 
@@ -33,6 +35,61 @@ def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
                 if p.requires_grad and p.dim() == 2:
                     seen[id(p)] = p
     return list(seen.values())
+
+
+def orthogonalize(update: Tensor, coefficients: tuple[float, float, float], steps: int,
+                  eps: float, dtype: torch.dtype) -> Tensor:
+    """Muon's Newton-Schulz iteration in ``dtype``: the nearest semi-orthogonal matrix to
+    ``update``, roughly (its singular values end between ~0.5 and ~1.5, not at 1). The same
+    quintic as ``torch.optim.Muon``, which always runs it in bf16."""
+    a, b, c = coefficients
+    x = update.to(dtype)
+    tall = update.size(0) > update.size(1)
+    if tall:  # iterate on the smaller Gram matrix
+        x = x.T
+    x = x / x.norm().clamp(min=eps)  # spectral norm <= 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+class Muon(torch.optim.Muon):
+    """``torch.optim.Muon``, with its Newton-Schulz iteration in ``ortho_dtype``.
+
+    PyTorch runs the iteration in bf16, fast on GPUs and on CPUs with AVX512-BF16 or AMX.
+    Elsewhere PyTorch emulates bf16 matrix products, and the iteration became most of a step:
+    with AVX2 kernels, the demo model's Muon update took 563 ms in bf16 against 36 ms in
+    float32 (``python -m benchmarks.muon``, docs/performance.md). The step below is
+    PyTorch's (momentum, Nesterov, decoupled weight decay, the rate scaled by
+    sqrt(max(1, rows / columns))), equal to it to the bit in bf16
+    (``tests/training/test_optimizers.py``), as is the state: one ``momentum_buffer`` per
+    matrix."""
+
+    def __init__(self, params, *, ortho_dtype: torch.dtype = torch.bfloat16, **options) -> None:
+        if options.get("adjust_lr_fn") not in (None, "original"):
+            raise ValueError("only Muon's original learning-rate scaling is supported")
+        super().__init__(params, **options)
+        self.ortho_dtype = ortho_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params, grads, buffers = [], [], []
+            self._init_group(group, params, grads, buffers)
+            lr, momentum = group["lr"], group["momentum"]
+            for p, grad, buffer in zip(params, grads, buffers, strict=True):
+                buffer.lerp_(grad, 1 - momentum)
+                update = grad.lerp(buffer, momentum) if group["nesterov"] else buffer
+                update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"],
+                                       group["eps"], self.ortho_dtype)
+                p.mul_(1 - lr * group["weight_decay"])
+                p.add_(update, alpha=-lr * math.sqrt(max(1, p.size(0) / p.size(1))))
+        return loss
 
 
 def adamw(params: list[nn.Parameter], cfg) -> torch.optim.AdamW:
@@ -117,8 +174,10 @@ def make_optimizer(model: nn.Module, cfg) -> Optimizers:
         return Optimizers({"adamw": (adamw(params, cfg), cfg.lr)})
     matrices = hidden_matrices(model)
     ids = {id(p) for p in matrices}
-    muon = torch.optim.Muon(matrices, lr=cfg.muon_lr, weight_decay=cfg.weight_decay,
-                            momentum=cfg.muon_momentum)
+    fast = not matrices or bf16_is_fast(matrices[0].device)
+    muon = Muon(matrices, lr=cfg.muon_lr, weight_decay=cfg.weight_decay,
+                momentum=cfg.muon_momentum,
+                ortho_dtype=torch.bfloat16 if fast else torch.float32)
     rest = [p for p in params if id(p) not in ids]
     return Optimizers({"muon": (muon, cfg.muon_lr), "adamw": (adamw(rest, cfg), cfg.lr)})
 

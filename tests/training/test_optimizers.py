@@ -1,0 +1,72 @@
+"""The optimizers: Muon's step against PyTorch's own, its Newton-Schulz iteration in float32
+where bf16 is slow."""
+
+import pytest
+import torch
+
+from vaswani.training import optimizers
+from vaswani.training.optimizers import Muon, orthogonalize
+
+
+def matrices(seed: int = 0) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(shape, generator=g))
+            for shape in [(24, 8), (8, 24), (16, 16)]]  # tall, wide, square
+
+
+def run(make, steps: int = 4) -> list[torch.Tensor]:
+    """``steps`` updates of fresh matrices with the same gradients; the weights and the
+    momentum buffers after them."""
+    params = matrices()
+    opt = make(params)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+    return [p.detach().clone() for p in params] + [opt.state[p]["momentum_buffer"]
+                                                   for p in params]
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_muon_in_bf16_is_pytorchs_muon_to_the_bit(nesterov):
+    options = {"lr": 0.02, "weight_decay": 0.1, "momentum": 0.9, "nesterov": nesterov}
+    ours = run(lambda ps: Muon(ps, ortho_dtype=torch.bfloat16, **options))
+    theirs = run(lambda ps: torch.optim.Muon(ps, **options))
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_muon_in_float32_follows_the_same_steps_more_exactly():
+    """float32 iteration: close to the bf16 step (same algorithm), closer to one done in
+    float64 than the bf16 step is."""
+    options = {"lr": 0.02, "weight_decay": 0.1, "momentum": 0.9}
+    fp32 = run(lambda ps: Muon(ps, ortho_dtype=torch.float32, **options))
+    bf16 = run(lambda ps: Muon(ps, ortho_dtype=torch.bfloat16, **options))
+    fp64 = run(lambda ps: Muon(ps, ortho_dtype=torch.float64, **options))
+    for a, b, exact in zip(fp32[:3], bf16[:3], fp64[:3], strict=True):
+        torch.testing.assert_close(a, b, atol=0.02, rtol=0)
+        assert (a - exact).abs().max() < 1e-4 < (b - exact).abs().max()
+
+
+def test_orthogonalize_brings_every_singular_value_near_one():
+    coefficients = (3.4445, -4.7750, 2.0315)  # Muon's quintic
+    for shape in [(64, 16), (16, 64), (32, 32)]:
+        update = torch.randn(shape, generator=torch.Generator().manual_seed(2))
+        out = orthogonalize(update, coefficients, 5, 1e-7, torch.float32)
+        assert out.shape == shape and out.dtype == torch.float32
+        s = torch.linalg.svdvals(out)
+        assert s.min() > 0.5 and s.max() < 1.3, s
+        assert torch.equal(update, torch.randn(shape, generator=torch.Generator().manual_seed(2)))
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_muon_iterates_in_bf16_only_where_bf16_is_fast(monkeypatch, fast):
+    from vaswani import ModelConfig, build_model
+    from vaswani.config import TrainConfig
+
+    monkeypatch.setattr(optimizers, "bf16_is_fast", lambda device: fast)
+    model = build_model(ModelConfig(arch="decoder", vocab_size=11, d_model=8, n_heads=2,
+                                    d_ff=16, n_layers=1))
+    opt = optimizers.make_optimizer(model, TrainConfig(optimizer="muon"))
+    assert opt.parts["muon"][0].ortho_dtype == (torch.bfloat16 if fast else torch.float32)
