@@ -2,9 +2,10 @@
 weight matrices and AdamW for the rest.
 
 Muon (Jordan et al. 2024, ``torch.optim.Muon``) keeps one momentum buffer per matrix and
-replaces each update by its nearest semi-orthogonal matrix (a few Newton-Schulz iterations in
-bf16): every direction of the matrix moves by about the same amount, where Adam's update is
-dominated by a few. It is made for the 2-D weights of hidden layers; the embeddings (which
+replaces each update by its nearest semi-orthogonal matrix (a few Newton-Schulz iterations,
+in bf16 where the device has it natively, in float32 elsewhere: :class:`Muon`): every
+direction of the matrix moves by about the same amount, where Adam's update is dominated by a
+few. It is made for the 2-D weights of hidden layers; the embeddings (which
 are looked up, not multiplied), the output head tied to them, norms and biases keep AdamW.
 So a Muon run has two optimizers, each with its own peak learning rate (``muon_lr`` and
 ``lr``), both following the one schedule; the split is the one the modded-nanoGPT speedrun
