@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from vaswani.training import optimizers
-from vaswani.training.optimizers import Muon, orthogonalize
+from vaswani.training.optimizers import Muon, orthogonalize, orthogonalize_all
 
 
 def matrices(seed: int = 0) -> list[torch.nn.Parameter]:
@@ -58,6 +58,52 @@ def test_orthogonalize_brings_every_singular_value_near_one():
         s = torch.linalg.svdvals(out)
         assert s.min() > 0.5 and s.max() < 1.3, s
         assert torch.equal(update, torch.randn(shape, generator=torch.Generator().manual_seed(2)))
+
+
+def test_matrices_of_one_shape_are_orthogonalized_stacked_as_one_by_one():
+    """orthogonalize_all stacks the updates of one shape: the same result as one at a time
+    (float32: to its roundoff; bf16: to a bf16 step, the same bits on some CPUs), in the
+    order given; a lone shape, and a tensor of a subclass (a DTensor shard; here a
+    Parameter), go alone."""
+    coefficients = (3.4445, -4.7750, 2.0315)
+    g = torch.Generator().manual_seed(3)
+    shapes = [(24, 8), (16, 16), (24, 8), (8, 24), (24, 8), (16, 16)]
+    updates = [torch.randn(shape, generator=g) for shape in shapes]
+    updates[4] = torch.nn.Parameter(updates[4])
+    for dtype, atol in [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]:
+        together = orthogonalize_all(updates, coefficients, 5, 1e-7, dtype)
+        alone = [orthogonalize(u, coefficients, 5, 1e-7, dtype) for u in updates]
+        assert [x.shape for x in together] == [torch.Size(s) for s in shapes]
+        for a, b in zip(together, alone, strict=True):
+            assert a.dtype == dtype
+            torch.testing.assert_close(a.float(), b.float(), atol=atol, rtol=0)
+    # a stack must not mix the matrices up: each result belongs to its own update
+    together = orthogonalize_all(updates, coefficients, 5, 1e-7, torch.float32)
+    assert not torch.allclose(together[0], together[2], atol=0.1)
+
+
+def test_muon_with_repeated_shapes_follows_pytorchs_muon():
+    """A model's layers repeat shapes, so its Muon step stacks them: within bf16 rounding of
+    PyTorch's own step, one matrix at a time."""
+    def params():
+        g = torch.Generator().manual_seed(0)
+        return [torch.nn.Parameter(torch.randn(shape, generator=g))
+                for shape in [(24, 8), (24, 8), (16, 16), (16, 16), (16, 16)]]
+
+    def steps(opt, ps):
+        g = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            for p in ps:
+                p.grad = torch.randn(p.shape, generator=g)
+            opt.step()
+        return ps
+
+    options = {"lr": 0.02, "weight_decay": 0.1, "momentum": 0.9}
+    ours = steps(Muon(a := params(), ortho_dtype=torch.bfloat16, **options), a)
+    theirs = steps(torch.optim.Muon(b := params(), **options), b)
+    for x, y, start in zip(ours, theirs, params(), strict=True):
+        torch.testing.assert_close(x, y, atol=3e-3, rtol=0)
+        assert (x - start).abs().max() > 0.01  # it moved: three steps of 0.02
 
 
 @pytest.mark.parametrize("fast", [True, False])
