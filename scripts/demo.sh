@@ -24,7 +24,7 @@ $V train configs/bible-en-es-demo.toml --out "$RUN" --overwrite \
   --set train.max_steps="$STEPS" --set train.eval_every="$STEPS"
 
 echo
-echo "== 3/4 Translating sentences it has never seen (beam 4) =="
+echo "== 3/4 Translating five sentences (beam 4): Genesis 1:1 as it stands in the training books, then four it has never seen =="
 cat > "$RUN/demo-input.txt" <<'TXT'
 In the beginning God created the heavens and the earth.
 The Lord is my shepherd; I shall not want.
