@@ -189,6 +189,22 @@ def run_losses(tmp_path, name, dropout=0.0, **train_options):
     return losses(tmp_path / name)
 
 
+def test_the_train_command_keeps_freed_memory_and_the_library_leaves_it_alone(tmp_path,
+                                                                             monkeypatch):
+    """`vaswani train` owns its process and asks malloc to keep freed memory
+    (tests/test_devices.py); the library's train() leaves the process's malloc as it was."""
+    from vaswani.cli import main
+
+    calls = []
+    monkeypatch.setattr("vaswani.devices.keep_freed_memory", lambda: calls.append(1) or True)
+    run_losses(tmp_path, "library")
+    assert calls == []
+    cfg = config(tmp_path / "cli.toml", "decoder", text_file(tmp_path / "t.txt"),
+                 train={"max_steps": 2, "eval_every": 2})
+    assert main(["train", str(cfg), "--out", str(tmp_path / "cli"), "--no-progress"]) == 0
+    assert calls == [1]
+
+
 def test_bf16_autocast_tracks_fp32(tmp_path, monkeypatch):
     monkeypatch.setattr("vaswani.devices.bf16_is_fast", lambda device: True)  # even emulated
     fp32 = run_losses(tmp_path, "fp32")
