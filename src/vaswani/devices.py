@@ -157,10 +157,10 @@ def keep_freed_memory() -> bool:
     same large tensors every step (the demo's logits, 1,440 x 6,000 floats, are 34.6 MB; its
     products' workspaces), so each step paid the kernel to map and zero them anew. With both
     thresholds at :data:`KEEP_BELOW` they stay in the process: 150 steps of the demo recipe
-    in 23.7-25.7 s instead of 28.6-28.8 (two alternating rounds, 2-vCPU Zen 4 EPYC), the
-    same weights to the bit, a peak memory 2-8% higher. Linux with glibc only; left alone
-    where the user set malloc's own variables (:data:`MALLOC_SETTINGS`). Returns whether it
-    changed them."""
+    in 21.8 and 25.0 s instead of 27.3 and 27.0 (two alternating rounds, 2-vCPU Zen 4 EPYC;
+    docs/performance.md), the same weights to the bit, a peak memory 1-2% higher. Linux with
+    glibc only; left alone where the user set malloc's own variables
+    (:data:`MALLOC_SETTINGS`). Returns whether it changed them."""
     if sys.platform != "linux" or any(name in os.environ for name in MALLOC_SETTINGS):
         return False
     try:

@@ -65,7 +65,7 @@ def orthogonalize_all(updates: list[Tensor], coefficients: tuple[float, float, f
                       steps: int, eps: float, dtype: torch.dtype) -> list[Tensor]:
     """:func:`orthogonalize` for each of ``updates``, those of one shape stacked and done at
     once: a model's layers repeat a few shapes, and a product of small matrices costs mostly
-    its call (the demo model's 20 matrices, 4 shapes: 16.6 ms one by one against 10.1 stacked
+    its call (the demo model's 20 matrices, 4 shapes: 23.6 ms one by one against 12.4 stacked
     in bf16 on a 2-vCPU Zen 4 EPYC, the same bits; ``python -m benchmarks.muon``). Sharded
     matrices (DTensor) go one by one."""
     out: list[Tensor | None] = [None] * len(updates)
