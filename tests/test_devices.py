@@ -88,7 +88,7 @@ print(changed, before - resident_mib())
 @pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
                     reason="glibc's malloc settings")
 def test_keep_freed_memory_keeps_a_freed_large_block_unless_malloc_was_set_by_hand():
-    """Training calls keep_freed_memory() on a CPU: a large block freed stays in the process
+    """`vaswani train` calls keep_freed_memory(): a large block freed stays in the process
     for the next step. Without it (or where the user set malloc's own variables, which it
     leaves alone) glibc gives the block's 64 MiB back at once."""
     env = {k: v for k, v in os.environ.items() if k not in vaswani.devices.MALLOC_SETTINGS}
