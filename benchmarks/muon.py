@@ -33,7 +33,8 @@ def muon_step(matrices: list[torch.nn.Parameter], dtype: torch.dtype):
 
 def iteration(updates: list[torch.Tensor], dtype: torch.dtype, stacked: bool):
     """A call that orthogonalizes ``updates`` with Muon's defaults, stacked by shape or not."""
-    ns = (3.4445, -4.7750, 2.0315), 5, 1e-7, dtype  # torch.optim.Muon's coefficients, steps, eps
+    muon = torch.optim.Muon([torch.nn.Parameter(torch.zeros(1, 1))]).defaults
+    ns = muon["ns_coefficients"], muon["ns_steps"], muon["eps"], dtype
     if stacked:
         return lambda: orthogonalize_all(updates, *ns)
     return lambda: [orthogonalize(u, *ns) for u in updates]
