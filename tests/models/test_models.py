@@ -246,3 +246,44 @@ def test_build_model_makes_its_model_on_torchs_default_device():
         named = build_model(ModelConfig(arch="decoder", vocab_size=20, **SMALL), device="cpu")
     assert {p.device.type for p in inside.parameters()} == {"meta"}
     assert {p.device.type for p in named.parameters()} == {"cpu"}
+
+
+LOAD_AND_USE = """
+import sys
+import vaswani
+from vaswani import ModelConfig, build_model
+
+print(vaswani.load(sys.argv[1]).translate(["abc"]))
+for arch, extra in [("decoder", dict(positional="rope", norm="rmsnorm", n_kv_heads=2)),
+                    ("encoder", dict(positional="learned", type_vocab_size=2, n_classes=3))]:
+    build_model(ModelConfig(arch=arch, vocab_size=20, d_model=16, n_heads=4, d_ff=32,
+                            n_layers=1, max_len=32, **extra))
+print(sorted(m for m in ("torch._dynamo", "torch.distributed.tensor") if m in sys.modules))
+"""
+
+
+def test_loading_and_using_a_model_leaves_the_compiler_and_sharding_unimported(copy_run):
+    """A model is built on the meta device and then allocated; neither step may make torch
+    import torch._dynamo (a random draw or an arange on a meta tensor goes through
+    torch._refs, which does: a second added to the start of every command) or
+    torch.distributed.tensor (half a second; only sharding needs it)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", LOAD_AND_USE, str(copy_run[0])],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+
+
+def test_an_embedding_made_off_the_meta_device_draws_as_torchs_does():
+    from vaswani.nn.positional import embedding
+
+    torch.manual_seed(0)
+    ours = embedding(7, 4, padding_idx=2)
+    torch.manual_seed(0)
+    theirs = torch.nn.Embedding(7, 4, padding_idx=2)
+    assert_close(ours.weight, theirs.weight, rtol=0, atol=0)
+    assert ours.padding_idx == 2 and not ours.weight[2].any()
+    with torch.device("meta"):
+        assert embedding(7, 4).weight.is_meta

@@ -4,9 +4,10 @@ weight-initialisation function."""
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..config import ModelConfig
 from ..nn import masks
@@ -122,10 +123,20 @@ def init_weights(model: nn.Module, pad_id: int | None = None) -> None:
                 assign(p, value)
 
 
+def is_sharded(tensor: Tensor) -> bool:
+    """Whether ``tensor`` is a DTensor (FSDP's sharded parameters). Asked without importing
+    ``torch.distributed.tensor``, which takes half a second: until something has imported
+    it (sharding does), no tensor can be one."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
+
+
 def assign(target: Tensor, value: Tensor) -> None:
     """Copy the whole tensor ``value`` into a parameter: all of it, or this rank's slice of
     a sharded (DTensor) parameter, cut locally (no communication)."""
-    if isinstance(target, DTensor):
+    if is_sharded(target):
+        from torch.distributed.tensor import distribute_tensor
+
         value = distribute_tensor(value.to(target.device), target.device_mesh,
                                   target.placements, src_data_rank=None)
     target.copy_(value)

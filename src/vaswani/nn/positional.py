@@ -32,6 +32,17 @@ def sinusoidal_table(max_len: int, d_model: int, base: float = 10000.0) -> Tenso
     return table.float()
 
 
+def embedding(num: int, dim: int, *, padding_idx: int | None = None) -> nn.Embedding:
+    """``nn.Embedding(num, dim, padding_idx=padding_idx)``, with its N(0, 1) draw skipped on the
+    meta device. Models are built there first (``build_model``) and initialised afterwards;
+    a draw on a meta tensor goes through ``torch._refs``, whose first call imports
+    ``torch._dynamo``: a second added to the start of every command that loads a model."""
+    layer = nn.Embedding(num, dim, padding_idx=padding_idx, _weight=torch.empty(num, dim))
+    if not layer.weight.is_meta:
+        layer.reset_parameters()  # nn.Embedding's own: N(0, 1), the padding row zero
+    return layer
+
+
 class Embeddings(nn.Module):
     """Token embedding (optionally scaled by sqrt(D), as in the paper; GPT-2 does not scale)
     plus a sinusoidal or learned positional encoding, then dropout.
@@ -48,21 +59,23 @@ class Embeddings(nn.Module):
         if positional not in ("sinusoidal", "learned", "rope", "none"):
             raise ValueError(f"positional ({positional!r}) must be 'sinusoidal', 'learned', "
                              "'rope' or 'none'")
-        self.token = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.token = embedding(vocab_size, d_model, padding_idx=pad_id)
         self.scale = math.sqrt(d_model) if scale else 1.0
         self.max_len = max_len
         self.positional = positional
         if positional == "sinusoidal":  # a constant, so not saved with the weights
-            self.register_buffer("pe", sinusoidal_table(max_len, d_model), persistent=False)
+            self.register_buffer("pe", torch.empty(max_len, d_model), persistent=False)
+            self.reset_buffers()
         elif positional == "learned":
-            self.position = nn.Embedding(max_len, d_model)
-        self.token_type = nn.Embedding(type_vocab_size, d_model) if type_vocab_size else None
+            self.position = embedding(max_len, d_model)
+        self.token_type = embedding(type_vocab_size, d_model) if type_vocab_size else None
         self.norm = norm
         self.dropout = Dropout(dropout)
 
     def reset_buffers(self) -> None:
-        """Fill the sinusoidal table (after ``to_empty`` has allocated it on a device)."""
-        if self.positional == "sinusoidal":
+        """Fill the sinusoidal table; on the meta device (shapes only) there is nothing to
+        fill until ``to_empty`` has allocated it, and ``build_model`` calls this again."""
+        if self.positional == "sinusoidal" and not self.pe.is_meta:
             self.pe.copy_(sinusoidal_table(self.max_len, self.pe.size(1)))
 
     def forward(self, ids: Tensor, *, positions: Tensor | None = None, start: int = 0,
