@@ -149,3 +149,16 @@ def test_generate_many_hands_in_the_longest_prompt_first_and_gives_each_its_own_
     pushed = run.generate_many(prompts, max_new_tokens=6, temperature=0,
                                stop=["never in it"])  # a stop string: text token by token
     assert pushed == many
+
+
+def test_generating_one_text_makes_an_engine_of_one_row(small_runs):
+    """(inference/base.py ``engine_for``): the cache made for one prompt holds one row;
+    generate_many's prompts get a row each."""
+    import vaswani
+
+    run = vaswani.load(small_runs["decoder"][0])
+    alone = run.generate("to be", max_new_tokens=4, temperature=0)
+    assert run.engine_for(1).config.max_rows == 1
+    assert run.generate_many(["to be", "a", "the king"], max_new_tokens=4,
+                             temperature=0)[0] == alone
+    assert run.engine_for(1).config.max_rows == 4

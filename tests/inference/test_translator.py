@@ -51,3 +51,22 @@ def test_sources_go_in_longest_first_and_the_slots_stay_in_length_order(copy_run
     [lengths] = submitted
     assert lengths == sorted(lengths, reverse=True) and len(set(lengths)) > 3
     assert steps and all(step == sorted(step, reverse=True) for step in steps)
+
+
+def test_an_offline_call_makes_an_engine_for_the_rows_it_decodes(copy_run):
+    """An engine allocates and zeroes its cache when it is made, so a call makes one with
+    room for its rows (a power of two, at most 512), a larger one when a call needs more,
+    and keeps it for calls that need fewer; the translations are the full engine's."""
+    run = vaswani.load(copy_run[0])
+    size = lambda: run.engine_for(1).config.max_rows  # noqa: E731 (the engine held now)
+    one = run.translate(["abcde"], beam=1)
+    assert size() == 1
+    assert run.translate(["abcde"], beam=2) == one and size() == 2
+    many = run.translate(WORDS, beam=1)  # 70 rows
+    assert size() == 128
+    held = run.engine_for(1)
+    assert run.translate(["abcde"], beam=4) == one and run.engine_for(1) is held
+    full = vaswani.load(copy_run[0])
+    assert full.engine.config.max_rows == 512
+    assert full.translate(WORDS, beam=1) == many and full.translate(["abcde"]) == one
+    assert full.engine.cache.rows > held.cache.rows

@@ -50,14 +50,15 @@ class LanguageModel(Run):
         # longest prompt first, as Translator.translations hands in its sources: the rows'
         # contexts then stay in slot order, and each part of a step's attention reads keys
         # to its own rows' longest context (engine/cache.py parts)
-        self.engine.run(sorted((c.request for c in completions), key=lambda r: -len(r.prompt)))
+        self.engine_for(len(completions)).run(
+            sorted((c.request for c in completions), key=lambda r: -len(r.prompt)))
         return [c.result() for c in completions]
 
     def continuation(self, prompt: str, decode: DecodeConfig, *, seed: int | None = None,
                      stream: Callable[[str], None] | None = None) -> str:
         """:meth:`generate` with its options already checked."""
         completion = self.completion(prompt, decode, seed=seed, emit=stream)
-        self.engine.run([completion.request])
+        self.engine_for(1).run([completion.request])
         return completion.result()
 
     def completion(self, prompt: str, decode: DecodeConfig, *, seed: int | None = None,

@@ -70,11 +70,12 @@ class Translator(Run):
         if batch_size is not None:
             check_batch_size(batch_size)
         requests = self.requests(texts, decode)
-        rows = max([1, *(r.params.beam for r in requests.values())])
+        rows = max([1, *(r.params.beam for r in requests.values())])  # a request's rows
+        engine = self.engine_for(rows * min(len(requests), batch_size or len(requests)))
         limit = contextlib.nullcontext() if batch_size is None else \
-            self.engine.rows(batch_size * rows)
+            engine.rows(batch_size * rows)
         with limit:  # longest source first (see above)
-            self.engine.run(sorted(requests.values(), key=lambda r: -len(r.prompt)))
+            engine.run(sorted(requests.values(), key=lambda r: -len(r.prompt)))
         return self.results(texts, requests, decode)
 
     def requests(self, texts: list[str], decode: DecodeConfig) -> dict[int, Request]:
