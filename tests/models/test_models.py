@@ -258,15 +258,17 @@ for arch, extra in [("decoder", dict(positional="rope", norm="rmsnorm", n_kv_hea
                     ("encoder", dict(positional="learned", type_vocab_size=2, n_classes=3))]:
     build_model(ModelConfig(arch=arch, vocab_size=20, d_model=16, n_heads=4, d_ff=32,
                             n_layers=1, max_len=32, **extra))
-print(sorted(m for m in ("torch._dynamo", "torch.distributed.tensor") if m in sys.modules))
+print(sorted(m for m in ("torch._dynamo", "torch.distributed.tensor", "sympy")
+             if m in sys.modules))
 """
 
 
 def test_loading_and_using_a_model_leaves_the_compiler_and_sharding_unimported(copy_run):
     """A model is built on the meta device and then allocated; neither step may make torch
     import torch._dynamo (a random draw or an arange on a meta tensor goes through
-    torch._refs, which does: a second added to the start of every command) or
-    torch.distributed.tensor (half a second; only sharding needs it)."""
+    torch._refs, which does: a second added to the start of every command), sympy
+    (``empty_like`` of a meta tensor: half a second) or torch.distributed.tensor (half a
+    second; only sharding needs it)."""
     import subprocess
     import sys
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from .common import init_weights
+from .common import init_weights, is_sharded
 from .decoder_lm import DecoderLM
 from .encoder_classifier import EncoderClassifier
 from .encoder_decoder import EncoderDecoder
@@ -38,17 +38,30 @@ def build_model(config: ModelConfig, device: torch.device | str | None = None) -
 
 def materialise(model: nn.Module, device: torch.device | str) -> None:
     """Allocate a meta-device model's tensors on ``device`` (values undefined: initialise or
-    load them next). ``to_empty`` makes a new tensor for every name, so the names that shared
-    one parameter (a tied output head) are tied again."""
-    first: dict[int, str] = {}
-    ties = []
-    for name, p in model.named_parameters(remove_duplicate=False):
-        ties.append((name, first.setdefault(id(p), name)))
-    model.to_empty(device=device)
-    for name, owner in ties:
-        if name != owner:
-            module, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(module), attr, model.get_parameter(owner))
+    load them next); the names that share one parameter (a tied output head) share the new
+    one. A sharded model goes through ``to_empty``, which FSDP follows to each rank's slices.
+    Another gets each tensor from ``torch.empty``: ``to_empty``'s ``empty_like`` of a meta
+    tensor runs PyTorch's Python meta functions, whose first call imports sympy, about half
+    a second of every command that loads a model."""
+    if any(is_sharded(p) for p in model.parameters()):
+        first: dict[int, str] = {}
+        ties = [(name, first.setdefault(id(p), name))
+                for name, p in model.named_parameters(remove_duplicate=False)]
+        model.to_empty(device=device)  # a new tensor for every name: tie them again
+        for name, owner in ties:
+            if name != owner:
+                module, _, attr = name.rpartition(".")
+                setattr(model.get_submodule(module), attr, model.get_parameter(owner))
+        return
+    made: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False, remove_duplicate=False)):
+            if id(p) not in made:
+                made[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device),
+                                           requires_grad=p.requires_grad)
+            setattr(module, name, made[id(p)])
+        for name, b in list(module.named_buffers(recurse=False, remove_duplicate=False)):
+            setattr(module, name, torch.empty(b.shape, dtype=b.dtype, device=device))
 
 
 def parameter_counts(model: nn.Module) -> tuple[list[tuple[str, int]], int]:
