@@ -251,7 +251,7 @@ def test_a_language_model_trains_on_a_text_larger_than_its_memory(tmp_path):
     import subprocess
     import sys
 
-    size = 1_600_000_000
+    size = 1_200_000_000
     try:
         result = subprocess.run([sys.executable, "-c", LARGE_TEXT, str(tmp_path), str(size)],
                                 capture_output=True, text=True, timeout=600)
