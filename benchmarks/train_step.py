@@ -7,8 +7,9 @@ All three train the same encoder-decoder (d_model 512, 8 heads, d_ff 2048, 3+3 p
 vocabulary 8000, dropout 0.1, tied sinusoidal embeddings) on the same random batches of
 32 x 64 source and 32 x 64 target tokens, with the same label-smoothed loss and AdamW. A step
 is forward, loss, backward, gradient clipping and the optimizer update, timed after warm-up
-steps; the median over the timed steps is reported as target tokens per second, in fp32 and
-in bf16 autocast.
+steps, the three implementations taking turns in blocks of steps (so that the machine's load
+changes the same way for all three; :func:`time_steps`); the median over the timed steps is
+reported as target tokens per second, in fp32 and in bf16 autocast.
 
 MFU (model FLOPs utilisation) = the step's matmul FLOPs (counted by
 ``torch.utils.flop_counter`` on the plain-matmul implementation) / step time / the peak of a
@@ -90,15 +91,28 @@ def make_step(name: str, bf16: bool):
     return step
 
 
-def time_steps(step, data, warmup: int) -> float:
-    """Median seconds per step over data[warmup:]."""
-    times = []
-    for i, (src, tgt) in enumerate(data):
-        start = time.perf_counter()
-        step(src, tgt)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def time_steps(steps: dict, data, warmup: int, rounds: int, per_round: int
+               ) -> dict[str, float]:
+    """Median seconds per step of each named step function, the functions taking turns in
+    blocks: after ``warmup`` steps each, ``rounds`` rounds in which each function takes one
+    untimed step and then ``per_round`` timed ones, all on the same batches in the same
+    order. Turns, so that a change in the machine's load falls on all of them alike; blocks,
+    because a step right after another model's runs in that model's memory (glibc sizes its
+    heap from the blocks freed last), not in its own as in training: the untimed step
+    takes that."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for step in steps.values():
+        for src, tgt in data[:warmup]:
+            step(src, tgt)
+    for r in range(rounds):
+        block = data[warmup + r * (1 + per_round):][:1 + per_round]
+        for name, step in steps.items():
+            for i, (src, tgt) in enumerate(block):
+                start = time.perf_counter()
+                step(src, tgt)
+                if i > 0:
+                    times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def matmul_peak_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
@@ -167,8 +181,8 @@ def main() -> None:
         report(f"Where vaswani's {args.profile} training step goes (self CPU time)", rows,
                found, args.json)
         return
-    warmup, timed = (2, 3) if args.quick else (3, 8)
-    data = batches(warmup + timed)
+    warmup, rounds, per_round = (2, 2, 2) if args.quick else (3, 3, 3)
+    data = batches(warmup + rounds * (1 + per_round))
     flops = step_flops()
     # bf16 where this CPU has it natively; emulated (an AVX2 CPU) it runs tens of times slower
     # than fp32 and measures the emulation, not vaswani
@@ -185,8 +199,11 @@ def main() -> None:
         rows.append(("bf16", "skipped: no native bf16 on this CPU (emulated, far slower)"))
     tokens = BATCH * TGT_LEN
     for precision in precisions:
+        steps = {name: make_step(name, precision == "bf16") for name in args.only}
+        medians = time_steps(steps, data, warmup, rounds, per_round)
+        del steps  # the models and optimizer states of this precision
         for name in args.only:
-            seconds = time_steps(make_step(name, precision == "bf16"), data, warmup)
+            seconds = medians[name]
             tok_s = tokens / seconds
             mfu = flops / seconds / 1e9 / peak[precision]
             results[f"{name}_{precision}_tok_s"] = tok_s

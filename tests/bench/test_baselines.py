@@ -75,3 +75,26 @@ def test_a_step_profile_splits_the_time_into_kinds_that_add_up(monkeypatch):
     assert set(shares) == {*train_step.KINDS, "the rest"}
     assert shares["matrix products"] > 0 and abs(sum(shares.values()) - 1.0) < 1e-9
     assert found["peak_gflops"] == 1000.0 and found["matmul_gflops"] > 0
+
+
+def test_the_implementations_take_turns_in_blocks_on_the_same_batches():
+    """time_steps: warm-up steps for each, then rounds in which each step function takes a
+    block of the same batches (its first step untimed: it follows another model's), so a
+    change in the machine's load falls on all; each one's median of its timed steps."""
+    import time
+
+    calls = []
+
+    def step(name, seconds):
+        def run(src, tgt):
+            calls.append((name, src))
+            time.sleep(seconds if src not in (2, 5) else 0.2)  # the untimed steps: slow
+        return run
+
+    data = [(i, None) for i in range(8)]
+    medians = train_step.time_steps({"a": step("a", 0.0), "b": step("b", 0.02)}, data,
+                                    warmup=2, rounds=2, per_round=2)
+    assert calls == [("a", 0), ("a", 1), ("b", 0), ("b", 1),
+                     ("a", 2), ("a", 3), ("a", 4), ("b", 2), ("b", 3), ("b", 4),
+                     ("a", 5), ("a", 6), ("a", 7), ("b", 5), ("b", 6), ("b", 7)]
+    assert set(medians) == {"a", "b"} and medians["a"] < 0.01 <= medians["b"] < 0.1
