@@ -289,3 +289,31 @@ def test_an_embedding_made_off_the_meta_device_draws_as_torchs_does():
     assert ours.padding_idx == 2 and not ours.weight[2].any()
     with torch.device("meta"):
         assert embedding(7, 4).weight.is_meta
+
+
+def test_a_model_built_to_be_loaded_skips_the_random_draws_and_fills_its_tables():
+    """build_model(initialise=False): parameters allocated, never drawn (what a load
+    overwrites); the sinusoidal table, which is not saved, is filled; loaded, it computes what
+    the model it was saved from computes."""
+    from vaswani.nn.positional import sinusoidal_table
+
+    cfg = ModelConfig(arch="encoder-decoder", vocab_size=20, **SMALL)
+    torch.manual_seed(0)
+    saved = build_model(cfg).eval()
+    state = torch.random.get_rng_state()
+    empty = build_model(cfg, initialise=False)
+    assert torch.equal(torch.random.get_rng_state(), state)  # no random number drawn
+    assert {p.device.type for p in empty.parameters()} == {"cpu"}
+    assert_close(empty.src_embed.pe, sinusoidal_table(SMALL["max_len"], SMALL["d_model"]))
+    empty.load_state_dict(saved.state_dict())
+    src, tgt = torch.randint(1, 20, (2, 7)), torch.randint(1, 20, (2, 5))
+    assert_close(empty.eval()(src, tgt), saved(src, tgt), rtol=0, atol=0)
+
+
+def test_loading_a_run_draws_no_initial_weights(copy_run, monkeypatch):
+    import vaswani
+    import vaswani.models
+
+    expected = vaswani.load(copy_run[0]).translate(["abcde"])
+    monkeypatch.setattr(vaswani.models, "init_weights", lambda *a, **k: pytest.fail("drawn"))
+    assert vaswani.load(copy_run[0]).translate(["abcde"]) == expected

@@ -222,7 +222,7 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
             raise ValueError(f"the {name} tokenizer in {run_dir / rundir.TOKENIZER} has "
                              f"{tok.vocab_size} tokens but the model expects {expected}: "
                              "the tokenizer does not belong to this model")
-    model = build_model(config.model)
+    model = build_model(config.model, initialise=False)  # its weights are loaded next
     checkpoint.load_weights(model, checkpoint.weights_path(run_dir, weights))
     model.to(dev).eval()
     if quantize == "int8":

@@ -91,10 +91,18 @@ def stack_weights(layers: list[LayerWeights], which: str) -> Tensor:
     return torch.stack([getattr(w, which) for w in layers])
 
 
+def fill_buffers(model: nn.Module) -> None:
+    """Compute the buffers that are not saved with the weights (the sinusoidal table), once
+    the model's memory is allocated: each module's ``reset_buffers``."""
+    for module in model.modules():
+        if hasattr(module, "reset_buffers"):
+            module.reset_buffers()
+
+
 def init_weights(model: nn.Module, pad_id: int | None = None) -> None:
     """Xavier/Glorot-uniform for every matrix (embeddings and projections), zeros for biases,
     ones for norm weights, as in the Annotated Transformer; and the constant tables
-    (``reset_buffers``). Every value is set, so it also initialises a model whose memory was
+    (:func:`fill_buffers`). Every value is set, so it also initialises a model whose memory was
     just allocated (:func:`vaswani.models.build_model`, built on the meta device).
 
     A tied matrix is initialised once. The padding token's embedding row is zero
@@ -103,11 +111,10 @@ def init_weights(model: nn.Module, pad_id: int | None = None) -> None:
     the whole matrix, one at a time, and keeps its slice), so a sharded run starts from the
     weights a single process starts from.
     """
+    fill_buffers(model)
     seen: set[int] = set()
     with torch.no_grad():
         for module in model.modules():
-            if hasattr(module, "reset_buffers"):
-                module.reset_buffers()
             for name, p in module.named_parameters(recurse=False):
                 if id(p) in seen:  # tied
                     continue

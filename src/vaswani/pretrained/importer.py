@@ -104,7 +104,7 @@ def _write_run(out: Path, config: ModelConfig, state: dict, tokenizer: Pretraine
     (locked): weights and tokenizer first, ``config.toml`` last, so that a kill part-way
     leaves no run, and ``--overwrite`` removes only what vaswani writes."""
     fits(config, state)
-    model = build_model(config)
+    model = build_model(config, initialise=False)  # every weight is loaded next, or refused
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"output_proj.weight"} if config.tie_embeddings else set()
     if set(missing) - tied or unexpected:

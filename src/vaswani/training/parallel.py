@@ -132,7 +132,7 @@ class FSDP(Single):
     def evaluation_model(self, model: nn.Module, weights: checkpoint.Weights,
                          config: ModelConfig, device: torch.device) -> nn.Module:
         """An unsharded copy, which rank 0 evaluates alone (sharding.py says why)."""
-        whole = build_model(config, device)
+        whole = build_model(config, device, initialise=False)  # the weights come next
         checkpoint.load_tensors(whole, weights, "the gathered weights")
         return whole
 
