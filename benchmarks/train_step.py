@@ -17,8 +17,9 @@ large square matmul measured in the same process and dtype.
 
 ``--profile fp32|bf16`` only profiles vaswani's step (torch.profiler, 3 steps after 2): the
 share of its time in matrix products, in dtype casts (autocast's), in dropout's random
-numbers and in the rest, and the matrix products' own GFLOP/s against the peak: how much
-higher the step's MFU could go if everything else took no time.
+numbers and in the rest, the eight largest operators other than the products, and the
+matrix products' own GFLOP/s against the peak: how much higher the step's MFU could go if
+everything else took no time.
 """
 
 from __future__ import annotations
@@ -158,10 +159,13 @@ def profile_step(precision: str, steps: int = 3) -> dict:
     shares = {kind: sum(self_us.get(op, 0.0) for op in ops) / total
               for kind, ops in KINDS.items()}
     shares["the rest"] = 1.0 - sum(shares.values())
+    others = sorted((op for op in self_us if op not in KINDS["matrix products"]),
+                    key=lambda op: -self_us[op])
     matmul_s = shares["matrix products"] * total / 1e6
     peak = matmul_peak_gflops(torch.bfloat16 if precision == "bf16" else torch.float32)
     return {"precision": precision, "shares": shares, "peak_gflops": peak,
-            "matmul_gflops": step_flops() * steps / matmul_s / 1e9}
+            "matmul_gflops": step_flops() * steps / matmul_s / 1e9,
+            "largest_others": {op: self_us[op] / total for op in others[:8]}}
 
 
 def main() -> None:
@@ -175,6 +179,8 @@ def main() -> None:
     if args.profile:
         found = profile_step(args.profile)
         rows = [(kind, f"{share:.1%}") for kind, share in found["shares"].items()]
+        rows += [(f"operator `{op}`", f"{share:.1%}")
+                 for op, share in found["largest_others"].items()]
         rows.append(("matrix products' own speed", f"{found['matmul_gflops']:.0f} GFLOP/s = "
                      f"{found['matmul_gflops'] / found['peak_gflops']:.0%} of the peak "
                      f"({found['peak_gflops']:.0f})"))

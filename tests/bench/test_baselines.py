@@ -75,6 +75,9 @@ def test_a_step_profile_splits_the_time_into_kinds_that_add_up(monkeypatch):
     assert set(shares) == {*train_step.KINDS, "the rest"}
     assert shares["matrix products"] > 0 and abs(sum(shares.values()) - 1.0) < 1e-9
     assert found["peak_gflops"] == 1000.0 and found["matmul_gflops"] > 0
+    others = found["largest_others"]
+    assert 0 < len(others) <= 8 and not set(others) & set(train_step.KINDS["matrix products"])
+    assert list(others.values()) == sorted(others.values(), reverse=True)
 
 
 def test_the_implementations_take_turns_in_blocks_on_the_same_batches():
