@@ -47,3 +47,22 @@ def test_init_from_a_language_model_loads_every_weight(small_runs, tmp_path):
     assert before.keys() == after.keys()
     for name in before:  # lr 1e-9: every weight, the output head too, is the base's
         torch.testing.assert_close(after[name], before[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_weights_that_are_loaded_are_not_drawn_first(small_runs, tmp_path, monkeypatch):
+    """A fine-tune whose every weight comes from init_from, and a resumed run, build their
+    model without drawing initial weights (they would be overwritten); a classifier's new
+    head is drawn."""
+    import vaswani.models
+
+    real, drawn = vaswani.models.init_weights, []
+    monkeypatch.setattr(vaswani.models, "init_weights",
+                        lambda *a, **k: drawn.append(1) or real(*a, **k))
+    base_dir, text = small_runs["decoder"]
+    before, after = one_step_from(base_dir, "decoder", text, tmp_path / "lm")
+    assert not drawn and before.keys() == after.keys()
+    train(None, ["train.max_steps=2"], resume=str(tmp_path / "lm"), launch=Launch(progress=False))
+    assert not drawn
+    data = classification_file(tmp_path / "c.tsv", n=20)
+    one_step_from(small_runs["encoder"][0], "encoder", data, tmp_path / "clf")
+    assert drawn == [1]

@@ -65,12 +65,14 @@ class Trainer:
         t = cfg.train
         torch.manual_seed(t.seed)  # same initial weights on every rank
         self.parallel = parallel.for_run(t.parallel, dist)  # one process, DDP or FSDP
-        self.model = self.parallel.build(cfg.model, device, t.precision)
+        fresh = ("head.",) if cfg.model.arch == "encoder" else ()  # a classifier's new head
+        # resumed, or fine-tuned with no new head, every weight is loaded: none drawn first
+        loaded = resume or bool(t.init_from and not fresh)
+        self.model = self.parallel.build(cfg.model, device, t.precision, initialise=not loaded)
         for module in self.model.modules():  # [train] checkpoint_activations: every stack
             if isinstance(module, Stack):
                 module.checkpoint_activations = t.checkpoint_activations
         if t.init_from and not resume:  # fine-tuning from pretrained weights (into the slices)
-            fresh = ("head.",) if cfg.model.arch == "encoder" else ()  # a classifier's new head
             checkpoint.load_weights(self.model, Path(t.init_from) / rundir.BEST, fresh=fresh)
         self.optimizer = make_optimizer(self.model, t)
         self.batches = task.batches(data, dist.rank, dist.world)

@@ -41,8 +41,11 @@ class Single:
     def __init__(self, dist: Dist) -> None:
         self.dist = dist
 
-    def build(self, config: ModelConfig, device: torch.device, precision: str) -> nn.Module:
-        return build_model(config, device)
+    def build(self, config: ModelConfig, device: torch.device, precision: str, *,
+              initialise: bool = True) -> nn.Module:
+        """The model to train; ``initialise=False`` when every weight is loaded next (a
+        resumed run, a fine-tune without a new head): its random draws would be overwritten."""
+        return build_model(config, device, initialise=initialise)
 
     def wrap(self, model: nn.Module, device: torch.device) -> nn.Module:
         """The module the training step's forward and backward run through."""
@@ -112,9 +115,10 @@ class FSDP(Single):
 
     group_of_one = True  # FSDP shards over a process group, even of one process
 
-    def build(self, config: ModelConfig, device: torch.device, precision: str) -> nn.Module:
+    def build(self, config: ModelConfig, device: torch.device, precision: str, *,
+              initialise: bool = True) -> nn.Module:
         """Each process allocates and initialises its slices only."""
-        return sharding.build(config, device, precision)
+        return sharding.build(config, device, precision, initialise=initialise)
 
     @contextlib.contextmanager
     def sync(self, wrapped: nn.Module, sync: bool):

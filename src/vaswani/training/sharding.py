@@ -46,21 +46,26 @@ from torch.distributed.tensor import DTensor
 
 from ..config import ModelConfig
 from ..models import build_model, materialise
-from ..models.common import init_weights
+from ..models.common import fill_buffers, init_weights
 from ..nn.layers import Stack
 from .optimizers import Optimizers
 
 
-def build(config: ModelConfig, device: torch.device, precision: str = "fp32") -> nn.Module:
+def build(config: ModelConfig, device: torch.device, precision: str = "fp32", *,
+          initialise: bool = True) -> nn.Module:
     """The model for ``config``, sharded, holding this rank's slices only: built on the meta
     device (shapes, no memory), sharded, then each rank allocates its slices on ``device`` and
     initialises them (``init_weights`` draws each whole matrix, one at a time, and keeps the
     rank's slice: the weights a single process starts from, with the same seed). Peak memory
     at start-up is the slices plus the largest single matrix, not the model. Weights from
-    ``init_from`` are loaded into the slices the same way (checkpoint.load_weights)."""
+    ``init_from`` are loaded into the slices the same way (checkpoint.load_weights);
+    ``initialise=False`` when they all are (the slices' tables are filled, nothing drawn)."""
     model = shard(build_model(config, "meta"), precision)
     materialise(model, device)
-    init_weights(model, config.pad_id)
+    if initialise:
+        init_weights(model, config.pad_id)
+    else:
+        fill_buffers(model)
     return model
 
 
