@@ -74,7 +74,8 @@ class Embeddings(nn.Module):
 
     def reset_buffers(self) -> None:
         """Fill the sinusoidal table; on the meta device (shapes only) there is nothing to
-        fill until ``to_empty`` has allocated it, and ``build_model`` calls this again."""
+        fill until ``models.materialise`` has allocated it, and ``build_model`` calls this
+        again (``models.common.fill_buffers``)."""
         if self.positional == "sinusoidal" and not self.pe.is_meta:
             self.pe.copy_(sinusoidal_table(self.max_len, self.pe.size(1)))
 
