@@ -125,3 +125,24 @@ def test_auto_backend_on_a_decoding_step_equals_sdpa():
         expected, _ = mha.attend(q, k, v, mask)
         mha.backend = "auto"
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.usefixtures("on_cpu")  # the CPU's own path
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_survivors_and_their_gradient_are_scaled_by_the_exact_inverse_keep_rate(dtype):
+    """Kept elements are ``x * (1 / (1 - p))`` to the bit, as the dtype's own product by the
+    scalar rounds it (in bf16 the scale must not be rounded to bf16 first, 1 / 0.9 -> 1.109),
+    and so is the gradient; dropped elements and their gradient are zero."""
+    p = 0.1
+    scale = 65536 / (65536 - round(p * 65536))
+    x = torch.randn(64, 257).to(dtype).requires_grad_()
+    g = torch.randn(64, 257).to(dtype)
+    torch.manual_seed(1)
+    y = dropout(x, p)
+    y.backward(g)
+    kept = y != 0
+    assert 0.05 < 1 - kept.double().mean().item() < 0.15
+    with torch.no_grad():
+        assert torch.equal(y[kept], (x * scale)[kept])
+        assert torch.equal(x.grad[kept], (g * scale)[kept])
+        assert not x.grad[~kept].any()

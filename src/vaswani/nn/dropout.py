@@ -4,7 +4,10 @@ On a CPU, ``torch.nn.functional.dropout`` spends most of its time drawing one ra
 per element (``bernoulli_``): in a bf16 training step of the paper's base model that is about
 a fifth of the whole step. Here one 64-bit random integer gives the keep/drop decisions of
 four elements (one 16-bit lane each), so a quarter of the random numbers are drawn, and the
-0/1 mask is made in ``x``'s own dtype (mixed bool x bf16 products are slow). The probability is
+0/1 mask is made in ``x``'s own dtype (mixed bool x bf16 products are slow); in float32 the
+mask holds the scale (0 or 1 / (1 - p)), so that ``x`` and its gradient are multiplied once,
+not twice, with the same result to the bit (bf16 cannot hold 1 / (1 - p) closely enough: 1 /
+0.9 would become 1.109, so there ``x * mask`` is scaled after). The probability is
 rounded to a multiple of 1/65536 (0.1 becomes 0.099998...), and the scale uses the rounded
 value, so the expectation is exactly preserved. On CUDA, PyTorch's fused kernel is used.
 Both follow ``torch.manual_seed``.
@@ -44,7 +47,10 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return F.dropout(x, p, training=True)
     drop = round(p * _LANES)  # lanes below -32768 + drop are dropped
     keep = (random_lanes(x.shape) >= drop - _LANES // 2).to(x.dtype)  # 1 = keep, 0 = drop
-    return (x * keep).mul_(_LANES / (_LANES - drop))
+    scale = _LANES / (_LANES - drop)
+    if x.dtype in (torch.float32, torch.float64):  # the mask holds the scale: one product
+        return x * keep.mul_(scale)
+    return (x * keep).mul_(scale)  # bf16 and fp16 would round 1 / (1 - p) in the mask
 
 
 def reference_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
