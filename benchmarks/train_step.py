@@ -15,6 +15,9 @@ MFU (model FLOPs utilisation) = the step's matmul FLOPs (counted by
 ``torch.utils.flop_counter`` on the plain-matmul implementation) / step time / the peak of a
 large square matmul measured in the same process and dtype.
 
+``--only vaswani compiled torch`` adds vaswani's step under ``torch.compile`` (the model's
+forward compiled, as ``[train] compile = true`` does; its warm-up steps compile).
+
 ``--profile fp32|bf16`` only profiles vaswani's step (torch.profiler, 3 steps after 2): the
 share of its time in matrix products, in dtype casts (autocast's), in dropout's random
 numbers and in the rest, the eight largest operators other than the products, and the
@@ -52,9 +55,13 @@ def vaswani_model() -> torch.nn.Module:
 
 BUILDERS = {
     "vaswani": vaswani_model,
+    "compiled": vaswani_model,  # vaswani's step with torch.compile, as `[train] compile = true`
     "torch": lambda: TorchTransformer(VOCAB, D, HEADS, D_FF, LAYERS, DROPOUT),
     "naive": lambda: NaiveTransformer(VOCAB, D, HEADS, D_FF, LAYERS, DROPOUT),
 }
+
+
+DEFAULT = ["vaswani", "torch", "naive"]
 
 
 def batches(n: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -74,15 +81,16 @@ def loss_of(model, src, tgt):
 def make_step(name: str, bf16: bool):
     torch.manual_seed(0)
     model = BUILDERS[name]().train()
-    if name == "vaswani":  # the library's own optimizer set-up
+    if name in ("vaswani", "compiled"):  # the library's own optimizer set-up
         from vaswani.config import TrainConfig
         opt = make_optimizer(model, TrainConfig(lr=1e-4))
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    forward = torch.compile(model) if name == "compiled" else model  # as training/loop.py
 
     def step(src, tgt) -> float:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = loss_of(model, src, tgt)
+            loss = loss_of(forward, src, tgt)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -172,7 +180,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (about a minute)")
     parser.add_argument("--json", metavar="OUT", help="also write the results as JSON")
-    parser.add_argument("--only", nargs="+", choices=list(BUILDERS), default=list(BUILDERS))
+    parser.add_argument("--only", nargs="+", choices=list(BUILDERS), default=DEFAULT,
+                        help="the implementations to time (default: %(default)s; `compiled` "
+                             "is vaswani's step under torch.compile, whose warm-up compiles "
+                             "for about a minute per precision)")
     parser.add_argument("--profile", choices=["fp32", "bf16"],
                         help="only profile vaswani's step in this precision")
     args = parser.parse_args()
@@ -218,7 +229,7 @@ def main() -> None:
                          f"ms/step, MFU {mfu:.1%}"))
             print(f"{name} {precision}: {tok_s:,.0f} tok/s", flush=True)
     for precision in precisions:
-        for other in ("torch", "naive"):
+        for other in ("torch", "naive", "compiled"):
             if other in args.only and "vaswani" in args.only:
                 ours, theirs = (results[f"{n}_{precision}_tok_s"] for n in ("vaswani", other))
                 ratio = ours / theirs

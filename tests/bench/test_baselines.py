@@ -101,3 +101,21 @@ def test_the_implementations_take_turns_in_blocks_on_the_same_batches():
                      ("a", 2), ("a", 3), ("a", 4), ("b", 2), ("b", 3), ("b", 4),
                      ("a", 5), ("a", 6), ("a", 7), ("b", 5), ("b", 6), ("b", 7)]
     assert set(medians) == {"a", "b"} and medians["a"] < 0.01 <= medians["b"] < 0.1
+
+
+def test_the_compiled_contender_is_vaswanis_model_under_torch_compile(monkeypatch):
+    """``--only ... compiled``: vaswani's model and optimizer, its forward passed through
+    ``torch.compile`` (as ``[train] compile = true``); the same loss as the eager step.
+    (torch.compile itself is stood in for: compiling takes a minute on 2 cores.)"""
+    for name, value in dict(D=32, HEADS=2, D_FF=64, LAYERS=1, VOCAB=50, BATCH=2, SRC_LEN=6,
+                            TGT_LEN=6).items():
+        monkeypatch.setattr(train_step, name, value)
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda model: compiled.append(model) or model)
+    src, tgt = train_step.batches(1)[0]
+    eager = train_step.make_step("vaswani", bf16=False)(src, tgt)
+    assert not compiled
+    loss = train_step.make_step("compiled", bf16=False)(src, tgt)
+    assert len(compiled) == 1 and type(compiled[0]).__name__ == "EncoderDecoder"
+    assert loss == eager
+    assert "compiled" not in train_step.DEFAULT

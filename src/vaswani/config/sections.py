@@ -148,7 +148,9 @@ class TrainConfig(ConfigBase):
     bf16: bool = False
     """Older name for `precision = "bf16"` (config.toml keeps both in step)."""
     compile: bool = False
-    """Compile the model with `torch.compile`."""
+    """Compile the model with `torch.compile`. Off by default: on a 2-core CPU the compiled
+    step of the paper's base shape ran at 0.95x (fp32) and 0.90x (bf16) the eager one, after
+    ~45 s of compiling (docs/performance.md)."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """Several processes (torchrun): "ddp" keeps the whole model, gradients and optimizer
     on every rank; "fsdp" shards them over the ranks, each transformer layer a unit
