@@ -6,8 +6,9 @@
 # its scores are the same to the digit on one machine (another CPU rounds differently, a few
 # tenths of BLEU); a busy machine takes longer, it does not learn less.
 # The recipe is configs/bible-en-es-demo.toml: the bible-en-es preset made cheap per token
-# (d_model 128, 2+2 layers, 6,000-token vocabulary, 1,500-token batches), trained with Muon,
-# the peak rate held, then a straight line to zero over the last 30% of the steps (wsd).
+# (d_model 128, 2+2 layers, a 6,000-token vocabulary for each language, 1,500-token batches),
+# trained with Muon, the peak rate held, then a straight line to zero over the last 30% of the
+# steps (wsd).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=.venv/bin/vaswani
@@ -19,7 +20,7 @@ echo "== 1/4 Preparing bible-en-es (World English Bible + Reina-Valera 1909, fro
 $V data prepare bible-en-es
 
 echo
-echo "== 2/4 Training a 2+2-layer translator for $STEPS steps (about 7 minutes on 2 idle AVX-512 cores) =="
+echo "== 2/4 Training a 2+2-layer translator for $STEPS steps (about 6 minutes on 2 idle AVX-512 cores) =="
 $V train configs/bible-en-es-demo.toml --out "$RUN" --overwrite \
   --set train.max_steps="$STEPS" --set train.eval_every="$STEPS"
 

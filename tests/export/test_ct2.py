@@ -261,3 +261,33 @@ def test_ctranslate2_with_the_readmes_options_agrees_where_its_defaults_do_not(t
     assert "suppress_sequences=[['<pad>'], ['<bos>']]" in readme
     assert theirs(min_decoding_length=0, suppress_sequences=[["<pad>"], ["<bos>"]]) == ours
     assert Engine(tmp_path / "t").translate(texts, beam=1) == ours  # vaswani's ct2 wrapper
+
+
+def test_a_translator_with_a_vocabulary_for_each_language_runs_in_ctranslate2(tmp_path, capsys):
+    """`make demo`'s layout (``data.shared_vocab = false``, ``model.share_embeddings =
+    false``) on a task whose languages share no character: the training log names both
+    vocabularies, the model has an embedding for each, and CTranslate2 given the two
+    vocabularies translates as vaswani does."""
+    import random
+
+    from tests.training.fixtures import config
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdef") for _ in range(rng.randint(3, 12))) for _ in range(300)]
+    data = tmp_path / "pairs.tsv"
+    data.write_text("".join(f"{w}\t{w[::-1].upper()}\n" for w in words))
+    cfg = config(tmp_path / "c.toml", "encoder-decoder", data,
+                 data={"tokenizer": "bpe", "vocab_size": 300, "shared_vocab": False},
+                 model={"share_embeddings": False}, train={"max_steps": 12})
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--out", str(run), "--no-progress"]) == 0
+    translator = vaswani.load(run)
+    source, target = translator.source_tokenizer, translator.target_tokenizer
+    assert source.encode("ABC") != target.encode("ABC")  # two tokenizers, two alphabets
+    assert (f"vocabularies {source.vocab_size:,} source / {target.vocab_size:,} target"
+            in capsys.readouterr().err)
+    model = translator.model
+    assert model.src_embed.token.weight.data_ptr() != model.tgt_embed.token.weight.data_ptr()
+    export(run, "ct2", tmp_path / "ct2")
+    texts = ["abcdef", "fedcba", "aabbcc", "cab"]
+    assert Engine(tmp_path / "ct2").translate(texts, beam=1) == translator.translate(texts, beam=1)

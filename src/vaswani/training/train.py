@@ -96,9 +96,12 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
                                   tokenizers=init_tokenizers, cache=cache, dist=dist,
                                   progress=launch.progress)
                 if dist.is_main:
-                    print(f"vaswani train: {cfg.model.arch} model, {len(data.train):,} "
-                          f"training / {len(data.valid):,} validation {task.unit}, vocabulary "
-                          f"{cfg.model.vocab_size:,}, device {device}"
+                    m = cfg.model
+                    vocab = (f"vocabulary {m.vocab_size:,}" if m.tgt_vocab_size is None else
+                             f"vocabularies {m.vocab_size:,} source / {m.tgt_vocab_size:,} target")
+                    print(f"vaswani train: {m.arch} model, {len(data.train):,} "
+                          f"training / {len(data.valid):,} validation {task.unit}, {vocab}, "
+                          f"device {device}"
                           f"{f', {dist.world} processes' if dist.enabled else ''} -> {run_dir}",
                           file=sys.stderr, flush=True)
                     if cfg.train.tensorboard:
