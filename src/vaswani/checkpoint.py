@@ -28,7 +28,7 @@ from torch import nn
 
 from .atomic import atomic_write, atomic_write_text, file_sha256, fsync_dir
 from .models.common import assign
-from .rundir import AVERAGED, BEST, CHECKPOINTS, COMPLETE, LAST, SHARDED
+from .rundir import AVERAGED, BEST, CHECKPOINTS, COMPLETE, LAST, SHARDED, record
 
 WEIGHTS = ("best", "last", "averaged")
 
@@ -85,6 +85,12 @@ Weights = nn.Module | dict[str, torch.Tensor]  # a model, or its tensors (model_
 
 def as_tensors(weights: Weights) -> dict[str, torch.Tensor]:
     return weights if isinstance(weights, dict) else model_tensors(weights)
+
+
+def save_best(run_dir: Path, weights: Weights, metadata: dict[str, str] | None = None) -> None:
+    """The run's best weights, ``model.safetensors``."""
+    record(run_dir, BEST)
+    save_weights(weights, run_dir / BEST, metadata)
 
 
 def save_weights(weights: Weights, path: Path, metadata: dict[str, str] | None = None) -> None:
@@ -193,6 +199,8 @@ def save_last(run_dir: Path, weights: Weights, trainer_state: dict, state: dict,
     ``last.tmp/`` is removed and ``last/`` is left as it was. ``sharded``: a folder of
     sharded state (training/sharding.py), written beside, moved in as ``last/sharded/``."""
     tmp, last, old = run_dir / "last.tmp", run_dir / LAST, run_dir / "last.old"
+    record(run_dir, *(f"{LAST}/{name}" for name in (BEST, "trainer.pt", "state.json", COMPLETE)),
+           *([f"{LAST}/{SHARDED}/*"] if sharded is not None else []))
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
@@ -248,8 +256,10 @@ def save_checkpoint(run_dir: Path, weights: Weights, step: int, keep: int) -> No
     """Keep this step's weights in ``checkpoints/`` and delete all but the newest ``keep``
     (disk stays bounded at ``keep`` copies of the weights)."""
     folder = run_dir / CHECKPOINTS
+    name = f"step-{step:06d}.safetensors"
+    record(run_dir, f"{CHECKPOINTS}/{name}")
     folder.mkdir(exist_ok=True)
-    save_weights(weights, folder / f"step-{step:06d}.safetensors", {"step": str(step)})
+    save_weights(weights, folder / name, {"step": str(step)})
     for old in list_checkpoints(run_dir)[:-keep]:
         old.unlink()
 
@@ -304,5 +314,6 @@ def write_average(run_dir: Path, last: int = 0) -> tuple[Path, list[Path]]:
                              f"{len(paths)} checkpoints")
         paths = paths[-last:]
     out = run_dir / AVERAGED
+    record(run_dir, AVERAGED)
     write_tensors(out, average_checkpoints(paths), {"averaged": ",".join(p.stem for p in paths)})
     return out, paths

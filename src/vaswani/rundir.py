@@ -19,18 +19,27 @@ checkpoint.py's, and every write goes through atomic.py::
     loss.png             the loss curves, drawn when training ends
     launcher.json        under torchrun: the job that started the run (its restarts resume it)
 
+    vaswani_run.json     the manifest: every path above that vaswani wrote here
+
 ``tokenizer/meta.json`` holds the sha256 of each tokenizer file: a damaged one is an error
 naming it. One process at a time: training and import hold ``RUN_DIR/.lock`` (an OS-level lock
 that the kernel releases when the process ends, however it ends).
+
+Nothing of the user's is ever removed. Each write is listed in the manifest before it is made
+(:func:`record`), and starting over (``--overwrite``, or after a start that saved no weights)
+removes only the listed files; a file vaswani did not write that lies where a run writes
+(``last/notes.txt``, a ``model.safetensors`` of the user's) makes the start refuse, naming it,
+before anything is touched. A run written before the manifest existed is recognised by its
+layout (:data:`LAYOUT`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import json
 import os
-import shutil
 import socket
 import sys
 import warnings
@@ -47,11 +56,20 @@ CHAT_TEMPLATE = "chat_template.jinja"  # an imported chat model's own prompt for
 CHECKPOINTS, AVERAGED = "checkpoints", "averaged.safetensors"
 SHARDED = "sharded"  # in last/: a sharded run's state; sharded.tmp/ in RUN_DIR while written
 LAUNCHER = "launcher.json"  # under torchrun: the job that started the run (its restarts resume)
-# Every name vaswani writes in a run directory (what --overwrite may remove).
-RUN_FILES = (CONFIG, TOKENIZER, BEST, BEST + ".tmp", LAST, "last.tmp", "last.old", METRICS,
-             LOSS_PLOT, LOSS_PLOT + ".tmp", "metrics.jsonl.tmp", "config.toml.tmp",
-             CHAT_TEMPLATE, CHAT_TEMPLATE + ".tmp", CHECKPOINTS, AVERAGED, AVERAGED + ".tmp",
-             SHARDED + ".tmp", LAUNCHER, LAUNCHER + ".tmp")
+TENSORBOARD = "tensorboard"  # [train] tensorboard = true: SummaryWriter's event files
+MANIFEST = "vaswani_run.json"  # the paths vaswani wrote in the run directory
+# Every path vaswani writes in a run directory, as the manifest lists them ("DIR/*": a folder
+# whose files a library names, written whole). A run from before the manifest is read as this.
+TOKENIZER_FILES = tuple(f"{TOKENIZER}/{name}" for name in (
+    "meta.json", "source.json", "source.specials.json", "target.json", "target.specials.json"))
+LAYOUT = (CONFIG, *TOKENIZER_FILES, CHAT_TEMPLATE, BEST, f"{LAST}/{BEST}", f"{LAST}/trainer.pt",
+          f"{LAST}/state.json", f"{LAST}/{COMPLETE}", f"{LAST}/{SHARDED}/*",
+          f"{CHECKPOINTS}/step-*.safetensors", AVERAGED, METRICS, LOSS_PLOT, LAUNCHER,
+          f"{TENSORBOARD}/*")
+# The names at the top of a run directory that belong to vaswani: a file of the user's there,
+# or in a folder of that name, is in a run's way.
+RUN_NAMES = frozenset({p.split("/")[0] for p in LAYOUT} | {"last.tmp", "last.old",
+                                                              SHARDED + ".tmp", MANIFEST})
 
 
 class RunInUse(FileExistsError):
@@ -96,6 +114,8 @@ def write_run(run_dir: Path, config: RunConfig, source: Tokenizer, target: Token
               labels: list[str], *, header: str = "", chat_template: str | None = None) -> None:
     """``config.toml`` (resolved, written last), ``tokenizer/`` (with the class labels, if
     any) and an imported chat model's ``chat_template.jinja``."""
+    record(run_dir, *TOKENIZER_FILES, CONFIG,
+           *([CHAT_TEMPLATE] if chat_template else []))
     save_tokenizers(run_dir / TOKENIZER, source, target)
     if chat_template:
         atomic_write_text(run_dir / CHAT_TEMPLATE, chat_template)
@@ -137,28 +157,101 @@ def read_chat_template(run_dir: Path) -> str | None:
     return path.read_text() if path.exists() else None
 
 
+class Refused(FileExistsError):
+    """A run directory cannot be started in; nothing in it was touched."""
+
+
 def start(run_dir: Path, overwrite: bool) -> None:
     """Make ``run_dir`` ready for a new run (call it holding the lock).
 
-    A run is refused unless ``overwrite``; other files too (they are not vaswani's). What a
-    start left without saving any weights (killed during start-up, or an error before the
-    first checkpoint) is cleared with a message. ``overwrite`` removes only ``RUN_FILES``."""
-    others = [p.name for p in run_dir.iterdir() if p.name != LOCK] if run_dir.exists() else []
+    Refused, with nothing touched: a run already there unless ``overwrite``; a file vaswani did
+    not write lying where a run writes (always); any other file unless ``overwrite`` (which
+    keeps it). What a start left without saving any weights (killed during start-up, or an error
+    before the first checkpoint) is cleared with a message. Only listed files are removed."""
+    owned, in_the_way, others = survey(run_dir)
+    if in_the_way:
+        raise Refused(f"{run_dir} holds {_some(in_the_way)}, which vaswani did not write and a "
+                      "run would replace; move them, or choose another --out")
     if holds_run(run_dir) and not overwrite:
-        raise FileExistsError(
-            f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
-            "choose another --out, or pass --overwrite")
-    foreign = [name for name in others if name not in RUN_FILES]
-    if foreign and not overwrite:
-        raise FileExistsError(f"{run_dir} is not empty ({', '.join(sorted(foreign)[:3])}"
-                              f"{' ...' if len(foreign) > 3 else ''}); choose another --out, "
-                              "or pass --overwrite (which removes only vaswani's files)")
+        raise Refused(f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
+                      "choose another --out, or pass --overwrite")
     if others and not overwrite:
+        raise Refused(f"{run_dir} is not empty ({_some(others)}); choose another --out, or pass "
+                      "--overwrite (which removes only the files vaswani wrote)")
+    if owned and not overwrite:
         print(f"vaswani: {run_dir} holds the start of a run that saved no weights; starting "
               "over", file=sys.stderr, flush=True)
     remove_run_files(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
 
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+# --- the manifest: what vaswani wrote ---------------------------------------------------------
+
+def record(run_dir: Path, *paths: str) -> None:
+    """List ``paths`` (relative to ``run_dir``, "/"-separated; "DIR/*" for a folder a library
+    fills) in the manifest. Called before the write, by the one process that writes: a kill
+    between the two leaves a listed path that does not exist, never an unlisted file."""
+    listed = written(run_dir)
+    new = [p for p in paths if p not in listed]
+    if new:
+        atomic_write_text(run_dir / MANIFEST,
+                          json.dumps({"written": sorted({*listed, *new})}, indent=1) + "\n")
+
+
+def written(run_dir: Path) -> list[str]:
+    """The paths the manifest lists; for a run written before the manifest existed (a config,
+    weights and a tokenizer, no manifest), its layout; for anything else, none."""
+    try:
+        names = json.loads((run_dir / MANIFEST).read_text())["written"]
+        return [n for n in names if isinstance(n, str)]
+    except FileNotFoundError:
+        legacy = holds_run(run_dir) and (run_dir / TOKENIZER / "meta.json").is_file()
+        return list(LAYOUT) if legacy else []
+    except (OSError, ValueError, KeyError, TypeError):
+        return []  # a damaged manifest claims nothing: nothing is removed by it
+
+
+def _listed_as(rel: str) -> str:
+    """The manifest's name for a file: an atomic write's ``NAME.tmp`` is ``NAME``;
+    ``last.tmp/`` and ``last.old/`` (checkpoint.save_last's swap) are ``last/``, and
+    ``sharded.tmp/`` (a sharded save before the swap) is ``last/sharded/``."""
+    first, _, rest = rel.partition("/")
+    first = {"last.tmp": LAST, "last.old": LAST, SHARDED + ".tmp": f"{LAST}/{SHARDED}"}.get(
+        first, first)
+    return (f"{first}/{rest}" if rest else first).removesuffix(".tmp")
+
+
+def survey(run_dir: Path) -> tuple[list[str], list[str], list[str]]:
+    """(vaswani's files, the files of others that lie where a run writes, the other entries at
+    the top of ``run_dir``), as sorted relative paths."""
+    if not run_dir.is_dir():
+        return [], [], []
+    listed = written(run_dir)
+    exact, patterns = set(listed), [p for p in listed if "*" in p]
+    owned, in_the_way, others = [], [], []
+    for entry in sorted(run_dir.iterdir()):
+        if entry.name in (LOCK, MANIFEST):
+            continue
+        if entry.name not in RUN_NAMES:
+            others.append(entry.name)
+            continue
+        files = [entry] if not entry.is_dir() or entry.is_symlink() else sorted(
+            p for p in entry.rglob("*") if not p.is_dir() or p.is_symlink())
+        for path in files:
+            rel = _listed_as(path.relative_to(run_dir).as_posix())
+            mine = rel in exact or any(fnmatch.fnmatchcase(rel, p) for p in patterns)
+            (owned if mine else in_the_way).append(path.relative_to(run_dir).as_posix())
+    return owned, in_the_way, others
+
+
+def in_the_way(run_dir: Path) -> list[str]:
+    """The files vaswani did not write that lie where a run writes (a resumed run's next
+    checkpoint replaces ``last/`` as a whole)."""
+    return survey(run_dir)[1]
 
 # --- torchrun's restarts ---------------------------------------------------------------------
 
@@ -178,6 +271,7 @@ def record_launcher(run_dir: Path) -> None:
     """Under torchrun: note in a new run's directory which job started it."""
     job = launcher_job()
     if job is not None:
+        record(run_dir, LAUNCHER)
         atomic_write_text(run_dir / LAUNCHER, json.dumps({"job": job}) + "\n")
 
 
@@ -201,13 +295,20 @@ def restarted_into(run_dir: Path) -> bool:
 
 
 def remove_run_files(run_dir: Path) -> None:
-    """Remove what vaswani writes in ``run_dir`` (``RUN_FILES``), nothing else."""
-    for name in RUN_FILES:
-        path = run_dir / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+    """Remove the files vaswani wrote in ``run_dir`` (its manifest's), then the folders of its
+    names left empty, then the manifest. A file of anyone else's stays, and so does its folder."""
+    owned, _, _ = survey(run_dir)
+    for rel in owned:
+        (run_dir / rel).unlink(missing_ok=True)
+    for name in RUN_NAMES:
+        top = run_dir / name
+        if top.is_dir() and not top.is_symlink():
+            for folder in sorted((p for p in top.rglob("*") if p.is_dir()), reverse=True):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only if empty
+            with contextlib.suppress(OSError):
+                top.rmdir()
+    (run_dir / MANIFEST).unlink(missing_ok=True)
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -246,6 +246,7 @@ def test_a_failed_start_leaves_nothing_and_a_killed_start_is_cleared(setup, tmp_
     assert not run.exists()  # it created the directory; it removed it
     # what a kill -9 during start-up leaves: a config and a tokenizer, no weights
     run.mkdir()
+    rundir.record(run, "config.toml", "tokenizer/meta.json")  # listed before it is written
     (run / "config.toml").write_text("[model]\n")
     (run / "tokenizer").mkdir()
     assert main(["train", str(cfg), "--out", str(run), "--no-progress",

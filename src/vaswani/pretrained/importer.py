@@ -115,7 +115,7 @@ def _write_run(out: Path, config: ModelConfig, state: dict, tokenizer: Pretraine
                          f"{config.vocab_size}")
     with rundir.locked(out):
         rundir.start(out, overwrite)
-        checkpoint.save_weights(model, out / rundir.BEST, metadata={"imported_from": source})
+        checkpoint.save_best(out, model, metadata={"imported_from": source})
         rundir.write_run(out, RunConfig(model=config, decode=decode), tokenizer, None, [],
                          header=f"# Imported by `vaswani import` from {source}\n",
                          chat_template=chat_template)

@@ -144,6 +144,7 @@ class FSDP(Single):
         """Every process writes its slices of the weights and the optimizer state."""
         folder = run_dir / (rundir.SHARDED + ".tmp")  # moved into last/ when whole
         if self.dist.is_main:
+            rundir.record(run_dir, f"{rundir.LAST}/{rundir.SHARDED}/*")  # as sharded.tmp/ is
             shutil.rmtree(folder, ignore_errors=True)  # a save killed part-way
         self.dist.barrier()
         sharding.save_sharded(model, optimizer, folder)

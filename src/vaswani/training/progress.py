@@ -97,6 +97,8 @@ class Report:
                  budget_s: float, start_step: int, start_elapsed: float,
                  tensorboard: bool = False) -> None:
         self.metrics = run_dir / rundir.METRICS if main else None
+        if main:
+            rundir.record(run_dir, rundir.METRICS, *([f"{TENSORBOARD}/*"] if tensorboard else []))
         self.progress = Progress(max_steps=max_steps, budget_s=budget_s, start_step=start_step,
                                  start_elapsed=start_elapsed, bar=bar and main, lines=main)
         self.board = None
@@ -130,7 +132,7 @@ class Report:
             self.board.close()
 
 
-TENSORBOARD = "tensorboard"
+TENSORBOARD = rundir.TENSORBOARD
 # a log line's training numbers; an evaluation adds valid_loss, valid_ppl and task metrics
 TRAIN_KEYS = ("loss", "lr", "tokens_per_s", "grad_norm", "elapsed", "skipped_steps",
               "schedule_steps")

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .. import checkpoint, rundir
+from .. import checkpoint
 from ..config import RunConfig
 from ..data.encode import TaskData
 from .distributed import Dist
@@ -168,7 +168,7 @@ class Checkpoints:
         """The best weights so far (rank 0: the model, or a sharded model's gathered
         tensors)."""
         require_finite(weights, state.step, self.run_dir)
-        checkpoint.save_weights(weights, self.run_dir / rundir.BEST)
+        checkpoint.save_best(self.run_dir, weights)
 
     def restore(self, model: nn.Module, optimizer: Optimizers) -> RunState:
         """Load ``last/`` into the model, the optimizer and the random-number generators;

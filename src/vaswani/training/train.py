@@ -111,6 +111,8 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
                                   resume=bool(resume), progress=launch.progress,
                                   stop=launch.stop)
                 result = trainer.fit()
+            except rundir.Refused:
+                raise  # nothing was touched
             except BaseException:
                 if dist.is_main and not resume:
                     _clear_failed_start(run_dir, created)
@@ -245,6 +247,10 @@ def start(task: Task, cfg: RunConfig, run_dir: Path, *, resume: bool, overwrite:
     reads its tokenizer (and labels) from ``run_dir``."""
     if resume:
         checkpoint.find_last(run_dir)  # fail before reading data if there is nothing to resume
+        if dist.is_main and (theirs := rundir.in_the_way(run_dir)):
+            raise rundir.Refused(f"{run_dir} holds {', '.join(theirs[:3])}, which vaswani did "
+                                 "not write and the run's next checkpoint would replace; move "
+                                 "them first")
     elif dist.is_main:
         rundir.start(run_dir, overwrite)
         rundir.record_launcher(run_dir)  # a torchrun restart of this job continues the run
@@ -277,14 +283,13 @@ def resolve_model(cfg: RunConfig, task: Task, data: TaskData) -> RunConfig:
 
 
 def _clear_failed_start(run_dir: Path, created: bool) -> None:
-    """After a failure: a start that saved no weights leaves nothing behind (a directory
-    this run created is removed; otherwise only vaswani's files)."""
+    """After a failure: a start that saved no weights leaves nothing of vaswani's behind (the
+    files it wrote; and the directory, if this run created it and nothing else is in it)."""
     if not run_dir.exists() or rundir.holds_run(run_dir):
         return
-    if created:
+    rundir.remove_run_files(run_dir)
+    if created and {p.name for p in run_dir.iterdir()} <= {rundir.LOCK}:
         shutil.rmtree(run_dir, ignore_errors=True)
-    else:
-        rundir.remove_run_files(run_dir)
 
 
 # --- 4. the end ----------------------------------------------------------------------------
@@ -293,6 +298,7 @@ def _finish(run_dir: Path, cfg: RunConfig, data: TaskData) -> dict:
     """Rank 0, after training: the loss plot, the kept checkpoints' average, notes on the
     data (skipped lines, truncations) for the summary."""
     out = {}
+    rundir.record(run_dir, rundir.LOSS_PLOT)
     plot_loss(run_dir / rundir.METRICS, run_dir / rundir.LOSS_PLOT)
     if cfg.train.keep_checkpoints:
         path, averaged = checkpoint.write_average(run_dir)

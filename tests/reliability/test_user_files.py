@@ -1,0 +1,153 @@
+"""No command deletes what it did not write. A folder with a user's file inside every entry that
+bears one of vaswani's names (and at each of those names) is given to train, import and export,
+with and without ``--overwrite``: every byte of the user's stays. A run directory lists what
+vaswani wrote (rundir.MANIFEST); only that is ever removed."""
+
+import hashlib
+import shutil
+
+import pytest
+
+from tests.reliability.checkpoints import bert_folder, llama_gguf
+from tests.training.fixtures import config, reverse_task
+from vaswani import rundir
+from vaswani.cli import main
+
+FOLDERS = ("last", "last.tmp", "last.old", "tokenizer", "checkpoints", "tensorboard",
+           "sharded.tmp")
+MARK = b"users-own-bytes"  # in every file of the user's
+FILES = ("model.safetensors", "loss.png", "averaged.safetensors", "config.toml",
+         "metrics.jsonl", "launcher.json", "chat_template.jinja")
+
+
+def users_bytes(folder):
+    """path -> sha256 of every file of the user's under ``folder``."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in folder.rglob("*") if p.is_file() and MARK in p.read_bytes()}
+
+
+def fill(folder, *, names=True):
+    """The user's files: inside each of vaswani's folders, and (``names``) at vaswani's file
+    names too; beside them a note and a folder of their own."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in FOLDERS:
+        (folder / name).mkdir(exist_ok=True)
+        (folder / name / "precious.bin").write_text(f"users-own-bytes: {name}")
+    if names:
+        for name in FILES:
+            (folder / name).write_text(f"users-own-bytes: {name}")
+    (folder / "notes.txt").write_text("users-own-bytes: notes")
+    (folder / "data").mkdir(exist_ok=True)
+    (folder / "data" / "train.tsv").write_text("users-own-bytes: a\tb\n")
+    return users_bytes(folder)
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    base = tmp_path_factory.mktemp("sources")
+    data = reverse_task(base / "pairs.tsv", n=200)
+    cfg = config(base / "c.toml", "encoder-decoder", data,
+                 train={"max_steps": 2, "eval_every": 1000, "save_every": 1,
+                        "keep_checkpoints": 2})
+    return {"cfg": cfg, "bert": bert_folder(base / "bert"), "gguf": llama_gguf(base / "m.gguf"),
+            "cache": base / "cache"}
+
+
+def command(kind, sources, out):
+    if kind == "train":
+        return ["train", str(sources["cfg"]), "--out", str(out), "--no-progress"]
+    source = sources["bert"] if kind == "import-bert" else sources["gguf"]
+    return ["import", kind.removeprefix("import-"), str(source), "--out", str(out),
+            "--cache", str(sources["cache"])]
+
+
+@pytest.mark.parametrize("kind", ["train", "import-bert", "import-gguf"])
+def test_a_folder_of_the_users_is_never_written_over(kind, sources, tmp_path, capsys):
+    out = tmp_path / "out"
+    before = fill(out)
+    for extra in ([], ["--overwrite"]):
+        assert main(command(kind, sources, out) + extra) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert "which vaswani did not write" in err, err
+        assert users_bytes(out) == before
+    # nothing at vaswani's names, but files of the user's inside its folders: still refused
+    for name in FILES:
+        (out / name).unlink()
+    before = users_bytes(out)
+    assert main(command(kind, sources, out) + ["--overwrite"]) == 2
+    assert "last/precious.bin" in capsys.readouterr().err
+    assert users_bytes(out) == before
+
+
+@pytest.mark.parametrize("kind", ["train", "import-bert", "import-gguf"])
+def test_overwrite_of_a_run_removes_only_what_it_wrote(kind, sources, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(command(kind, sources, out)) == 0
+    written = rundir.written(out)
+    assert rundir.CONFIG in written and rundir.BEST in written
+    assert main(command(kind, sources, out)) == 2  # a run is there
+    assert "already holds a run" in capsys.readouterr().err
+    before = users_bytes(out) | fill(out, names=False)
+    for extra in ([], ["--overwrite"]):  # the user's files in its way
+        assert main(command(kind, sources, out) + extra) == 2
+    assert "checkpoints/precious.bin" in capsys.readouterr().err
+    assert users_bytes(out) == before
+    for name in FOLDERS:  # the user moves them away; the notes and data/ stay
+        (out / name / "precious.bin").unlink()
+    before = users_bytes(out)
+    assert before
+    assert main(command(kind, sources, out) + ["--overwrite"]) == 0
+    assert users_bytes(out) == before
+    assert not (out / "sharded.tmp").exists()  # the user's empty folders went with vaswani's
+
+
+def test_a_folder_holding_only_a_users_file_in_last_is_not_cleared(sources, tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / "last").mkdir(parents=True)
+    (out / "last" / "precious.bin").write_text("users-own-bytes")
+    assert main(command("train", sources, out)) == 2
+    assert "holds last/precious.bin, which vaswani did not write" in capsys.readouterr().err
+    assert (out / "last" / "precious.bin").read_text() == "users-own-bytes"
+
+
+def test_a_resumed_run_refuses_a_users_file_its_next_checkpoint_would_replace(sources, tmp_path,
+                                                                               capsys):
+    out = tmp_path / "run"
+    assert main(command("train", sources, out)) == 0
+    (out / "last" / "notes.txt").write_text("users-own-bytes")
+    assert main(["train", "--resume", str(out), "--no-progress", "--set",
+                 "train.max_steps=4"]) == 2
+    assert "last/notes.txt, which vaswani did not write" in capsys.readouterr().err
+    assert (out / "last" / "notes.txt").read_text() == "users-own-bytes"
+
+
+def test_a_run_from_before_the_manifest_is_overwritten_by_its_layout(sources, tmp_path):
+    """tests/fixtures/legacy's runs were written by an earlier version (no vaswani_run.json):
+    their files are recognised by the layout, the user's beside them are kept."""
+    from pathlib import Path
+
+    legacy = Path(__file__).parents[1] / "fixtures" / "legacy" / "translation"
+    assert not (legacy / rundir.MANIFEST).exists()
+    out = tmp_path / "old"
+    shutil.copytree(legacy, out)
+    (out / "notes.txt").write_text("users-own-bytes")
+    owned, theirs, others = rundir.survey(out)
+    assert theirs == [] and others == ["notes.txt"]
+    assert rundir.CONFIG in owned and rundir.BEST in owned
+    assert main(command("train", sources, out) + ["--overwrite"]) == 0
+    assert (out / "notes.txt").read_text() == "users-own-bytes"
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_export_into_a_folder_of_the_users_keeps_every_byte(copy_run, tmp_path, overwrite,
+                                                            capsys):
+    pytest.importorskip("ctranslate2", reason="vaswani[export] is not installed")
+    out = tmp_path / "out"
+    before = fill(out)
+    (out / "model.bin").write_text("users-own-bytes: model.bin")  # a name the ct2 export writes
+    before = users_bytes(out)
+    code = main(["export", str(copy_run[0]), "--format", "ct2", "--out", str(out), *overwrite])
+    assert code == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert users_bytes(out) == before
