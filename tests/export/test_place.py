@@ -84,3 +84,17 @@ def test_out_dot_exports_into_the_current_folder(run, tmp_path, monkeypatch):
     assert (here / "model.bin").exists() and (here / MANIFEST).exists()
     assert not [p for p in here.iterdir() if p.name.startswith(".")]  # no build folder left
 
+
+
+@pytest.mark.parametrize("sub", ["", "sub"])
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_out_that_is_a_file_or_lies_under_one_is_refused_by_name(run, tmp_path, sub, overwrite,
+                                                                 capsys):
+    file = tmp_path / "notes.txt"
+    file.write_text("mine")
+    out = file / sub if sub else file
+    assert main(["export", str(run), "--format", "ct2", "--out", str(out), *overwrite]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Errno" not in err
+    assert f"{file} is a file, not a folder" in err
+    assert file.read_text() == "mine"

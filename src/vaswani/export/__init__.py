@@ -116,6 +116,10 @@ def _check_place(run_dir: Path, out: Path) -> None:
     if where:
         raise ExportError(f"--out {out} {where}: an export is written beside the run, never "
                           "over it; choose another --out")
+    file = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if file is not None:
+        raise ExportError(f"--out {out}: {file} is a file, not a folder; an export is a folder "
+                          "of files: choose another --out")
 
 
 def _written(out: Path) -> list[str]:
