@@ -25,7 +25,7 @@ def test_the_engines_own_short_among_long_runs_the_short_ones_among_all_the_long
     out = engine_short_among_long(run_dir, clients=3, repeats=2, max_batch=4)
     # inside, it asserts that each short request got its 8 tokens while all 3 long ones ran
     assert out["alone_s"] > 0
-    assert out["ratio"] == pytest.approx(out["among_long_s"] / out["alone_s"], abs=0.02)
+    assert out["ratio"] == pytest.approx(out["among_long_s"] / out["alone_s"], rel=1e-12)
     for where in ("alone", "among_long"):  # seven of the eight tokens come after the first
         assert 0 < out[f"per_token_{where}_s"] < out[f"{where}_s"] / 7
 
