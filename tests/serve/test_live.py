@@ -113,3 +113,38 @@ def test_a_client_that_goes_away_stops_its_generation(live, served):
     r = httpx.post(live.url + "/v1/completions", timeout=60,
                    json={"model": "lm", "prompt": "to", "max_tokens": 2, "temperature": 0})
     assert r.status_code == 200
+
+
+def test_a_non_streaming_client_that_goes_away_stops_its_generation(live):
+    """The client of a long non-streamed completion closes its socket (a timeout): the engine
+    ends that request within a second or so, not after its 2,000 tokens."""
+    server = live.server.config.app.state.server
+    before = server.served("lm")["cancelled"]
+    body = {"model": "lm", "prompt": "to be", "max_tokens": 2000, "min_tokens": 2000,
+            "temperature": 1.0, "seed": 1}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(live.url + "/v1/completions", json=body, timeout=1.0)
+    deadline = time.time() + 30
+    while server.served("lm")["cancelled"] <= before or server.engines["lm"].busy:
+        assert time.time() < deadline, "the abandoned completion was never cancelled"
+        time.sleep(0.05)
+    assert server.engines["lm"].tokens_out < 2000
+
+
+def test_a_request_is_checked_whole_before_any_of_it_runs(live):
+    """Eight prompts, the last over the token limit: a 400, and none of the seven others was
+    queued (before, they generated for minutes for nobody). So too a request of more
+    completions than the server queues: a 400 naming n, not a 503 after queueing half."""
+    server = live.server.config.app.state.server
+    before = server.served("lm")["requests"]
+    limit = server.limits.max_prompt_tokens
+    prompts = ["to be"] * 7 + ["a" * (limit + 10)]
+    r = httpx.post(live.url + "/v1/completions", timeout=60,
+                   json={"model": "lm", "prompt": prompts, "max_tokens": 2000})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    r = httpx.post(live.url + "/v1/completions", timeout=60,
+                   json={"model": "lm", "prompt": ["Hi"] * 64, "n": 8, "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+    assert "queues at most" in r.json()["error"]["message"]
+    assert server.served("lm")["requests"] == before
+    assert not server.engines["lm"].busy

@@ -27,7 +27,7 @@ def test_a_step_that_fails_fails_only_the_request_that_fails_alone(monkeypatch):
     requests = [Request(p, params, on_finish=done.append) for p, params in cases]
     try:
         for r in requests:
-            loop.submit("test", r)
+            loop.submit("test", [r])
         loop.call(lambda: None).result(timeout=60)
         for _ in range(600):
             if len(done) == 3:
@@ -50,14 +50,14 @@ def test_one_loop_steps_every_engine_and_a_request_joins_the_next_step_of_its_ow
     for name, eng in (("first", first), ("second", second)):
         def step(eng=eng, name=name, step=eng.step):
             if name == "first" and not order:  # arrives while the first engine steps
-                loop.submit("second", late)
+                loop.submit("second", [late])
             order.append(name)
             return step()
         eng.step = step
     loop = EngineLoop({"first": first, "second": second})
     try:
         early = Request([5, 6], Params(max_new_tokens=3))
-        loop.submit("first", early)
+        loop.submit("first", [early])
         for _ in range(600):
             if early.finished and late.finished:
                 break
@@ -105,7 +105,7 @@ def test_what_a_steps_hooks_post_reaches_its_event_loop_in_one_call_per_step_in_
 
     try:
         for r in requests:
-            loop.submit("test", r)
+            loop.submit("test", [r])
         assert finished.wait(timeout=60)
         events.run_until_complete(asyncio.wait_for(all_arrived(), timeout=30))
         loop.post(events, got.append, "from this thread")

@@ -34,7 +34,7 @@ from ..inference import Run
 from . import routes
 from .batcher import Busy
 from .routes import ApiError, error_body
-from .server import Limits, Refused, Server, UnknownModel
+from .server import ClientGone, Limits, Refused, Server, UnknownModel
 
 # --- the application ------------------------------------------------------------------------
 
@@ -70,6 +70,10 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
         if isinstance(e, UnknownModel):
             return JSONResponse(error_body(e.message, "not_found_error", e.param), 404)
         return JSONResponse(error_body(e.message, param=e.param), status_code=400)
+
+    @app.exception_handler(ClientGone)
+    async def gone(request, e: ClientGone):  # nobody reads it: nginx's "client closed request"
+        return JSONResponse(error_body(str(e)), status_code=499)
 
     @app.exception_handler(Busy)
     async def busy(request, e: Busy):

@@ -57,15 +57,17 @@ class EngineLoop:
         self.thread = threading.Thread(target=self._loop, name="vaswani-models", daemon=True)
         self.thread.start()
 
-    def submit(self, name: str, request: Request) -> None:
-        """Queue a request for the engine of model ``name`` (its hooks are called in the
-        loop's thread); Busy when ``max_queue`` requests already wait for it."""
+    def submit(self, name: str, requests: list[Request]) -> None:
+        """Queue requests for the engine of model ``name`` (their hooks are called in the
+        loop's thread), all or none: Busy, with none of them queued, when they would make
+        more than ``max_queue`` wait for it."""
         with self.lock:
-            if self.queued[name] + self.engines[name].waiting >= self.max_queue:
-                raise Busy(f"model {name!r} has {self.max_queue} requests waiting; try again "
-                           "shortly")
-            self.queued[name] += 1
-        self.inbox.put((name, request))
+            if self.queued[name] + self.engines[name].waiting + len(requests) > self.max_queue:
+                raise Busy(f"model {name!r} has {self.max_queue} requests waiting at most; "
+                           "try again shortly")
+            self.queued[name] += len(requests)
+        for request in requests:
+            self.inbox.put((name, request))
 
     def submit_job(self, name: str, job: Job) -> None:
         """Queue an encoder's job for the batcher of model ``name`` (its future is settled

@@ -11,7 +11,6 @@ static files, which touch no model, are plain functions.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from importlib import resources
@@ -22,7 +21,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from ..inference import Run
 from . import chat, openai, schemas
-from .server import Generation, Limits, Server
+from .server import Generation, Limits, Server, until
 
 
 class ApiError(Exception):
@@ -80,7 +79,7 @@ async def models(server: TheServer):
 
 
 @api.post("/translate")
-async def translate(body: schemas.TranslateRequest, server: TheServer):
+async def translate(body: schemas.TranslateRequest, request: Request, server: TheServer):
     run = server.run_for(body.model, "translate")
     texts = _texts(body.input, server.limits)
     decode = _decode(run, beam=body.beam, n_best=body.n_best,
@@ -88,29 +87,30 @@ async def translate(body: schemas.TranslateRequest, server: TheServer):
                      no_repeat_ngram_size=body.no_repeat_ngram_size,
                      repetition_penalty=body.repetition_penalty,
                      min_length=body.min_length)
-    results = await server.translate(body.model, texts, decode)
+    results = await server.translate(body.model, texts, decode, request.is_disconnected)
     return {"object": "list", "model": body.model, "data": [
         {"index": i, "translations": [{"text": t, "score": s} for t, s in hyps]}
         for i, hyps in enumerate(results)]}
 
 
 @api.post("/classify")
-async def classify(body: schemas.ClassifyRequest, server: TheServer):
+async def classify(body: schemas.ClassifyRequest, request: Request, server: TheServer):
     run = server.run_for(body.model, "classify")
     if not run.labels:
         raise ApiError(400, f"model {body.model!r} has no classification head (an "
                        "imported encoder): use /v1/embeddings", "model")
-    results = await server.encode(body.model, "classify", _texts(body.input, server.limits))
+    results = await server.encode(body.model, "classify", _texts(body.input, server.limits),
+                                  request.is_disconnected)
     return {"object": "list", "model": body.model, "data": [
         {"index": i, "label": max(p, key=p.get), "probability": max(p.values()),
          "probabilities": p} for i, p in enumerate(results)]}
 
 
 @api.post("/embeddings")
-async def embeddings(body: schemas.EmbeddingRequest, server: TheServer):
+async def embeddings(body: schemas.EmbeddingRequest, request: Request, server: TheServer):
     run = server.run_for(body.model, "embeddings")
     texts = _texts(body.input, server.limits)
-    vectors = await server.encode(body.model, "embed", texts)
+    vectors = await server.encode(body.model, "embed", texts, request.is_disconnected)
     n_tokens = sum(len(run.source_tokenizer.encode(t)) for t in texts)
     return {"object": "list", "model": body.model, "data": [
         {"object": "embedding", "index": i, "embedding": openai.vector(v, body.encoding_format)}
@@ -125,12 +125,15 @@ async def completions(body: schemas.CompletionRequest, request: Request, server:
     if body.stream and len(prompts) > 1:
         raise ApiError(400, "stream with a list of prompts is not supported; send one "
                        "prompt per request", "prompt")
-    generations = [_generation(server, run, body, body.model, p, body.max_tokens)
-                   for p in prompts]
+    # the whole request is checked before any of it runs
+    decode = _decoding(server, run, body, body.max_tokens, len(prompts))
+    prompts = [(p, _prompt_ids(server, run, p)) for p in prompts]
+    generations = server.generate(body.model, prompts, decode, n=body.n, seed=body.seed,
+                                  stream=body.stream)
     if body.stream:
         return openai.sse(generations[0], request, body.model, "text_completion",
                           chat_mode=False)
-    results = [await _result(g) for g in generations]
+    results = [await _result(g, request) for g in generations]
     choices, usage = openai.choices(results, body.n, chat_mode=False)
     return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
             "created": int(time.time()), "model": body.model, "choices": choices,
@@ -151,12 +154,14 @@ async def chat_completions(body: schemas.ChatRequest, request: Request, server: 
     except chat.TemplateError as e:
         raise ApiError(400, str(e), "messages") from None
     _check_length(prompt, server.limits, "messages")
-    generation = _generation(server, run, body, body.model, prompt,
-                             body.max_completion_tokens or body.max_tokens)
+    decode = _decoding(server, run, body, body.max_completion_tokens or body.max_tokens, 1)
+    [generation] = server.generate(body.model, [(prompt, _prompt_ids(server, run, prompt))],
+                                   decode, n=body.n, seed=body.seed, stream=body.stream)
     if body.stream:
         return openai.sse(generation, request, body.model, "chat.completion.chunk",
                           chat_mode=True)
-    choices, usage = openai.choices([await _result(generation)], body.n, chat_mode=True)
+    choices, usage = openai.choices([await _result(generation, request)], body.n,
+                                    chat_mode=True)
     return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
             "created": int(time.time()), "model": body.model, "choices": choices,
             "usage": usage}
@@ -233,34 +238,37 @@ def _decode(run: Run, **given):
         raise ApiError(400, str(e)) from None
 
 
-def _generation(server: Server, run: Run, body, name: str, prompt: str,
-                max_tokens: int | None) -> Generation:
+def _decoding(server: Server, run: Run, body, max_tokens: int | None, prompts: int):
+    """The decoding settings of a completion or chat request, checked against the limits
+    (``prompts`` prompts, ``body.n`` completions each)."""
     limits = server.limits
     if body.n > limits.max_n:
         raise ApiError(400, f"n ({body.n}) is over the limit of {limits.max_n}", "n")
+    if prompts * body.n > server.max_queue:
+        raise ApiError(400, f"{prompts} prompt(s) x n ({body.n}) is {prompts * body.n} "
+                       f"completions; the server queues at most {server.max_queue} for a "
+                       "model: send fewer at a time", "n")
     if max_tokens is not None and max_tokens > limits.max_tokens:
         raise ApiError(400, f"max_tokens ({max_tokens}) is over the limit of "
                        f"{limits.max_tokens}", "max_tokens")
-    ids = run.source_tokenizer.encode(prompt)  # counted here, and not made again
-    n = len(ids)
-    if n > limits.max_prompt_tokens:
-        raise ApiError(400, f"the prompt is {n:,} tokens; the limit is "
-                       f"{limits.max_prompt_tokens:,}", "prompt")
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    decode = _decode(run, max_new_tokens=max_tokens, temperature=body.temperature,
-                     top_p=body.top_p, top_k=body.top_k, stop=stop,
-                     presence_penalty=body.presence_penalty,
-                     frequency_penalty=body.frequency_penalty,
-                     repetition_penalty=body.repetition_penalty,
-                     no_repeat_ngram_size=body.no_repeat_ngram_size, min_length=body.min_tokens)
-    return server.generate(name, prompt, decode, n=body.n, seed=body.seed, stream=body.stream,
-                           ids=ids)
+    return _decode(run, max_new_tokens=max_tokens, temperature=body.temperature,
+                   top_p=body.top_p, top_k=body.top_k, stop=stop,
+                   presence_penalty=body.presence_penalty,
+                   frequency_penalty=body.frequency_penalty,
+                   repetition_penalty=body.repetition_penalty,
+                   no_repeat_ngram_size=body.no_repeat_ngram_size, min_length=body.min_tokens)
 
 
-async def _result(generation: Generation) -> dict:
-    try:
-        await generation.done
-    except asyncio.CancelledError:  # the client went away
-        generation.cancel()
-        raise
+def _prompt_ids(server: Server, run: Run, prompt: str) -> list[int]:
+    """A prompt's tokens (counted here, and not made again), within the limit."""
+    ids = run.source_tokenizer.encode(prompt)
+    if len(ids) > server.limits.max_prompt_tokens:
+        raise ApiError(400, f"the prompt is {len(ids):,} tokens; the limit is "
+                       f"{server.limits.max_prompt_tokens:,}", "prompt")
+    return ids
+
+
+async def _result(generation: Generation, request: Request) -> dict:
+    await until(generation.done, request.is_disconnected, generation.cancel)
     return generation.result()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ..config import DecodeConfig
@@ -24,7 +24,7 @@ from ..inference import Run
 from ..inference.base import owner_of
 from ..inference.language_model import Completion
 from . import schemas
-from .batcher import Batcher, Busy, Job
+from .batcher import Batcher, Job
 from .loop import EngineLoop
 from .metrics import Metrics
 
@@ -67,7 +67,7 @@ class Server:
                  fast_lane: int | None = None) -> None:
         """``threads``: PyTorch's threads in the models' thread (default: as many as this
         thread has)."""
-        self.runs, self.limits = runs, limits
+        self.runs, self.limits, self.max_queue = runs, limits, max_queue
         config = EngineConfig(max_rows=max_batch, fast_lane=fast_lane)
         self.engines = {name: run.new_engine(config)
                         for name, run in runs.items() if run.decodes}
@@ -104,10 +104,10 @@ class Server:
                 "cancelled": self.cancelled[name], **stats}
 
     # --- work for a run that decodes (in the engines' thread) ------------------------------
-    def _submit(self, name: str, requests: list[Request],
-                events: asyncio.Queue | None = None) -> asyncio.Future:
-        """Queue engine requests; the future is done when all of them have finished (and
-        ``events`` then gets ("end", None), after every piece of text)."""
+    def _watch(self, name: str, requests: list[Request],
+               events: asyncio.Queue | None = None) -> asyncio.Future:
+        """A future done when all of ``requests`` have finished (and ``events`` then gets
+        ("end", None), after every piece of text)."""
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         left = [len(requests)]
@@ -124,28 +124,37 @@ class Server:
 
         for request in requests:
             request.on_finish = finished
-        try:
-            for request in requests:
-                self.loop.submit(name, request)
-                self.submitted[name] += 1
-        except Busy:
-            for request in requests:
-                request.cancel()
-            raise
         return done
 
-    async def translate(self, name: str, texts: list[str], decode: DecodeConfig) -> list:
+    def _queue(self, name: str, requests: list[Request]) -> None:
+        """Hand requests to the engine, all or none (Busy: none of them)."""
+        self.loop.submit(name, requests)
+        self.submitted[name] += len(requests)
+
+    async def translate(self, name: str, texts: list[str], decode: DecodeConfig,
+                        gone: Gone | None = None) -> list:
+        """``gone``: says whether the client has left (its requests are then cancelled)."""
         run = self.runs[name]
-        requests = run.requests(texts, decode)
+        requests = _answer(lambda: run.requests(texts, decode))
         if requests:
-            await self._submit(name, list(requests.values()))
+            every = list(requests.values())
+            done = self._watch(name, every)
+            self._queue(name, every)
+            await until(done, gone, lambda: [r.cancel() for r in every])
         return _answer(lambda: run.results(texts, requests, decode))
 
-    def generate(self, name: str, prompt: str, decode: DecodeConfig, *, n: int,
-                 seed: int | None, stream: bool, ids: list[int] | None = None) -> Generation:
-        """``n`` completions of one prompt (seeds ``seed``, ``seed + 1``, ...), ``ids`` its
-        tokens if known already; streaming, each new piece of text goes to the generation's
-        events as ("text", (index, piece))."""
+    def generate(self, name: str, prompts: list[tuple[str, list[int]]], decode: DecodeConfig,
+                 *, n: int, seed: int | None, stream: bool) -> list[Generation]:
+        """``n`` completions of each prompt (text, its tokens), seeds ``seed``, ``seed + 1``,
+        ..., queued all together or (Busy) not at all; streaming, each new piece of text goes
+        to its generation's events as ("text", (index, piece))."""
+        generations = [self._generation(name, prompt, ids, decode, n=n, seed=seed,
+                                        stream=stream) for prompt, ids in prompts]
+        self._queue(name, [c.request for g in generations for c in g.completions])
+        return generations
+
+    def _generation(self, name: str, prompt: str, ids: list[int], decode: DecodeConfig, *,
+                    n: int, seed: int | None, stream: bool) -> Generation:
         run, loop = self.runs[name], asyncio.get_running_loop()
         events = asyncio.Queue() if stream else None
 
@@ -163,7 +172,7 @@ class Server:
         completions = [run.completion(prompt, decode, emit=emitter(k), ids=ids,
                                       seed=None if seed is None else seed + k)
                        for k in range(n)]
-        done = self._submit(name, [c.request for c in completions], events)
+        done = self._watch(name, [c.request for c in completions], events)
         return Generation(completions, done, events)
 
     async def call(self, name: str, fn: Callable[[], object]):
@@ -182,12 +191,20 @@ class Server:
                 [t for j in jobs for t in j.payload["texts"]]))),
         }
 
-    async def encode(self, name: str, kind: str, texts: list[str]) -> list:
+    async def encode(self, name: str, kind: str, texts: list[str],
+                     gone: Gone | None = None) -> list:
         """An encoder's batched work (``kind``: "classify" or "embed") on ``texts``."""
         loop = asyncio.get_running_loop()
         job = Job(kind, (kind,), {"texts": texts}, loop=loop, future=loop.create_future())
         self.loop.submit_job(name, job)
-        return await _result(job)
+
+        def cancel() -> None:
+            job.cancelled = True
+        try:
+            await until(job.future, gone, cancel)
+            return job.future.result()
+        except ValueError as e:
+            raise Refused(str(e)) from None
 
     def close(self) -> None:
         self.loop.stop()
@@ -232,14 +249,33 @@ def _answer(fn: Callable[[], object]):
         raise Refused(str(e)) from None
 
 
-async def _result(job: Job):
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready; its work was
+    cancelled."""
+
+
+Gone = Callable[[], Awaitable[bool]]  # whether the client has closed its connection
+POLL_S = 0.25  # how often a waiting request asks whether its client is still there
+
+
+async def until(done: asyncio.Future, gone: Gone | None, cancel: Callable[[], object]) -> None:
+    """Wait for ``done``; if the client goes away first (``gone``, asked every ``POLL_S``
+    seconds), or the wait is cancelled, ``cancel()`` the work and raise :class:`ClientGone`
+    (or the cancellation). A server does not work for nobody: a client that closes its
+    socket before a long answer is ready stops that answer's work within ``POLL_S``."""
     try:
-        return await job.future
-    except ValueError as e:
-        raise Refused(str(e)) from None
-    except asyncio.CancelledError:  # the client went away: the batch drops it
-        job.cancelled = True
+        while not done.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(done), timeout=POLL_S)
+            except TimeoutError:
+                if gone is not None and await gone():
+                    cancel()
+                    raise ClientGone("the client closed its connection") from None
+    except asyncio.CancelledError:
+        cancel()
         raise
+    if done.exception() is not None:
+        raise done.exception()
 
 
 def _split(jobs: list[Job], results: list) -> list:
