@@ -216,3 +216,27 @@ def test_keys_written_by_flat_index_land_where_slot_and_column_indexing_puts_the
     want[slots[:, None], :, columns] = k.transpose(1, 2)
     t.view(-1, 4).index_copy_(0, flat_index(slots, columns, 3, 20).view(-1), k.reshape(-1, 4))
     assert torch.equal(t, want)
+
+
+def test_memory_follows_the_rows_in_use_not_the_models_context():
+    """A model that claims 131,072 positions, a budget of 4,096: the tensors start with one
+    slot of START_WIDTH positions, gain slots by doubling as rows are taken (the rows' keys
+    kept), and go back to one when the engine is idle; the nominal context costs nothing."""
+    from vaswani.engine.cache import START_WIDTH
+
+    c = cache(tokens=4096, max_len=131_072, seq2seq=False)
+    assert (c.width, c.allocated) == (START_WIDTH, 1)
+    assert c.k[0].numel() == 2 * START_WIDTH * 4  # one slot: 2 heads x width x 4
+    rows = []
+    for i in range(5):
+        rows.append(Sequence([0] * 5))
+        c.take(rows[-1], request())
+        c.k[1][rows[-1].slot, :, :5] = i + 1
+    assert c.allocated == 8 and c.rows == 4096 // START_WIDTH
+    for i, row in enumerate(rows):
+        assert (c.k[1][row.slot, :, :5] == i + 1).all()
+    for row in rows:
+        c.free(row)
+    c.compact()
+    c.restart()
+    assert (c.width, c.allocated) == (START_WIDTH, 1)

@@ -71,6 +71,7 @@ def test_sources_are_encoded_into_their_slots_taken_in_order_or_not():
     own slot either way."""
     mt = model("encoder-decoder")
     e = engine(mt, max_rows=8)
+    e.cache.resize(e.cache.width, e.cache.cross_width, rows=8)  # slots as if 8 were taken
     sources = [s + [EOS] for s in prompts(4, seed=2, low=2)]
     requests = [Request(s, Params(max_new_tokens=0), start=[BOS], limit=5) for s in sources]
     for slots in ([2, 3, 4, 5], [3, 0, 6, 1]):
@@ -194,7 +195,7 @@ def test_a_tiny_cache_preempts_and_still_answers_everything_exactly():
     cases = [(p, Params(max_new_tokens=25, temperature=0.9, seed=i))
              for i, p in enumerate(prompts(10, seed=3))]
     requests = [lm_request(p, params) for p, params in cases]
-    eng = engine(lm, max_rows=10, cache_tokens=60)  # 2 full-length rows (the least allowed)
+    eng = engine(lm, max_rows=10, cache_tokens=96)  # 2 full-length rows (of 48 positions)
     assert eng.cache.width == 16  # slots start narrow: 6 of them
     eng.run(requests)
     assert eng.cache.resizes > 1 and eng.scheduler.preemptions > 0  # widened, preempted
@@ -210,7 +211,7 @@ def test_beams_share_and_return_their_blocks_under_preemption():
     sources = [s + [EOS] for s in prompts(6, seed=4, low=5)]
     requests = [Request(s, Params(max_new_tokens=0, beam=3, n_best=2), start=[BOS],
                         history_start=1, limit=20) for s in sources]
-    eng = engine(mt, max_rows=12, cache_tokens=100)
+    eng = engine(mt, max_rows=12, cache_tokens=192)  # two full-length rows and sources
     eng.run(requests)
     for s, r in zip(sources, requests, strict=True):
         want = beam_decode(mt, torch.tensor([s], device=DEVICE), beam=3, n_best=2, alpha=0.0,
@@ -279,7 +280,7 @@ def test_200_random_arrivals_and_cancellations_finish_each_request_exactly_once(
 
 def test_a_request_no_cache_could_hold_fails_alone():
     lm = model("decoder")
-    eng = engine(lm, cache_tokens=8)  # the least the engine allows: 2 full rows of 40
+    eng = engine(lm, cache_tokens=96)  # 2 full rows of max_len 40 (48 positions each)
     small = Request([5, 6], Params(max_new_tokens=3))
     big = Request([5] * 20, Params(max_new_tokens=40))
     eng.run([small])
@@ -288,11 +289,17 @@ def test_a_request_no_cache_could_hold_fails_alone():
     eng.run([big, huge])
     assert big.error is None and big.output
     assert huge.reason == "error" and "cannot hold this request" in str(huge.error)
+    # the budget, not max_len, sizes the cache: a row longer than it holds fails alone
+    eng = engine(lm, cache_tokens=32)
+    short, long = (Request(p, Params(max_new_tokens=3)) for p in ([5, 6], [5] * 35))
+    eng.run([short, long])
+    assert short.output and short.error is None
+    assert long.reason == "error" and "cannot hold this request" in str(long.error)
 
 
 def test_a_request_that_fits_narrow_slots_waits_out_wide_ones_instead_of_failing():
     lm = model("decoder")
-    eng = engine(lm, max_rows=10, cache_tokens=60)  # slots of 48 tokens: 2; of 16: 6
+    eng = engine(lm, max_rows=10, cache_tokens=96)  # slots of 48 tokens: 2; of 16: 6
     long = Request([5] * 35, Params(max_new_tokens=4))
     eng.submit(long)
     eng.step()

@@ -136,6 +136,7 @@ def test_a_slot_cache_on_this_machine_gets_huge_pages_where_the_kernel_gives_the
         pytest.skip("no transparent huge pages on this system")
     c = SlotCache(2, 4, 64, tokens=8 * 4096, max_rows=8, max_len=4000, seq2seq=False,
                   dtype=torch.float32, device=torch.device("cpu"))
+    c.resize(4096, 0, rows=8)  # 8 full slots: 8 MiB a tensor
     ptr = c.k[0].data_ptr()
     smaps = Path("/proc/self/smaps").read_text()
     for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", smaps):

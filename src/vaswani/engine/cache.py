@@ -21,11 +21,15 @@ K queries of their source slot (:class:`SlotKV` ``queries`` / ``outputs``), so a
 each source once, not once per hypothesis (on a CPU, where attention is bound by memory
 traffic, that is most of a beam step's cross-attention time).
 
-Memory follows the rows, not ``max_len``: the cache holds ``tokens`` token positions in all;
-slots are as wide as the longest running context needs (grown by doubling, up to
-``max_len + 1``), so many rows of short contexts fit where full-length slots would not, and
-when a growing row needs more than the cache holds, the scheduler preempts the youngest
-request (to be recomputed later) rather than refuse work.
+Memory follows the work, never ``max_len``: the cache may hold ``tokens`` token positions in
+all (its budget), and holds what the running rows need of them: slots are as wide as the
+longest running context needs (from ``START_WIDTH``, grown by doubling, up to ``max_len +
+1``), and the tensors have as many slots as are in use (grown by doubling, up to what the
+budget holds at that width; back to the start when the engine is idle). A model that claims a
+context of 131,072 tokens costs nothing until a row is that long; a row longer than the
+budget holds fails with an error that says so. When a growing row needs more than the budget
+holds, the scheduler preempts the youngest request (to be recomputed later) rather than refuse
+work.
 
 Shapes: R rows of a forward pass, T new tokens, Tk keys, Hkv key/value heads, Dh head dim.
 """
@@ -39,6 +43,7 @@ from .memory import zeros_in_huge_pages
 from .tensors import tensor_of
 
 ALIGN = 16  # slot widths are multiples of this many tokens
+START_WIDTH = 512  # slots start at most this wide
 PART = 32  # rows (source slots) per part of a decoding step's attention (parts)
 
 
@@ -97,8 +102,7 @@ class SlotCache:
         self.max_rows, self.seq2seq = max_rows, seq2seq
         self.max_width = aligned(max_len + 1)  # every position, and the scratch column
         self.max_cross = aligned(max_len) if seq2seq else 0
-        # at least two full rows, so that a request of max_len never waits forever
-        self.tokens = max(tokens, 2 * (self.max_width + self.max_cross))
+        self.tokens = tokens  # the budget: a row (and source) past it fails (scheduler.py)
         self.dtype, self.device = dtype, device
         self.owners: list = []  # the rows in slots 0, 1, ...; None: a hole
         self.requests: list = []  # their requests
@@ -108,18 +112,30 @@ class SlotCache:
         self.sources_used = 0  # source slots held
         self.resizes = 0  # how many times the tensors were made (CUDA graphs read them)
         self.width = self.cross_width = 0
+        self.allocated = 0  # slots the tensors have (and source slots, as many)
         self.k: list[Tensor] = []  # per layer; then values, the sources' keys and values
         self.v, self.ck, self.cv = [], [], []
         self.resize(*self.initial)
 
     @property
     def initial(self) -> tuple[int, int]:
-        """The slot widths to start at: as wide as ``max_rows`` slots can be (a translator's
-        shared between target and source), at most full-length (grown when a row needs
-        more; back to these when the engine is idle)."""
+        """The slot widths to start at: as wide as ``max_rows`` slots can be in the budget (a
+        translator's shared between target and source), at most ``START_WIDTH`` and
+        full-length (grown when a row needs more; back to these when the engine is idle)."""
         per = self.tokens // self.max_rows // (2 if self.seq2seq else 1)
-        width = max(ALIGN, per // ALIGN * ALIGN)
+        width = max(ALIGN, min(per, START_WIDTH) // ALIGN * ALIGN)
         return min(width, self.max_width), min(width, self.max_cross)
+
+    @property
+    def at_start(self) -> bool:
+        """Whether the tensors are as they were made: the initial widths, one slot."""
+        return (self.width, self.cross_width) == self.initial and self.allocated <= 1
+
+    def restart(self) -> None:
+        """Idle (no slot held): back to the initial widths and one slot."""
+        assert self.used == 0 and self.sources_used == 0
+        self.allocated = 0
+        self.resize(*self.initial)
 
     # --- size ---------------------------------------------------------------------------
     def rows_at(self, width: int, cross_width: int) -> int:
@@ -141,12 +157,14 @@ class SlotCache:
         doubled = min(self.max_width, max(need, 2 * self.width))
         return doubled if self.rows_at(doubled, self.cross_width) >= self.used else need
 
-    def resize(self, width: int, cross_width: int) -> None:
-        """Make the tensors for slots this wide, keeping what the used slots hold (every
-        used slot must fit: the scheduler preempts first). There are as many source slots
-        as slots (a request holds at least one of each)."""
+    def resize(self, width: int, cross_width: int, rows: int | None = None) -> None:
+        """Make the tensors for ``rows`` slots this wide (default: as many as now, within
+        what the budget holds at this width, at least one), keeping what the used slots hold
+        (every used slot must fit: the scheduler preempts first). There are as many source
+        slots as slots (a request holds at least one of each)."""
         self.compact()
-        rows = self.rows_at(width, cross_width)
+        most = self.rows_at(width, cross_width)
+        rows = min(most, max(1, self.used, self.allocated if rows is None else rows))
         assert self.used <= rows, (self.used, rows)
 
         def remake(old: list[Tensor], w: int, used: int, keep: int) -> list[Tensor]:
@@ -167,13 +185,19 @@ class SlotCache:
             keep = min(cross_width, self.cross_width)
             self.ck = remake(self.ck, cross_width, self.sources_used, keep)
             self.cv = remake(self.cv, cross_width, self.sources_used, keep)
-        self.width, self.cross_width = width, cross_width
+        self.width, self.cross_width, self.allocated = width, cross_width, rows
         self.resizes += 1
+
+    def _room_for(self, slots: int) -> None:
+        """Tensors with at least ``slots`` slots (doubling: a copy of the used ones)."""
+        if slots > self.allocated:
+            self.resize(self.width, self.cross_width, max(slots, 2 * self.allocated))
 
     # --- which row holds which slot -----------------------------------------------------
     def take(self, row, request=None) -> None:
         """Give ``row`` (of ``request``) the next slot."""
         self.compact()
+        self._room_for(self.used + 1)
         row.slot = len(self.owners)
         self.owners.append(row)
         self.requests.append(request)
@@ -183,6 +207,7 @@ class SlotCache:
         """Give a translation request the next source slot (``request.source_slot``), for a
         source of ``length`` tokens."""
         self.compact()
+        self._room_for(self.sources_used + 1)
         request.source_slot = len(self.holders)
         self.holders.append(request)
         self.lengths.append(max(1, length))

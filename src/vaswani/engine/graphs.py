@@ -61,7 +61,7 @@ class StaticDecoder:
         ``lengths`` (R,) tokens -> logits (R, V)."""
         c = self.cache
         R = ids.size(0)
-        B = min(bucket(R, self.rows), c.rows)  # no padding row past the slots there are
+        B = min(bucket(R, self.rows), c.allocated)  # no padding row past the slots there are
         W = min(bucket(width, self.widths), c.width)
         X = min(bucket(int(lengths.max()), self.widths), c.cross_width) if c.seq2seq else 0
         self.ids[:B].fill_(self.pad_id)

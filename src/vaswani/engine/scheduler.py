@@ -88,8 +88,8 @@ class Scheduler:
     def plan(self) -> Plan:
         plan = Plan()
         budget = self.max_step_tokens
-        if not self.running and (self.cache.width, self.cache.cross_width) != self.cache.initial:
-            self.cache.resize(*self.cache.initial)  # idle: narrow slots again, more of them
+        if not self.running and not self.cache.at_start:
+            self.cache.restart()  # idle: the memory back, the slots narrow again
         for request in self.running:
             for seq in request.sequences:
                 if not request.seq2seq and seq.context > self.max_len:
