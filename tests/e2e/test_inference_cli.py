@@ -214,7 +214,9 @@ def test_quantize_int8_translates_from_python_and_the_cli(copy_run, tmp_path, ca
     assert main(["translate", str(copy_run[0]), "--input", str(inputs), "--quantize",
                  "int8"]) == 0
     assert capsys.readouterr().out == "abcdefgh\n"
-    with pytest.raises(ValueError, match=r"quantize \('int4'\) must be one of int8"):
+    with pytest.raises(ValueError, match=r"quantize \('int2'\) must be one of int8, int4"):
+        vaswani.load(copy_run[0], quantize="int2")
+    with pytest.raises(ValueError, match="--quantize int4 is for language models"):
         vaswani.load(copy_run[0], quantize="int4")
     with pytest.raises(ValueError, match="a CTranslate2 export is quantized when it is made"):
         vaswani.load(copy_run[0], engine="ct2", quantize="int8")

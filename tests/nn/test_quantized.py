@@ -2,6 +2,8 @@
 out, stays close to the float layer, serves multi-head attention's fused projection part by
 part, and quantize_linears reaches every linear layer of a model."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -74,3 +76,70 @@ def test_int8_refuses_a_model_off_the_cpu():
     model = nn.Sequential(nn.Linear(4, 4)).to("meta")
     with pytest.raises(ValueError, match="int8 runs on a CPU; the model is on meta"):
         quantize_linears(model)
+
+
+# --- weight-only int8 and int4 (language models) ----------------------------------------------
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_weight_only_kernels_equal_their_written_out_arithmetic(bits, bias):
+    from vaswani.nn.quantized import WeightOnlyLinear, reference_weight_only
+
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48, bias=bias)
+    q = WeightOnlyLinear.of(linear, bits)
+    for x in (torch.randn(5, 64), 3 * torch.randn(2, 7, 64)):
+        got = q(x)
+        assert got.shape == (*x.shape[:-1], 48) and got.dtype == torch.float32
+        want = reference_weight_only(x, q, linear.weight)
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+        # and near the float layer: int8 a row's step, int4 a group's
+        err = (got - linear(x)).abs().max()
+        assert err < (0.02 if bits == 8 else 0.1) * x.abs().max() * linear.weight.abs().sum(1).max()
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_rows_result_is_the_same_bit_for_bit_alone_and_in_any_batch(bits):
+    """Weight-only: the input is never scaled by its neighbours. The dynamic int8 layer (a
+    translator's) takes one scale for all the rows of a call, and is not."""
+    from vaswani.nn.quantized import WeightOnlyLinear
+
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48)
+    q = WeightOnlyLinear.of(linear, bits)
+    x = torch.randn(17, 64)
+    x[5] *= 50  # a row of large values beside small ones
+    whole = q(x)
+    for i in (0, 3, 16):
+        assert torch.equal(q(x[i:i + 1]), whole[i:i + 1])
+    dynamic = Int8Linear.of(linear)
+    assert not torch.equal(dynamic(x[:1]), dynamic(x)[:1])
+
+
+def test_int4_keeps_8_bits_where_the_kernel_takes_no_4():
+    from vaswani.nn.quantized import WeightOnlyLinear
+
+    model = nn.Sequential(nn.Linear(64, 48), nn.Linear(48, 10))  # 10 outputs: not in sixteens
+    quantize_linears(model, "int4")
+    assert [m.bits for m in model if isinstance(m, WeightOnlyLinear)] == [4, 8]
+
+
+def test_a_language_model_quantized_generates_alone_what_it_generates_in_a_batch():
+    """int8 and int4 language models (weight-only): 16 greedy completions of unlike prompts
+    decoded together on the engine are each what that prompt gives alone."""
+    from vaswani.engine import Engine, EngineConfig
+    from vaswani.engine.request import Params, Request
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="decoder", vocab_size=40, d_model=32, n_heads=4,
+                                    d_ff=64, n_layers=2, dropout=0.0, max_len=64)).eval()
+    prompts = [[3 + (7 * i + j) % 37 for j in range(2 + i % 5)] for i in range(16)]
+    for kind in ("int8", "int4"):
+        m = quantize_linears(copy.deepcopy(model), kind, weight_only=True)
+        engine = Engine(m, bos_id=1, eos_id=2, config=EngineConfig(max_rows=16))
+        together = [Request(p, Params(max_new_tokens=12)) for p in prompts]
+        engine.run(together)
+        for p, r in zip(prompts, together, strict=True):
+            alone = Request(p, Params(max_new_tokens=12))
+            engine.run([alone])
+            assert alone.output == r.output, kind

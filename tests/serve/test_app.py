@@ -386,5 +386,5 @@ def test_vaswani_serve_quantize_reaches_every_runs_load(monkeypatch, capsys):
     assert "stop before the server starts" in capsys.readouterr().err
     assert loaded == [("some-run", {"device": "cpu", "quantize": "int8"})]
     with pytest.raises(SystemExit):
-        main(["serve", "some-run", "--quantize", "int4"])
-    assert "invalid choice: 'int4'" in capsys.readouterr().err
+        main(["serve", "some-run", "--quantize", "int2"])
+    assert "invalid choice: 'int2'" in capsys.readouterr().err

@@ -8,6 +8,13 @@ import re
 import sys
 from pathlib import Path
 
+QUANTIZE = ("int8", "int4")  # nn/quantized.py's QUANTIZE (not imported: it imports torch)
+QUANTIZE_HELP = ("int8: the linear layers with int8 weights (a language model keeps float "
+                 "inputs, so a completion is the same in any batch; a translator's and an "
+                 "encoder's inputs are quantized per call: faster in batches); int4: a language "
+                 "model's weights in 4 bits, in groups of 32. A CPU only; a little less exact "
+                 "(docs/performance.md)")
+
 CACHE_HELP = "dataset cache (default $VASWANI_CACHE, else ~/.cache/vaswani)"
 # every character str.splitlines() breaks a line at
 LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from .common import nonnegative
+from .common import QUANTIZE, QUANTIZE_HELP, nonnegative
 
 
 def add_commands(sub, cache: argparse.ArgumentParser) -> None:
@@ -49,8 +49,7 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                         "long ones is not as slow per token as they are (0 = off; default 32 "
                         "on a CPU, where a step costs about its rows; off on a GPU)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
-    p.add_argument("--quantize", choices=["int8"],
-                   help="int8: every model's linear layers with int8 weights (a CPU only)")
+    p.add_argument("--quantize", choices=QUANTIZE, help=QUANTIZE_HELP)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="uvicorn's log level")
     p.set_defaults(func=serve)

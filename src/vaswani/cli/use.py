@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import cache_dir, load_run, one_line, positive, read_lines
+from .common import QUANTIZE, QUANTIZE_HELP, cache_dir, load_run, one_line, positive, read_lines
 
 
 def add_commands(sub, cache: argparse.ArgumentParser) -> None:
@@ -25,9 +25,7 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
         p.add_argument("--engine", choices=["vaswani", "ct2"], default="vaswani",
                        help="ct2: RUN_DIR is a folder written by `vaswani export --format ct2`"
                             ", run by CTranslate2 with the run's tokenizer (default vaswani)")
-        p.add_argument("--quantize", choices=["int8"],
-                       help="int8: the linear layers with int8 weights, activations quantized "
-                            "per call (a CPU only; faster, a little less exact)")
+        p.add_argument("--quantize", choices=QUANTIZE, help=QUANTIZE_HELP)
         p.add_argument("--repetition-penalty", type=float, metavar="P",
                        help="> 1 discourages tokens already in the output (1 = off)")
         p.add_argument("--no-repeat-ngram-size", type=int, metavar="N",

@@ -33,7 +33,7 @@ from ..devices import resolve_device
 from ..engine import Engine, EngineConfig, Params
 from ..generation import Rules
 from ..models import build_model
-from ..nn.quantized import quantize_linears
+from ..nn.quantized import QUANTIZE, quantize_linears
 from ..tasks import Task, task_for
 
 
@@ -196,22 +196,21 @@ def owner_of(method: str) -> type[Run] | None:
     return owners[0] if owners else None
 
 
-QUANTIZE = ("int8",)
-
-
 def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
          quantize: str | None = None) -> Run:
     """Load a run directory written by ``vaswani train`` (or ``vaswani import``) as the use
     class of its task. ``weights``: ``"best"`` (model.safetensors), ``"last"`` (the latest
     checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``).
-    ``quantize="int8"``: every linear layer with int8 weights (nn/quantized.py; a CPU only)."""
+    ``quantize``: every linear layer with int8 or int4 weights (nn/quantized.py; a CPU only):
+    ``"int8"`` (a language model keeps float inputs; a translator or an encoder quantizes
+    them too, per call), ``"int4"`` (language models: 4-bit weights in groups, float inputs)."""
     run_dir = Path(run_dir)
     if quantize is not None and quantize not in QUANTIZE:
         raise ValueError(f"quantize ({quantize!r}) must be one of {', '.join(QUANTIZE)}")
     dev = resolve_device(device)
     if quantize and dev.type != "cpu":
-        raise ValueError(f"--quantize {quantize} runs on a CPU (PyTorch's int8 kernels); the "
-                         f"device asked for is {dev}")
+        raise ValueError(f"--quantize {quantize} runs on a CPU (PyTorch's {quantize} "
+                         f"kernels); the device asked for is {dev}")
     config = rundir.read_config(run_dir)
     task = task_for(config)
     use = Run.registry.get(task.name) or Run.registry[Task.for_arch[task.arch].name]
@@ -222,11 +221,15 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
             raise ValueError(f"the {name} tokenizer in {run_dir / rundir.TOKENIZER} has "
                              f"{tok.vocab_size} tokens but the model expects {expected}: "
                              "the tokenizer does not belong to this model")
+    language_model = config.model.arch == "decoder"
+    if quantize == "int4" and not language_model:
+        raise ValueError(f"--quantize int4 is for language models; {run_dir} holds "
+                         f"{use.describes}: use --quantize int8")
     model = build_model(config.model, initialise=False)  # its weights are loaded next
     checkpoint.load_weights(model, checkpoint.weights_path(run_dir, weights))
     model.to(dev).eval()
-    if quantize == "int8":
-        quantize_linears(model)
+    if quantize:  # a language model's outputs must not depend on their batch: float inputs
+        quantize_linears(model, quantize, weight_only=language_model)
     return use(run_dir, config, model, source, target, labels, dev)
 
 

@@ -1,22 +1,31 @@
-"""int8 linear layers for inference on a CPU, with PyTorch's dynamic-quantization kernels.
+"""Linear layers with int8 or int4 weights for inference on a CPU, with PyTorch's own kernels.
 
 Shapes: (..., in) -> (..., out), as ``nn.Linear``.
 
-A weight (out, in) is kept as int8, one scale per output row (symmetric: the row's largest
-magnitude maps to 127); on every call the input is quantized to 8 bits with a scale and zero
-point from its own range (7 bits, 0..127, as PyTorch's x86 default: fbgemm's AVX2 kernels
-would otherwise saturate their 16-bit sums), the product accumulates in int32 and is scaled
-back to float, then the float bias is added (``torch.ops.quantized.linear_dynamic``, fbgemm).
-:func:`reference_int8_linear` writes the same arithmetic out, and a test checks they agree.
+Two ways, for two kinds of work:
 
-Why: a decode step is mostly its linear layers, and on a CPU with AVX512-VNNI the int8
-product is several times faster than the float32 one: the bible preset's model translates
-about twice as fast (``python -m benchmarks.offline``, docs/performance.md, offline decoding). The
-price is rounding: each weight moves by up to half its row's step, each input by up to half
-of its own (the demo model's test BLEU: -0.04 greedy, -0.15 beam 4, ``python -m
-benchmarks.export``).
+* :class:`WeightOnlyLinear` (``int8`` and ``int4`` for a language model): the weight is kept
+  in 8 or 4 bits and the input stays float; PyTorch's CPU kernels
+  (``torch.ops.aten._weight_int8pack_mm``, ``_weight_int4pack_mm_for_cpu``) read the small
+  weight and multiply it by the input rounded to bfloat16 (8 significant bits), each input row
+  on its own. A row's result depends only on that row, so a completion is the same alone and
+  in any batch (a test checks it bit for bit), and a decode step, which reads every weight
+  for a few rows, reads a quarter (int8) or an eighth (int4) of the bytes. int8: one
+  symmetric scale per output row; int4: a scale and an offset per group of ``GROUP`` inputs of
+  each output row (asymmetric: 16 levels from the group's least to its largest value).
+* :class:`Int8Linear` (``int8`` for a translator or an encoder): the weight in int8, one scale
+  per output row, and on every call the *input* quantized to 8 bits with a scale and zero
+  point from its own range (7 bits, 0..127, as PyTorch's x86 default: fbgemm's AVX2 kernels
+  would otherwise saturate their 16-bit sums); the product accumulates in int32 and is scaled
+  back to float, then the float bias is added (``torch.ops.quantized.linear_dynamic``,
+  fbgemm). Products of many rows (a batch of beams) are several times faster than float32 on
+  a CPU with AVX512-VNNI. The price: rounding (each weight moves by up to half its row's
+  step, each input by up to half of its own), and the input's scale is taken over all the
+  rows of a call, so a row's result can change with the rows beside it.
+  :func:`reference_int8_linear` writes the arithmetic out, and a test checks they agree.
 
-Not for training (no gradients) and not on a GPU (these kernels are CPU-only).
+Not for training (no gradients) and not on a GPU (these kernels are CPU-only). What each costs
+in quality and buys in speed: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -83,15 +92,116 @@ def reference_int8_linear(x: Tensor, qweight: Tensor, bias: Tensor | None) -> Te
     return F.linear((xq - zero) * scale, qweight.dequantize(), bias)
 
 
-def quantize_linears(model: nn.Module) -> nn.Module:
+GROUP = 32  # int4: inputs per scale and offset (llama.cpp's Q4 blocks hold 32 too)
+
+
+def int8_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """A (out, in) weight as (int8 (out, in), one symmetric scale per output row (out,))."""
+    w = weight.detach().float()
+    scales = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)
+    return torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8), scales
+
+
+def int4_groups(weight: Tensor, group: int = GROUP) -> tuple[Tensor, Tensor, Tensor]:
+    """A (out, in) weight as (levels 0..15 (out, in) int32, scales and offsets (out, in /
+    group)): each group of ``group`` inputs of a row spans its least to its largest value in 16
+    steps. The value of level q is ``(q - 8) * scale + offset`` (the kernel's convention)."""
+    w = weight.detach().float().view(weight.size(0), -1, group)  # (out, groups, group)
+    low, high = w.amin(-1), w.amax(-1)
+    scales = ((high - low) / 15).clamp_min(1e-12)
+    levels = torch.round((w - low[..., None]) / scales[..., None]).clamp(0, 15)
+    return levels.to(torch.int32).view(weight.shape), scales, low + 8 * scales
+
+
+def int4_fits(linear: nn.Linear, group: int = GROUP) -> bool:
+    """Whether PyTorch's int4 kernel takes this layer: inputs in whole groups, outputs in
+    sixteens."""
+    return linear.in_features % group == 0 and linear.out_features % 16 == 0
+
+
+class WeightOnlyLinear(nn.Module):
+    """``nn.Linear`` with an int8 or int4 weight and a float input (see the module's
+    docstring): ``bits`` 8 or 4."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, bits: int) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.bits = bits
+        self.bias = None if bias is None else bias.detach().float().clone()
+        if bits == 8:
+            self.qweight, scales = int8_rows(weight)
+            self.scales = scales.to(torch.bfloat16)
+        elif bits == 4:
+            levels, scales, offsets = int4_groups(weight)
+            self.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1)
+            # (in / GROUP, out, 2): each group's scale and offset, as the kernel reads them
+            self.scales = torch.stack([scales, offsets], -1).transpose(0, 1).contiguous().to(
+                torch.bfloat16)
+        else:
+            raise ValueError(f"bits ({bits}) must be 8 or 4")
+
+    @classmethod
+    def of(cls, linear: nn.Linear, bits: int) -> WeightOnlyLinear:
+        return cls(linear.weight, linear.bias, bits)
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, in)
+        if self.bits == 8:
+            y = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.qweight, GROUP,
+                                                           self.scales)
+        y = y.to(x.dtype if x.is_floating_point() else torch.float32)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def rows(self, x: Tensor, start: int, stop: int) -> Tensor:
+        """Output rows ``start:stop`` (cross-attention's parts; a language model has none)."""
+        return self.forward(x)[..., start:stop]
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"int{self.bits} weights")
+
+
+def reference_weight_only(x: Tensor, layer: WeightOnlyLinear, weight: Tensor) -> Tensor:
+    """What :class:`WeightOnlyLinear` computes, written out from the float ``weight`` it was
+    made of: the weight rounded as its ``bits`` say, times the input rounded to bfloat16."""
+    if layer.bits == 8:
+        q, scales = int8_rows(weight)
+        w = q.float() * scales.to(torch.bfloat16).float()[:, None]
+    else:
+        levels, scales, offsets = int4_groups(weight)
+        s, o = (t.to(torch.bfloat16).float()[..., None] for t in (scales, offsets))
+        w = ((levels.view(*scales.shape, GROUP).float() - 8) * s + o).view(weight.shape)
+    return F.linear(x.to(torch.bfloat16).float(), w, layer.bias)
+
+
+QUANTIZE = ("int8", "int4")
+
+
+def quantize_linears(model: nn.Module, kind: str = "int8", *, weight_only: bool = False
+                     ) -> nn.Module:
     """Every ``nn.Linear`` in ``model`` (the attention projections, the feed-forward layers,
-    the vocabulary projection) replaced by an :class:`Int8Linear`, in place; returns
-    ``model``. The model must be on a CPU, in float32, for inference."""
+    the vocabulary projection) replaced in place, for inference on a CPU; returns ``model``.
+    ``kind`` "int8": :class:`WeightOnlyLinear` with ``weight_only`` (a language model), else
+    :class:`Int8Linear`; "int4": :class:`WeightOnlyLinear` of 4 bits (a layer the kernel does
+    not take, :func:`int4_fits`, keeps 8). The model must be on a CPU, in float32."""
+    if kind not in QUANTIZE:
+        raise ValueError(f"quantize ({kind!r}) must be one of {', '.join(QUANTIZE)}")
     param = next(model.parameters(), None)
     if param is not None and param.device.type != "cpu":
-        raise ValueError(f"int8 runs on a CPU; the model is on {param.device}")
+        raise ValueError(f"{kind} runs on a CPU; the model is on {param.device}")
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, name, Int8Linear.of(child))
+            if not isinstance(child, nn.Linear):
+                continue
+            if kind == "int4":
+                new = WeightOnlyLinear.of(child, 4 if int4_fits(child) else 8)
+            elif weight_only:
+                new = WeightOnlyLinear.of(child, 8)
+            else:
+                new = Int8Linear.of(child)
+            setattr(module, name, new)
     return model.eval()
