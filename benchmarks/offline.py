@@ -48,7 +48,7 @@ alternating; the two checked equal.
 vocabulary's logits, by ``Tensor.max`` and by generation/sampling.py ``first_max`` (the
 maxima of blocks first), at 1-1,200 rows, alternating; the two checked equal.
 
-``--cache-writes`` only times a decode step's cache writes (engine/cache.py ``SlotKV.append``:
+``--cache-writes`` only times a decode step's cache writes (engine/views.py ``SlotKV.append``:
 300 rows x 4 heads, each at its own column, into 8 tensors of 576 slots, as the
 shakespeare-char row's four layers hold them), 120 MB read between steps as a step's other
 work does, into tensors in 4 KiB pages (``torch.zeros``) and in huge pages
@@ -355,8 +355,8 @@ def cache_writes(rounds: int = 4, steps: int = 40, tensors: int = 8, slots: int 
     kernel gave (AnonHugePages, kB); whether both ways wrote the same numbers."""
     import re
 
-    from vaswani.engine.cache import flat_index
     from vaswani.engine.memory import zeros_in_huge_pages
+    from vaswani.engine.views import flat_index
 
     shape, cpu = (slots, heads, width, dh), torch.device("cpu")
     ways = {"4 KiB pages": lambda: torch.zeros(shape),

@@ -1,9 +1,5 @@
 """Devices: resolving names to usable devices, and whether bf16 is native here."""
 
-import os
-import platform
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -69,37 +65,3 @@ def test_the_cpu_vendor_and_name_come_from_cpuinfo(tmp_path, monkeypatch, vendor
     monkeypatch.setattr(vaswani.devices, "CPUINFO", str(tmp_path / "none"))
     assert cpu_is_intel() is False and cpu_name()  # no file: not Intel, a name from platform
     assert cpu_generation() is None and cpu_simd() == []
-
-
-FREE_A_LARGE_BLOCK = """
-import os, torch
-from vaswani.devices import keep_freed_memory
-changed = keep_freed_memory()
-def resident_mib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
-x = torch.ones(16 << 20)  # 64 MiB, above glibc's own mmap threshold
-before = resident_mib()
-del x
-print(changed, before - resident_mib())
-"""
-
-
-@pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
-                    reason="glibc's malloc settings")
-def test_keep_freed_memory_keeps_a_freed_large_block_unless_malloc_was_set_by_hand():
-    """`vaswani train` calls keep_freed_memory(): a large block freed stays in the process
-    for the next step. Without it (or where the user set malloc's own variables, which it
-    leaves alone) glibc gives the block's 64 MiB back at once."""
-    env = {k: v for k, v in os.environ.items() if k not in vaswani.devices.MALLOC_SETTINGS}
-
-    def freed(extra: dict) -> tuple[str, int]:
-        out = subprocess.run([sys.executable, "-c", FREE_A_LARGE_BLOCK], env={**env, **extra},
-                             capture_output=True, text=True, check=True, timeout=120).stdout
-        changed, returned_mib = out.split()
-        return changed, int(returned_mib)
-
-    changed, returned = freed({})
-    assert changed == "True" and returned < 8
-    changed, returned = freed({"GLIBC_TUNABLES": ""})
-    assert changed == "False" and returned > 56

@@ -3,8 +3,6 @@ device that is not there is a clear error (not PyTorch's assertion)."""
 
 from __future__ import annotations
 
-import ctypes
-import os
 import platform
 import re
 import sys
@@ -140,33 +138,3 @@ def _measured_bf16_is_fast() -> bool:
             best = min(best, time.perf_counter() - start)
         times[dtype] = best
     return times[torch.bfloat16] < 2 * times[torch.float32]
-
-
-KEEP_BELOW = 1 << 30  # bytes: blocks up to this size come from the heap, and a free heap
-# top up to this size stays in the process
-MALLOC_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
-
-
-def keep_freed_memory() -> bool:
-    """Have glibc's malloc keep the large blocks a CPU training step frees for the next step
-    (``vaswani train`` calls it; it changes the whole process, so the library's ``train()``
-    leaves that to its caller).
-
-    glibc serves blocks above its mmap threshold (at most 32 MiB unless set) with fresh pages
-    from the kernel and returns them on free. A training step frees and asks again for the
-    same large tensors every step (the demo's logits, 1,440 x 6,000 floats, are 34.6 MB; its
-    products' workspaces), so each step paid the kernel to map and zero them anew. With both
-    thresholds at :data:`KEEP_BELOW` they stay in the process: 150 steps of the demo recipe
-    in 21.8 and 25.0 s instead of 27.3 and 27.0 (two alternating rounds, 2-vCPU Zen 4 EPYC;
-    docs/performance.md), the same weights to the bit, a peak memory 1-2% higher. Linux with
-    glibc only; left alone where the user set malloc's own variables
-    (:data:`MALLOC_SETTINGS`). Returns whether it changed them."""
-    if sys.platform != "linux" or any(name in os.environ for name in MALLOC_SETTINGS):
-        return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):  # musl and others: no glibc, no mallopt
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-    return (mallopt(m_mmap_threshold, KEEP_BELOW) == 1
-            and mallopt(m_trim_threshold, KEEP_BELOW) == 1)

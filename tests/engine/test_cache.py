@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import DEVICE
-from vaswani.engine.cache import ALIGN, PART, SlotCache, flat_index, parts
+from vaswani.engine.cache import ALIGN, PART, SlotCache, parts
 from vaswani.engine.request import Params, Request, Sequence
+from vaswani.engine.views import flat_index
 
 
 def cache(**kw):

@@ -1,71 +1,8 @@
-"""engine/memory.py: with glibc's thresholds pinned, a step's freed tensors are reused, not
-faulted in again page by page; an operator's own glibc settings are left alone. Each case
-runs in a fresh interpreter, as the allocator's state is the whole process's."""
+"""engine/memory.py: the cache in huge pages, the cyclic collector paused in an offline run."""
 
-import os
-import subprocess
 import sys
 
 import pytest
-
-STEPS = """
-import resource, sys, torch
-from vaswani.engine.memory import keep_freed_memory
-pinned = keep_freed_memory() if sys.argv[1] == "pin" else None
-def step():
-    xs = [torch.ones(2 << 20) for _ in range(3)]  # a step's three 8 MB tensors, written
-    del xs
-step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):
-    step()
-print(pinned, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-"""
-PAGES_PER_STEP = 3 * (8 << 20) // 4096
-
-
-def clean_env():
-    """This environment without glibc's allocator settings."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-
-
-def run(mode, **env):
-    out = subprocess.run([sys.executable, "-c", STEPS, mode], env={**clean_env(), **env},
-                         capture_output=True, text=True, check=True, timeout=120).stdout
-    pinned, faults = out.split()
-    return pinned, int(faults)
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
-def test_pinned_thresholds_reuse_each_steps_memory_instead_of_faulting_it_in_again():
-    pinned, faults = run("pin")
-    if pinned != "True":
-        pytest.skip("not glibc: nothing to pin")
-    # The control: glibc's starting threshold (128 KiB), held so that it does not adapt.
-    # Left to adapt, it faults 1.3 to 7 steps' pages in between runs of this same script
-    # (its state depends on what the interpreter allocated before), too loose a control.
-    _, unpinned = run("no", MALLOC_MMAP_THRESHOLD_="131072")
-    assert unpinned > 8 * PAGES_PER_STEP  # each step's tensors mapped and faulted in anew
-    assert faults < PAGES_PER_STEP  # pinned: less than one step's pages, in all ten
-
-
-def test_an_operators_own_glibc_settings_are_left_alone():
-    assert run("pin", MALLOC_TRIM_THRESHOLD_="1048576")[0] == "False"
-    assert run("pin", GLIBC_TUNABLES="")[0] == "False"
-
-
-def test_an_engine_on_a_cpu_pins_them():
-    script = ("from vaswani import ModelConfig, build_model\n"
-              "from vaswani.engine import Engine, memory\n"
-              "config = ModelConfig(arch='decoder', vocab_size=11, d_model=8, n_heads=2,\n"
-              "                     d_ff=16, n_layers=1, max_len=8)\n"
-              "assert memory._pinned is None\n"
-              "Engine(build_model(config), bos_id=1, eos_id=2)\n"
-              "print(memory._pinned)\n")
-    out = subprocess.run([sys.executable, "-c", script], env=clean_env(), capture_output=True,
-                         text=True, check=True, timeout=120).stdout.strip()
-    assert out == str(run("pin")[0] == "True")  # pinned wherever pinning is possible
 
 
 @pytest.mark.parametrize("enabled", [True, False])

@@ -196,7 +196,7 @@ def test_the_train_command_keeps_freed_memory_and_the_library_leaves_it_alone(tm
     from vaswani.cli import main
 
     calls = []
-    monkeypatch.setattr("vaswani.devices.keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr("vaswani.cli.keep_freed_memory", lambda: calls.append(1) or True)
     run_losses(tmp_path, "library")
     assert calls == []
     cfg = config(tmp_path / "cli.toml", "decoder", text_file(tmp_path / "t.txt"),

@@ -8,6 +8,7 @@ that parse the arguments and call the library.
     convert.py  import, export
 
     common.py   what several share (the cache folder, loading a run, input lines)
+    process.py  the process-wide settings a command makes (malloc's thresholds)
 
 This package is the only place that reads the environment (``RANK``, ``WORLD_SIZE`` and
 ``LOCAL_RANK`` from torchrun, ``VASWANI_CACHE``, ``VASWANI_API_KEY``), the arguments and the
@@ -24,6 +25,7 @@ from .. import __version__
 from ..data.registry import FetchError
 from . import convert, data, serve, train, use
 from .common import CACHE_HELP
+from .process import keep_freed_memory
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
+    keep_freed_memory()  # the process is the command's own: process.py
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _warning

@@ -62,7 +62,6 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
-    from ..devices import keep_freed_memory
     from ..training.distributed import die_with_launcher
     from ..training.state import StopRequest
     from ..training.train import Launch, train
@@ -71,7 +70,6 @@ def train(args: argparse.Namespace) -> int:
         raise ValueError("give either CONFIG.toml or --resume RUN_DIR, not both "
                          "(a resumed run reads RUN_DIR/config.toml; change it with --set)")
     die_with_launcher()  # under torchrun: no rank outlives a killed torchrun
-    keep_freed_memory()  # the process is ours: a step's large tensors kept for the next one
     stop = stop_on_signals(StopRequest)
     cache = cache_dir(args)
     launch = Launch(rank=int(os.environ.get("RANK", 0)),

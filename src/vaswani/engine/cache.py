@@ -17,7 +17,7 @@ its parent's slot (as CTranslate2 reorders its cache), never the source. The las
 a slot is scratch: padding queries write there and nothing reads it.
 
 Cross-attention over one copy of a source: the K hypotheses of a beam search are grouped as
-K queries of their source slot (:class:`SlotKV` ``queries`` / ``outputs``), so a step reads
+K queries of their source slot (views.py :class:`SlotKV` ``queries`` / ``outputs``), so a step reads
 each source once, not once per hypothesis (on a CPU, where attention is bound by memory
 traffic, that is most of a beam step's cross-attention time).
 
@@ -41,6 +41,7 @@ from torch import Tensor
 
 from .memory import zeros_in_huge_pages
 from .tensors import tensor_of
+from .views import StepCache, flat_index
 
 ALIGN = 16  # slot widths are multiples of this many tokens
 START_WIDTH = 512  # slots start at most this wide
@@ -69,14 +70,6 @@ def parts(lengths: list[int]) -> list[tuple[int, int, int]] | None:
             found.append((a, b, w))
     read = sum((b - a) * w for a, b, w in found)
     return found if len(found) > 1 and 4 * read <= 3 * len(lengths) * longest else None
-
-
-def flat_index(slots: Tensor, columns: Tensor, heads: int, width: int) -> Tensor:
-    """Where the keys of rows in ``slots`` (R,) at ``columns`` (R, T) go in a cache tensor
-    (rows, heads, width, Dh) seen as rows of Dh numbers: (R, heads, T), in the order of the
-    keys (R, heads, T, Dh) a forward pass makes."""
-    head = torch.arange(heads, device=slots.device)[None, :, None]
-    return (slots[:, None, None] * heads + head) * width + columns[:, None, :]
 
 
 def _moves(owners: list, live: int) -> list[tuple[int, int]]:
@@ -327,98 +320,3 @@ class SlotCache:
         ``self_parts`` (:func:`parts` of their rows' contexts), or in one pass."""
         return StepCache(self, rows, columns, width, cross_width, sources, groups, parts,
                          column, self_parts)
-
-
-class SlotKV:
-    """One attention's view of the cache in one forward pass, as nn/kv_cache.py's ``KV``:
-    ``append`` writes the new keys and values into their slots and returns the keys to
-    attend over; a cross-attention's keys are there already (``k``, ``v``).
-
-    With ``groups`` (a cross-attention reading sources that several rows share), ``k`` and
-    ``v`` are the G sources once each, and the attention passes its queries through
-    ``queries`` (R rows -> G groups of K rows, as more queries of one row) and its output
-    back through ``outputs``."""
-
-    def __init__(self, k: Tensor, v: Tensor, rows: Tensor | None, n: int, width: int,
-                 write: Tensor | int | None = None,
-                 groups: tuple[Tensor, Tensor] | None = None,
-                 parts: list[tuple[int, int, int]] | None = None) -> None:
-        self.k_all, self.v_all = k, v
-        self.rows, self.n, self.width, self.write = rows, n, width, write
-        self.groups = groups
-        self.parts = parts  # an attention in parts of rows (:func:`parts`)
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k, v (R, Hkv, T, Dh) into their places ``write`` -> the keys and values to attend
-        over, (R, Hkv, Tk, Dh). ``write`` (R, Hkv, T): where each key goes among the cache's
-        keys seen as rows of Dh numbers (:func:`flat_index`); an int: column ``write`` of
-        the first R slots (T = 1)."""
-        if isinstance(self.write, int):  # a strided copy, a third of index_put's time
-            c = self.write
-            self.k_all[:self.n, :, c:c + 1] = k
-            self.v_all[:self.n, :, c:c + 1] = v
-            return self.k, self.v
-        Dh, dtype = k.size(-1), self.k_all.dtype  # k may be bf16 (autocast: a training metric)
-        self.k_all.view(-1, Dh).index_copy_(0, self.write.view(-1), k.reshape(-1, Dh).to(dtype))
-        self.v_all.view(-1, Dh).index_copy_(0, self.write.view(-1), v.reshape(-1, Dh).to(dtype))
-        return self.k, self.v
-
-    def queries(self, q: Tensor) -> Tensor:
-        """q (R, H, T, Dh) -> (G, H, K * T, Dh): each group's rows' queries side by side."""
-        if self.groups is None:
-            return q
-        members, _ = self.groups  # (G, K)
-        G, K = members.shape
-        _, H, T, Dh = q.shape
-        q = q.index_select(0, members.view(-1)).view(G, K, H, T, Dh)
-        return q.transpose(1, 2).reshape(G, H, K * T, Dh)
-
-    def outputs(self, out: Tensor) -> Tensor:
-        """The inverse of :meth:`queries`: (G, H, K * T, Dh) -> (R, H, T, Dh)."""
-        if self.groups is None:
-            return out
-        members, place = self.groups
-        G, K = members.shape
-        _, H, KT, Dh = out.shape
-        out = out.view(G, H, K, KT // K, Dh).transpose(1, 2).reshape(G * K, H, KT // K, Dh)
-        return out.index_select(0, place)
-
-    def _read(self, t: Tensor) -> Tensor:
-        if self.rows is None:  # the leading slots: a view, no copy
-            return t[:self.n, :, :self.width]
-        return t[:, :, :self.width].index_select(0, self.rows)
-
-    @property
-    def k(self) -> Tensor:
-        return self._read(self.k_all)
-
-    @property
-    def v(self) -> Tensor:
-        return self._read(self.v_all)
-
-
-class StepCache:
-    """Per decoder layer a self-attention :class:`SlotKV` (and a cross-attention one for a
-    translator), as ``layers[i]`` of nn/kv_cache.py's ``KVCache``."""
-
-    def __init__(self, cache: SlotCache, rows: Tensor | None, columns: Tensor, width: int,
-                 cross_width: int, sources: Tensor | None,
-                 groups: tuple[Tensor, Tensor] | None,
-                 parts: list[tuple[int, int, int]] | None = None,
-                 column: int | None = None,
-                 self_parts: list[tuple[int, int, int]] | None = None) -> None:
-        n = columns.size(0)
-        if column is not None and rows is None:  # where every layer writes its new keys
-            write: Tensor | int = column
-        else:
-            slots = torch.arange(n, device=columns.device) if rows is None else rows
-            write = flat_index(slots, columns, cache.shape[0], cache.width)
-        if cache.seq2seq and sources is None and rows is not None:
-            raise ValueError("rows read by index read their sources by index too")
-        G = n if groups is None else groups[0].size(0)
-        self.layers = [(SlotKV(cache.k[i], cache.v[i], rows, n, width, write,
-                               parts=self_parts),
-                        SlotKV(cache.ck[i], cache.cv[i], sources, G, cross_width,
-                               groups=groups, parts=parts)
-                        if cache.seq2seq else None)
-                       for i in range(cache.n_layers)]

@@ -28,7 +28,7 @@ from ..models import EncoderDecoder
 from . import beam
 from .config import EngineConfig
 from .graphs import StaticDecoder
-from .memory import collector_paused, keep_freed_memory
+from .memory import collector_paused
 from .request import Params, Request, Sequence, Status
 from .runner import Runner
 from .sampler import Sampler, rows_of
@@ -44,8 +44,6 @@ class Engine:
         self.max_len = c.max_len
         self.seq2seq = isinstance(model, EncoderDecoder)
         self.device = next(model.parameters()).device
-        if self.device.type == "cpu":  # each step's tensors reused, not faulted in again
-            keep_freed_memory()
         self.cache = config.cache_for(model, self.seq2seq)
         self.scheduler = Scheduler(self.cache, max_rows=config.max_rows,
                                    max_step_tokens=config.max_step_tokens,

@@ -1,19 +1,6 @@
-"""Keeping freed memory for the engine's next step (Linux with glibc), the cache in huge
-pages, and the cyclic garbage collector out of an offline run.
-
-A decode step allocates its activations afresh and frees them before the next: the logits
-alone are rows x vocabulary (8 MB for a beam-4 step of 64 sentences and an 8,000-token
-vocabulary). glibc's malloc hands large freed blocks back to the operating system (blocks
-past its mmap threshold at once; the heap's top once more than its trim threshold is free),
-and adapts both thresholds as the process runs, so whether a step's tensors are reused or
-faulted in again page by page depends on how the process happened to start. Measured on a
-beam-4 translation of 300 sentences (``python -m benchmarks.offline --profile beam``): about
-0.4 million minor page faults and 1 s of kernel time in 10 s without this, none with it.
-
-:func:`keep_freed_memory` pins both thresholds (as the tract and zenoh projects do), so that
-blocks up to 32 MiB come from the heap and up to 64 MiB of free heap stays with the process
-for reuse. It changes the whole process's allocator, so the engine calls it on a CPU only,
-and never where the operator has set glibc's own variables.
+"""The key/value cache in huge pages, and the cyclic garbage collector out of an offline run.
+(Keeping freed memory for the next step is the process's setting: the command line makes it,
+cli/process.py.)
 
 :func:`zeros_in_huge_pages`: the key/value cache's tensors (cache.py) in memory the kernel
 backs with 2 MiB pages where it can (transparent huge pages, asked for with ``madvise``; the
@@ -40,31 +27,13 @@ import ctypes.util
 import functools
 import gc
 import math
-import os
 import sys
 
 import torch
 from torch import Tensor
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
-MMAP_THRESHOLD = 32 << 20  # glibc's largest (4 Mi x sizeof(long) on 64-bit)
-TRIM_THRESHOLD = 64 << 20
-OPERATOR_SET = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
 HUGE_PAGE = 2 << 20  # the transparent huge page of x86-64 (and of aarch64 with 4 KiB pages)
 MADV_HUGEPAGE = 14  # Linux's mman.h
-
-_pinned: bool | None = None  # once per process
-
-
-def keep_freed_memory() -> bool:
-    """Pin glibc's mmap and trim thresholds (both: setting either stops glibc adapting the
-    other). Returns whether they are pinned; False on other systems and C libraries, or
-    where ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or ``GLIBC_TUNABLES`` is
-    set (the operator's choice stands)."""
-    global _pinned
-    if _pinned is None:
-        _pinned = _pin()
-    return _pinned
 
 
 @functools.cache  # finding the library runs ldconfig: 1.6 ms, once per process
@@ -74,17 +43,8 @@ def _libc(name: str):
         return None
     try:
         return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
-    except (OSError, AttributeError):  # e.g. musl has no mallopt
+    except (OSError, AttributeError):  # a C library without it
         return None
-
-
-def _pin() -> bool:
-    mallopt = _libc("mallopt")
-    if mallopt is None or any(v in os.environ for v in OPERATOR_SET):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-                and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
 @contextlib.contextmanager
