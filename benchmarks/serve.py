@@ -22,7 +22,8 @@ request batching on and off.
 
 3. Mixed (``--parts mixed``): translations and completions of many lengths from 32 clients,
    and a short request among long ones: benchmarks/serve_mixed.py says what is measured.
-4. The explorer's memory (``--parts attention``): the translator above serves 8 translations,
+4. A long prompt beside short requests (``--parts prefill``): benchmarks/serve_prefill.py.
+5. The explorer's memory (``--parts attention``): the translator above serves 8 translations,
    then 3 ``POST /v1/attention`` without a target (the server translates each input first, to
    explain its own output); the server's resident memory (Linux, /proc) after each. An engine
    made for the explorer beside the serving one would show here as hundreds of MB.
@@ -177,7 +178,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer requests (~3 minutes)")
     parser.add_argument("--json", metavar="OUT.json")
     parser.add_argument("--work", metavar="DIR", help="where the runs go (default: a temp dir)")
-    parser.add_argument("--parts", default="translation,streaming,mixed,attention",
+    parser.add_argument("--parts", default="translation,streaming,mixed,prefill,attention",
                         help="which to measure (comma-separated; the other parts of an existing "
                              "--json file are kept)")
     parser.add_argument("--clients", default="1,8,32",
@@ -194,7 +195,8 @@ def main() -> None:
     sentences = [sentence(rng) for _ in range(4096)]
     rounds = 1 if args.quick else 2
     parts = set(args.parts.split(","))
-    results: dict = {"translation": {}, "streaming": {}, "mixed": {}, "attention": {}}
+    results: dict = {"translation": {}, "streaming": {}, "mixed": {}, "prefill": {},
+                     "attention": {}}
     kept = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).exists() \
         else {}
     results.update({k: kept[k] for k in results if k not in parts and k in kept})
@@ -232,6 +234,11 @@ def main() -> None:
         text = work / "text.txt"
         results["mixed"] = mixed(work, runs["translator"], text, sentences[:512], rounds,
                                  per_client=2 if args.quick else 4)
+
+    if "prefill" in parts:
+        from .serve_prefill import measure as prefill
+
+        results["prefill"] = prefill(work, runs)
 
     if "attention" in parts:
         with Server(runs["translator"], "bible", 32, args.device) as server:
@@ -287,6 +294,11 @@ def main() -> None:
             rows.append((f"mixed, {name}: the same, per token after the first",
                          f"{s['per_token_among_long_s']} s vs {s['per_token_alone_s']} s "
                          "alone"))
+    for where, r in results["prefill"].items():
+        if isinstance(r, dict):
+            rows.append((f"a short request on the {where.replace('_', ' ')} while a "
+                         f"{results['prefill']['long_prompt_tokens']:,}-token prompt prefills",
+                         f"{r['among_long_s']} s vs {r['alone_s']} s alone ({r['ratio']}x)"))
     a = results["attention"]
     if a:
         rows.append(("/v1/attention without a target: the server's resident memory",

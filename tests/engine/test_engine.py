@@ -318,7 +318,7 @@ def test_prefill_rows_of_unlike_lengths_run_apart_shortest_first():
     assert [[r[2] for r in g] for g in prefill_groups(rows, slack=0)] == [
         [5, 8], [20], [190, 200]]
     lm = model("decoder", max_len=256)
-    eng = engine(lm, max_rows=8, max_step_tokens=1024)
+    eng = engine(lm, max_rows=8, max_step_tokens=1024, shared_chunk=0)  # offline: no turns
     passes = []
     forward = eng.runner.forward
     eng.runner.forward = lambda rows: passes.append([n for _, _, n in rows]) or forward(rows)
@@ -537,3 +537,37 @@ def test_random_translations_and_cancellations_keep_every_source_with_its_rows()
             want = beam_decode(mt, src, beam=r.params.beam, n_best=1, alpha=0.0, bos_id=BOS,
                                eos_id=EOS, max_len_a=0, max_len_b=r.limit)[0]
             assert [h for h, _ in r.hypotheses()] == [h for h, _ in want]
+
+
+def test_a_long_prefill_takes_turns_with_short_work_by_time():
+    """shared_chunk (a server's engine): a 200-token prompt beside short requests runs in
+    chunks of 16 in steps of its own, and a chunk runs only when the chunks so far have taken
+    no longer than the short requests' steps; the short ones finish before the long prompt's
+    first token, and every output is what it is alone."""
+    lm = model("decoder", max_len=256)
+    eng = engine(lm, max_rows=8, max_step_tokens=64, shared_chunk=16)
+    long = Request([5 + i % 7 for i in range(200)], Params(max_new_tokens=3))
+    eng.submit(long)
+    eng.step()  # alone: a whole step's 64 tokens; in chunks of 16 once others come
+    shorts = [Request([6, 7, 8], Params(max_new_tokens=6)) for _ in range(2)]
+    for r in shorts:
+        eng.submit(r)
+    turns = []
+    took = eng.scheduler.took
+
+    def timed(plan, seconds):  # a chunk costs 4 units, a short step 1: turns by time
+        turns.append(plan.turn)
+        if plan.turn == "long":
+            assert not plan.decode and all(n <= 16 for _, _, n in plan.prefill)
+        took(plan, 4.0 if plan.turn == "long" else 1.0)
+    eng.scheduler.took = timed
+    while any(r.status is not Status.FINISHED for r in shorts):
+        eng.step()
+    assert long.first_token is None  # the short ones were not held to its prefill
+    shared = [t for t in turns if t is not None]
+    assert shared.count("others") >= 3 * shared.count("long") >= 3  # 4 units against 1
+    eng.scheduler.took = took
+    while long.status is not Status.FINISHED:
+        eng.step()
+    for r in [*shorts, long]:
+        assert r.output == alone(lm, r.prompt, r.params)

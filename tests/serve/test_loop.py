@@ -164,3 +164,49 @@ def test_an_encoders_batches_run_in_the_models_thread_with_no_thread_of_their_ow
     assert answer.status_code == 200 and len(answer.json()["data"]) == 2
     assert ran_in == ["vaswani-models"]
     assert {n for n in names if n.startswith("vaswani-")} == {"vaswani-models"}
+
+
+class Timed:
+    """An engine stand-in: ``steps`` steps of ``seconds`` each, once ``start()`` is called."""
+
+    waiting = 0
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.left, self.log = seconds, 0, None
+
+    @property
+    def busy(self) -> bool:
+        return self.left > 0
+
+    def start(self, steps: int, log: list) -> None:
+        self.left, self.log = steps, log
+
+    def step(self) -> list:
+        import time
+
+        time.sleep(self.seconds)
+        self.left -= 1
+        self.log.append(self)
+        return []
+
+
+def test_engines_share_the_loop_by_time_not_by_turns():
+    """A model in a long prefill (steps of 40 ms) and a short request on another (steps of
+    4 ms, 10 of them: one long step's worth): by turns, the short one would wait a long step
+    for each of its own (10 of them); by time, it runs until it has had as much time, so at
+    most a few long steps fall among its ten."""
+    slow, fast = Timed(0.04), Timed(0.004)
+    log: list = []
+    loop = EngineLoop({"slow": slow, "fast": fast})
+    try:
+        loop.call(lambda: slow.start(30, log)).result(timeout=60)
+        loop.call(lambda: None).result(timeout=60)  # the slow one has stepped a while
+        loop.call(lambda: fast.start(10, log)).result(timeout=60)
+        for _ in range(600):
+            if not fast.busy:
+                break
+            loop.call(lambda: None).result(timeout=60)
+    finally:
+        loop.stop()
+    first, last = log.index(fast), len(log) - 1 - log[::-1].index(fast)
+    assert log[first:last + 1].count(slow) <= 3, [e is slow for e in log]

@@ -32,11 +32,16 @@ class EngineConfig:
     fast_lane: int | None = None  # requests of at most this many tokens decoded at every
     # step, the others at every other step while they run (scheduler.py); None: 32 on a CPU,
     # 0 (no lane) on a GPU
+    shared_chunk: int = 64  # a prefill of more tokens than this, beside other work, runs in
+    # chunks of this many in steps of its own, taking turns with the others by time
+    # (scheduler.py); 0: off (an offline call, where only the total time counts)
 
     def __post_init__(self) -> None:
         for name in ("max_rows", "max_step_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
+        if self.shared_chunk < 0:
+            raise ValueError(f"shared_chunk ({self.shared_chunk}) must be 0 (off) or more")
         if self.fast_lane is not None and self.fast_lane < 0:
             raise ValueError(f"fast_lane ({self.fast_lane}) must be 0 (none) or more")
 

@@ -47,7 +47,8 @@ class Engine:
         self.cache = config.cache_for(model, self.seq2seq)
         self.scheduler = Scheduler(self.cache, max_rows=config.max_rows,
                                    max_step_tokens=config.max_step_tokens,
-                                   max_len=self.max_len, fast_lane=config.lane(self.device))
+                                   max_len=self.max_len, fast_lane=config.lane(self.device),
+                                   shared_chunk=config.shared_chunk)
         static = None
         if config.cuda_graphs and self.device.type == "cuda":
             static = StaticDecoder(model, self.cache, pad_id=self.pad_id, capture=True)
@@ -103,6 +104,7 @@ class Engine:
     def step(self) -> list[Request]:
         """Run one scheduler step; returns the requests that finished in it."""
         self.steps += 1
+        began = time.perf_counter()
         finished = []
         for request in self.scheduler.cancelled():
             self._finish(request, "cancelled", finished)
@@ -129,6 +131,7 @@ class Engine:
             for _, seq in plan.decode:
                 self.scheduler.fed(seq, 1)
             self._advance(plan.decode, logits, at, finished)
+        self.scheduler.took(plan, time.perf_counter() - began)
         return finished
 
     def run(self, requests: list[Request], progress=None) -> None:

@@ -8,11 +8,18 @@ Every step:
    and gets its next one); a language model's row whose context would pass ``max_len``
    slides first (its context is cut to the last half window and recomputed, as
    generation/reference.py ``LMStepper`` does);
-3. rows with more uncached tokens (a prompt, a slid context, a preempted request being
-   recomputed) are prefilled, in chunks, under a budget of ``max_step_tokens`` tokens;
-4. waiting requests are admitted in arrival order while slots and the budget allow (in an
+3. waiting requests are admitted in arrival order while slots and the budget allow (in an
    offline run, ``gather``: only once enough rows are free for a group of them);
-5. with a fast lane (``fast_lane`` n > 0, a CPU's default): while requests of at most n tokens
+4. rows with more uncached tokens (a prompt, a slid context, a preempted request being
+   recomputed) are prefilled, in chunks, under a budget of ``max_step_tokens`` tokens, the
+   fewest tokens first;
+5. with ``shared_chunk`` n > 0 (a server's engine): a long prefill (more than n tokens to go)
+   does not hold up the other rows. While other work is there, it runs in chunks of n tokens
+   in steps of their own, taking turns with the others' steps by time: a chunk only when the
+   chunks so far have taken no longer than the others' steps (:meth:`Scheduler.took`). A
+   short request beside a 3,000-token prompt then takes about twice its time alone, not the
+   prompt's whole prefill;
+6. with a fast lane (``fast_lane`` n > 0, a CPU's default): while requests of at most n tokens
    run among more rows of longer ones, every other step decodes only theirs.
 
 Why the fast lane: on a CPU a decode step costs about what its rows cost (the shakespeare-char
@@ -52,11 +59,13 @@ GATHER = 8  # an offline run admits new requests once 1/GATHER of its rows are f
 
 @dataclass
 class Plan:
-    """One step's work: sources to encode, chunks to prefill, rows to decode."""
+    """One step's work: sources to encode, chunks to prefill, rows to decode; ``turn``:
+    "long" (a long prefill's chunk alone), "others" (the rest, while one waits) or None."""
 
     encode: list[Request] = field(default_factory=list)
     prefill: list[tuple[Request, Sequence, int]] = field(default_factory=list)  # n tokens
     decode: list[tuple[Request, Sequence]] = field(default_factory=list)
+    turn: str | None = None
 
     def __bool__(self) -> bool:
         return bool(self.encode or self.prefill or self.decode)
@@ -64,10 +73,12 @@ class Plan:
 
 class Scheduler:
     def __init__(self, cache: SlotCache, *, max_rows: int, max_step_tokens: int,
-                 max_len: int, fast_lane: int = 0) -> None:
+                 max_len: int, fast_lane: int = 0, shared_chunk: int = 0) -> None:
         self.cache = cache
         self.max_rows, self.max_step_tokens, self.max_len = max_rows, max_step_tokens, max_len
         self.fast_lane = fast_lane  # requests of at most this many tokens (0: no lane)
+        self.shared_chunk = shared_chunk  # a long prefill's chunk beside other work (0: off)
+        self.spent = {"long": 0.0, "others": 0.0}  # seconds of each turn, while both wait
         self.gather = 0  # rows that must be free before new requests join running ones
         self.lane_turn = False  # whether the last step decoded only the fast lane's rows
         self.waiting: deque[Request] = deque()
@@ -96,8 +107,9 @@ class Scheduler:
                     self.slide(seq)
                     request.recomputed = True
         self._widen()
-        for request in self.running:  # decode what is ready; go on with prefills
-            budget = self._rows_of(request, plan, budget)
+        prefill: list[tuple[Request, Sequence, int]] = []  # (request, row, tokens to go)
+        for request in self.running:  # decode what is ready; the others wait to prefill
+            budget = self._rows_of(request, plan, prefill, budget)
         hold = self._gathering()  # decided once a step: a group is admitted whole
         while self.waiting and budget > 0 and not hold:  # admit
             request = self.waiting[0]
@@ -116,10 +128,37 @@ class Scheduler:
             request.status = Status.RUNNING
             if request.seq2seq:
                 plan.encode.append(request)
-            budget = self._rows_of(request, plan, budget)
-        if self.fast_lane:
+            budget = self._rows_of(request, plan, prefill, budget)
+        self._prefill(plan, prefill)
+        if self.fast_lane and plan.turn != "long":
             plan.decode = self._lane(plan.decode)
         return plan
+
+    def _prefill(self, plan: Plan, rows: list[tuple[Request, Sequence, int]]) -> None:
+        """Give the step's prefill budget to ``rows``, the fewest tokens to go first; with
+        ``shared_chunk``, a long prefill beside other work takes its turn by time."""
+        budget = self.max_step_tokens
+        long = [r for r in rows if self.shared_chunk and r[2] > self.shared_chunk]
+        others = plan.encode or plan.decode or len(long) < len(rows)
+        if long and others:
+            plan.turn = "long" if self.spent["long"] <= self.spent["others"] else "others"
+            if plan.turn == "long":  # the long ones' chunks, in a step of their own
+                plan.encode, plan.decode = [], []
+                rows = [(r, s, min(n, self.shared_chunk)) for r, s, n in long]
+            else:
+                rows = [r for r in rows if r not in long]
+        else:
+            self.spent = {"long": 0.0, "others": 0.0}  # nothing to share: turns start anew
+        for request, seq, n in sorted(rows, key=lambda row: row[2]):
+            n = min(n, budget)
+            if n > 0:
+                plan.prefill.append((request, seq, n))
+                budget -= n
+
+    def took(self, plan: Plan, seconds: float) -> None:
+        """A step of ``plan`` took ``seconds`` (the engine says): counted to its turn."""
+        if plan.turn is not None:
+            self.spent[plan.turn] += seconds
 
     def _gathering(self) -> bool:
         """Whether to hold the waiting requests back this step (``gather``): while requests
@@ -146,27 +185,28 @@ class Scheduler:
         self.lane_turn = not self.lane_turn
         return fast if self.lane_turn else decode
 
-    def _rows_of(self, request: Request, plan: Plan, budget: int) -> int:
-        """Plan a request's rows: decode those with one token to feed, prefill the others
-        within the budget; returns the budget left."""
+    def _rows_of(self, request: Request, plan: Plan, prefill: list, budget: int) -> int:
+        """Plan a request's rows: decode those with one token to feed, add the others to
+        ``prefill`` with their tokens to go; returns the admission budget left (the tokens
+        this step could still prefill; a long prefill that shares counts for one chunk)."""
         for seq in request.sequences:
-            n = self._to_prefill(request, seq, budget)
+            n = self._to_prefill(request, seq)
             if seq.pending == 1:
                 plan.decode.append((request, seq))
             elif n:
-                plan.prefill.append((request, seq, n))
-                budget -= n
+                prefill.append((request, seq, n))
+                budget -= min(n, self.shared_chunk or n, budget)
         return budget
 
     @staticmethod
-    def _to_prefill(request: Request, seq: Sequence, budget: int) -> int:
-        """How many of a row's uncached tokens to prefill now (0 when one is left: that one
-        is decoded). A beam search's rows stop one short, so that they are all decoded, and
+    def _to_prefill(request: Request, seq: Sequence) -> int:
+        """How many of a row's uncached tokens to prefill (0 when one is left: that one is
+        decoded). A beam search's rows stop one short, so that they are all decoded, and
         searched, in the same step."""
         n = seq.pending
         if n <= 1:
             return 0
-        return min(n - 1 if request.beam is not None else n, budget)
+        return n - 1 if request.beam is not None else n
 
     # --- a request's state: every change of its status, and of what its rows have cached ---
     def finish(self, request: Request, reason: str, error: BaseException | None = None

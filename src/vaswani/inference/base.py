@@ -98,7 +98,7 @@ class Run:
             # 2 cores: 140 a second at 256 rows and 1,024 prefill tokens a step, 154 at
             # 512 and 4,096), within the cache's memory (cache_bytes)
             self._engine = self.new_engine(EngineConfig(max_rows=rows, max_step_tokens=4096,
-                                                        fast_lane=0))
+                                                        fast_lane=0, shared_chunk=0))
         return self._engine
 
     def new_engine(self, config: EngineConfig) -> Engine:

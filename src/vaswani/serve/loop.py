@@ -14,6 +14,12 @@ count is the process's, not a thread's: ``vaswani serve`` loads the models with 
 sets ``threads``; the server's thread runs none of the models' operators (every use of a
 model comes here), so it makes no second team.
 
+The engines share the thread by time, not by turns: the loop steps the busy engine that has
+had the least of it since it last became busy (one that was idle starts level with the least
+of the others), so a model working through a long prompt, a step of hundreds of
+milliseconds, does not hold a short translation on another model to one step per long one:
+the translation's steps run until they have had as much time.
+
 A step that fails does not fail the requests in it: each of them is run again alone, and only
 a request that fails alone gets the error; the others finish as if nothing happened.
 
@@ -53,6 +59,8 @@ class EngineLoop:
         self.inbox: queue.Queue = queue.Queue()
         self.outbox: dict = {}  # asyncio event loop -> [(fn, args), ...] posted this step
         self.queued: Counter[str] = Counter()  # requests in the inbox, by model
+        self.used: dict[str, float] = dict.fromkeys(self.engines, 0.0)  # seconds stepping,
+        # by model, since each last became busy (the loop steps the least used first)
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._loop, name="vaswani-models", daemon=True)
         self.thread.start()
@@ -125,10 +133,17 @@ class EngineLoop:
 
         torch.set_num_threads(self.threads)
         torch.set_grad_enabled(False)
+        busy: set[str] = set()
         while self._take_all(self._idle()):  # wait for work only when none is due
-            for engine in self.engines.values():  # a step of each, in turn
-                if engine.busy:
-                    self._step(engine)
+            now_busy = {name for name, engine in self.engines.items() if engine.busy}
+            for name in now_busy - busy:  # level with the least used of the others
+                self.used[name] = min((self.used[n] for n in busy & now_busy), default=0.0)
+            busy = now_busy
+            if busy:  # a step of the engine that has had the least time
+                name = min(busy, key=self.used.__getitem__)
+                start = time.perf_counter()
+                self._step(self.engines[name])
+                self.used[name] += time.perf_counter() - start
                 if not self._take_all(0.0):  # what came meanwhile joins the next step
                     return
             now = time.perf_counter()

@@ -108,7 +108,8 @@ class Translation(Task):
         target, d = data.target_tokenizer, self.config.decode
         # 64 rows (a small cache); no CUDA graphs captured for a one-off pass; no fast lane
         engine = Engine(model, bos_id=target.bos_id, eos_id=target.eos_id,
-                        config=EngineConfig(max_rows=64, cuda_graphs=False, fast_lane=0))
+                        config=EngineConfig(max_rows=64, cuda_graphs=False, fast_lane=0,
+                                            shared_chunk=0))
         greedy = Params(max_new_tokens=d.max_new_tokens)  # no decoding rules
         requests = [Request.translation(data.valid[i][0].tolist(), greedy, bos_id=target.bos_id,
                                         max_len_a=d.max_len_a, max_len_b=d.max_len_b)
