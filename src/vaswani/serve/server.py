@@ -28,6 +28,10 @@ from .batcher import Batcher, Job
 from .loop import EngineLoop
 from .metrics import Metrics
 
+# A server's engines prefill at most this many prompt tokens a step: a step of a long prompt
+# that a short request arrives during is one it must wait out (on 2 cores, SmolLM2's 256
+# tokens take about 0.4 s; 1,024 tokens about 2 s, and a whole prompt's prefill 5% less).
+SERVER_STEP_TOKENS = 256
 # What each route asks of a run: the method of the use class that serves it.
 METHOD_OF_ROUTE = {"completions": "generate", "chat": "generate", "translate": "translate",
                    "classify": "classify", "embeddings": "embed"}
@@ -68,7 +72,8 @@ class Server:
         """``threads``: PyTorch's threads in the models' thread (default: as many as this
         thread has)."""
         self.runs, self.limits, self.max_queue = runs, limits, max_queue
-        config = EngineConfig(max_rows=max_batch, fast_lane=fast_lane)
+        config = EngineConfig(max_rows=max_batch, fast_lane=fast_lane,
+                              max_step_tokens=SERVER_STEP_TOKENS)
         self.engines = {name: run.new_engine(config)
                         for name, run in runs.items() if run.decodes}
         self.batchers = {name: Batcher(name, self._handlers(run), max_batch=max_batch,
