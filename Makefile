@@ -31,7 +31,8 @@ bench: $(VENV)/.installed
 
 # The documentation site (mkdocs.yml, docs/): built into site/, broken links are errors.
 docs: $(VENV)/.installed
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+	# one build at a time: two at once remove each other's files (flock waits its turn)
+	NO_MKDOCS_2_WARNING=1 flock .docs.lock $(VENV)/bin/mkdocs build --strict --site-dir site
 
 docs-serve: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve

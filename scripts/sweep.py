@@ -28,6 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from vaswani.config import load_run_config
 from vaswani.devices import cpu_generation, cpu_name
 
 METRICS = {"translation": ["bleu", "chrf"], "lm": ["loss", "bits_per_char"],
@@ -153,6 +154,16 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"{args.config}: no such config file")
     if args.steps is not None and args.steps <= 0 or args.minutes is not None and args.minutes <= 0:
         parser.error("--steps and --minutes must be positive")
+    keys = [key for key, _ in args.axis]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        parser.error(f"--axis {twice[0]} is given more than once: put its values in one, "
+                     f"as --axis {twice[0]}=V1,V2")
+    if args.split == "test":  # before any training: a sweep that cannot be scored is refused
+        data = load_run_config(args.config).data
+        if not (data.test or data.dataset):
+            parser.error(f"{args.config} names no [data] test files (nor a dataset) to score "
+                         "the points on: add them, or pass --split valid")
     grid = points(args.axis)
     budget_set = budget_sets(args.steps, args.minutes)
     results = []

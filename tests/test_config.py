@@ -120,3 +120,13 @@ def test_presets_load_and_build(name):
     model = build_model(cfg.model.replace(**extra))
     assert sum(p.numel() for p in model.parameters()) > 0
     assert cfg.data.dataset
+
+
+def test_a_config_saved_with_a_byte_order_mark_is_read(tmp_path):
+    """Notepad and some editors start a UTF-8 file with a BOM; tomllib calls it an invalid
+    statement at line 1, column 1. A TSV with one is read already; a config is too."""
+    from vaswani.config import load_run_config
+
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf[model]\narch = \"decoder\"\nd_model = 16\nn_heads = 2\n")
+    assert load_run_config(path).model.d_model == 16

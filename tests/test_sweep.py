@@ -57,3 +57,21 @@ def test_a_tiny_sweep_trains_scores_and_tabulates_each_point_once(tmp_path, caps
     sweep.main(args)
     assert (out / "optimizer-adamw" / "metrics.jsonl").stat().st_mtime_ns == stamp
     assert capsys.readouterr().out.count("| adamw |") == 2
+
+
+def test_a_sweep_that_would_drop_a_point_or_could_not_be_scored_is_refused_first(tmp_path,
+                                                                                capsys):
+    """--axis train.lr twice kept only the second (one point instead of two); a config with
+    no test split trained every point and failed at scoring. Both are refused before any
+    training."""
+    data = reverse_task(tmp_path / "pairs.tsv", n=120)
+    cfg = config(tmp_path / "c.toml", "encoder-decoder", data)
+    out = tmp_path / "sweep"
+    with pytest.raises(SystemExit):
+        sweep.main([str(cfg), "--out", str(out), "--axis", "train.lr=1e-3", "--axis",
+                    "train.lr=2e-3", "--steps", "2", "--split", "valid"])
+    assert "--axis train.lr is given more than once" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sweep.main([str(cfg), "--out", str(out), "--steps", "2"])
+    assert "names no [data] test files" in capsys.readouterr().err
+    assert not out.exists()

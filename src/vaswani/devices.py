@@ -10,9 +10,11 @@ import sys
 import torch
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0, *, on_cpu: str = "--device cpu"
+                   ) -> torch.device:
     """``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"`` -> a usable torch.device.
-    ``"auto"`` and ``"cuda"`` give each process of a node the GPU of its ``local_rank``."""
+    ``"auto"`` and ``"cuda"`` give each process of a node the GPU of its ``local_rank``;
+    ``on_cpu``: how the caller's user asks for the CPU instead (a command's flag)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and torch.cuda.is_available():
@@ -30,7 +32,7 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device ({name!r}) asked for CUDA, but this PyTorch sees no CUDA "
-                             "device (a CPU-only build, or no GPU); use --device cpu")
+                             f"device (a CPU-only build, or no GPU); use {on_cpu}")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"device ({name!r}): there are only {torch.cuda.device_count()} "
                              "CUDA devices")

@@ -119,3 +119,23 @@ def test_text_read_in_blocks_equals_the_lines_joined(tmp_path, block):
     lines, blocks = ReadReport(max_skip=3), ReadReport(max_skip=3)
     assert "".join(iter_text_pieces(paths, blocks, block=block)) == read_text(paths, lines)
     assert blocks.skipped == lines.skipped == [f"{bad}:2: invalid UTF-8 (byte 0xff at column 5)"]
+
+
+@pytest.mark.parametrize("ending", [b"\n", b""])
+def test_a_line_too_long_is_a_bad_line_read_no_further_than_the_limit(tmp_path, monkeypatch,
+                                                                     ending):
+    """A TSV with one enormous line (a 2 GiB one took 6.6 GB and a MemoryError): the line is
+    named as too long, and with max_skip skipped without being held; the lines around it and
+    their numbers are as they were."""
+    from vaswani.data import files
+
+    monkeypatch.setattr(files, "MAX_LINE", 64)
+    path = tmp_path / "p.tsv"
+    path.write_bytes(b"a\tb\n" + b"x" * 1000 + b"\tc\n\r\nc\td\n" + b"y" * 500 + ending)
+    with pytest.raises(DataError, match=r"p.tsv:2: the line is too long \(over 0 MiB\)"):
+        list(iter_translation([str(path)], ReadReport()))
+    report = ReadReport(max_skip=2)
+    assert list(iter_translation([str(path)], report)) == [("a", "b"), ("c", "d")]
+    assert report.skipped == [f"{path}:2: the line is too long (over 0 MiB)",
+                              f"{path}:5: the line is too long (over 0 MiB)"]
+    assert report.blank_lines == 1

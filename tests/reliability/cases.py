@@ -38,6 +38,23 @@ TRAINING = [  # (id, arguments, expected in the message)
                            "train.metric_examples=0"],
      "metric_examples (0) turns task metrics off"),
     ("data-is-a-directory", ["--set", "data.train={dir}"], "is a directory, not a data file"),
+    # sizes no machine holds: refused with the size, before anything is made
+    ("d-model-2-40", ["--set", "model.d_model=1099511627776"], "GiB for its weights alone"),
+    ("max-len-2-62", ["--set", "model.max_len=4611686018427387904", "--set",
+                      "model.positional=learned"], "GiB for its weights alone"),
+    ("n-layers-10-8", ["--set", "model.n_layers=100000000"], "100000000 layers"),
+    ("seed-10-23", ["--set", "train.seed=100000000000000000000000"],
+     "seed (100000000000000000000000) is out of range"),
+    ("seed-negative", ["--set", "train.seed=-1"], "seed (-1) must be in [0, 2**63 - 1]"),
+    ("bpe-vocab-2-63", ["--set", "data.vocab_size=9223372036854775807"],
+     "vocab_size (9223372036854775807) must be at most 16,777,216"),
+    ("share-embeddings-with-two-vocabularies", ["--set", "model.share_embeddings=true",
+                                                "--set", "data.shared_vocab=false"],
+     "share_embeddings = true needs [data] shared_vocab = true"),
+    ("warmup-past-a-short-schedule", ["--set", "train.schedule=cosine", "--set",
+                                      "train.schedule_steps=1", "--set", "train.warmup=100",
+                                      "--set", "train.max_steps=4"],
+     "the rate would still be warming up there"),
 ]
 
 # `vaswani COMMAND RUN REST` (ARGS = [COMMAND, *REST]) on a run of ``arch``, "abc" on stdin
@@ -71,6 +88,8 @@ INFERENCE = [  # (id, arch, arguments, expected in the message)
      "device ('xpu') must be"),
     ("input-missing", "encoder-decoder", ["translate", "--input", "/nope.txt"],
      "input file not found"),
+    ("input-dev-zero", "encoder-decoder", ["translate", "--input", "/dev/zero"],
+     "--input /dev/zero is not a regular file"),
     ("evaluate-data-is-a-directory", "encoder-decoder", ["evaluate", "--data", "/tmp"],
      "is a directory, not a data file"),
     ("evaluate-split-without-files", "encoder-decoder", ["evaluate", "--split", "test"],

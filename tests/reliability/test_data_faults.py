@@ -148,3 +148,27 @@ def test_kill_9_during_import_leaves_no_run_or_a_whole_one(tmp_path):
         assert main(["import", "bert", str(source), "--out", str(out), "--overwrite",
                      "--cache", str(tmp_path / "cache")]) == 0
         assert vaswani.load(out).embed(["abc"]).shape == (1, 16)
+
+
+@pytest.mark.parametrize("arch, field", [("encoder-decoder", "src"), ("decoder", "tokens"),
+                                         ("encoder", "label")])
+def test_encoded_data_overwritten_in_place_is_found_before_training_and_encoded_again(
+        tmp_path, capsys, arch, field):
+    """A .bin of the cache overwritten with 0xFF bytes keeps its size, so the manifest's
+    sizes agree; its numbers do not (a token past the vocabulary, a class past the labels):
+    the next training says so and encodes the data again, instead of an IndexError."""
+    from tests.training.fixtures import classification_file, config, reverse_task, text_file
+
+    data = {"encoder-decoder": lambda: reverse_task(tmp_path / "p.tsv", n=200),
+            "decoder": lambda: text_file(tmp_path / "t.txt"),
+            "encoder": lambda: classification_file(tmp_path / "c.tsv")}[arch]()
+    cfg = config(tmp_path / "c.toml", arch, data, train={"max_steps": 2, "eval_every": 2})
+    cache = tmp_path / "cache"
+    args = ["train", str(cfg), "--no-progress", "--cache", str(cache), "--out"]
+    assert main([*args, str(tmp_path / "one")]) == 0
+    [damaged] = (cache / "encoded").glob(f"*/train.{field}.bin")
+    damaged.write_bytes(b"\xff" * damaged.stat().st_size)
+    capsys.readouterr()
+    assert main([*args, str(tmp_path / "two")]) == 0
+    err = capsys.readouterr().err
+    assert f"{damaged}" in err and "the encoded data is damaged; encoding again" in err, err

@@ -112,6 +112,11 @@ def test_a_restart_never_takes_over_a_run_its_job_did_not_start(straight, tmp_pa
     assert "already holds a run" in done.stderr
     assert "torchrun restarted this job" not in done.stderr
     assert (uninterrupted / "last/state.json").read_text() == before
+    # each attempt: rank 0's one line, no traceback from either rank (torchrun's own summary
+    # of its failed children is its own)
+    ours = done.stderr.split("ChildFailedError")[0]
+    assert ours.count("vaswani: error:") == 2 and "Traceback" not in ours.replace(
+        "Traceback (most recent call last):\n  File \"<frozen runpy>\"", ""), ours[-3000:]
 
 
 def test_only_the_job_that_started_a_run_continues_it(tmp_path, monkeypatch):

@@ -296,3 +296,35 @@ def test_pids_of_this_test_are_gone():
     out = subprocess.run(["pgrep", "-f", "vaswani train .*faults"], capture_output=True,
                          text=True)
     assert out.stdout.strip() == "" or all(int(p) != os.getpid() for p in out.stdout.split())
+
+
+def test_a_run_that_diverged_says_so_and_its_last_weights_are_named_when_used(setup, tmp_path,
+                                                                              capsys):
+    """lr 1e30: every loss after the first step is not finite, so no best weights are ever
+    kept. Training fails saying it diverged (not exit 0 with a NaN validation loss), and a
+    command that then falls back on last/ says so."""
+    cfg, _ = setup
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--out", str(run), "--no-progress", "--set",
+                 "train.lr=1e30", "--set", "train.max_steps=6", "--set",
+                 "train.eval_every=3", "--set", "train.max_skipped_steps=100"]) == 2
+    err = capsys.readouterr().err
+    assert "training diverged: the validation loss is nan" in err, err
+    assert not (run / rundir.BEST).exists() and (run / "last" / "COMPLETE").exists()
+    (tmp_path / "in.txt").write_text("abc\n")
+    assert main(["translate", str(run), "--input", str(tmp_path / "in.txt")]) == 0
+    assert f"{run} has no best weights" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_resuming_a_cuda_run_without_a_gpu_names_trains_own_setting(setup, tmp_path, capsys):
+    """`vaswani train` has no --device flag: the way out it names is its config's."""
+    cfg, _ = setup
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--out", str(run), "--no-progress", "--set",
+                 "train.max_steps=2"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--no-progress", "--set",
+                 "train.device=cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "use --set train.device=cpu" in err and "--device cpu" not in err

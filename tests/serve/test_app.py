@@ -388,3 +388,20 @@ def test_vaswani_serve_quantize_reaches_every_runs_load(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["serve", "some-run", "--quantize", "int2"])
     assert "invalid choice: 'int2'" in capsys.readouterr().err
+
+
+def test_vaswani_serve_on_a_port_in_use_says_so_before_it_announces_anything(copy_run, capsys):
+    """Before: it loaded the models, announced "serving on ...", then died of uvicorn's bind
+    error (exit 3). The port is bound first, and one line says it is in use."""
+    import socket
+
+    from vaswani.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", str(copy_run[0]), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port} is in use (another server?)" in err
+    assert "vaswani serve:" not in err  # nothing announced

@@ -77,8 +77,11 @@ def read_lines(path: str | None) -> list[str]:
     if path:
         if Path(path).is_dir():
             raise ValueError(f"--input {path} is a directory, not a file of lines")
-        if not Path(path).is_file():
+        if not Path(path).exists():
             raise FileNotFoundError(f"input file not found: {path}")
+        if not Path(path).is_file():  # /dev/zero, a FIFO: never-ending or not a file of lines
+            raise ValueError(f"--input {path} is not a regular file (a device, a pipe or a "
+                             "socket); give a file of lines, or pipe it to stdin")
         raw, where = Path(path).read_bytes(), path
     else:
         stream = getattr(sys.stdin, "buffer", None)  # a text stream in tests (StringIO)

@@ -83,6 +83,8 @@ def serve(args: argparse.Namespace) -> int:
     from ..inference import load
     from ..serve import name_runs
 
+    sock = listening_socket(args.host, args.port)  # before loading: a port in use fails fast
+
     # This thread answers HTTP; the models run in a thread of their own with torch's threads
     # (serve/loop.py: a second team of OpenMP threads would slow every operator down).
     # Loading with one thread makes no team here; the models' thread then sets the count
@@ -104,5 +106,27 @@ def serve(args: argparse.Namespace) -> int:
         print("vaswani serve: requests must name a loopback host; to reach the server from "
               "other machines, add --allowed-hosts with the names they use (or '*')",
               file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                           log_level=args.log_level))
+    server.run(sockets=[sock])  # the socket bound above: no second bind to fail
     return 0
+
+
+def listening_socket(host: str, port: int):
+    """A TCP socket bound to ``host``:``port``, as uvicorn binds one; an address in use (or
+    not this machine's) is an error that says so."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        why = ("is in use (another server?); choose another --port"
+               if e.errno == errno.EADDRINUSE else f"cannot be listened on ({e.strerror})")
+        raise ValueError(f"{host}:{port} {why}") from None
+    sock.set_inheritable(True)
+    return sock

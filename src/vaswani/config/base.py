@@ -122,6 +122,9 @@ class ConfigBase:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
             value = coerce(f.name, getattr(self, f.name), hints[f.name])
+            if isinstance(value, int) and not -2**63 <= value < 2**63:  # bool is 0 or 1
+                raise ValueError(f"{f.name} ({value}) is out of range: an integer setting is "
+                                 "at most 2**63 - 1")
             object.__setattr__(self, f.name, value)
         follows = self.follows()
         followed = frozenset(name for name in follows if getattr(self, name) is None)
@@ -197,8 +200,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     if path.is_dir():
         raise ValueError(f"{path} is a directory, not a config file (give CONFIG.toml)")
     try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
+        data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")  # a BOM some editors write
+        return tomllib.loads(data.decode("utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"config file not found: {path}") from None
     except UnicodeDecodeError as e:

@@ -142,6 +142,22 @@ class ModelConfig(ConfigBase):
                 f"share_embeddings (True) needs tgt_vocab_size ({self.tgt_vocab_size}) "
                 f"equal to vocab_size ({self.vocab_size})")
 
+    def numbers(self) -> int:
+        """About how many numbers the model holds (its parameters and position tables),
+        from the config alone: what :func:`vaswani.models.build_model` checks against the
+        device's memory before it makes anything."""
+        d, heads = self.d_model, self.n_heads
+        kv = d // heads * (self.n_kv_heads or heads)
+        attention = 2 * d * d + 2 * d * kv
+        feed_forward = (3 if self.activation == "swiglu" else 2) * d * self.d_ff
+        encoder = self.n_encoder_layers if self.arch != "decoder" else 0
+        decoder = self.n_decoder_layers if self.arch != "encoder" else 0
+        cross = attention if self.arch == "encoder-decoder" else 0
+        layers = encoder * (attention + feed_forward) + decoder * (attention + cross + feed_forward)
+        vocab = self.vocab_size + (self.tgt_vocab_size or 0) * (self.arch == "encoder-decoder")
+        tables = self.max_len * d * (self.positional in ("sinusoidal", "learned"))
+        return layers + vocab * d * (1 if self.tie_embeddings else 2) + tables
+
     def require_complete(self) -> None:
         """The values ``vaswani train`` fills in from the data must be set to build a model."""
         if self.vocab_size == 0:

@@ -15,6 +15,7 @@ from .base import ConfigBase
 MAX_BEAM = 128  # wider beams cost memory and time and rarely help
 MAX_NEW_TOKENS = 100_000
 MAX_SEED = 2**63 - 1  # the largest seed a torch.Generator takes
+MAX_VOCAB = 1 << 24  # tokens in a vocabulary at most (16.7 million)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,10 @@ class DataConfig(ConfigBase):
         for name in ("vocab_size", "max_tokens", "batch_size", "block_size", "tokenizer_sample"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
+        if self.vocab_size > MAX_VOCAB:
+            raise ValueError(f"vocab_size ({self.vocab_size}) must be at most {MAX_VOCAB:,}")
+        if not 0 <= self.split_seed <= MAX_SEED:
+            raise ValueError(f"split_seed ({self.split_seed}) must be in [0, 2**63 - 1]")
         for name in ("max_skip", "pad_to_multiple"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
@@ -230,6 +235,8 @@ class TrainConfig(ConfigBase):
                              "= 'bf16' or 'fp32'")
         if self.schedule_steps is not None and self.schedule_steps <= 0:
             raise ValueError(f"schedule_steps ({self.schedule_steps}) must be positive")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed ({self.seed}) must be in [0, 2**63 - 1]")
         for name in ("warmup", "patience", "eval_batches", "metric_examples", "max_skipped_steps",
                      "keep_checkpoints"):
             if getattr(self, name) < 0:

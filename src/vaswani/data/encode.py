@@ -280,6 +280,7 @@ def _write(task, tmp: Path, inputs: Inputs, tokenizers, labels, options) -> dict
             "dtype": dtype.name, "inputs": {s: encoded.sha256_files(v)
                                             for s, v in inputs.stats.items()},
             "tokenizer": {"kind": tokenizers[0].kind, "vocab_size": tokenizers[0].vocab_size},
+            "token_limit": max(t.vocab_size for t in tokenizers if t is not None),
             "options": options, "labels": labels, "truncated": ctx["truncated"],
             "counts": counts, "fingerprint": writers["train"].hash.hexdigest()[:16],
             "report": {"skipped": report.skipped, "blank_lines": report.blank_lines},

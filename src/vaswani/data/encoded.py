@@ -253,10 +253,36 @@ def damaged(directory: Path, manifest: dict, *, content: bool = False) -> str | 
             tokens = expected[name[:-3] + "bin"] // np.dtype(manifest["dtype"]).itemsize
             if last != tokens:
                 return f"{directory / name} ends at {last}, but its .bin holds {tokens} tokens"
+    why = _out_of_range(directory, manifest, expected)
+    if why is not None:
+        return why
     if content:
         for name, record in manifest.get("files", {}).items():
             if file_sha256(directory / name) != record["sha256"]:
                 return f"{directory / name}: its sha256 differs from the manifest's"
+    return None
+
+
+def _out_of_range(directory: Path, manifest: dict, expected: dict[str, int]) -> str | None:
+    """A file whose numbers a model cannot take (bytes overwritten in place keep the sizes):
+    a token id past the vocabulary, a class past the labels, offsets that go back. Reads the
+    files once (through the page cache: well under a second a gigabyte)."""
+    limit = manifest.get("token_limit")  # encoded datasets from before it: not checked
+    for name, size in expected.items():
+        if not size:
+            continue
+        path = directory / name
+        if name.endswith(".label.bin"):
+            labels = _map(path, np.dtype(np.int32))
+            low, high = int(labels.min()), int(labels.max())
+            if low < 0 or high >= len(manifest.get("labels") or []):
+                return f"{path} holds class {low if low < 0 else high}, not one of the labels"
+        elif name.endswith(".bin") and limit:
+            top = int(_map(path, np.dtype(manifest["dtype"])).max())
+            if top >= limit:
+                return f"{path} holds token id {top}, past the vocabulary ({limit} tokens)"
+        elif name.endswith(".off") and (np.diff(_map(path, np.dtype(np.int64))) < 0).any():
+            return f"{path}: its offsets go back"
     return None
 
 

@@ -77,13 +77,34 @@ def expand(paths: list[str]) -> list[Path]:
     return out
 
 
+MAX_LINE = 1 << 24  # bytes in one line of a TSV, CSV or JSONL file at most (16 MiB)
+
+
+def _physical_lines(f) -> Iterator[bytes | None]:
+    """The lines of an open binary file up to each \\n; None for one longer than ``MAX_LINE``
+    (skipped without ever holding it in memory: never a 2 GiB string)."""
+    while physical := f.readline(MAX_LINE + 1):
+        if len(physical) > MAX_LINE and not physical.endswith(b"\n"):
+            while (rest := f.readline(MAX_LINE)) and not rest.endswith(b"\n"):
+                pass
+            yield None
+            continue
+        yield physical
+
+
 def _numbered(path: Path, report: ReadReport) -> Iterator[tuple[int, str | None]]:
     """(line number, text) for every line of ``path``, read in a stream; ``None`` for a line
     that is not UTF-8 (reported). Lines end at \\n, \\r\\n or \\r, as ``bytes.splitlines``."""
     content = False
     line_no = 0
     with path.open("rb") as f:
-        for physical in f:
+        for physical in _physical_lines(f):
+            if physical is None:
+                line_no, content = line_no + 1, True
+                report.bad_line(path, line_no, f"the line is too long (over {MAX_LINE >> 20} "
+                                               "MiB)")
+                yield line_no, None
+                continue
             for line in physical.splitlines() or [b""]:
                 line_no += 1
                 content = content or bool(line.strip())

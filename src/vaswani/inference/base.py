@@ -226,7 +226,11 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
         raise ValueError(f"--quantize int4 is for language models; {run_dir} holds "
                          f"{use.describes}: use --quantize int8")
     model = build_model(config.model, initialise=False)  # its weights are loaded next
-    checkpoint.load_weights(model, checkpoint.weights_path(run_dir, weights))
+    path = checkpoint.weights_path(run_dir, weights)
+    if weights == "best" and path.parent != run_dir:
+        warnings.warn(f"{run_dir} has no best weights ({rundir.BEST}: no evaluation kept "
+                      f"one); using its latest checkpoint, {path.parent.name}/", stacklevel=2)
+    checkpoint.load_weights(model, path)
     model.to(dev).eval()
     if quantize:  # a language model's outputs must not depend on their batch: float inputs
         quantize_linears(model, quantize, weight_only=language_model)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -32,6 +34,7 @@ def build_model(config: ModelConfig, device: torch.device | str | None = None, *
     are loaded next (``checkpoint.load_weights`` refuses a file that misses one): drawing
     SmolLM2-135M's random weights took 1.2 s of its 2.1 s load, only to be overwritten."""
     device = torch.get_default_device() if device is None else torch.device(device)
+    check_fits(config, device)
     with torch.device("meta"):
         model = ARCHITECTURES[config.arch](config)
     if device.type != "meta":
@@ -42,6 +45,30 @@ def build_model(config: ModelConfig, device: torch.device | str | None = None, *
             else:
                 fill_buffers(model)
     return model
+
+
+def memory_of(device: torch.device) -> int | None:
+    """The bytes of memory ``device`` has in all (None where it cannot say)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return None
+    return None
+
+
+def check_fits(config: ModelConfig, device: torch.device) -> None:
+    """Refuse, before anything is made, a model whose float32 numbers alone are more than
+    ``device`` has memory (a mistyped ``d_model = 2**40`` or ``n_layers = 10**8``)."""
+    need, have = 4 * config.numbers(), memory_of(device)
+    if have is not None and need > have:
+        raise ValueError(f"the model needs about {need / 2**30:,.1f} GiB for its weights alone "
+                         f"(d_model {config.d_model}, d_ff {config.d_ff}, {config.n_layers} "
+                         f"layers, max_len {config.max_len:,}"
+                         + (f", vocabulary {config.vocab_size:,}" if config.vocab_size else "")
+                         + f"), more than the {have / 2**30:,.1f} GiB this {device.type} has")
 
 
 def materialise(model: nn.Module, device: torch.device | str) -> None:

@@ -31,6 +31,13 @@ class Translation(Task):
     default_for_arch = True
     metrics = ("valid_loss", "exact_match", "bleu", "chrf")
 
+    def check_training_config(self):
+        super().check_training_config()
+        if self.config.model.share_embeddings and not self.config.data.shared_vocab:
+            raise ValueError("[model] share_embeddings = true needs [data] shared_vocab = true: "
+                             "with a vocabulary for each language, source token i and target "
+                             "token i are different tokens and cannot share one embedding")
+
     # --- data ----------------------------------------------------------------------------
     FIELDS = {"src": "ragged", "tgt": "ragged"}
 

@@ -25,6 +25,11 @@ import torch
 import torch.distributed as dist
 
 
+class RankZeroFailed(RuntimeError):
+    """Raised by the other ranks when rank 0 failed at a step it does alone (starting the run,
+    saving, evaluating): rank 0 reports why; the command line says nothing more for them, so
+    a refusal reads once, not once per rank."""
+
 @dataclass(frozen=True)
 class Dist:
     """This process's place among the training processes, and the collectives they share

@@ -322,6 +322,12 @@ class Trainer:
         finally:
             self.stop.polling = False
             report.close()
+        loss = last_eval.get("valid_loss")
+        if loss is not None and not math.isfinite(loss):
+            raise Diverged(f"training diverged: the validation loss is {loss} at step "
+                           f"{state.step} ({state.skipped} of {state.step} steps skipped for a "
+                           f"loss or gradient that was not finite); {self.run_dir}'s last "
+                           "checkpoint is kept. Lower train.lr (or muon_lr)")
         return last_eval
 
     def peak_memory(self) -> list[float]:

@@ -20,7 +20,7 @@ from torch import nn
 from .. import checkpoint
 from ..config import RunConfig
 from ..data.encode import TaskData
-from .distributed import Dist
+from .distributed import Dist, RankZeroFailed
 from .optimizers import Optimizers
 from .parallel import Single
 from .progress import trim_metrics
@@ -147,7 +147,7 @@ class Checkpoints:
             raise Diverged(f"rank 0 found the weights no longer finite while {doing}; the "
                            f"last checkpoint in {self.run_dir} is kept")
         if code == 2:
-            raise RuntimeError(f"rank 0 failed while {doing} (its error says why); the last "
+            raise RankZeroFailed(f"rank 0 failed while {doing} (its error says why); the last "
                                f"checkpoint in {self.run_dir} is kept")
 
     def judge(self, state: RunState, result: dict) -> tuple[bool, bool]:

@@ -32,9 +32,10 @@ from .. import checkpoint, devices, rundir
 from ..config import RunConfig, apply_overrides, load_run_config, load_toml
 from ..data.registry import default_cache
 from ..data.tokenizers import Tokenizer
+from ..models import check_fits
 from ..tasks import Task, TaskData, task_for
 from ..viz.curves import plot_loss
-from .distributed import Dist, init, rank0_decides, shutdown
+from .distributed import Dist, RankZeroFailed, init, rank0_decides, shutdown
 from .loop import Trainer
 from .parallel import parallel_class
 from .progress import TENSORBOARD
@@ -75,13 +76,15 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
             resume, overwrite = _continue_after_restart(run_dir, launch.rank)
         cfg, init_tokenizers = ((resumed_config(run_dir, overrides), None) if resume
                                 else configure(config, overrides))
-    device = devices.resolve_device(cfg.train.device, launch.local_rank)
+    device = devices.resolve_device(cfg.train.device, launch.local_rank,
+                                    on_cpu="--set train.device=cpu")
     # config.toml says what the run trained in
     precision = devices.usable_precision(cfg.train.asked_precision, device, say=launch.rank == 0)
     cfg = cfg.replace(train=cfg.train.replace(precision=precision, bf16=precision == "bf16"))
     if cfg.train.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ImportError("[train] tensorboard = true needs TensorBoard: "  # before any file
                           "pip install 'vaswani[tensorboard]'")
+    check_fits(cfg.model, device)  # a model that cannot fit, before any data is read
     task = task_for(cfg)
     task.check_training_config()
     dist = init(launch.rank, launch.world, launch.local_rank, device,
@@ -94,7 +97,7 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
             try:
                 data, cfg = start(task, cfg, run_dir, resume=bool(resume), overwrite=overwrite,
                                   tokenizers=init_tokenizers, cache=cache, dist=dist,
-                                  progress=launch.progress)
+                                  progress=launch.progress, device=device)
                 if dist.is_main:
                     m = cfg.model
                     vocab = (f"vocabulary {m.vocab_size:,}" if m.tgt_vocab_size is None else
@@ -111,8 +114,8 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
                                   resume=bool(resume), progress=launch.progress,
                                   stop=launch.stop)
                 result = trainer.fit()
-            except rundir.Refused:
-                raise  # nothing was touched
+            except (rundir.Refused, RankZeroFailed):
+                raise  # nothing was touched (or rank 0 sees to it)
             except BaseException:
                 if dist.is_main and not resume:
                     _clear_failed_start(run_dir, created)
@@ -158,6 +161,7 @@ def configure(config: str, overrides: list[str]) -> tuple[RunConfig, Tokenizers 
     length is fixed now, so that resuming with more steps continues it."""
     cfg = load_run_config(config, overrides)
     cfg = cfg.replace(train=cfg.train.replace(schedule_steps=cfg.train.schedule_steps))
+    check_schedule(cfg.train)
     if not cfg.train.init_from:
         return cfg, None
     base_dir = Path(cfg.train.init_from)
@@ -193,20 +197,31 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
         cfg = RunConfig.from_dict(apply_overrides(data, overrides))
     except (ValueError, TypeError) as e:
         raise ValueError(f"{run_dir / rundir.CONFIG}: {e}") from None
-    t = cfg.train
-    if t.max_steps > t.schedule_steps and t.schedule in DECAYING:
-        if t.min_lr == 0:
-            raise ValueError(
-                f"train.max_steps ({t.max_steps}) goes past the end of this run's {t.schedule} "
-                f"schedule ({t.schedule_steps} steps), where the learning rate is min_lr (0): "
-                f"the extra steps would change nothing. Also --set train.schedule_steps="
-                f"{t.max_steps} to stretch the schedule over them (the rate rises again), "
-                "or set train.min_lr")
-        print(f"vaswani: steps {t.schedule_steps + 1}-{t.max_steps} run after the end of the "
-              f"{t.schedule} schedule, at min_lr ({t.min_lr:g}); --set train.schedule_steps="
-              f"{t.max_steps} would stretch the schedule instead", file=sys.stderr, flush=True)
+    check_schedule(cfg.train)
     return cfg
 
+
+def check_schedule(t) -> None:
+    """A decaying schedule (cosine, wsd) shorter than the run: refused where the steps past
+    its end would change nothing (min_lr 0) or where it ends still warming up (the rate
+    would climb past its end); otherwise said."""
+    if not (t.max_steps > t.schedule_steps and t.schedule in DECAYING):
+        return
+    if t.warmup >= t.schedule_steps:
+        raise ValueError(f"train.warmup ({t.warmup}) is not shorter than the {t.schedule} "
+                         f"schedule (schedule_steps {t.schedule_steps}), and max_steps "
+                         f"({t.max_steps}) goes past its end: the rate would still be warming "
+                         "up there. Shorten warmup, or set schedule_steps to max_steps")
+    if t.min_lr == 0:
+        raise ValueError(
+            f"train.max_steps ({t.max_steps}) goes past the end of this run's {t.schedule} "
+            f"schedule ({t.schedule_steps} steps), where the learning rate is min_lr (0): "
+            f"the extra steps would change nothing. Also --set train.schedule_steps="
+            f"{t.max_steps} to stretch the schedule over them (the rate rises again), "
+            "or set train.min_lr")
+    print(f"vaswani: steps {t.schedule_steps + 1}-{t.max_steps} run after the end of the "
+          f"{t.schedule} schedule, at min_lr ({t.min_lr:g}); --set train.schedule_steps="
+          f"{t.max_steps} would stretch the schedule instead", file=sys.stderr, flush=True)
 
 
 def encode_data(config: str, overrides: list[str], cache: Path, *,
@@ -239,36 +254,51 @@ def _lock(run_dir: Path, dist: Dist, device: torch.device):
 
 
 def start(task: Task, cfg: RunConfig, run_dir: Path, *, resume: bool, overwrite: bool,
-          tokenizers: Tokenizers | None, cache: Path, dist: Dist, progress: bool
-          ) -> tuple[TaskData, RunConfig]:
+          tokenizers: Tokenizers | None, cache: Path, dist: Dist, progress: bool,
+          device: torch.device | None = None) -> tuple[TaskData, RunConfig]:
     """The run's data, and its config completed from the data. A new run: rank 0 trains the
     tokenizer, encodes the data (into the cache) and writes config.toml and tokenizer/; the
     other ranks then read the tokenizer back and map the same encoded files. A resumed run
     reads its tokenizer (and labels) from ``run_dir``."""
-    if resume:
-        checkpoint.find_last(run_dir)  # fail before reading data if there is nothing to resume
-        if dist.is_main and (theirs := rundir.in_the_way(run_dir)):
-            raise rundir.Refused(f"{run_dir} holds {', '.join(theirs[:3])}, which vaswani did "
-                                 "not write and the run's next checkpoint would replace; move "
-                                 "them first")
-    elif dist.is_main:
-        rundir.start(run_dir, overwrite)
-        rundir.record_launcher(run_dir)  # a torchrun restart of this job continues the run
-    if dist.is_main:
-        labels = None
-        if resume:  # the tokenizers (and labels) the run was trained with
-            source, target, labels = rundir.read_tokenizers(run_dir)
-            tokenizers, labels = (source, target), labels or None
-        data = task.load(cache, tokenizers, labels, progress=progress)
-        if not resume:
-            rundir.write_run(run_dir, resolve_model(cfg, task, data), data.source_tokenizer,
-                             data.target_tokenizer, data.labels)
+    error, data = None, None
+    if dist.is_main:  # its failure reaches every rank as one error, not a hung collective
+        try:
+            data = _start_main(task, cfg, run_dir, resume=resume, overwrite=overwrite,
+                               tokenizers=tokenizers, cache=cache, progress=progress)
+        except Exception as e:  # noqa: BLE001 - raised again below, after the others hear
+            error = e
+    failed = dist.broadcast(torch.tensor([float(error is not None)], device=device))
+    if error is not None:
+        raise error
+    if bool(failed.item()):
+        raise RankZeroFailed(f"rank 0 could not start the run in {run_dir} (its error says why)")
     dist.barrier()  # rank 0 has encoded the data (if the cache lacked it) and written the run
     if not dist.is_main:  # the others map the same files, with the tokenizer rank 0 wrote
         source, target, labels = rundir.read_tokenizers(run_dir)
         data = task.load(cache, (source, target), labels or None, progress=False)
     return data, resolve_model(cfg, task, data)
 
+
+def _start_main(task: Task, cfg: RunConfig, run_dir: Path, *, resume: bool, overwrite: bool,
+                tokenizers: Tokenizers | None, cache: Path, progress: bool) -> TaskData:
+    """Rank 0's part of :func:`start`: the run directory, the data, config.toml."""
+    labels = None
+    if resume:
+        checkpoint.find_last(run_dir)  # fail before reading data if there is nothing to resume
+        if theirs := rundir.in_the_way(run_dir):
+            raise rundir.Refused(f"{run_dir} holds {', '.join(theirs[:3])}, which vaswani did "
+                                 "not write and the run's next checkpoint would replace; move "
+                                 "them first")
+        source, target, labels = rundir.read_tokenizers(run_dir)  # what it was trained with
+        tokenizers, labels = (source, target), labels or None
+    else:
+        rundir.start(run_dir, overwrite)
+        rundir.record_launcher(run_dir)  # a torchrun restart of this job continues the run
+    data = task.load(cache, tokenizers, labels, progress=progress)
+    if not resume:
+        rundir.write_run(run_dir, resolve_model(cfg, task, data), data.source_tokenizer,
+                         data.target_tokenizer, data.labels)
+    return data
 
 def resolve_model(cfg: RunConfig, task: Task, data: TaskData) -> RunConfig:
     """Fill in what the data decides (vocabulary sizes, classes, the padding id)."""
