@@ -149,3 +149,36 @@ def test_a_batch_that_fails_is_retried_job_by_job():
     assert results[:2] == ["A", "B"] and results[3] == "C"
     assert isinstance(results[2], RuntimeError)
     assert calls[0] == 4 and calls[1:] == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("kind", ["", "text/plain", None])
+def test_a_body_not_sent_as_json_is_a_415_that_says_so(client, kind):
+    """Content-Type "" gave a 422 "Input should be a valid dictionary"."""
+    headers = {} if kind is None else {"content-type": kind}
+    r = client.post("/v1/completions", content=b'{"model": "lm", "prompt": "a"}',
+                    headers=headers)
+    assert r.status_code == 415
+    assert "the body must be JSON, sent with Content-Type: application/json" in \
+        r.json()["error"]["message"]
+
+
+def test_an_input_the_model_would_cut_is_refused_not_answered_shortened(client, served):
+    """/v1/translate of 20,000 characters answered 26 characters with no note of the cut; a
+    text past max_len is a 400 naming its tokens and the limit (translate, classify and
+    embeddings alike)."""
+    for route, model in (("/v1/translate", "copy"), ("/v1/classify", "clf"),
+                         ("/v1/embeddings", "bert")):
+        limit = served[model].config.model.max_len
+        r = client.post(route, json={"model": model, "input": ["ab", "abc " * limit]})
+        assert r.status_code == 400, (route, r.text)
+        message = r.json()["error"]["message"]
+        assert message.startswith("input[1] is ") and f"reads at most {limit}" in message
+        assert client.post(route, json={"model": model, "input": "ab"}).status_code == 200
+
+
+def test_an_unknown_model_name_is_not_echoed_whole(client):
+    r = client.post("/v1/completions", json={"model": "m" * 1_500_000, "prompt": "a"})
+    assert r.status_code in (404, 413)
+    assert len(r.text) < 1000
+    r = client.post("/v1/completions", json={"model": "m" * 5000, "prompt": "a"})
+    assert r.status_code == 404 and "(5,000 characters)" in r.json()["error"]["message"]

@@ -101,6 +101,12 @@ class Run:
                                                         fast_lane=0, shared_chunk=0))
         return self._engine
 
+    def input_tokens(self, texts: list[str]) -> list[int] | None:
+        """The tokens each text is as the model reads it (special tokens included), for the
+        server to refuse what would be cut to ``max_len``; None where nothing is cut (a
+        language model's context slides)."""
+        return None
+
     def new_engine(self, config: EngineConfig) -> Engine:
         """Another engine over the run's model, sized by ``config`` (the server runs its own,
         in the thread of its models)."""

@@ -31,6 +31,9 @@ class Encoder(Run):
         return ("classifier: labels your text" if self.labels
                 else "sentence encoder: compares two texts")
 
+    def input_tokens(self, texts: list[str]) -> list[int]:
+        return [len(ids) for ids, _ in classifier_inputs(self.source_tokenizer, texts, 2**62)]
+
     def inputs(self, texts: list[str]) -> list[list[int]]:
         """Each text's ids, cut to max_len with one warning that counts the cuts."""
         limit = self.config.model.max_len

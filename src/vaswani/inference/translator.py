@@ -78,6 +78,9 @@ class Translator(Run):
             engine.run(sorted(requests.values(), key=lambda r: -len(r.prompt)))
         return self.results(texts, requests, decode)
 
+    def input_tokens(self, texts: list[str]) -> list[int]:
+        return [len(ids) + 1 for ids in self.source_tokenizer.encode_batch(texts)]  # <eos>
+
     def requests(self, texts: list[str], decode: DecodeConfig) -> dict[int, Request]:
         """An engine request for each non-empty text, by index."""
         todo = [i for i, t in enumerate(texts) if t.strip()]

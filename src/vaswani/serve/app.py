@@ -82,6 +82,12 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
     @app.exception_handler(RequestValidationError)
     async def invalid(request, e: RequestValidationError):
         errors = e.errors() or [{"loc": (), "msg": "invalid request"}]
+        kind = request.headers.get("content-type", "")
+        if request.method == "POST" and "json" not in kind.lower():  # not read as JSON at all
+            came = f"with Content-Type {kind!r}" if kind else "with no Content-Type"
+            return JSONResponse(error_body("the body must be JSON, sent with Content-Type: "
+                                           f"application/json (it came {came})"),
+                                status_code=415)
         # a field that may be a text or a list of texts fails once per form: the error that
         # says what is wrong with the value (a lone surrogate) beats "should be a list"
         first = next((x for x in errors if x.get("type") == "value_error"), errors[0])
@@ -107,7 +113,32 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
     app.include_router(routes.info)
     app.include_router(routes.api)
     app.include_router(routes.pages)
+    app.openapi = lambda: _schema_with(app, limits)
     return app
+
+
+def _schema_with(app: FastAPI, limits: Limits) -> dict:
+    """The OpenAPI schema, with this server's limits as the fields' bounds (the request
+    models' own bounds are the widest any server takes): a client generated from it, or
+    schemathesis, asks for nothing this server refuses by its limits."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        schema = get_openapi(title=app.title, version=app.version,
+                             description=app.description, routes=app.routes)
+        bounds = {"n": limits.max_n, "max_tokens": limits.max_tokens,
+                  "max_completion_tokens": limits.max_tokens}
+        for model in schema.get("components", {}).get("schemas", {}).values():
+            for name, field in model.get("properties", {}).items():
+                for option in field.get("anyOf", [field]):
+                    if name in bounds and "maximum" in option:
+                        option["maximum"] = min(option["maximum"], bounds[name])
+                    if option.get("type") == "string" and name in ("input", "prompt"):
+                        option["maxLength"] = limits.max_input_chars
+                    if option.get("type") == "array" and name in ("input", "prompt"):
+                        option["maxItems"] = limits.max_items
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def _form(part) -> bool:

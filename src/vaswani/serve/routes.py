@@ -17,7 +17,7 @@ from importlib import resources
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from ..inference import Run
 from . import chat, openai, schemas
@@ -51,8 +51,16 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 
 TheServer = Annotated[Server, Depends(the_server)]
 info = APIRouter()  # /health, /metrics
-api = APIRouter(prefix="/v1", dependencies=[Depends(authorised)])
-pages = APIRouter()  # the page and its files
+# what a /v1 route may answer besides 200, as the OpenAPI schema says (schemas.ErrorBody)
+ERRORS = {status: {"model": schemas.ErrorBody, "description": why} for status, why in (
+    (400, "a field the server refuses or does not implement, or a limit passed (named)"),
+    (401, "an API key is needed"), (404, "no model of that name"),
+    (413, "the body is over the limit"), (415, "the body is not JSON"),
+    (422, "a field of the wrong type or out of its range"),
+    (499, "the client closed its connection before the answer"),
+    (503, "the model's queue is full; try again shortly"))}
+api = APIRouter(prefix="/v1", dependencies=[Depends(authorised)], responses=ERRORS)
+pages = APIRouter(include_in_schema=False)  # the page and its files: not the API
 
 
 @info.get("/health")
@@ -62,7 +70,9 @@ async def health(request: Request, server: TheServer):
             "served": {name: server.served(name) for name in server.runs}}
 
 
-@info.get("/metrics")
+@info.get("/metrics", response_class=PlainTextResponse,
+          responses={200: {"content": {"text/plain": {}},
+                           "description": "Prometheus' text format"}})
 async def metrics(server: TheServer):
     body, media_type = server.metrics.exposition()
     return Response(body, media_type=media_type)
@@ -82,6 +92,7 @@ async def models(server: TheServer):
 async def translate(body: schemas.TranslateRequest, request: Request, server: TheServer):
     run = server.run_for(body.model, "translate")
     texts = _texts(body.input, server.limits)
+    _fits(run, body.model, texts, body.input)
     decode = _decode(run, beam=body.beam, n_best=body.n_best,
                      length_penalty=body.length_penalty,
                      no_repeat_ngram_size=body.no_repeat_ngram_size,
@@ -99,8 +110,9 @@ async def classify(body: schemas.ClassifyRequest, request: Request, server: TheS
     if not run.labels:
         raise ApiError(400, f"model {body.model!r} has no classification head (an "
                        "imported encoder): use /v1/embeddings", "model")
-    results = await server.encode(body.model, "classify", _texts(body.input, server.limits),
-                                  request.is_disconnected)
+    texts = _texts(body.input, server.limits)
+    _fits(run, body.model, texts, body.input)
+    results = await server.encode(body.model, "classify", texts, request.is_disconnected)
     return {"object": "list", "model": body.model, "data": [
         {"index": i, "label": max(p, key=p.get), "probability": max(p.values()),
          "probabilities": p} for i, p in enumerate(results)]}
@@ -110,6 +122,7 @@ async def classify(body: schemas.ClassifyRequest, request: Request, server: TheS
 async def embeddings(body: schemas.EmbeddingRequest, request: Request, server: TheServer):
     run = server.run_for(body.model, "embeddings")
     texts = _texts(body.input, server.limits)
+    _fits(run, body.model, texts, body.input)
     vectors = await server.encode(body.model, "embed", texts, request.is_disconnected)
     n_tokens = sum(len(run.source_tokenizer.encode(t)) for t in texts)
     return {"object": "list", "model": body.model, "data": [
@@ -229,6 +242,21 @@ def _texts(value: str | list[str], limits: Limits, *, allow_empty: bool = False)
         if not allow_empty and not text.strip():
             raise ApiError(400, "input holds an empty text", "input")
     return texts
+
+
+def _fits(run: Run, name: str, texts: list[str], given: str | list[str]) -> None:
+    """A 400 for a text the model would have to cut (its ``max_len``): nothing is answered
+    about a text the model did not read whole."""
+    counts = run.input_tokens(texts)
+    if not counts:
+        return
+    i = max(range(len(counts)), key=counts.__getitem__)
+    limit = run.config.model.max_len
+    if counts[i] > limit:
+        where = "input" if isinstance(given, str) else f"input[{i}]"
+        raise ApiError(400, f"{where} is {counts[i]:,} tokens (special tokens included); model "
+                       f"{name!r} reads at most {limit:,} (its max_len): shorten it or split "
+                       "it", "input")
 
 
 def _decode(run: Run, **given):

@@ -33,6 +33,19 @@ Text = Annotated[str, AfterValidator(encodable)]
 Count = Annotated[int, Field(ge=0, le=MAX_NEW_TOKENS)]
 
 
+class ErrorBody(BaseModel):
+    """Every answer other than 2xx: ``{"error": {"message", "type", "param", "code"}}``, as
+    OpenAI's."""
+
+    class Error(BaseModel):
+        message: str
+        type: str
+        param: str | None = None
+        code: str | None = None
+
+    error: Error
+
+
 class Body(BaseModel):
     """What every request body holds: the model it asks."""
 

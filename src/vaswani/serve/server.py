@@ -88,7 +88,8 @@ class Server:
 
     def run_for(self, name: str, route: str) -> Run:
         if name not in self.runs:
-            raise UnknownModel(f"unknown model {name!r}; loaded: {', '.join(self.runs)}",
+            shown = name if len(name) <= 64 else f"{name[:60]}... ({len(name):,} characters)"
+            raise UnknownModel(f"unknown model {shown!r}; loaded: {', '.join(self.runs)}",
                                "model")
         run = self.runs[name]
         method = METHOD_OF_ROUTE.get(route)

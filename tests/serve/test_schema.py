@@ -1,0 +1,34 @@
+"""The OpenAPI schema says what the server does: schemathesis generates requests from
+``/openapi.json`` (valid ones and not), sends them to a live server on 127.0.0.1 and checks
+every answer against the schema: no 5xx, only declared status codes and content types, bodies
+of the declared shape. A bounded number of examples per route."""
+
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis", reason="a test dependency")
+from hypothesis import HealthCheck, settings  # noqa: E402  (after the skip)
+
+from tests.serve.conftest import LiveServer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def api_schema(served):
+    from vaswani.serve import create_app
+
+    with LiveServer(create_app(served)) as server:
+        yield schemathesis.openapi.from_url(f"{server.url}/openapi.json")
+
+
+def test_every_route_answers_as_its_schema_says(api_schema):
+    from hypothesis import given
+
+    operations = [result.ok() for result in api_schema.get_all_operations()]
+    assert len(operations) >= 9  # /health, /metrics and the /v1 routes
+    for operation in operations:
+        @given(case=operation.as_strategy())
+        @settings(max_examples=25, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
+        def check(case):
+            case.call_and_validate(timeout=60)
+
+        check()
