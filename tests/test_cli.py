@@ -29,3 +29,17 @@ def test_module_entry_point_prints_version():
     out = subprocess.run([sys.executable, "-m", "vaswani", "--version"], capture_output=True,
                          text=True, check=True).stdout
     assert out.startswith("vaswani ")
+
+
+def test_an_os_error_from_any_command_is_one_line_not_a_traceback(monkeypatch, capsys):
+    """A read-only cache, a full disk: OSError (and WriteError) end as one line, exit 2,
+    whatever else main() handles besides."""
+    import vaswani.cli.data as data_cli
+
+    def read_only(args):
+        raise OSError(30, "Read-only file system", "/ro/packages")
+
+    monkeypatch.setattr(data_cli, "prepare", read_only)
+    assert main(["data", "prepare", "shakespeare"]) == 2
+    err = capsys.readouterr().err
+    assert err == "vaswani: error: Read-only file system: /ro/packages\n"

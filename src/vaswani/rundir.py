@@ -232,6 +232,9 @@ def survey(run_dir: Path) -> tuple[list[str], list[str], list[str]]:
         return [], [], []
     listed = written(run_dir)
     exact, patterns = set(listed), [p for p in listed if "*" in p]
+    # last.tmp/ and last.old/ are checkpoint.save_last's scratch: once a run has listed last/,
+    # whatever a save killed part-way left in them (a library's temporary file) is its own
+    scratch = any(p.startswith(f"{LAST}/") for p in listed)
     owned, in_the_way, others = [], [], []
     for entry in sorted(run_dir.iterdir()):
         if entry.name in (LOCK, MANIFEST):
@@ -243,7 +246,8 @@ def survey(run_dir: Path) -> tuple[list[str], list[str], list[str]]:
             p for p in entry.rglob("*") if not p.is_dir() or p.is_symlink())
         for path in files:
             rel = _listed_as(path.relative_to(run_dir).as_posix())
-            mine = rel in exact or any(fnmatch.fnmatchcase(rel, p) for p in patterns)
+            mine = (rel in exact or any(fnmatch.fnmatchcase(rel, p) for p in patterns)
+                    or scratch and entry.name in ("last.tmp", "last.old"))
             (owned if mine else in_the_way).append(path.relative_to(run_dir).as_posix())
     return owned, in_the_way, others
 

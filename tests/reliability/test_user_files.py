@@ -16,6 +16,9 @@ from vaswani.cli import main
 FOLDERS = ("last", "last.tmp", "last.old", "tokenizer", "checkpoints", "tensorboard",
            "sharded.tmp")
 MARK = b"users-own-bytes"  # in every file of the user's
+# in a run's directory, last.tmp/ and last.old/ are the save's scratch (whatever a save killed
+# part-way left in them is vaswani's); the user's files go in the others
+THEIRS = tuple(name for name in FOLDERS if name not in ("last.tmp", "last.old"))
 FILES = ("model.safetensors", "loss.png", "averaged.safetensors", "config.toml",
          "metrics.jsonl", "launcher.json", "chat_template.jinja")
 
@@ -26,11 +29,11 @@ def users_bytes(folder):
             for p in folder.rglob("*") if p.is_file() and MARK in p.read_bytes()}
 
 
-def fill(folder, *, names=True):
+def fill(folder, *, names=True, folders=FOLDERS):
     """The user's files: inside each of vaswani's folders, and (``names``) at vaswani's file
     names too; beside them a note and a folder of their own."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in FOLDERS:
+    for name in folders:
         (folder / name).mkdir(exist_ok=True)
         (folder / name / "precious.bin").write_text(f"users-own-bytes: {name}")
     if names:
@@ -88,12 +91,12 @@ def test_overwrite_of_a_run_removes_only_what_it_wrote(kind, sources, tmp_path, 
     assert rundir.CONFIG in written and rundir.BEST in written
     assert main(command(kind, sources, out)) == 2  # a run is there
     assert "already holds a run" in capsys.readouterr().err
-    before = users_bytes(out) | fill(out, names=False)
+    before = users_bytes(out) | fill(out, names=False, folders=THEIRS)
     for extra in ([], ["--overwrite"]):  # the user's files in its way
         assert main(command(kind, sources, out) + extra) == 2
     assert "checkpoints/precious.bin" in capsys.readouterr().err
     assert users_bytes(out) == before
-    for name in FOLDERS:  # the user moves them away; the notes and data/ stay
+    for name in THEIRS:  # the user moves them away; the notes and data/ stay
         (out / name / "precious.bin").unlink()
     before = users_bytes(out)
     assert before
@@ -151,3 +154,15 @@ def test_export_into_a_folder_of_the_users_keeps_every_byte(copy_run, tmp_path, 
     assert code == 2
     assert "Traceback" not in capsys.readouterr().err
     assert users_bytes(out) == before
+
+
+def test_what_a_killed_save_leaves_in_last_tmp_does_not_stop_a_resume(sources, tmp_path):
+    """A kill -9 in the middle of a save leaves last.tmp/ with a library's temporary file in
+    it: the save's scratch, vaswani's, removed by the next save; the run resumes."""
+    out = tmp_path / "run"
+    assert main(command("train", sources, out)) == 0
+    (out / "last.tmp").mkdir()
+    (out / "last.tmp" / ".tmpQ2tJVl").write_bytes(b"half a tensor")
+    assert main(["train", "--resume", str(out), "--no-progress", "--set",
+                 "train.max_steps=3"]) == 0
+    assert not (out / "last.tmp").exists()

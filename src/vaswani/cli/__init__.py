@@ -55,13 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, FileExistsError, FetchError, ImportError) as e:
         print(f"vaswani: error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:
-        if type(e).__name__ != "RankZeroFailed":  # training/distributed.py: rank 0 says why
-            raise
-        return 2
     except OSError as e:  # permissions, a full disk, a path that is not a directory ...
         where = f": {e.filename}" if e.filename else ""
         print(f"vaswani: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        if type(e).__name__ != "RankZeroFailed":  # training/distributed.py: rank 0 says why
+            raise
         return 2
     except KeyboardInterrupt as e:  # training's Stopped says what was saved
         print(f"vaswani: {e}" if type(e).__name__ == "Stopped" else
