@@ -572,6 +572,36 @@ def probe_overwrite_keeps_user_files(p):
     return expect_success(r)
 
 
+@case("faults", "a folder with the user's files inside `last/`, `tokenizer/`, `checkpoints/` and "
+                "at vaswani's names, given to train with and without `--overwrite`")
+def probe_user_files_in_vaswanis_names(p):
+    out = p.work / "theirs"
+    mine = {}
+    for rel in ("last/precious.bin", "last.tmp/precious.bin", "tokenizer/precious.bin",
+                "checkpoints/precious.bin", "model.safetensors", "loss.png", "notes.txt",
+                "data/train.tsv"):
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(f"mine: {rel}")
+        mine[rel] = f"mine: {rel}"
+    results = [p.cli("train", p.config("encoder-decoder", steps=2, name="theirs"), "--out", out,
+                     *extra, "--no-progress") for extra in ([], ["--overwrite"])]
+    lost = [rel for rel, text in mine.items()
+            if not (out / rel).exists() or (out / rel).read_text() != text]
+    if lost:
+        return "wrong", f"the user's files were lost: {', '.join(lost)}"
+    return expect_error(results[-1])
+
+
+@case("faults", "a run that diverges (`--set train.lr=1e30`)")
+def probe_training_that_diverges(p):
+    r = p.cli("train", p.config("encoder-decoder", steps=6, name="diverge"), "--out",
+              p.work / "diverged", "--no-progress", "--set", "train.lr=1e30", "--set",
+              "train.max_skipped_steps=100")
+    if r.rc == 0:
+        return "accepted", "exit 0 although the validation loss is not finite: " + r.describe()
+    return expect_error(r)
+
+
 # --- data preparation and downloads -------------------------------------------------------------
 
 def _bible_wheel(p: Probe) -> Path | None:
