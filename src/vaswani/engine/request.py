@@ -37,6 +37,9 @@ class Params:
     beam: int = 0  # > 0: beam search with this many hypotheses (translation)
     n_best: int = 1  # beam search: hypotheses returned
     length_penalty: float = 0.0  # beam search: GNMT alpha
+    logprobs: int | None = None  # one-row requests: keep each chosen token's log-probability
+    # (the model's own, before temperature, top-k/top-p and rules) and this many of the most
+    # likely tokens' (Request.logprobs)
 
 
 class Status(Enum):
@@ -107,6 +110,9 @@ class Request:
         self.reason: str | None = None  # why it finished: "stop", "length", "cancelled", ...
         self.error: BaseException | None = None  # what failed it, if anything did
         self.generated = 0  # tokens generated (one-row requests)
+        # with params.logprobs: per chosen token (<eos> included), (its log-probability,
+        # [(token, log-probability) of the params.logprobs most likely])
+        self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []
         self.arrived = time.perf_counter()
         self.first_token: float | None = None  # when its first token came
         self.finished: float | None = None

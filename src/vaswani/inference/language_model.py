@@ -4,6 +4,7 @@ character), and look at its attention."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable
@@ -63,12 +64,13 @@ class LanguageModel(Run):
 
     def completion(self, prompt: str, decode: DecodeConfig, *, seed: int | None = None,
                    emit: Callable[[str], None] | None = None,
-                   ids: list[int] | None = None) -> Completion:
+                   ids: list[int] | None = None, logprobs: int | None = None) -> Completion:
         """An engine request to continue ``prompt``, with the text it produces: ``emit``
         receives each new piece of it as it comes. A prompt longer than ``max_len`` keeps
         its last half window (as a model trained on windows expects), with a warning.
         ``ids``: the prompt's tokens, when the caller has them already (the server counts
-        them first)."""
+        them first). ``logprobs``: keep each new token's log-probability and this many
+        alternatives' (``request.logprobs``; the model's own, before any decoding setting)."""
         tok = self.source_tokenizer
         ids = (tok.encode(prompt) if ids is None else list(ids)) or [tok.bos_id]
         max_len = self.config.model.max_len
@@ -87,8 +89,33 @@ class LanguageModel(Run):
                 emit(piece)
             return text.stopped
 
-        request = Request(ids, self.params(decode, seed=seed), on_token=on_token)
+        params = self.params(decode, seed=seed)
+        if logprobs is not None:
+            params = dataclasses.replace(params, logprobs=logprobs)
+        request = Request(ids, params, on_token=on_token)
         return Completion(request, text, emit)
+
+    @torch.no_grad()
+    def token_logprobs(self, ids: list[int], top: int = 0
+                       ) -> list[tuple[float, list[tuple[int, float]]]]:
+        """The log-probability of each token of ``ids`` after the first given the tokens
+        before it, and the ``top`` most likely tokens' at each place: the model's own
+        distribution (what :meth:`score` sums; no temperature or rule). At most ``max_len``
+        tokens."""
+        if len(ids) > self.config.model.max_len:
+            raise ValueError(f"{len(ids)} tokens to score; the model reads at most "
+                             f"{self.config.model.max_len} at once")
+        if len(ids) < 2:
+            return []
+        x = as_batch(ids, self.device)
+        log_p = self.model(x, mask=torch.ones_like(x, dtype=torch.bool))[0, :-1].float()
+        log_p = log_p.log_softmax(-1)  # (T - 1, V): position t predicts token t + 1
+        chosen = log_p.gather(1, x[0, 1:, None])[:, 0].tolist()
+        if not top:
+            return [(lp, []) for lp in chosen]
+        best = log_p.topk(top, dim=-1)
+        return [(lp, list(zip(i, v, strict=True))) for lp, i, v in
+                zip(chosen, best.indices.tolist(), best.values.tolist(), strict=True)]
 
     @torch.no_grad()
     def score(self, text, *, beam=None, outputs=None):

@@ -90,6 +90,7 @@ async def models(server: TheServer):
 
 @api.post("/translate")
 async def translate(body: schemas.TranslateRequest, request: Request, server: TheServer):
+    _implemented(body)
     run = server.run_for(body.model, "translate")
     texts = _texts(body.input, server.limits)
     _fits(run, body.model, texts, body.input)
@@ -106,6 +107,7 @@ async def translate(body: schemas.TranslateRequest, request: Request, server: Th
 
 @api.post("/classify")
 async def classify(body: schemas.ClassifyRequest, request: Request, server: TheServer):
+    _implemented(body)
     run = server.run_for(body.model, "classify")
     if not run.labels:
         raise ApiError(400, f"model {body.model!r} has no classification head (an "
@@ -120,6 +122,7 @@ async def classify(body: schemas.ClassifyRequest, request: Request, server: TheS
 
 @api.post("/embeddings")
 async def embeddings(body: schemas.EmbeddingRequest, request: Request, server: TheServer):
+    _implemented(body)
     run = server.run_for(body.model, "embeddings")
     texts = _texts(body.input, server.limits)
     _fits(run, body.model, texts, body.input)
@@ -133,33 +136,57 @@ async def embeddings(body: schemas.EmbeddingRequest, request: Request, server: T
 
 @api.post("/completions")
 async def completions(body: schemas.CompletionRequest, request: Request, server: TheServer):
+    _implemented(body)
     run = server.run_for(body.model, "completions")
-    prompts = _texts(body.prompt, server.limits, allow_empty=True)
+    prompts = _prompts(server, run, body.prompt)
     if body.stream and len(prompts) > 1:
         raise ApiError(400, "stream with a list of prompts is not supported; send one "
                        "prompt per request", "prompt")
-    # the whole request is checked before any of it runs
+    if body.max_tokens == 0 and not body.echo:
+        raise ApiError(400, "max_tokens (0) generates nothing; with echo it scores the prompt",
+                       "max_tokens")
+    tok, keep = run.source_tokenizer, body.logprobs is not None
+    echo = None
+    if body.echo:  # the prompt's own log-probabilities, as a scoring pass
+        echo = [(text, ids, await _scored(server, body.model, run, ids, body.logprobs))
+                for text, ids in prompts]
+    if body.max_tokens == 0:  # scoring only: nothing is generated
+        if body.n > server.limits.max_n:
+            raise ApiError(400, f"n ({body.n}) is over the limit of {server.limits.max_n}", "n")
+        results = [{"prompt_tokens": len(ids), "prompt": text, "choices": [
+            {"index": k, "text": "", "completion_tokens": 0, "finish_reason": "length",
+             "ids": [], "logprobs": []} for k in range(body.n)]} for text, ids in prompts]
+        choices, usage = openai.choices(results, body.n, chat_mode=False, tokenizer=tok,
+                                        logprobs=keep, echo=echo)
+        return _completion_answer(body.model, choices, usage)
     decode = _decoding(server, run, body, body.max_tokens, len(prompts))
-    prompts = [(p, _prompt_ids(server, run, p)) for p in prompts]
     generations = server.generate(body.model, prompts, decode, n=body.n, seed=body.seed,
-                                  stream=body.stream)
+                                  stream=body.stream, logprobs=body.logprobs)
     if body.stream:
         return openai.sse(generations[0], request, body.model, "text_completion",
-                          chat_mode=False)
+                          chat_mode=False, tokenizer=tok, logprobs=keep,
+                          echo=echo[0] if echo else None, usage=_usage(body))
     results = [await _result(g, request) for g in generations]
-    choices, usage = openai.choices(results, body.n, chat_mode=False)
+    choices, usage = openai.choices(results, body.n, chat_mode=False, tokenizer=tok,
+                                    logprobs=keep, echo=echo)
+    return _completion_answer(body.model, choices, usage)
+
+
+def _completion_answer(model: str, choices: list, usage: dict) -> dict:
     return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
-            "created": int(time.time()), "model": body.model, "choices": choices,
-            "usage": usage}
+            "created": int(time.time()), "model": model, "choices": choices, "usage": usage}
 
 
 @api.post("/chat/completions")
 async def chat_completions(body: schemas.ChatRequest, request: Request, server: TheServer):
+    _implemented(body)
     run = server.run_for(body.model, "chat")
     if run.chat_template is None:
         raise ApiError(400, f"model {body.model!r} has no chat template (a model trained "
                        "with vaswani has none); use /v1/completions with a plain prompt",
                        "model")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     tok = run.source_tokenizer
     try:
         prompt = chat.render(run.chat_template, [m.model_dump() for m in body.messages],
@@ -168,13 +195,16 @@ async def chat_completions(body: schemas.ChatRequest, request: Request, server: 
         raise ApiError(400, str(e), "messages") from None
     _check_length(prompt, server.limits, "messages")
     decode = _decoding(server, run, body, body.max_completion_tokens or body.max_tokens, 1)
+    top = (body.top_logprobs or 0) if body.logprobs else None
     [generation] = server.generate(body.model, [(prompt, _prompt_ids(server, run, prompt))],
-                                   decode, n=body.n, seed=body.seed, stream=body.stream)
+                                   decode, n=body.n, seed=body.seed, stream=body.stream,
+                                   logprobs=top)
     if body.stream:
         return openai.sse(generation, request, body.model, "chat.completion.chunk",
-                          chat_mode=True)
+                          chat_mode=True, tokenizer=tok, logprobs=body.logprobs,
+                          usage=_usage(body))
     choices, usage = openai.choices([await _result(generation, request)], body.n,
-                                    chat_mode=True)
+                                    chat_mode=True, tokenizer=tok, logprobs=body.logprobs)
     return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
             "created": int(time.time()), "model": body.model, "choices": choices,
             "usage": usage}
@@ -182,6 +212,7 @@ async def chat_completions(body: schemas.ChatRequest, request: Request, server: 
 
 @api.post("/attention")
 async def attention(body: schemas.AttentionRequest, server: TheServer):
+    _implemented(body)
     run = server.run_for(body.model, "attention")
     for name, text in (("input", body.input), ("target", body.target)):
         if text is None:
@@ -286,6 +317,56 @@ def _decoding(server: Server, run: Run, body, max_tokens: int | None, prompts: i
                    frequency_penalty=body.frequency_penalty,
                    repetition_penalty=body.repetition_penalty,
                    no_repeat_ngram_size=body.no_repeat_ngram_size, min_length=body.min_tokens)
+
+
+def _implemented(body) -> None:
+    """A 400 for a field the server does not implement (schemas.py says which are no-ops),
+    naming it and what the server does instead: no field is ignored silently."""
+    refused = schemas.unimplemented(body.model_extra or {}, body)
+    if refused is not None:
+        name, instead = refused
+        raise ApiError(400, f"{name} is not implemented by this server: {instead}", name)
+
+
+def _usage(body) -> bool:
+    return body.stream_options is not None and body.stream_options.include_usage
+
+
+def _prompts(server: Server, run: Run, prompt) -> list[tuple[str, list[int]]]:
+    """A completion's prompts, each (text, tokens): texts are encoded, token ids (a list, or
+    a list of lists, as OpenAI and vLLM take them) checked against the vocabulary and
+    decoded for the answer's text; every one within the limits."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        prompt = [prompt]
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], str)):
+        return [(p, _prompt_ids(server, run, p))
+                for p in _texts(prompt, server.limits, allow_empty=True)]
+    if not prompt:
+        raise ApiError(400, "prompt is an empty list", "prompt")
+    if len(prompt) > server.limits.max_items:
+        raise ApiError(400, f"prompt has {len(prompt)} items; the limit is "
+                       f"{server.limits.max_items}", "prompt")
+    tok, out = run.source_tokenizer, []
+    for i, ids in enumerate(prompt):
+        if not ids:
+            raise ApiError(400, f"prompt[{i}] is an empty list of tokens", "prompt")
+        if max(ids) >= tok.vocab_size:
+            raise ApiError(400, f"prompt[{i}] holds token {max(ids)}; the vocabulary has "
+                           f"{tok.vocab_size} (0 .. {tok.vocab_size - 1})", "prompt")
+        if len(ids) > server.limits.max_prompt_tokens:
+            raise ApiError(400, f"prompt[{i}] is {len(ids):,} tokens; the limit is "
+                           f"{server.limits.max_prompt_tokens:,}", "prompt")
+        out.append((tok.decode(list(ids)), list(ids)))
+    return out
+
+
+async def _scored(server: Server, name: str, run: Run, ids: list[int], top: int | None
+                  ) -> list:
+    """Echo's log-probabilities of a prompt's tokens (the first has none), computed in the
+    models' thread; none asked for (``top`` None): placeholders."""
+    if top is None:
+        return [(None, None)] * len(ids)
+    return [(None, None), *await server.call(name, lambda: run.token_logprobs(ids, top))]
 
 
 def _prompt_ids(server: Server, run: Run, prompt: str) -> list[int]:

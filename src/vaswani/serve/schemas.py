@@ -4,6 +4,14 @@
 a few of vaswani's decoding controls besides); ``/v1/translate``, ``/v1/classify`` and
 ``/v1/attention`` are vaswani's own.
 
+No field is ignored silently. Every field a body may carry is one of: a field the server
+implements (declared below); one of OpenAI's that changes nothing on a local server
+(:data:`NO_OPS`: accepted, and listed in docs/reference/http.md); or refused with a 400 that
+names it and says what the server does instead (:data:`REFUSED`, and any other name:
+:func:`unimplemented`). A refused field given its default value (``logit_bias: {}``,
+``response_format: {"type": "text"}``, ``best_of`` equal to ``n``) asks for nothing and
+is accepted.
+
 Every field is bounded here, before any model sees it: numbers have a range (NaN and infinity
 are refused), a seed fits in 63 bits, and a text must be encodable (JSON can spell a lone
 surrogate, ``"\\ud800"``, which no tokenizer takes).
@@ -18,6 +26,48 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from ..config.sections import MAX_BEAM, MAX_NEW_TOKENS, MAX_SEED
 
 MAX_ITEMS = 64  # texts or prompts in one request
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's chat allows 20; vLLM's legacy too)
+
+# OpenAI's fields that change nothing on a local server: accepted, never acted on
+NO_OPS = {"user": "an end-user id for abuse monitoring", "store": "storing outputs for "
+          "OpenAI's dashboard", "metadata": "tags for stored outputs", "service_tier": "a "
+          "processing tier", "prompt_cache_key": "a cache-routing hint",
+          "safety_identifier": "an end-user id for abuse monitoring",
+          "parallel_tool_calls": "tool calls (there are none)"}
+# OpenAI's fields the server does not implement: what it does instead
+REFUSED = {
+    "response_format": "the output is free text; ask for a format in the prompt",
+    "tools": "no tool calling: the model writes text only",
+    "tool_choice": "no tool calling: the model writes text only",
+    "functions": "no function calling: the model writes text only",
+    "function_call": "no function calling: the model writes text only",
+    "logit_bias": "no biases; repetition_penalty, presence_penalty and frequency_penalty "
+                  "are the controls there are",
+    "suffix": "no insertion: the prompt is continued at its end",
+    "best_of": "no server-side ranking: n completions are returned, each scored with "
+               "logprobs",
+    "modalities": "text only", "audio": "text only",
+    "prediction": "no predicted outputs", "reasoning_effort": "not a reasoning model",
+    "verbosity": "no verbosity control: say it in the prompt",
+    "web_search_options": "no web search", "logprobs_bias": "no biases",
+}
+# the value of a refused field that asks for nothing (its default)
+HARMLESS = {"response_format": lambda v: v in ({"type": "text"}, None),
+            "logit_bias": lambda v: not v, "tools": lambda v: not v,
+            "functions": lambda v: not v, "tool_choice": lambda v: v in ("none", None),
+            "modalities": lambda v: v in (["text"], None)}
+
+
+def unimplemented(extra: dict, body: BaseModel) -> tuple[str, str] | None:
+    """The first field of ``extra`` (a body's fields beyond its model's) the server refuses:
+    (its name, what the server does instead); None if all are no-ops or harmless."""
+    for name, value in extra.items():
+        if name in NO_OPS or HARMLESS.get(name, lambda v: False)(value):
+            continue
+        if name == "best_of" and value in (None, getattr(body, "n", 1)):
+            continue
+        return name, REFUSED.get(name, f"{type(body).__name__} has no field {name!r}")
+    return None
 
 
 def encodable(text: str) -> str:
@@ -47,10 +97,10 @@ class ErrorBody(BaseModel):
 
 
 class Body(BaseModel):
-    """What every request body holds: the model it asks."""
+    """What every request body holds: the model it asks. Fields beyond a route's own are
+    kept (``model_extra``) for the route to accept as no-ops or refuse by name."""
 
-    model_config = ConfigDict(extra="ignore",  # OpenAI clients send fields we do not use
-                              allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: Text = Field(min_length=1)
 
@@ -78,12 +128,25 @@ class GenerationBody(Body, Controls):
     stream: bool = False
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False  # a last chunk with the usage, before [DONE]
+
+
+TokenIds = list[Annotated[int, Field(ge=0, le=2**31 - 1)]]
+
+
 class CompletionRequest(GenerationBody):
-    prompt: Text | list[Text]
+    prompt: Text | list[Text] | TokenIds | list[TokenIds]
+    max_tokens: int | None = Field(default=None, ge=0, le=MAX_NEW_TOKENS)  # 0: with echo
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    stream_options: StreamOptions | None = None
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")  # a field never ignored
 
     role: Literal["system", "user", "assistant"]
     content: Text
@@ -92,6 +155,9 @@ class Message(BaseModel):
 class ChatRequest(GenerationBody):
     messages: list[Message] = Field(min_length=1, max_length=1024)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    stream_options: StreamOptions | None = None
 
 
 class EmbeddingRequest(Body):

@@ -150,19 +150,25 @@ class Server:
         return _answer(lambda: run.results(texts, requests, decode))
 
     def generate(self, name: str, prompts: list[tuple[str, list[int]]], decode: DecodeConfig,
-                 *, n: int, seed: int | None, stream: bool) -> list[Generation]:
+                 *, n: int, seed: int | None, stream: bool, logprobs: int | None = None
+                 ) -> list[Generation]:
         """``n`` completions of each prompt (text, its tokens), seeds ``seed``, ``seed + 1``,
         ..., queued all together or (Busy) not at all; streaming, each new piece of text goes
-        to its generation's events as ("text", (index, piece))."""
+        to its generation's events as ("text", (index, piece, tokens so far)). ``logprobs``:
+        keep each token's log-probability and this many alternatives'."""
         generations = [self._generation(name, prompt, ids, decode, n=n, seed=seed,
-                                        stream=stream) for prompt, ids in prompts]
+                                        stream=stream, logprobs=logprobs)
+                       for prompt, ids in prompts]
         self._queue(name, [c.request for g in generations for c in g.completions])
         return generations
 
     def _generation(self, name: str, prompt: str, ids: list[int], decode: DecodeConfig, *,
-                    n: int, seed: int | None, stream: bool) -> Generation:
+                    n: int, seed: int | None, stream: bool, logprobs: int | None
+                    ) -> Generation:
         run, loop = self.runs[name], asyncio.get_running_loop()
         events = asyncio.Queue() if stream else None
+
+        completions: list[Completion] = []
 
         def emitter(index: int) -> Callable[[str], None] | None:
             if events is None:
@@ -171,15 +177,18 @@ class Server:
 
             def emit(piece: str) -> None:  # the first piece at once, the others per step
                 nonlocal first
-                self.loop.post(loop, events.put_nowait, ("text", (index, piece)), now=first)
+                made = len(completions[index].request.logprobs)  # the tokens this piece ends
+                self.loop.post(loop, events.put_nowait, ("text", (index, piece, made)),
+                               now=first)
                 first = False
             return emit
 
-        completions = [run.completion(prompt, decode, emit=emitter(k), ids=ids,
-                                      seed=None if seed is None else seed + k)
-                       for k in range(n)]
+        completions += [run.completion(prompt, decode, emit=emitter(k), ids=ids,
+                                       seed=None if seed is None else seed + k,
+                                       logprobs=logprobs)
+                        for k in range(n)]
         done = self._watch(name, [c.request for c in completions], events)
-        return Generation(completions, done, events)
+        return Generation(completions, done, events, run.source_tokenizer.eos_id, prompt)
 
     async def call(self, name: str, fn: Callable[[], object]):
         """Run one-off work with a run's model, in the thread that owns it (between steps)."""
@@ -222,7 +231,10 @@ class Generation:
 
     completions: list[Completion]
     done: asyncio.Future  # set when every one has finished
-    events: asyncio.Queue | None  # streaming: ("text", (index, piece)) ..., ("end", None)
+    events: asyncio.Queue | None  # streaming: ("text", (index, piece, tokens so far)) ...,
+    # ("end", None)
+    eos_id: int = -1
+    prompt: str = ""
 
     def cancel(self) -> None:
         """The client went away: end them at the engine's next step."""
@@ -235,16 +247,27 @@ class Generation:
         return [(k, piece) for k, c in enumerate(self.completions) if (piece := c.text.finish())]
 
     def result(self) -> dict:
-        """Once done: each completion's text, why it ended, and the tokens counted."""
+        """Once done: each completion's text, why it ended, the tokens counted, and with
+        logprobs each chosen token and its log-probabilities."""
         choices = []
         for k, c in enumerate(self.completions):
             text = _answer(c.result)
-            choices.append({"index": k, "text": text, "completion_tokens": c.request.generated,
-                            "finish_reason": "length" if c.request.reason == "length" else "stop"})
-        return {"prompt_tokens": len(self.completions[0].request.prompt), "choices": choices}
+            r = c.request
+            choices.append({"index": k, "text": text, "completion_tokens": r.generated,
+                            "finish_reason": "length" if r.reason == "length" else "stop",
+                            "ids": chosen_ids(r, self.eos_id), "logprobs": r.logprobs})
+        return {"prompt_tokens": len(self.completions[0].request.prompt), "prompt": self.prompt,
+                "choices": choices}
 
     def finish_reasons(self) -> list[str]:
         return ["length" if c.request.reason == "length" else "stop" for c in self.completions]
+
+
+def chosen_ids(request: Request, eos_id: int) -> list[int]:
+    """The tokens a completion chose, its ending ``<eos>`` included (what its logprobs
+    describe, one each)."""
+    ids = list(request.output)
+    return ids + [eos_id] if len(request.logprobs) > len(ids) else ids
 
 
 def _answer(fn: Callable[[], object]):
