@@ -1,7 +1,8 @@
 """All benchmarks in a row: ``python -m benchmarks [--quick] [--out DIR]`` (``make bench``).
 
 Writes DIR/bench-train-step.json, bench-generation.json, bench-scaling-fp32.json,
-bench-scaling-bf16.json (where the CPU has native bf16), scaling-*.png and bench-serve.json
+bench-scaling-bf16.json (where the CPU has native bf16), scaling-*.png, bench-serve.json and
+bench-llm.json
 (DIR defaults to docs/results),
 and prints a markdown table for each. ``--quick`` runs fewer steps, lengths and requests.
 ``python -m benchmarks.data`` (data at scale, gigabytes of scratch space, an hour or more) runs
@@ -37,6 +38,7 @@ def main() -> None:
         runs.append(["scaling", "--dtype", dtype, "--json", out / f"bench-scaling-{dtype}.json",
                      "--plot", out / f"scaling-{dtype}.png"])
     runs.append(["serve", "--json", out / "bench-serve.json"])
+    runs.append(["llm", "--json", out / "bench-llm.json"])
     for name, *rest in runs:
         cmd = [sys.executable, "-m", f"benchmarks.{name}", *quick, *map(str, rest)]
         print(f"\n$ python -m benchmarks.{name} {' '.join(quick + list(map(str, rest)))}",
