@@ -30,8 +30,8 @@ bench: $(VENV)/.installed
 	$(PY) -m benchmarks $(BENCH_ARGS)
 
 # The documentation site (mkdocs.yml, docs/): built into site/, broken links are errors.
+# One build at a time: two at once remove each other's files (flock waits its turn).
 docs: $(VENV)/.installed
-	# one build at a time: two at once remove each other's files (flock waits its turn)
 	NO_MKDOCS_2_WARNING=1 flock .docs.lock $(VENV)/bin/mkdocs build --strict --site-dir site
 
 docs-serve: $(VENV)/.installed
