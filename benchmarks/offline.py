@@ -185,7 +185,8 @@ def profile_row(work: Path, row: str = "lm", n: int = 300, run_dir: str | None =
     total = sum(e.self_cpu_time_total for e in events)
     kinds = {"linear layers (addmm, mm, oneDNN)":
                  lambda k: k in ("aten::addmm", "aten::mm", "mkldnn::_linear_pointwise",
-                                 "quantized::linear_dynamic"),
+                                 "quantized::linear_dynamic", "aten::_weight_int8pack_mm",
+                                 "aten::_weight_int4pack_mm_for_cpu"),
              "attention (SDPA, or written out: bmm, softmax)":
                  lambda k: "scaled_dot_product" in k or k in ("aten::bmm", "aten::_softmax"),
              "KV cache writes and copies (index_put, index, index_copy)":
@@ -197,7 +198,7 @@ def profile_row(work: Path, row: str = "lm", n: int = 300, run_dir: str | None =
     shares = {kind: sum(e.self_cpu_time_total for e in events if match(e.key)) / total
               for kind, match in kinds.items()}
     shares["everything else"] = 1 - sum(shares.values())
-    return {"shares": {kind: round(share, 3) for kind, share in shares.items()},
+    return {"shares": {kind: round(share, 4) for kind, share in shares.items()},
             "seconds": round(seconds, 2),  # the unprofiled pass, and its page faults
             "minor_page_faults": after.ru_minflt - before.ru_minflt,
             "kernel_seconds": round(after.ru_stime - before.ru_stime, 2)}

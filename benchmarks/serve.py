@@ -294,6 +294,9 @@ def main() -> None:
             rows.append((f"mixed, {name}: the same, per token after the first",
                          f"{s['per_token_among_long_s']} s vs {s['per_token_alone_s']} s "
                          "alone"))
+    if "long_alone_s" in results["prefill"]:
+        rows.append(("the long prompt alone, in a server of two models",
+                     f"{results['prefill']['long_alone_s']} s"))
     for where, r in results["prefill"].items():
         if isinstance(r, dict):
             rows.append((f"a short request on the {where.replace('_', ' ')} while a "

@@ -10,7 +10,8 @@ and a 16-token greedy completion of a 6-token prompt on SmolLM2 ("same model"). 
 alone (the best of three), then three times while a 3,000-token prompt (``max_tokens`` 1) is
 being prefilled on SmolLM2: the long request is sent, and once the engine reports it running
 the short one is sent and timed. The figure is the median time among the long prompt over
-the time alone.
+the time alone. ``long_alone_s``: the long prompt's own time, alone in that server (its
+prefill in small chunks: another model's request may come at any moment).
 
 Before chunked, time-shared prefill (scheduler.py ``shared_chunk``, loop.py), a short request
 waited for the whole prefill, in steps of 1,024 tokens.
@@ -96,6 +97,9 @@ def measure(work: Path, runs: dict[str, Path]) -> dict:
     out = {}
     with ServeProcess([str(runs["translator"]), str(lm), "--name", "translator",
                        "--name", "smollm2"], start_s=300) as server:
+        with httpx.Client(base_url=server.url, timeout=600) as http:  # the long one alone
+            out["long_alone_s"] = round(timed(http, "/v1/completions", {
+                "model": "smollm2", "prompt": long_prompt(rng), "max_tokens": 1}), 2)
         for where, short in shorts.items():
             alone, loaded = among_long(server.url, short, rng)
             median = statistics.median(loaded)

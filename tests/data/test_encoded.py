@@ -370,10 +370,11 @@ def test_data_list_marks_damage_and_clean_verify_finds_a_flipped_byte(tmp_path, 
     assert main(["data", "clean", "--verify", "--cache", cache]) == 0
     assert "0 damaged" in capsys.readouterr().out
 
-    # the same size, one byte changed: only reading the content finds it
+    # the same size, one token's low byte changed, still within the vocabulary: only
+    # reading the content's checksum finds it
     path = data.directory / "train.tokens.bin"
     raw = bytearray(path.read_bytes())
-    raw[len(raw) // 2] ^= 1
+    raw[len(raw) // 2 & ~1] ^= 1  # uint16, little-endian: an even byte is a token's low one
     path.write_bytes(bytes(raw))
     assert encoded.damaged(data.directory, data.manifest) is None
     assert main(["data", "clean", "--verify", "--cache", cache]) == 1

@@ -555,7 +555,7 @@ def test_a_long_prefill_takes_turns_with_short_work_by_time():
     turns = []
     took = eng.scheduler.took
 
-    def timed(plan, seconds):  # a chunk costs 4 units, a short step 1: turns by time
+    def timed(plan, seconds=None):  # a chunk costs 4 units, a short step 1: turns by time
         turns.append(plan.turn)
         if plan.turn == "long":
             assert not plan.decode and all(n <= 16 for _, _, n in plan.prefill)

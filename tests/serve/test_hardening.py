@@ -48,7 +48,7 @@ def test_a_lone_surrogate_is_a_4xx_naming_the_field(client, route, body, param):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("temperature", float("inf")), ("top_p", -0.5), ("max_tokens", 0), ("n", 1000),
+    ("temperature", float("inf")), ("top_p", -0.5), ("max_tokens", -1), ("n", 1000),
     ("seed", -1), ("top_k", 10 ** 12), ("repetition_penalty", 0), ("min_tokens", -3),
     ("presence_penalty", 7), ("no_repeat_ngram_size", 10 ** 6)])
 def test_every_numeric_field_is_bounded(client, field, value):

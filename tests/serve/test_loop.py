@@ -171,8 +171,13 @@ class Timed:
 
     waiting = 0
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, long: bool = False) -> None:
+        from types import SimpleNamespace
+
         self.seconds, self.left, self.log = seconds, 0, None
+        # its steps are a long prefill's chunks, or not
+        self.scheduler = SimpleNamespace(last_long=long)
+        self.model = __import__("torch").nn.Sequential()  # no layers: no yield points
 
     @property
     def busy(self) -> bool:
@@ -195,7 +200,7 @@ def test_engines_share_the_loop_by_time_not_by_turns():
     4 ms, 10 of them: one long step's worth): by turns, the short one would wait a long step
     for each of its own (10 of them); by time, it runs until it has had as much time, so at
     most a few long steps fall among its ten."""
-    slow, fast = Timed(0.04), Timed(0.004)
+    slow, fast = Timed(0.04, long=True), Timed(0.004)
     log: list = []
     loop = EngineLoop({"slow": slow, "fast": fast})
     try:
@@ -209,4 +214,40 @@ def test_engines_share_the_loop_by_time_not_by_turns():
     finally:
         loop.stop()
     first, last = log.index(fast), len(log) - 1 - log[::-1].index(fast)
-    assert log[first:last + 1].count(slow) <= 3, [e is slow for e in log]
+    assert log[first:last + 1].count(slow) <= 2, [e is slow for e in log]
+
+
+def test_another_models_request_steps_between_the_layers_of_a_long_prefill():
+    """A request that arrives at one model while another is in a long prefill's pass does not
+    wait for that pass: the loop steps it between two of the pass's layers, and both answer
+    as they would alone."""
+    first = engine(model("decoder", max_len=256), max_rows=4, max_step_tokens=256)
+    second = engine(model("decoder"), max_rows=4)
+    events = []
+    late = Request([7, 8], Params(max_new_tokens=3))
+    layers = first.model.decoder.layers
+    forward = layers[0].forward
+
+    def arrives(*args, **kwargs):  # during the long pass's first layer
+        if not events:
+            loop.submit("second", [late])
+        events.append("first layer 0")
+        return forward(*args, **kwargs)
+    layers[0].forward = arrives
+    step = second.step
+    second.step = lambda: events.append("second steps") or step()
+    loop = EngineLoop({"first": first, "second": second})
+    try:
+        long = Request([5 + i % 7 for i in range(200)], Params(max_new_tokens=2))
+        loop.submit("first", [long])
+        for _ in range(600):
+            if long.finished and late.finished:
+                break
+            loop.call(lambda: None).result(timeout=60)
+    finally:
+        loop.stop()
+    assert events.index("second steps") < events.index("first layer 0", 1), events
+    assert late.finished < long.first_token  # all of it before the long pass's end
+    assert late.output == alone(second.model, [7, 8], late.params)
+    assert long.output == alone(first.model, long.prompt, long.params)
+    assert not layers[1]._forward_hooks  # stop() took the hooks away

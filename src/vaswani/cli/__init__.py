@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         if type(e).__name__ != "RankZeroFailed":  # training/distributed.py: rank 0 says why
             raise
+        if not e.quiet:
+            print(f"vaswani: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # training's Stopped says what was saved
         print(f"vaswani: {e}" if type(e).__name__ == "Stopped" else

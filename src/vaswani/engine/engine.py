@@ -104,7 +104,6 @@ class Engine:
     def step(self) -> list[Request]:
         """Run one scheduler step; returns the requests that finished in it."""
         self.steps += 1
-        began = time.perf_counter()
         finished = []
         for request in self.scheduler.cancelled():
             self._finish(request, "cancelled", finished)
@@ -131,7 +130,7 @@ class Engine:
             for _, seq in plan.decode:
                 self.scheduler.fed(seq, 1)
             self._advance(plan.decode, logits, at, finished)
-        self.scheduler.took(plan, time.perf_counter() - began)
+        self.scheduler.took(plan)  # the step's time, counted to its turn
         return finished
 
     def run(self, requests: list[Request], progress=None) -> None:
@@ -159,13 +158,8 @@ class Engine:
                          key=at.__getitem__)  # in the logits' order: often all of them, as is
         if singles:
             chosen = [rows[i] for i in singles]
-            scores = rows_of(logits, [at[i] for i in singles])
-            kept = _log_probabilities(chosen, scores)  # before the sampler changes them
-            tokens = self.sampler.choose(chosen, scores).tolist()
-            for k, (request, _) in enumerate(chosen):
-                if k in kept:
-                    request.logprobs.append(kept[k](tokens[k]))
-            for (request, seq), token in zip(chosen, tokens, strict=True):
+            tokens = self.sampler.choose(chosen, rows_of(logits, [at[i] for i in singles]))
+            for (request, seq), token in zip(chosen, tokens.tolist(), strict=True):
                 self._extend(request, seq, token, finished)
         searches: dict[int, list[int]] = {}  # a beam search's rows, in its hypotheses' order
         for i, (r, _) in enumerate(rows):
@@ -200,25 +194,6 @@ class Engine:
             finished.append(request)
             if request.on_finish is not None:
                 request.on_finish(request)
-
-
-def _log_probabilities(rows: list[tuple[Request, Sequence]], logits: Tensor) -> dict:
-    """For each row whose request keeps log-probabilities (``Params.logprobs``): a function
-    of the chosen token giving (its log-probability, the most likely tokens'), from the
-    model's own logits (N, V) of these rows, before any decoding setting changes them."""
-    wanted = [k for k, (r, _) in enumerate(rows) if r.params.logprobs is not None]
-    if not wanted:
-        return {}
-    log_p = logits[wanted].float().log_softmax(-1)  # (W, V): a copy
-    most = max(rows[k][0].params.logprobs for k in wanted)
-    top = log_p.topk(most, dim=-1) if most else None
-
-    def entry(w: int, k: int):
-        n = rows[k][0].params.logprobs
-        alternatives = [] if not n else list(zip(top.indices[w, :n].tolist(),
-                                                 top.values[w, :n].tolist(), strict=True))
-        return lambda token: (float(log_p[w, token]), alternatives)
-    return {k: entry(w, k) for w, k in enumerate(wanted)}
 
 
 __all__ = ["Engine", "EngineConfig", "Params", "Request"]

@@ -29,22 +29,48 @@ def rows_of(logits: Tensor, index: list[int]) -> Tensor:
     return logits.index_select(0, tensor_of(index, logits.device))
 
 
+def log_probabilities(rows: list[Row], logits: Tensor) -> dict:
+    """For each row whose request keeps log-probabilities (``Params.logprobs``): a function
+    of the chosen token giving (its log-probability, the most likely tokens'), from the
+    model's own logits (N, V) of these rows, before any decoding setting changes them."""
+    wanted = [k for k, (r, _) in enumerate(rows) if r.params.logprobs is not None]
+    if not wanted:
+        return {}
+    log_p = logits[wanted].float().log_softmax(-1)  # (W, V): a copy
+    most = max(rows[k][0].params.logprobs for k in wanted)
+    top = log_p.topk(most, dim=-1) if most else None
+
+    def entry(w: int, k: int):
+        n = rows[k][0].params.logprobs
+        alternatives = [] if not n else list(zip(top.indices[w, :n].tolist(),
+                                                 top.values[w, :n].tolist(), strict=True))
+        return lambda token: (float(log_p[w, token]), alternatives)
+    return {k: entry(w, k) for w, k in enumerate(wanted)}
+
+
 class Sampler:
     def __init__(self, *, pad_id: int, bos_id: int, eos_id: int, device: torch.device) -> None:
         self.pad_id, self.bos_id, self.eos_id, self.device = pad_id, bos_id, eos_id, device
 
     def choose(self, rows: list[Row], logits: Tensor) -> Tensor:
         """The next token (N,) of each of ``rows``, whose logits are ``logits`` (N, V)
-        (changed in place)."""
+        (changed in place). A request that keeps log-probabilities (``Params.logprobs``) gets
+        its token's, from the logits as the model gave them."""
         params = [r.params for r, _ in rows]
+        kept = log_probabilities(rows, logits)  # before the scores change them
         scores = self.scores(rows, logits, log=False)
         if all(p.temperature == 0 or p.top_k == 1 for p in params):  # all greedy, as
-            return first_max(scores)  # sample_rows would find, without its settings' tensors
-        return sample_rows(scores, tensor_of([p.temperature for p in params], self.device,
-                                             torch.float32),
-                           tensor_of([p.top_k for p in params], self.device),
-                           tensor_of([p.top_p for p in params], self.device, torch.float32),
-                           [r.generator for r, _ in rows])
+            tokens = first_max(scores)  # sample_rows would find, without its settings' tensors
+        else:
+            tokens = sample_rows(scores, tensor_of([p.temperature for p in params], self.device,
+                                                   torch.float32),
+                                 tensor_of([p.top_k for p in params], self.device),
+                                 tensor_of([p.top_p for p in params], self.device,
+                                           torch.float32),
+                                 [r.generator for r, _ in rows])
+        for k, entry in kept.items():
+            rows[k][0].logprobs.append(entry(int(tokens[k])))
+        return tokens
 
     def scores(self, rows: list[Row], logits: Tensor, log: bool,
                at: list[int] | None = None) -> Tensor:

@@ -15,10 +15,10 @@ Every step:
    fewest tokens first;
 5. with ``shared_chunk`` n > 0 (a server's engine): a long prefill (more than n tokens to go)
    does not hold up the other rows. While other work is there, it runs in chunks of n tokens
-   in steps of their own, taking turns with the others' steps by time: a chunk only when the
-   chunks so far have taken no longer than the others' steps (:meth:`Scheduler.took`). A
-   short request beside a 3,000-token prompt then takes about twice its time alone, not the
-   prompt's whole prefill;
+   in steps of their own, taking turns with the others' steps by time, a third of it for the
+   long prefill: a chunk only when the chunks so far have taken no more than half the others'
+   steps' time (:meth:`Scheduler.took`). A short request beside a 3,000-token prompt then takes
+   about one and a half times its time alone, not the prompt's whole prefill;
 6. with a fast lane (``fast_lane`` n > 0, a CPU's default): while requests of at most n tokens
    run among more rows of longer ones, every other step decodes only theirs.
 
@@ -66,6 +66,7 @@ class Plan:
     prefill: list[tuple[Request, Sequence, int]] = field(default_factory=list)  # n tokens
     decode: list[tuple[Request, Sequence]] = field(default_factory=list)
     turn: str | None = None
+    long: bool = False  # a long prefill's chunk (serve/loop.py gives such steps less time)
 
     def __bool__(self) -> bool:
         return bool(self.encode or self.prefill or self.decode)
@@ -78,6 +79,8 @@ class Scheduler:
         self.max_rows, self.max_step_tokens, self.max_len = max_rows, max_step_tokens, max_len
         self.fast_lane = fast_lane  # requests of at most this many tokens (0: no lane)
         self.shared_chunk = shared_chunk  # a long prefill's chunk beside other work (0: off)
+        self.planned = 0.0  # when the last plan was made
+        self.last_long = False  # whether it was a long prefill's chunk (serve/loop.py reads it)
         self.spent = {"long": 0.0, "others": 0.0}  # seconds of each turn, while both wait
         self.gather = 0  # rows that must be free before new requests join running ones
         self.lane_turn = False  # whether the last step decoded only the fast lane's rows
@@ -97,6 +100,7 @@ class Scheduler:
         return self.cache.used
 
     def plan(self) -> Plan:
+        self.planned = time.perf_counter()
         plan = Plan()
         budget = self.max_step_tokens
         if not self.running and not self.cache.at_start:
@@ -132,6 +136,7 @@ class Scheduler:
         self._prefill(plan, prefill)
         if self.fast_lane and plan.turn != "long":
             plan.decode = self._lane(plan.decode)
+        self.last_long = plan.long
         return plan
 
     def _prefill(self, plan: Plan, rows: list[tuple[Request, Sequence, int]]) -> None:
@@ -140,25 +145,28 @@ class Scheduler:
         budget = self.max_step_tokens
         long = [r for r in rows if self.shared_chunk and r[2] > self.shared_chunk]
         others = plan.encode or plan.decode or len(long) < len(rows)
-        if long and others:
-            plan.turn = "long" if self.spent["long"] <= self.spent["others"] else "others"
-            if plan.turn == "long":  # the long ones' chunks, in a step of their own
-                plan.encode, plan.decode = [], []
-                rows = [(r, s, min(n, self.shared_chunk)) for r, s, n in long]
-            else:
-                rows = [r for r in rows if r not in long]
+        if long and others:  # a third of the time for the long ones
+            plan.turn = "long" if 2 * self.spent["long"] <= self.spent["others"] else "others"
         else:
             self.spent = {"long": 0.0, "others": 0.0}  # nothing to share: turns start anew
+        if plan.turn == "long":
+            plan.encode, plan.decode = [], []  # the long ones' chunks, in a step of their own
+            rows = [(r, s, min(n, self.shared_chunk)) for r, s, n in long]
+        elif plan.turn == "others":
+            rows = [r for r in rows if r not in long]
+        plan.long = bool(long) and plan.turn != "others"  # a long prefill's step
         for request, seq, n in sorted(rows, key=lambda row: row[2]):
             n = min(n, budget)
             if n > 0:
                 plan.prefill.append((request, seq, n))
                 budget -= n
 
-    def took(self, plan: Plan, seconds: float) -> None:
-        """A step of ``plan`` took ``seconds`` (the engine says): counted to its turn."""
+    def took(self, plan: Plan, seconds: float | None = None) -> None:
+        """The step of ``plan`` has ended, ``seconds`` (default: since the plan was made)
+        after it began: counted to its turn."""
         if plan.turn is not None:
-            self.spent[plan.turn] += seconds
+            self.spent[plan.turn] += time.perf_counter() - self.planned if seconds is None \
+                else seconds
 
     def _gathering(self) -> bool:
         """Whether to hold the waiting requests back this step (``gather``): while requests

@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..inference import Run
-from . import routes
+from . import routes, schemas
 from .batcher import Busy
 from .routes import ApiError, error_body
 from .server import ClientGone, Limits, Refused, Server, UnknownModel
@@ -128,7 +128,13 @@ def _schema_with(app: FastAPI, limits: Limits) -> dict:
                              description=app.description, routes=app.routes)
         bounds = {"n": limits.max_n, "max_tokens": limits.max_tokens,
                   "max_completion_tokens": limits.max_tokens}
-        for model in schema.get("components", {}).get("schemas", {}).values():
+        for title, model in schema.get("components", {}).get("schemas", {}).items():
+            if title.endswith("Request") and "model" in model.get("properties", {}):
+                model["additionalProperties"] = False  # others are refused by name (400)
+                if title in ("CompletionRequest", "ChatRequest", "EmbeddingRequest"):
+                    model["properties"].update({name: {"description": f"accepted, changes "
+                                                       f"nothing: {why}"}
+                                                for name, why in schemas.NO_OPS.items()})
             for name, field in model.get("properties", {}).items():
                 for option in field.get("anyOf", [field]):
                     if name in bounds and "maximum" in option:

@@ -16,9 +16,14 @@ model comes here), so it makes no second team.
 
 The engines share the thread by time, not by turns: the loop steps the busy engine that has
 had the least of it since it last became busy (one that was idle starts level with the least
-of the others), so a model working through a long prompt, a step of hundreds of
-milliseconds, does not hold a short translation on another model to one step per long one:
-the translation's steps run until they have had as much time.
+of the others), and a step of a long prompt's prefill counts three times its time, so a
+model working through a long prompt gets a quarter of the thread while another model has
+short work: a short translation on the other model is not held to one step per long one.
+Nor does it wait for the long step in flight when it arrives: between two layers of a long
+prefill's pass (a forward hook on each layer, :meth:`EngineLoop._yield_point`) the loop takes
+what has arrived and steps the other models that are owed time, then the pass goes on. A
+model's own requests wait for its pass (its cache is mid-write); another model's share
+nothing with it.
 
 A step that fails does not fail the requests in it: each of them is run again alone, and only
 a request that fails alone gets the error; the others finish as if nothing happened.
@@ -41,9 +46,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from ..engine import Engine, Request
+from ..nn.layers import DecoderLayer, EncoderLayer
 from .batcher import Batcher, Busy, Job, settle
 
 WAKE = object()  # an inbox item that only wakes the loop (an encoder's job has arrived)
+LONG_WEIGHT = 3  # a long prefill's step counts this many times its time (a quarter of the share)
 
 
 class EngineLoop:
@@ -61,6 +68,19 @@ class EngineLoop:
         self.queued: Counter[str] = Counter()  # requests in the inbox, by model
         self.used: dict[str, float] = dict.fromkeys(self.engines, 0.0)  # seconds stepping,
         # by model, since each last became busy (the loop steps the least used first)
+        self.stepped: dict[str, int] = dict.fromkeys(self.engines, 0)  # when each last stepped
+        self.steps = 0
+        self.was_busy: set[str] = set()  # the engines busy at the last pick
+        self.stepping: str | None = None  # the engine whose step runs now, since ``mark``
+        self.mark = 0.0
+        self.nested = False  # inside a yield point: a step there yields no further
+        self.hooks = []  # a long prefill lets the other models step between its layers
+        if len(self.engines) + len(self.batchers) > 1:
+            for name, engine in self.engines.items():
+                for module in engine.model.modules():
+                    if isinstance(module, (EncoderLayer, DecoderLayer)):
+                        self.hooks.append(module.register_forward_hook(
+                            lambda *_, name=name: self._yield_point(name)))
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._loop, name="vaswani-models", daemon=True)
         self.thread.start()
@@ -114,6 +134,8 @@ class EngineLoop:
     def stop(self) -> None:
         self.inbox.put(None)
         self.thread.join(timeout=30)
+        for hook in self.hooks:  # the models outlive the server (a Run serves again)
+            hook.remove()
 
     @property
     def busy(self) -> bool:
@@ -133,26 +155,78 @@ class EngineLoop:
 
         torch.set_num_threads(self.threads)
         torch.set_grad_enabled(False)
-        busy: set[str] = set()
         while self._take_all(self._idle()):  # wait for work only when none is due
-            now_busy = {name for name, engine in self.engines.items() if engine.busy}
-            for name in now_busy - busy:  # level with the least used of the others
-                self.used[name] = min((self.used[n] for n in busy & now_busy), default=0.0)
-            busy = now_busy
-            if busy:  # a step of the engine that has had the least time
-                name = min(busy, key=self.used.__getitem__)
-                start = time.perf_counter()
-                self._step(self.engines[name])
-                self.used[name] += time.perf_counter() - start
+            name = self._pick()
+            if name is not None:
+                self._timed_step(name)
                 if not self._take_all(0.0):  # what came meanwhile joins the next step
                     return
-            now = time.perf_counter()
-            for batcher in self.batchers.values():  # an encoder's batch once it is due
-                if batcher.due_in(now) == 0.0:
-                    for job, result in batcher.step():
-                        if job.future is not None and job.loop is not None:
-                            self.post(job.loop, settle, job.future, result)
+            self._batches()
             self._deliver()  # the batches' results, before the loop waits again
+
+    def _batches(self) -> None:
+        """Each encoder's batch that is due."""
+        now = time.perf_counter()
+        for batcher in self.batchers.values():
+            if batcher.due_in(now) == 0.0:
+                for job, result in batcher.step():
+                    if job.future is not None and job.loop is not None:
+                        self.post(job.loop, settle, job.future, result)
+
+    def _pick(self) -> str | None:
+        """The busy engine to step next: the one that has had the least time since it became
+        busy (one that was idle starts level with the least of the others; of two level, the
+        one that stepped longer ago: a newcomer first)."""
+        now_busy = {name for name, engine in self.engines.items() if engine.busy}
+        for name in now_busy - self.was_busy:
+            self.used[name] = min((self.used[n] for n in self.was_busy & now_busy),
+                                  default=0.0)
+        self.was_busy = now_busy
+        if not now_busy:
+            return None
+        return min(now_busy, key=lambda n: (self.used[n], self.stepped[n]))
+
+    def _timed_step(self, name: str) -> None:
+        """A step of engine ``name``, its time counted (a long prefill's LONG_WEIGHT times);
+        the time it spent stopped at a yield point is not its own."""
+        self.stepped[name] = self.steps = self.steps + 1
+        outer = self.stepping, self.mark
+        self.stepping, self.mark = name, time.perf_counter()
+        try:
+            self._step(self.engines[name])
+        finally:
+            self._charge()
+            self.stepping, self.mark = outer
+            if outer[0] is not None:
+                self.mark = time.perf_counter()  # the outer step resumes now
+
+    def _charge(self) -> None:
+        """Count the time since ``mark`` to the engine stepping now."""
+        name, now = self.stepping, time.perf_counter()
+        long = self.engines[name].scheduler.last_long
+        self.used[name] += (now - self.mark) * (LONG_WEIGHT if long else 1)
+        self.mark = now
+
+    def _yield_point(self, owner: str) -> None:
+        """Between two layers of a forward pass of engine ``owner``: if that pass is a long
+        prefill's, at the top of the loop, take what has arrived and step the other engines
+        that are owed time (``_pick``) before the pass goes on. A model's other requests
+        wait for its pass; another model's need not wait for its end."""
+        if (self.stepping != owner or self.nested or not self.engines[owner].scheduler.last_long
+                or threading.current_thread() is not self.thread):
+            return
+        self._charge()
+        self.nested = True
+        try:
+            self._take_all(0.0)
+            while (name := self._pick()) not in (None, owner):
+                self._timed_step(name)
+                self._take_all(0.0)
+            self._batches()
+            self._deliver()
+        finally:
+            self.nested = False
+            self.mark = time.perf_counter()
 
     def _take_all(self, timeout: float | None) -> bool:
         """Take everything in the inbox (first waiting up to ``timeout`` seconds for an item;

@@ -27,8 +27,13 @@ import torch.distributed as dist
 
 class RankZeroFailed(RuntimeError):
     """Raised by the other ranks when rank 0 failed at a step it does alone (starting the run,
-    saving, evaluating): rank 0 reports why; the command line says nothing more for them, so
-    a refusal reads once, not once per rank."""
+    saving, evaluating): rank 0 reports why, and the other ranks say in one line what rank 0
+    was doing, or (``quiet``: a refusal to start, which rank 0's one line says all of) nothing,
+    so that a refusal reads once, not once per rank."""
+
+    def __init__(self, message: str, *, quiet: bool = False) -> None:
+        super().__init__(message)
+        self.quiet = quiet
 
 @dataclass(frozen=True)
 class Dist:

@@ -271,7 +271,8 @@ def start(task: Task, cfg: RunConfig, run_dir: Path, *, resume: bool, overwrite:
     if error is not None:
         raise error
     if bool(failed.item()):
-        raise RankZeroFailed(f"rank 0 could not start the run in {run_dir} (its error says why)")
+        raise RankZeroFailed(f"rank 0 could not start the run in {run_dir} (its error says "
+                             "why)", quiet=True)
     dist.barrier()  # rank 0 has encoded the data (if the cache lacked it) and written the run
     if not dist.is_main:  # the others map the same files, with the tokenizer rank 0 wrote
         source, target, labels = rundir.read_tokenizers(run_dir)
