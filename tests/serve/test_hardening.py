@@ -182,3 +182,16 @@ def test_an_unknown_model_name_is_not_echoed_whole(client):
     assert len(r.text) < 1000
     r = client.post("/v1/completions", json={"model": "m" * 5000, "prompt": "a"})
     assert r.status_code == 404 and "(5,000 characters)" in r.json()["error"]["message"]
+
+
+def test_a_prompt_longer_than_the_model_reads_is_refused_not_slid(client, served):
+    """The library continues a prompt past max_len from its last half window (with a
+    warning); a server answering that silently would answer about text it did not read."""
+    limit = served["lm"].config.model.max_len
+    ids = served["lm"].source_tokenizer.encode("to be or not to be " * limit)[:limit + 1]
+    for body in ({"prompt": ids}, {"prompt": [ids[:3], ids]}):
+        r = client.post("/v1/completions", json={"model": "lm", "max_tokens": 2, **body})
+        assert r.status_code == 400 and f"reads at most {limit}" in r.json()["error"]["message"]
+    r = client.post("/v1/completions", json={"model": "lm", "max_tokens": 2,
+                                             "prompt": ids[:limit - 4]})
+    assert r.status_code == 200

@@ -353,9 +353,7 @@ def _prompts(server: Server, run: Run, prompt) -> list[tuple[str, list[int]]]:
         if max(ids) >= tok.vocab_size:
             raise ApiError(400, f"prompt[{i}] holds token {max(ids)}; the vocabulary has "
                            f"{tok.vocab_size} (0 .. {tok.vocab_size - 1})", "prompt")
-        if len(ids) > server.limits.max_prompt_tokens:
-            raise ApiError(400, f"prompt[{i}] is {len(ids):,} tokens; the limit is "
-                           f"{server.limits.max_prompt_tokens:,}", "prompt")
+        _check_prompt(server, run, len(ids), f"prompt[{i}]")
         out.append((tok.decode(list(ids)), list(ids)))
     return out
 
@@ -370,12 +368,22 @@ async def _scored(server: Server, name: str, run: Run, ids: list[int], top: int 
 
 
 def _prompt_ids(server: Server, run: Run, prompt: str) -> list[int]:
-    """A prompt's tokens (counted here, and not made again), within the limit."""
+    """A prompt's tokens (counted here, and not made again), within the limits."""
     ids = run.source_tokenizer.encode(prompt)
-    if len(ids) > server.limits.max_prompt_tokens:
-        raise ApiError(400, f"the prompt is {len(ids):,} tokens; the limit is "
-                       f"{server.limits.max_prompt_tokens:,}", "prompt")
+    _check_prompt(server, run, len(ids), "the prompt")
     return ids
+
+
+def _check_prompt(server: Server, run: Run, n: int, what: str) -> None:
+    """A 400 for a prompt over the server's limit, or longer than the model reads (the
+    library would continue from its last half window: a server answers nothing about a
+    prompt it did not read whole)."""
+    if n > server.limits.max_prompt_tokens:
+        raise ApiError(400, f"{what} is {n:,} tokens; the limit is "
+                       f"{server.limits.max_prompt_tokens:,}", "prompt")
+    if n > run.config.model.max_len:
+        raise ApiError(400, f"{what} is {n:,} tokens; the model reads at most "
+                       f"{run.config.model.max_len:,} (its max_len)", "prompt")
 
 
 async def _result(generation: Generation, request: Request) -> dict:
