@@ -32,10 +32,10 @@ from .common import ServeProcess, sentence, smollm2
 LONG_TOKENS = 3000
 
 
-def long_prompt(rng: random.Random) -> str:
-    """About LONG_TOKENS tokens of English-like text (SmolLM2's tokenizer: ~1.3 a word)."""
+def long_prompt(rng: random.Random, tokens: int = LONG_TOKENS) -> str:
+    """About ``tokens`` tokens of English-like text (SmolLM2's tokenizer)."""
     words = "the of and to in is was for on that with as by it at from his an be this".split()
-    return " ".join(rng.choice(words) for _ in range(int(LONG_TOKENS / 1.05)))
+    return " ".join(rng.choice(words) for _ in range(int(tokens / 1.05)))
 
 
 def running(http: httpx.Client, name: str) -> int:
@@ -49,23 +49,24 @@ def timed(http: httpx.Client, path: str, body: dict) -> float:
     return time.perf_counter() - start
 
 
-def among_long(url: str, short: tuple[str, dict], rng: random.Random, rounds: int = 3
+def among_long(url: str, short: tuple[str, dict], rng: random.Random, rounds: int = 3,
+               *, model: str = "smollm2", tokens: int = LONG_TOKENS
                ) -> tuple[float, list[float]]:
-    """The short request's time alone (best of three), and its times while a long prompt is
-    being prefilled (one per round)."""
+    """The short request's time alone (best of three), and its times while a long prompt
+    (``tokens`` tokens to ``model``) is being prefilled (one per round)."""
     with httpx.Client(base_url=url, timeout=600) as http:
         timed(http, *short)  # warm-up
         alone = min(timed(http, *short) for _ in range(3))
         loaded = []
         for _ in range(rounds):
-            body = {"model": "smollm2", "prompt": long_prompt(rng), "max_tokens": 1,
+            body = {"model": model, "prompt": long_prompt(rng, tokens), "max_tokens": 1,
                     "temperature": 0}
             long = threading.Thread(target=timed, args=(httpx.Client(base_url=url,
                                                                      timeout=600),
                                                         "/v1/completions", body))
             long.start()
             deadline = time.time() + 60
-            while running(http, "smollm2") == 0 and time.time() < deadline:
+            while running(http, model) == 0 and long.is_alive() and time.time() < deadline:
                 time.sleep(0.01)
             time.sleep(0.2)  # well into the prefill
             loaded.append(timed(http, *short))

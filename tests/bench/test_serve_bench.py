@@ -80,3 +80,34 @@ def test_the_explorers_memory_is_read_around_attention_calls_without_a_target(co
                                                - out["rss_serving_mb"], abs=0.11)
     else:
         assert out == {"rss_serving_mb": None, "rss_after_attention_mb": None, "grew_mb": None}
+
+
+def test_the_prefill_part_times_a_short_request_alone_and_beside_a_long_prompt(small_runs,
+                                                                               copy_run):
+    """benchmarks/serve_prefill.py on tiny runs: a long prompt to the language model, a
+    short translation on the other one; each round's time is measured (never asserted)."""
+    import random
+
+    from benchmarks.common import ServeProcess
+    from benchmarks.serve_prefill import among_long
+
+    lm, _ = small_runs["decoder"]
+    with ServeProcess([str(copy_run[0]), str(lm), "--name", "copy", "--name", "lm"]) as server:
+        alone, loaded = among_long(server.url, ("/v1/translate", {"model": "copy",
+                                                                   "input": "abcdef"}),
+                                   random.Random(0), rounds=2, model="lm", tokens=12)
+    assert alone > 0 and len(loaded) == 2 and all(t > 0 for t in loaded)
+
+
+def test_the_llm_benchmark_measures_one_precision_of_a_language_model(small_runs):
+    """benchmarks/llm.py's measurement of one precision, on a tiny LM (float32 and int8)."""
+    from benchmarks.llm import ANSWER_TOKENS, measure_one
+
+    lm, _ = small_runs["decoder"]
+    for precision in ("fp32", "int8"):
+        out = measure_one(str(lm), precision)
+        assert out["prompt_tokens_per_s"] > 0 and out["generation_tokens_per_s"] > 0
+        assert out["perplexity"] > 1 and out["peak_rss_mb"] > 0
+        for tokens in ANSWER_TOKENS:
+            assert len(out[f"answers_{tokens}"]) == 5
+            assert 0 <= out[f"batch_of_16_equal_alone_{tokens}"] <= 16
