@@ -1,14 +1,16 @@
 """vaswani on a GPU, side by side with the alternatives, in one process.
 
     python -m benchmarks.gpu [--quick] [--device cuda] [--only loss seq2seq lm decode]
-                             [--compile] [--json OUT.json]
+                             [--compile] [--batch-tokens N] [--json OUT.json]
 
 * **loss**: the task's label-smoothed cross-entropy (``models/losses.py``, forward and
-  backward) against ``F.cross_entropy(label_smoothing=0.1)`` on 16,384 x 32,000 bf16 logits.
+  backward; off the CPU, PyTorch's fused kernel) against ``F.cross_entropy(label_smoothing=0.1)``
+  on 16,384 x 32,000 bf16 logits.
 * **seq2seq**: Transformer-base (d 512, 6+6 layers, 8 heads, d_ff 2048) and -big (d 1024, 16
-  heads, d_ff 4096), shared 32k vocabulary, 128 x 128 tokens, bf16 autocast, fused AdamW:
-  vaswani through its task's loss against ``torch.nn.Transformer`` given its best loss
-  (``F.cross_entropy`` with label smoothing).
+  heads, d_ff 4096), shared 32k vocabulary, batches of 128-token sequences holding
+  ``--batch-tokens`` tokens (default 25,600, as the paper's ~25,000; before, 16,384), bf16
+  autocast, fused AdamW: vaswani through its task's loss against ``torch.nn.Transformer`` given
+  its best loss (``F.cross_entropy`` with label smoothing); with ``--compile`` both compiled.
 * **lm**: a GPT-2-small-shaped decoder (d 768, 12 layers, 12 heads, vocabulary 50,257,
   16 x 1024 tokens) through the task loss, against Hugging Face's GPT-2 eager and compiled
   (when ``transformers`` is installed).
@@ -66,9 +68,15 @@ QUICK = {"base": Shape(64, 4, 128, 2, 1000, 8, 32),
 
 
 class Bench:
-    def __init__(self, device: torch.device, quick: bool, repeats: int = 20) -> None:
+    def __init__(self, device: torch.device, quick: bool, repeats: int = 20,
+                 batch_tokens: int = 25_600) -> None:
         self.device, self.quick = device, quick
-        self.shapes = QUICK if quick else FULL
+        self.shapes = dict(QUICK if quick else FULL)
+        if not quick:  # the seq2seq rows' batches: that many tokens of 128-token sequences
+            for name in ("base", "big"):
+                s = self.shapes[name]
+                self.shapes[name] = Shape(s.d, s.heads, s.d_ff, s.layers, s.vocab,
+                                          max(1, batch_tokens // s.length), s.length)
         self.bf16 = bf16_is_fast(device)
         self.dtype = torch.bfloat16 if self.bf16 else torch.float32
         self.warmup, self.timed = (1, 2) if quick else (min(5, repeats), repeats)
@@ -315,17 +323,21 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", default=["loss", "seq2seq", "lm", "decode"],
                         choices=["loss", "seq2seq", "lm", "decode"])
     parser.add_argument("--compile", action="store_true", help="torch.compile the models")
+    parser.add_argument("--batch-tokens", type=int, default=25_600, metavar="N",
+                        help="seq2seq: tokens per batch (default 25,600: 200 x 128, as the "
+                             "paper's ~25,000)")
     parser.add_argument("--repeats", type=int, default=20, metavar="N",
                         help="timed calls of each contender (median; default 20), after "
                              "min(5, N) warm-up calls")
     parser.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     args = parser.parse_args()
-    b = Bench(torch.device(args.device), args.quick, args.repeats)
+    b = Bench(torch.device(args.device), args.quick, args.repeats, args.batch_tokens)
     if not b.bf16:
         print(f"{args.device}: no native bf16 here; every row runs in fp32", flush=True)
     rows: list = []
     results: dict = {"device": args.device, "dtype": str(b.dtype), "quick": args.quick,
-                     "compile": args.compile, "repeats": b.timed, "peak_tflops": b.peak_tflops()}
+                     "compile": args.compile, "repeats": b.timed, "peak_tflops": b.peak_tflops(),
+                     "batch_tokens": args.batch_tokens}
     rows.append(("matmul peak", f"{results['peak_tflops']:.1f} TFLOP/s ({b.dtype})"))
     parts = {"loss": lambda: loss_rows(b), "seq2seq": lambda: seq2seq_rows(b, args.compile),
              "lm": lambda: lm_rows(b, args.compile), "decode": lambda: decode_rows(b)}

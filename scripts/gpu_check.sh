@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# One prepared pass over a lent GPU machine (no package registry there): the GPU benchmarks
-# first, on an idle card, then the test suite on cuda. Every part has its own time limit so
-# that a hang in one still brings back the others (at most about 9 minutes in all, inside
-# one call of a 15-minute lease); logs and JSON go to $OUT (or ./gpu-out), and each test
-# failure to $OUT/failures.txt as it happens (scripts/pytest_failures.py).
+# Prepared passes over a lent GPU machine (no package registry there), each under 10 minutes,
+# so that several short calls of a 15-minute lease finish the work: the GPU benchmarks first,
+# on an idle card (under 5 minutes), then the CUDA test suite in shards whose results are
+# recorded (which shard passed at which commit: scripts/gpu_shards.py). Logs and JSON go to
+# $OUT (or ./gpu-out), and each test failure to $OUT/failures.txt as it happens
+# (scripts/pytest_failures.py).
 #
 #   here:   bash scripts/gpu_setup.sh fetch            # .whl/ and .gpu-cache/, git-ignored
-#   there:  bash scripts/gpu_check.sh [PARTS]          # carry .whl and .gpu-cache
+#   there:  bash scripts/gpu_check.sh bench            # carry .whl and .gpu-cache
+#           bash scripts/gpu_check.sh tests 1/4        # shard 1 of 4 (then 2/4, ...)
+#   here:   python scripts/gpu_shards.py record gpu-out/shard-*.json   # into the record
+#           python scripts/gpu_shards.py status 4      # which shards passed at what commit
 #
-# PARTS (default "loss seq2seq lm decode tests"): any of the benchmark parts of
-# `python -m benchmarks.gpu --only ...` and "tests" (pytest --device cuda, on several
-# processes, over the folders whose code runs on the device: not the multi-process, data and
-# benchmark tests, which run on the CPU whatever --device says and took most of the first
-# run's time). TESTS= names other test paths ("tests" for all), PYTEST_ARGS= adds arguments,
-# BENCH_ARGS= too for the benchmarks (default --repeats 5: Hugging Face's eager generate
-# takes seconds a call).
+# bench [PARTS]: the parts of `python -m benchmarks.gpu --only ...` (default "loss seq2seq lm
+# decode"), each under its own limit; BENCH_ARGS= adds arguments (default --repeats 5:
+# Hugging Face's eager generate takes seconds a call). tests K/N: shard K of N of the folders
+# whose code runs on the device (not the multi-process, data and benchmark tests, which run
+# on the CPU whatever --device says); PYTEST_ARGS= adds arguments, TEST_LIMIT= the seconds
+# (default 540).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -22,9 +25,8 @@ OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
 eval "$(bash scripts/gpu_setup.sh install)" || exit 1
 export PYTHONUNBUFFERED=1
-PARTS="${1:-loss seq2seq lm decode tests}"
-DEVICE_TESTS="tests/cuda tests/nn tests/models tests/generation tests/engine tests/inference
-    tests/serve tests/export tests/training tests/test_devices.py tests/test_legacy_runs.py"
+MODE="${1:-bench}"
+shift || true
 
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
@@ -32,21 +34,41 @@ DEVICE_TESTS="tests/cuda tests/nn tests/models tests/generation tests/engine tes
     nproc
 } 2>&1 | tee "$OUT/env.txt"
 
-declare -A LIMIT=([loss]=45 [seq2seq]=100 [lm]=120 [decode]=${DECODE_LIMIT:-90})
-for part in $PARTS; do
-    [ "$part" = tests ] && continue
-    echo "== benchmarks.gpu --only $part"
-    timeout -s ABRT "${LIMIT[$part]:-120}" python3 -X faulthandler -m benchmarks.gpu --only "$part" ${BENCH_ARGS:---repeats 5} \
-        --json "$OUT/gpu-$part.json" 2>&1 | tee -a "$OUT/bench.log" | tail -25
-    echo "rc=${PIPESTATUS[0]}"
-done
-
-if [[ " $PARTS " == *" tests "* ]]; then
-    echo "== pytest --device cuda ${TESTS:-$DEVICE_TESTS}"
+if [ "$MODE" = bench ]; then
+    declare -A LIMIT=([loss]=45 [seq2seq]=100 [lm]=120 [decode]=${DECODE_LIMIT:-90})
+    for part in ${1:-loss seq2seq lm decode}; do
+        echo "== benchmarks.gpu --only $part"
+        timeout -s ABRT "${LIMIT[$part]:-120}" python3 -X faulthandler -m benchmarks.gpu --only "$part" ${BENCH_ARGS:---repeats 5} \
+            --json "$OUT/gpu-$part.json" 2>&1 | tee -a "$OUT/bench.log" | tail -25
+        echo "rc=${PIPESTATUS[0]}"
+    done
+elif [ "$MODE" = tests ]; then
+    SHARD="${1:?tests K/N: which shard, e.g. 1/4}"
+    K="${SHARD%/*}"; N="${SHARD#*/}"
+    FILES="$(python3 scripts/gpu_shards.py files "$K" "$N")" || exit 2
+    VERSION="$(python3 scripts/gpu_shards.py version)"
+    echo "== pytest --device cuda, shard $K/$N at $VERSION: $FILES"
+    START=$(date +%s)
     # shellcheck disable=SC2086
-    timeout "${TEST_LIMIT:-200}" python3 -m pytest --device cuda ${TESTS:-$DEVICE_TESTS} -q -n "${WORKERS:-12}" \
+    timeout "${TEST_LIMIT:-540}" python3 -m pytest --device cuda $FILES -q -n "${WORKERS:-12}" \
         --timeout 60 -p no:cacheprovider -p scripts.pytest_failures -rfE --tb=short ${PYTEST_ARGS:-} \
-        >"$OUT/pytest.log" 2>&1
-    echo "rc=$?"
-    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -60
+        >"$OUT/pytest-$K-of-$N.log" 2>&1
+    RC=$?
+    echo "rc=$RC"
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-$K-of-$N.log" | tail -60
+    python3 - "$OUT/pytest-$K-of-$N.log" "$OUT/shard-$K-of-$N.json" "$K/$N" "$VERSION" "$RC" \
+        "$(( $(date +%s) - START ))" <<'PY'
+import json, re, sys
+log, out, shard, version, rc, seconds = sys.argv[1:]
+text = open(log).read()
+counts = (re.findall(r"=+ (.*) in [0-9.]+s", text) or ["no summary (cut off?)"])[-1]
+failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)
+import torch
+json.dump({"shard": shard, "commit": version, "passed": rc == "0", "rc": int(rc),
+           "counts": counts, "failed": failed, "seconds": int(seconds),
+           "device": torch.cuda.get_device_name()}, open(out, "w"), indent=2)
+PY
+else
+    echo "gpu_check: unknown mode $MODE (bench or tests K/N)" >&2
+    exit 2
 fi

@@ -26,3 +26,48 @@ def test_the_gpu_check_script_parses():
     r = subprocess.run(["bash", "-n", str(ROOT / "scripts/gpu_check.sh")], capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_cuda_suite_is_dealt_into_shards_of_like_size_each_file_once():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_shards
+
+    everything = sorted(f.relative_to(ROOT).as_posix() for f in gpu_shards.test_files())
+    for n in (1, 3, 4):
+        dealt = gpu_shards.shards(n)
+        assert sorted(f for shard in dealt for f in shard) == everything
+        assert dealt == gpu_shards.shards(n)  # the same every time
+        sizes = [sum(len((ROOT / f).read_text().splitlines()) for f in s) for s in dealt]
+        assert max(sizes) <= 1.5 * min(sizes) + 600  # like sizes (files are whole)
+
+
+def test_shard_results_are_recorded_by_shard_with_their_commit(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import json
+
+    import gpu_shards
+
+    book = tmp_path / "gpu-suite.json"
+    first = tmp_path / "shard-1-of-2.json"
+    first.write_text(json.dumps({"shard": "1/2", "commit": "abc1234", "passed": False,
+                                 "rc": 1, "counts": "1 failed, 9 passed", "failed": ["t::x"],
+                                 "seconds": 300, "device": "NVIDIA H100"}))
+    gpu_shards.record([first], into=book)
+    first.write_text(json.dumps({**json.loads(first.read_text()), "commit": "def5678",
+                                 "passed": True, "rc": 0, "counts": "10 passed",
+                                 "failed": []}))
+    gpu_shards.record([first], into=book)  # a later run of the same shard replaces it
+    said = dict(gpu_shards.status(2, into=book))
+    assert said == {"1/2": "passed at def5678 on NVIDIA H100 (10 passed)", "2/2": "not run"}
+
+
+def test_a_shard_out_of_range_or_an_unknown_call_is_refused(capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_shards
+    import pytest
+
+    assert gpu_shards.main(["nothing"]) == 2
+    with pytest.raises(SystemExit, match="K must be in 1..N"):
+        gpu_shards.main(["files", "5", "4"])
+    assert gpu_shards.main(["files", "2", "4"]) == 0
+    assert capsys.readouterr().out.split() == gpu_shards.shards(4)[1]

@@ -4,12 +4,17 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 from vaswani.models import losses
-from vaswani.models.losses import reference_smoothed_cross_entropy, smoothed_cross_entropy
+from vaswani.models.losses import (
+    fused_smoothed_cross_entropy,
+    reference_smoothed_cross_entropy,
+    smoothed_cross_entropy,
+)
 
 PAD = 0
 BOTH = pytest.mark.parametrize("loss_fn", [smoothed_cross_entropy,
-                                           reference_smoothed_cross_entropy],
-                               ids=["chunked", "reference"])
+                                           reference_smoothed_cross_entropy,
+                                           fused_smoothed_cross_entropy],
+                               ids=["chunked", "reference", "fused"])
 
 
 def independent_smoothed_loss(logits, target, eps, pad_id):
@@ -114,15 +119,40 @@ def test_chunked_loss_keeps_bf16_gradients_and_matches_fp32():
     assert_close(x16.grad.float(), x_ref.grad, rtol=1e-2, atol=1e-3)
 
 
-def test_on_a_gpu_the_loss_runs_in_a_few_large_chunks_not_hundreds():
+def test_off_the_cpu_the_loss_is_the_fused_kernels_not_a_chunk_loop(monkeypatch):
     """500 small chunks made the loss 23x slower than F.cross_entropy on an H200 (kernel
-    launches); a CPU keeps its cache-sized chunks."""
+    launches): off the CPU, smoothed_cross_entropy is fused_smoothed_cross_entropy (here on
+    the meta device, which any machine has); a CPU keeps its cache-sized chunks."""
     from vaswani.models.losses import _chunks
 
     assert len(list(_chunks(16_384, 32_000, torch.device("cpu")))) == 512
-    assert len(list(_chunks(16_384, 32_000, torch.device("cuda")))) == 2
-    rows = list(_chunks(16_384, 32_000, torch.device("cuda")))
-    assert rows[0].start == 0 and rows[-1].stop == 16_384
+
+    def chunked(*args):
+        raise AssertionError("the chunk loop ran off the CPU")
+    monkeypatch.setattr(losses._ChunkedSmoothedCE, "apply", chunked)
+    logits = torch.empty(16_384, 32_000, device="meta", dtype=torch.bfloat16)
+    target = torch.zeros(16_384, dtype=torch.long, device="meta")
+    loss, nll, count = smoothed_cross_entropy(logits, target, smoothing=0.1, pad_id=0)
+    assert loss.device.type == "meta" and loss.shape == ()
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("pad_id", [0, None])
+def test_the_fused_loss_equals_the_reference_in_bf16_value_and_gradient(eps, pad_id):
+    """bf16 logits are upcast first: F.cross_entropy's per-row bf16 losses would round each
+    by up to 2^-8."""
+    torch.manual_seed(0)
+    x = (torch.randn(64, 41) * 3).bfloat16().requires_grad_()
+    y = torch.randint(0, 41, (64,))
+    if pad_id is not None:
+        y[::5] = pad_id
+    want = reference_smoothed_cross_entropy(x, y, smoothing=eps, pad_id=pad_id)
+    got = fused_smoothed_cross_entropy(x, y, smoothing=eps, pad_id=pad_id)
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b, rtol=1e-6, atol=1e-5)
+    g1, = torch.autograd.grad(got[0] + 0.5 * got[1], x)
+    g2, = torch.autograd.grad(want[0] + 0.5 * want[1], x)
+    assert_close(g1, g2, rtol=1e-2, atol=1e-2)
 
 
 def test_the_loss_equals_the_reference_on_the_test_device(device):

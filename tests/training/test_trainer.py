@@ -445,3 +445,38 @@ def test_tensorboard_events_hold_what_metrics_jsonl_holds_and_resume_drops_the_r
     assert logged == pytest.approx(losses(run), rel=1e-6)  # steps 1-6, each once
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(r["grad_norm"] > 0 and len(r["peak_memory_mib"]) == 1 for r in rows)
+
+
+def test_compile_auto_compiles_on_a_gpu_only_and_reads_back_from_older_runs():
+    """[train] compile = "auto" (the default): on CUDA, where compiling fuses a step's many
+    small kernels; not on a CPU, where the compiled step is slower. true and false as given;
+    a config.toml written before "auto" existed (compile = false) reads back as it was."""
+    from vaswani.config import TrainConfig
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert TrainConfig().compile == "auto"
+    assert (TrainConfig().compiles(cpu), TrainConfig().compiles(cuda)) == (False, True)
+    assert TrainConfig(compile=True).compiles(cpu) and not TrainConfig(compile=False).compiles(cuda)
+    with pytest.raises(ValueError, match="compile"):
+        TrainConfig(compile="sometimes")
+    from vaswani.config import RunConfig, apply_overrides
+
+    cfg = RunConfig.from_dict(apply_overrides({"train": {"compile": False}},
+                                              ["train.compile=auto"]))
+    assert cfg.train.compile == "auto"
+    assert 'compile = "auto"' in cfg.to_toml()
+
+
+def test_batch_tokens_sets_the_accumulation_a_step_needs(tmp_path):
+    """[data] batch_tokens (the paper's ~25,000 tokens a step) over micro-batches of
+    max_tokens: grad_accum = ceil(1,000 / 300) = 4, written to config.toml, so that a resumed
+    run keeps it; given beside grad_accum, it is refused by name."""
+    data = reverse_task(tmp_path / "pairs.tsv", n=200)
+    cfg = config(tmp_path / "c.toml", "encoder-decoder", data,
+                 train={"max_steps": 2, "eval_every": 2})
+    train(str(cfg), ["data.batch_tokens=1000", "data.max_tokens=300"],
+          out=str(tmp_path / "run"), launch=Launch(progress=False))
+    assert "grad_accum = 4" in (tmp_path / "run" / "config.toml").read_text()
+    with pytest.raises(ValueError, match=r"batch_tokens \(1000\) sets grad_accum"):
+        train(str(cfg), ["data.batch_tokens=1000", "train.grad_accum=2"],
+              out=str(tmp_path / "two"), launch=Launch(progress=False))

@@ -59,6 +59,10 @@ class DataConfig(ConfigBase):
     """Translation: one tokenizer for source and target (else one each)."""
     max_tokens: int = 4096
     """Token budget of one (micro-)batch, padding included."""
+    batch_tokens: int = 0
+    """Tokens per optimizer step, all micro-batches and processes together, as the paper
+    counts its batches (~25,000): [train] grad_accum follows from it and the micro-batch
+    (max_tokens; a language model's batch_size x block_size) when a run starts. 0: off."""
     batch_size: int = 32
     """Language modelling: windows per batch."""
     block_size: int = 256
@@ -86,7 +90,7 @@ class DataConfig(ConfigBase):
             raise ValueError(f"vocab_size ({self.vocab_size}) must be at most {MAX_VOCAB:,}")
         if not 0 <= self.split_seed <= MAX_SEED:
             raise ValueError(f"split_seed ({self.split_seed}) must be in [0, 2**63 - 1]")
-        for name in ("max_skip", "pad_to_multiple"):
+        for name in ("max_skip", "pad_to_multiple", "batch_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
 
@@ -152,10 +156,11 @@ class TrainConfig(ConfigBase):
     gradient scaler (GPUs without fast bf16)."""
     bf16: bool = False
     """Older name for `precision = "bf16"` (config.toml keeps both in step)."""
-    compile: bool = False
-    """Compile the model with `torch.compile`. Off by default: on a 2-core CPU the compiled
-    step of the paper's base shape ran at 0.95x (fp32) and 0.90x (bf16) the eager one, after
-    ~45 s of compiling (docs/performance.md)."""
+    compile: bool | Literal["auto"] = "auto"
+    """Compile the model with `torch.compile`: true, false, or "auto": on a GPU, where a
+    step of many small kernels is bound by their launches and compiling fuses them, not on
+    a CPU, where the compiled step was slower than the eager one (docs/performance.md).
+    A run directory loads the same either way."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """Several processes (torchrun): "ddp" keeps the whole model, gradients and optimizer
     on every rank; "fsdp" shards them over the ranks, each transformer layer a unit
@@ -193,6 +198,10 @@ class TrainConfig(ConfigBase):
     exact_match, bleu, chrf (translation), accuracy (classification)."""
     patience: int = 0
     """Early stopping: evaluations without improvement (0 = off)."""
+
+    def compiles(self, device) -> bool:
+        """Whether training on ``device`` compiles the model (``compile``)."""
+        return self.compile is True or (self.compile == "auto" and device.type == "cuda")
 
     @property
     def asked_precision(self) -> str:

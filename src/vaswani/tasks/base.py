@@ -94,6 +94,10 @@ class Task:
         self.config = config
         self.pad_id = config.model.pad_id
 
+    def micro_batch_tokens(self) -> int:
+        """Tokens of one micro-batch at most (padding included)."""
+        return self.config.data.max_tokens
+
     def check_training_config(self) -> None:
         """What training this task needs of the config, checked before a run directory is
         touched (a ValueError naming the fields)."""

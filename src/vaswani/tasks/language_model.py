@@ -29,6 +29,9 @@ class LanguageModelling(Task):
     default_for_arch = True
     unit = "tokens"
 
+    def micro_batch_tokens(self) -> int:
+        return self.config.data.batch_size * self.config.data.block_size
+
     def check_training_config(self):
         super().check_training_config()
         m, d = self.config.model, self.config.data

@@ -86,6 +86,10 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
                           "pip install 'vaswani[tensorboard]'")
     check_fits(cfg.model, device)  # a model that cannot fit, before any data is read
     task = task_for(cfg)
+    if cfg.data.batch_tokens and not resume:  # a resumed run keeps the grad_accum it had
+        cfg = cfg.replace(train=cfg.train.replace(
+            grad_accum=accumulation(cfg, task.micro_batch_tokens(), launch.world)))
+        task = task_for(cfg)
     task.check_training_config()
     dist = init(launch.rank, launch.world, launch.local_rank, device,
                 group_of_one=parallel_class(cfg.train.parallel, launch.world).group_of_one,
@@ -199,6 +203,15 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
         raise ValueError(f"{run_dir / rundir.CONFIG}: {e}") from None
     check_schedule(cfg.train)
     return cfg
+
+
+def accumulation(cfg: RunConfig, micro_batch_tokens: int, world: int) -> int:
+    """The micro-batches per optimizer step that ``[data] batch_tokens`` asks for, on
+    ``world`` processes of ``micro_batch_tokens`` each (at least that many tokens a step)."""
+    if cfg.train.grad_accum != 1:
+        raise ValueError(f"[data] batch_tokens ({cfg.data.batch_tokens}) sets grad_accum; "
+                         f"leave [train] grad_accum ({cfg.train.grad_accum}) out")
+    return max(1, -(-cfg.data.batch_tokens // (micro_batch_tokens * world)))
 
 
 def check_schedule(t) -> None:
