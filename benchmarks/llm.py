@@ -40,10 +40,14 @@ def measure_one(run_dir: str, precision: str) -> dict:
     """In this process: the figures of one precision (see the module's docstring)."""
     import torch
 
+    with torch.no_grad():  # a context: the caller's autograd state is left as it was
+        return _measure_one(run_dir, precision)
+
+
+def _measure_one(run_dir: str, precision: str) -> dict:
     import vaswani
     from vaswani.engine import Params, Request
 
-    torch.set_grad_enabled(False)
     run = vaswani.load(run_dir, quantize=None if precision == "fp32" else precision)
     tok = run.source_tokenizer
     text = (ROOT / "docs" / "index.md").read_text()

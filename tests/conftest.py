@@ -27,6 +27,16 @@ def _seed():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _autograd_left_on():
+    """A test that turns autograd off for the process (not in a context) breaks every
+    later test that trains: fail it, not them."""
+    yield
+    if not torch.is_grad_enabled():
+        torch.set_grad_enabled(True)
+        pytest.fail("this test left autograd off for the process (use torch.no_grad())")
+
+
 # Unit tests of these folders make their tensors with torch's factories; under
 # `--device cuda` those are made on the GPU (torch.device as a context manager).
 ON_DEVICE = ("nn", "models", "generation", "engine")
