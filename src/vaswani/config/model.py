@@ -68,15 +68,28 @@ class ModelConfig(ConfigBase):
     """Layer norm (the paper, BERT) or RMSNorm (LLaMA)."""
     norm_eps: float = 1e-5
     """The epsilon added to the variance in every norm."""
-    activation: Literal["relu", "gelu", "swiglu"] = "relu"
-    """The feed-forward's activation: ReLU (the paper), GELU (BERT, GPT-2) or gated SwiGLU
-    (LLaMA)."""
+    activation: Literal["relu", "gelu", "gelu_tanh", "swiglu"] = "relu"
+    """The feed-forward's activation: ReLU (the paper), GELU (BERT), GELU's tanh
+    approximation (GPT-2) or gated SwiGLU (LLaMA)."""
     bias: bool = True
     """Biases in every Linear and LayerNorm."""
+    qkv_bias: bool | None = None
+    """Biases on the attention's q, k and v projections only (Qwen2); None = as `bias`."""
     positional: Literal["sinusoidal", "learned", "rope", "none"] = "sinusoidal"
     """Positions: the paper's sinusoids, a learned table, rotary embeddings (RoPE) or none."""
     rope_base: float = 10000.0
     """With `positional = "rope"`: the rotary embeddings' base."""
+    rope_scaling: Literal["none", "llama3"] = "none"
+    """Rescaled rotary frequencies for a longer context: "llama3" (Llama 3.1's), with the
+    four `rope_*` factors below."""
+    rope_factor: float = 8.0
+    """With `rope_scaling = "llama3"`: how much the longest wavelengths are stretched."""
+    rope_low_freq_factor: float = 1.0
+    """With `rope_scaling = "llama3"`: wavelengths over original / this are stretched."""
+    rope_high_freq_factor: float = 4.0
+    """With `rope_scaling = "llama3"`: wavelengths under original / this are kept."""
+    rope_original_max_len: int = 8192
+    """With `rope_scaling = "llama3"`: the context the model was first trained on."""
     type_vocab_size: int = 0
     """BERT token-type (segment) embeddings; 0 = none."""
     embed_norm: bool = False
@@ -90,6 +103,9 @@ class ModelConfig(ConfigBase):
     pooling: Literal["cls", "mean"] = "mean"
     """Encoder classifier: "cls" takes the first token's state, "mean" averages the real
     tokens'."""
+    origin: str = ""
+    """An imported checkpoint's Hugging Face class (`MistralForCausalLM`, ...): `vaswani
+    export --format hf` writes it back as that class."""
     attention: Literal["auto", "sdpa", "reference"] = "auto"
     """Attention kernel: "reference" (written-out matmuls), "sdpa" (PyTorch's fused
     kernel), or "auto": reference for bf16 on a CPU up to 512 keys, sdpa elsewhere."""

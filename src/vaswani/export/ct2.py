@@ -30,7 +30,7 @@ import torch
 from ..data.tokenizers import token_strings
 from . import refuse
 
-ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "swiglu": "SWISH"}
+ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_tanh": "GELUTanh", "swiglu": "SWISH"}
 
 
 def check(config) -> None:
@@ -48,6 +48,10 @@ def check(config) -> None:
     if c.arch == "encoder-decoder" and c.positional == "rope":
         raise refuse("ct2", "positional", c.positional, "a translator takes sinusoidal or "
                      "learned positions")
+    if c.qkv_bias is not None and c.qkv_bias != c.bias:
+        raise refuse("ct2", "qkv_bias", c.qkv_bias, "biases on every projection or none")
+    if c.rope_scaling != "none":
+        raise refuse("ct2", "rope_scaling", c.rope_scaling, "plain rotary frequencies")
     if c.arch == "encoder-decoder" and c.n_kv_heads not in (c.n_heads, 1):
         raise refuse("ct2", "n_kv_heads", c.n_kv_heads, "a translator takes n_heads or 1")
 

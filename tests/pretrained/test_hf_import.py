@@ -1,0 +1,193 @@
+"""`vaswani import hf DIR`: Hugging Face folders of GPT-2, LLaMA (Llama 3's rescaled rotary
+frequencies included), Qwen2 and Mistral, written by ``transformers`` itself from random
+weights, give vaswani runs with transformers' logits (float64, 1e-6) and greedy tokens, the
+folder's tokenizer and chat template; `vaswani export --format hf` writes each back as its
+own class with the same logits; what a config asks that vaswani cannot do is refused by name.
+"""
+
+import json
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import vaswani
+from vaswani.cli import main
+from vaswani.generation import generate
+from vaswani.pretrained.importer import import_checkpoint
+
+transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
+
+TEXT = ("the quick brown fox jumps over the lazy dog. a journey of a thousand miles begins "
+        "with a single step. to be or not to be, that is the question. ") * 4
+CHAT = "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+
+
+def byte_level_tokenizer():
+    """A byte-level BPE as GPT-2's, LLaMA 3's and Qwen2's tokenizer.json are, with their
+    end-of-text token (id 0)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([TEXT], trainer)
+    return tok
+
+
+def configs(vocab: int) -> dict:
+    """Each architecture's own config class, tiny, with what sets it apart."""
+    llama = dict(vocab_size=vocab, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                 num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
+                 rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=0)
+    return {
+        "gpt2": transformers.GPT2Config(vocab_size=vocab, n_positions=64, n_embd=48, n_layer=2,
+                                        n_head=6, bos_token_id=0, eos_token_id=0),
+        "llama": transformers.LlamaConfig(**llama, tie_word_embeddings=False),
+        # Llama 3.1's rescaled frequencies: original context 32, so most of them are moved
+        "llama3": transformers.LlamaConfig(**llama, tie_word_embeddings=True, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32}),
+        # Qwen2: biases on q, k, v; an embedding table larger than the tokenizer
+        "qwen2": transformers.Qwen2Config(**{**llama, "vocab_size": vocab + 7},
+                                          tie_word_embeddings=True),
+        "mistral": transformers.MistralConfig(**llama, sliding_window=None),
+    }
+
+
+CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
+           "llama3": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+           "mistral": "MistralForCausalLM"}
+
+
+def hf_folder(folder, family: str, *, shards: bool = False):
+    """What `save_pretrained` writes (several safetensors shards and their index if
+    ``shards``), with tokenizer.json and a tokenizer_config.json carrying a chat template."""
+    tok = byte_level_tokenizer()
+    config = configs(tok.get_vocab_size())[family]
+    torch.manual_seed(0)
+    model = getattr(transformers, CLASSES[family])(config).eval()
+    with torch.no_grad():  # norms and biases away from their 1/0 init, so they are tested
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder, safe_serialization=True,
+                          max_shard_size="200KB" if shards else "1GB")
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|endoftext|>", "chat_template": CHAT}))
+    return folder
+
+
+def reference(folder, family: str):
+    return getattr(transformers, CLASSES[family]).from_pretrained(folder).double().eval()
+
+
+@pytest.fixture(scope="module", params=list(CLASSES))
+def imported(request, tmp_path_factory):
+    family = request.param
+    root = tmp_path_factory.mktemp(family)
+    folder = hf_folder(root / "hf", family, shards=family == "llama")
+    run_dir = import_checkpoint("hf", str(folder), root / "run", root / "cache")
+    return family, folder, run_dir
+
+
+def test_logits_equal_transformers_in_float64(imported):
+    family, folder, run_dir = imported
+    run = vaswani.load(run_dir)
+    ours = run.model.double()
+    ids = torch.randint(1, 300, (2, 40))
+    with torch.no_grad():
+        expected = reference(folder, family)(input_ids=ids).logits
+        got = ours(ids, mask=torch.ones_like(ids, dtype=torch.bool))
+    assert_close(got, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_cached_greedy_tokens_equal_transformers(imported):
+    family, folder, run_dir = imported
+    ours = vaswani.load(run_dir).model.double()
+    hf = reference(folder, family)
+    prompt = [17, 45, 101, 8, 60]
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False,
+                          attention_mask=torch.ones(1, 5, dtype=torch.long), pad_token_id=0,
+                          eos_token_id=None)
+    got = generate(ours, prompt, max_new_tokens=40, temperature=0, bos_id=0)
+    assert got == out[0].tolist()[5:]  # past the original context of llama3's frequencies
+
+
+def test_the_folders_tokenizer_and_chat_template_come_along(imported):
+    family, folder, run_dir = imported
+    run = vaswani.load(run_dir)
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    line = "a journey over the lazy fox"
+    assert run.source_tokenizer.encode(line) == hf_tok(line, add_special_tokens=False)["input_ids"]
+    assert run.source_tokenizer.eos_id == 0
+    assert run.chat_template == CHAT
+    assert run.source_tokenizer.vocab_size == run.config.model.vocab_size
+    if family == "qwen2":  # the 7 rows past the tokenizer decode to nothing
+        assert run.source_tokenizer.decode([5, 300, 306, 5]) == hf_tok.decode([5, 5])
+
+
+def test_export_writes_the_same_class_back_with_the_same_logits(imported, tmp_path):
+    family, folder, run_dir = imported
+    assert main(["export", str(run_dir), "--format", "hf", "--out", str(tmp_path / "back")]) == 0
+    back = json.loads((tmp_path / "back/config.json").read_text())
+    assert back["architectures"] == [CLASSES[family]]
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").double().eval()
+    assert type(model).__name__ == CLASSES[family]
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) \
+        == "user: hi\n"
+    ids = torch.randint(1, 300, (1, 30))
+    with torch.no_grad():
+        assert_close(model(input_ids=ids).logits, reference(folder, family)(input_ids=ids).logits,
+                     atol=1e-6, rtol=1e-6)
+
+
+REFUSED = [  # (family, a change to config.json, what the error names)
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
+    ("llama", {"hidden_act": "gelu"}, "hidden_act"),
+    ("llama", {"attention_bias": True}, "attention_bias"),
+    ("llama", {"head_dim": 16}, "head_dim"),
+    ("mistral", {"sliding_window": 16}, "sliding_window"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 16}, "sliding_window"),
+    ("gpt2", {"activation_function": "silu"}, "activation_function"),
+    ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
+    ("llama", {"model_type": "gemma3"}, "model_type 'gemma3' is not supported"),
+]
+
+
+@pytest.mark.parametrize("family, change, named", REFUSED,
+                         ids=[f"{f}-{next(iter(c))}" for f, c, _ in REFUSED])
+def test_what_vaswani_cannot_do_is_refused_by_name(tmp_path, capsys, family, change, named):
+    folder = hf_folder(tmp_path / "hf", family)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    assert main(["import", "hf", str(folder), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "config.json" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_folder_without_weights_or_tokenizer_says_which_file(tmp_path, capsys):
+    folder = hf_folder(tmp_path / "hf", "llama")
+    (folder / "tokenizer.json").unlink()
+    assert main(["import", "hf", str(folder), "--out", str(tmp_path / "run")]) == 2
+    assert "has no tokenizer.json" in capsys.readouterr().err
+    folder = hf_folder(tmp_path / "hf2", "llama")
+    (folder / "model.safetensors").write_bytes(b"garbage")
+    assert main(["import", "hf", str(folder), "--out", str(tmp_path / "run")]) == 2
+    assert "model.safetensors: unreadable weights" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bert_folder_through_import_hf_is_imported_as_bert(tmp_path):
+    from tests.reliability.checkpoints import bert_folder
+
+    run_dir = import_checkpoint("hf", str(bert_folder(tmp_path / "bert")), tmp_path / "run",
+                                tmp_path / "cache")
+    assert vaswani.load(run_dir).config.model.arch == "encoder"
