@@ -55,12 +55,18 @@ def configs(vocab: int) -> dict:
         "qwen2": transformers.Qwen2Config(**{**llama, "vocab_size": vocab + 7},
                                           tie_word_embeddings=True),
         "mistral": transformers.MistralConfig(**llama, sliding_window=None),
+        # Gemma 3: wide heads, norms on q and k and around each sublayer, GeGLU, local layers
+        # (with their own rotary base) every layer but each second
+        "gemma3": transformers.Gemma3TextConfig(
+            **{**llama, "num_hidden_layers": 4}, head_dim=16, query_pre_attn_scalar=16,
+            pad_token_id=0, sliding_window=64, layer_types=["sliding_attention",
+                                                            "full_attention"] * 2),
     }
 
 
 CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
            "llama3": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-           "mistral": "MistralForCausalLM"}
+           "mistral": "MistralForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 
 
 def hf_folder(folder, family: str, *, shards: bool = False):
@@ -119,6 +125,21 @@ def test_cached_greedy_tokens_equal_transformers(imported):
     assert got == out[0].tolist()[5:]  # past the original context of llama3's frequencies
 
 
+def test_the_engine_decodes_as_the_reference_loop(imported):
+    """The engine behind generate and serve (its slot cache: wide heads, q/k norms) gives
+    the tokens of generation.generate's plain loop, in float32."""
+    from vaswani.config import DecodeConfig
+
+    _, _, run_dir = imported
+    run = vaswani.load(run_dir)
+    prompt = [17, 45, 101, 8, 60]
+    completion = run.completion("", DecodeConfig(temperature=0.0, max_new_tokens=30),
+                                ids=prompt)
+    run.engine_for(1).run([completion.request])
+    expected = generate(run.model, prompt, max_new_tokens=30, temperature=0, bos_id=0)
+    assert completion.request.output == expected
+
+
 def test_the_folders_tokenizer_and_chat_template_come_along(imported):
     family, folder, run_dir = imported
     run = vaswani.load(run_dir)
@@ -157,6 +178,10 @@ REFUSED = [  # (family, a change to config.json, what the error names)
     ("qwen2", {"use_sliding_window": True, "sliding_window": 16}, "sliding_window"),
     ("gpt2", {"activation_function": "silu"}, "activation_function"),
     ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
+    ("gemma3", {"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+    ("gemma3", {"query_pre_attn_scalar": 64}, "query_pre_attn_scalar"),
+    ("gemma3", {"layer_types": ["sliding_attention", "full_attention", "full_attention",
+                                "sliding_attention"]}, "layer_types"),
     ("llama", {"model_type": "gemma3"}, "model_type 'gemma3' is not supported"),
 ]
 

@@ -68,13 +68,20 @@ class ModelConfig(ConfigBase):
     """Layer norm (the paper, BERT) or RMSNorm (LLaMA)."""
     norm_eps: float = 1e-5
     """The epsilon added to the variance in every norm."""
-    activation: Literal["relu", "gelu", "gelu_tanh", "swiglu"] = "relu"
+    activation: Literal["relu", "gelu", "gelu_tanh", "swiglu", "geglu_tanh"] = "relu"
     """The feed-forward's activation: ReLU (the paper), GELU (BERT), GELU's tanh
-    approximation (GPT-2) or gated SwiGLU (LLaMA)."""
+    approximation (GPT-2), gated SwiGLU (LLaMA) or gated GELU-tanh (Gemma)."""
     bias: bool = True
     """Biases in every Linear and LayerNorm."""
     qkv_bias: bool | None = None
     """Biases on the attention's q, k and v projections only (Qwen2); None = as `bias`."""
+    head_dim: int | None = None
+    """Each attention head's width; None = d_model / n_heads (Gemma 3 sets it apart)."""
+    qk_norm: bool = False
+    """A norm over each head's queries and keys, before rotary positions (Gemma 3)."""
+    post_norms: bool = False
+    """With `norm_first`: a second norm on each sublayer's output, before the residual sum
+    (Gemma's "sandwich" norms)."""
     positional: Literal["sinusoidal", "learned", "rope", "none"] = "sinusoidal"
     """Positions: the paper's sinusoids, a learned table, rotary embeddings (RoPE) or none."""
     rope_base: float = 10000.0
@@ -90,6 +97,15 @@ class ModelConfig(ConfigBase):
     """With `rope_scaling = "llama3"`: wavelengths under original / this are kept."""
     rope_original_max_len: int = 8192
     """With `rope_scaling = "llama3"`: the context the model was first trained on."""
+    sliding_window: int = 0
+    """Local layers (Gemma 3) attend to the last this-many tokens; vaswani runs them with
+    `max_len` at most this, where local and global attention are the same. 0 = none."""
+    global_every: int = 0
+    """With `sliding_window`: every this-many-th layer is global (Gemma 3: 6), the others
+    local; 0 = every layer local."""
+    local_rope_base: float = 10000.0
+    """With `sliding_window` and rotary positions: the local layers' base (`rope_base` is
+    the global layers')."""
     type_vocab_size: int = 0
     """BERT token-type (segment) embeddings; 0 = none."""
     embed_norm: bool = False
@@ -126,9 +142,10 @@ class ModelConfig(ConfigBase):
                 raise ValueError(f"{name} ({value}) must be positive")
         if self.vocab_size < 0:
             raise ValueError(f"vocab_size ({self.vocab_size}) must be positive")
-        if self.d_model % self.n_heads:
+        if self.d_model % self.n_heads and "head_dim" in self._followed:
             raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}), "
+                "or head_dim set")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})")
@@ -140,9 +157,25 @@ class ModelConfig(ConfigBase):
             raise ValueError(f"rope_base ({self.rope_base}) must be positive")
         if self.type_vocab_size < 0:
             raise ValueError(f"type_vocab_size ({self.type_vocab_size}) must not be negative")
-        if self.positional == "rope" and (self.d_model // self.n_heads) % 2:
-            raise ValueError(f"positional 'rope' needs an even head dim, got "
-                             f"{self.d_model} / {self.n_heads}")
+        if self.positional == "rope" and self.head_dim % 2:
+            raise ValueError(f"positional 'rope' needs an even head dim, got {self.head_dim}")
+        if self.head_dim <= 0:
+            raise ValueError(f"head_dim ({self.head_dim}) must be positive")
+        for name in ["sliding_window", "global_every"]:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} ({getattr(self, name)}) must not be negative")
+        if self.post_norms and not self.norm_first:
+            raise ValueError("post_norms (True) needs norm_first (True): the second norm of "
+                             "a pre-norm block")
+        if self.sliding_window:
+            if self.arch != "decoder":
+                raise ValueError(f"sliding_window ({self.sliding_window}) is only used by "
+                                 "arch 'decoder'")
+            if self.max_len > self.sliding_window:
+                raise ValueError(
+                    f"max_len ({self.max_len}) must be at most sliding_window "
+                    f"({self.sliding_window}): vaswani does not mask a window, so it runs "
+                    "local layers only where the window covers the whole context")
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps ({self.norm_eps}) must be positive")
         if self.vocab_size and not 0 <= self.pad_id < self.vocab_size:
@@ -163,9 +196,10 @@ class ModelConfig(ConfigBase):
         from the config alone: what :func:`vaswani.models.build_model` checks against the
         device's memory before it makes anything."""
         d, heads = self.d_model, self.n_heads
-        kv = d // heads * (self.n_kv_heads or heads)
-        attention = 2 * d * d + 2 * d * kv
-        feed_forward = (3 if self.activation == "swiglu" else 2) * d * self.d_ff
+        head_dim = self.head_dim or d // heads
+        kv = head_dim * (self.n_kv_heads or heads)
+        attention = 2 * d * head_dim * heads + 2 * d * kv
+        feed_forward = (3 if self.activation in ("swiglu", "geglu_tanh") else 2) * d * self.d_ff
         encoder = self.n_encoder_layers if self.arch != "decoder" else 0
         decoder = self.n_decoder_layers if self.arch != "encoder" else 0
         cross = attention if self.arch == "encoder-decoder" else 0
@@ -185,9 +219,11 @@ class ModelConfig(ConfigBase):
 
     def follows(self) -> dict:
         """What ``None`` means, decided once: the number of k/v heads is the number of heads,
-        each stack has ``n_layers`` layers, attention dropout is the dropout, and the target
-        vocabulary is the source's. Fields a model family does not use stay None."""
-        out = {"n_kv_heads": self.n_heads, "attn_dropout": self.dropout}
+        each stack has ``n_layers`` layers, attention dropout is the dropout, a head is
+        ``d_model / n_heads`` wide, and the target vocabulary is the source's. Fields a model
+        family does not use stay None."""
+        out = {"n_kv_heads": self.n_heads, "attn_dropout": self.dropout,
+               "head_dim": self.d_model // max(self.n_heads, 1)}
         if self.arch in ("encoder-decoder", "encoder"):
             out["n_encoder_layers"] = self.n_layers
         if self.arch in ("encoder-decoder", "decoder"):

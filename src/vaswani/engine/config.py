@@ -53,7 +53,7 @@ class EngineConfig:
         """The key/value cache for ``model``'s decoder layers: ``cache_tokens`` positions, or
         as many as ``cache_bytes`` holds, on the model's device and in its dtype."""
         c, param = model.config, next(model.parameters())
-        head_dim = c.d_model // c.n_heads
+        head_dim = c.head_dim
         per_token = 2 * c.n_decoder_layers * c.n_kv_heads * head_dim * param.element_size()
         return SlotCache(c.n_decoder_layers, c.n_kv_heads, head_dim,
                          tokens=self.cache_tokens or self.cache_bytes // per_token,

@@ -52,6 +52,12 @@ def check(config) -> None:
         raise refuse("ct2", "qkv_bias", c.qkv_bias, "biases on every projection or none")
     if c.rope_scaling != "none":
         raise refuse("ct2", "rope_scaling", c.rope_scaling, "plain rotary frequencies")
+    if c.activation not in ACTIVATIONS:
+        raise refuse("ct2", "activation", c.activation, ", ".join(ACTIVATIONS))
+    for option, value in (("qk_norm", False), ("post_norms", False), ("sliding_window", 0),
+                          ("head_dim", c.d_model // c.n_heads)):
+        if getattr(c, option) != value:
+            raise refuse("ct2", option, getattr(c, option), f"{value!r} only")
     if c.arch == "encoder-decoder" and c.n_kv_heads not in (c.n_heads, 1):
         raise refuse("ct2", "n_kv_heads", c.n_kv_heads, "a translator takes n_heads or 1")
 

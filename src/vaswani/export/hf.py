@@ -36,7 +36,8 @@ from . import refuse
 
 def check(config) -> str:
     """The Hugging Face family for this run (``"bert"``, ``"llama"``, ``"qwen2"``,
-    ``"mistral"`` or ``"gpt2"``); an option with no exact counterpart is refused by name."""
+    ``"mistral"``, ``"gemma3"`` or ``"gpt2"``); an option with no exact counterpart is refused
+    by name."""
     c = config
     if c.arch == "encoder-decoder":
         raise refuse("hf", "arch", c.arch, "no Hugging Face seq2seq class (Marian, FSMT, "
@@ -51,6 +52,14 @@ def check(config) -> str:
         if c.activation not in ("gelu", "relu"):
             raise refuse("hf", "activation", c.activation, "BERT takes gelu or relu")
         family = "bert"
+    elif c.positional == "rope" and (c.qk_norm or c.post_norms or c.sliding_window
+                                     or c.activation == "geglu_tanh"):
+        required = {"norm_first": True, "norm": "rmsnorm", "activation": "geglu_tanh",
+                    "bias": False, "qk_norm": True, "post_norms": True,
+                    "scale_embeddings": True, "rope_scaling": "none"}
+        name = ("Gemma 3 (RMSNorm before and after each sublayer and on q and k, gated "
+                "GELU-tanh, scaled embeddings, rotary positions)")
+        family = "gemma3"
     elif c.positional == "rope":
         required = {"norm_first": True, "norm": "rmsnorm", "activation": "swiglu", "bias": False}
         name = "LLaMA (pre-norm, RMSNorm, SwiGLU, no biases, rotary positions)"
@@ -72,6 +81,11 @@ def check(config) -> str:
     for option, value in required.items():
         if getattr(c, option) != value:
             raise refuse("hf", option, getattr(c, option), f"{name} needs {value!r}")
+    if family != "gemma3":
+        for option, value in (("qk_norm", False), ("post_norms", False),
+                              ("head_dim", c.d_model // c.n_heads)):
+            if getattr(c, option) != value:
+                raise refuse("hf", option, getattr(c, option), f"{name} needs {value!r}")
     if c.qkv_bias is not None and c.qkv_bias != c.bias and family != "qwen2":
         raise refuse("hf", "qkv_bias", c.qkv_bias, f"{family} has no biases on q, k and v "
                      "alone (Qwen2 does, with rotary positions)")
@@ -173,6 +187,31 @@ def gpt2_state_dict(model, c) -> dict[str, torch.Tensor]:
 
 # --- configs -----------------------------------------------------------------------------------
 
+def gemma3_state_dict(model, c) -> dict[str, torch.Tensor]:
+    """DecoderLM with Gemma 3's options -> ``Gemma3ForCausalLM`` (which scales its own
+    embeddings and multiplies by 1 + each norm's weight); the reverse of
+    :func:`vaswani.pretrained.gemma3.convert_state_dict`."""
+    from ..pretrained.gemma3 import NORMS
+
+    sd = model.state_dict()
+    q_dim, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    out = {"model.embed_tokens.weight": sd["embed.token.weight"],
+           "model.norm.weight": sd["decoder.norm.weight"] - 1,
+           "lm_head.weight": sd["output_proj.weight"]}
+    for i in range(c.n_decoder_layers):
+        o, h = f"decoder.layers.{i}.", f"model.layers.{i}."
+        q, k, v = sd[o + "self_attn.in_proj.weight"].split([q_dim, kv, kv])
+        gate, up = sd[o + "feed_forward.linear1.weight"].chunk(2)
+        out.update({h + "self_attn.q_proj.weight": q, h + "self_attn.k_proj.weight": k,
+                    h + "self_attn.v_proj.weight": v,
+                    h + "self_attn.o_proj.weight": sd[o + "self_attn.out_proj.weight"],
+                    h + "mlp.gate_proj.weight": gate, h + "mlp.up_proj.weight": up,
+                    h + "mlp.down_proj.weight": sd[o + "feed_forward.linear2.weight"]})
+        for theirs, ours in NORMS.items():
+            out[h + theirs + ".weight"] = sd[o + ours + ".weight"] - 1
+    return out
+
+
 def _tied(c) -> bool:
     """Input and output embeddings stay one matrix only when nothing scales the input."""
     return c.tie_embeddings and not c.scale_embeddings
@@ -192,6 +231,22 @@ def hf_model(family: str, c, specials: dict[str, int]):
             max_position_embeddings=c.max_len, type_vocab_size=max(c.type_vocab_size, 1),
             layer_norm_eps=c.norm_eps, architectures=["BertModel"], **ids)
         return transformers.BertModel(config, add_pooling_layer=False)
+    if family == "gemma3":
+        every = c.global_every if c.sliding_window else 1
+        config = transformers.Gemma3TextConfig(
+            vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
+            num_hidden_layers=c.n_decoder_layers, num_attention_heads=c.n_heads,
+            num_key_value_heads=c.n_kv_heads, head_dim=c.head_dim,
+            query_pre_attn_scalar=c.head_dim, max_position_embeddings=c.max_len,
+            rms_norm_eps=c.norm_eps, sliding_window=c.sliding_window or c.max_len,
+            layer_types=["full_attention" if every and (i + 1) % every == 0
+                         else "sliding_attention" for i in range(c.n_decoder_layers)],
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": c.rope_base},
+                "sliding_attention": {"rope_type": "default",
+                                      "rope_theta": c.local_rope_base}},
+            tie_word_embeddings=c.tie_embeddings, architectures=["Gemma3ForCausalLM"], **ids)
+        return transformers.Gemma3ForCausalLM(config)
     if family in ("llama", "qwen2", "mistral"):
         rope = {"rope_type": "default", "rope_theta": c.rope_base}
         if c.rope_scaling == "llama3":
@@ -228,7 +283,8 @@ def hf_model(family: str, c, specials: dict[str, int]):
 
 
 STATE_DICTS = {"bert": bert_state_dict, "llama": llama_state_dict, "qwen2": llama_state_dict,
-               "mistral": llama_state_dict, "gpt2": gpt2_state_dict}
+               "mistral": llama_state_dict, "gemma3": gemma3_state_dict,
+               "gpt2": gpt2_state_dict}
 
 
 # --- tokenizer ---------------------------------------------------------------------------------

@@ -19,17 +19,21 @@ from ..nn.positional import Embeddings
 from ..nn.rotary import RopeScaling
 
 
-def layer_options(c: ModelConfig) -> LayerOptions:
-    """What every layer of the model shares (layers take plain values, never a config)."""
+def layer_options(c: ModelConfig, layer: int = 0) -> LayerOptions:
+    """The options of layer ``layer`` (layers take plain values, never a config). They are
+    the same for every layer, but for the rotary base of Gemma 3's local layers."""
     rope = c.positional == "rope"
     scaling = None if c.rope_scaling == "none" else RopeScaling(
         c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_max_len)
+    local = c.sliding_window > 0 and (c.global_every == 0 or (layer + 1) % c.global_every)
+    base = c.local_rope_base if local else c.rope_base
     return LayerOptions(d_model=c.d_model, n_heads=c.n_heads, d_ff=c.d_ff,
                         n_kv_heads=c.n_kv_heads, dropout=c.dropout, attn_dropout=c.attn_dropout,
                         norm_first=c.norm_first, norm=c.norm, norm_eps=c.norm_eps,
                         activation=c.activation, bias=c.bias, qkv_bias=c.qkv_bias,
-                        attention=c.attention, rope_base=c.rope_base if rope else None,
-                        rope_scaling=scaling if rope else None)
+                        attention=c.attention, rope_base=base if rope else None,
+                        rope_scaling=scaling if rope else None, head_dim=c.head_dim,
+                        qk_norm=c.qk_norm, post_norms=c.post_norms)
 
 
 def final_norm(c: ModelConfig) -> nn.Module | None:

@@ -30,10 +30,9 @@ class DecoderLM(nn.Module):
             raise ValueError(f"DecoderLM needs arch 'decoder', got {config.arch!r}")
         config.require_complete()
         c = self.config = config
-        layer = layer_options(c)
         self.embed = embeddings(c, c.vocab_size)
-        self.decoder = Stack([DecoderLayer(layer, cross_attention=False)
-                              for _ in range(c.n_decoder_layers)], final_norm(c))
+        self.decoder = Stack([DecoderLayer(layer_options(c, i), cross_attention=False)
+                              for i in range(c.n_decoder_layers)], final_norm(c))
         self.output_proj = output_projection(c, self.embed, c.vocab_size)
         init_weights(self, c.pad_id)
 

@@ -27,6 +27,7 @@ linearly where the reference path's grows quadratically (benchmarks/scaling.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -92,18 +93,19 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
                  dropout: float = 0.0, bias: bool = True, qkv_bias: bool | None = None,
                  backend: Literal["auto", "sdpa", "reference"] = "auto",
-                 rope_base: float | None = None, rope_scaling: RopeScaling | None = None
-                 ) -> None:
+                 rope_base: float | None = None, rope_scaling: RopeScaling | None = None,
+                 head_dim: int | None = None,
+                 qk_norm: Callable[[int], nn.Module] | None = None) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if d_model % n_heads:
+        if d_model % n_heads and head_dim is None:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
         if backend not in BACKENDS:
             raise ValueError(f"backend ({backend!r}) must be one of {', '.join(BACKENDS)}")
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
-        self.head_dim = d_model // n_heads
+        self.head_dim = d_model // n_heads if head_dim is None else head_dim
         self.q_dim = n_heads * self.head_dim
         self.kv_dim = n_kv_heads * self.head_dim
         self.dropout = dropout
@@ -114,6 +116,9 @@ class MultiHeadAttention(nn.Module):
         self.in_proj = Linear(d_model, self.q_dim + 2 * self.kv_dim,
                               bias=bias if qkv_bias is None else qkv_bias)
         self.out_proj = Linear(self.q_dim, d_model, bias=bias)
+        # qk_norm(width): a norm over each head's queries, another over its keys (Gemma 3)
+        self.q_norm = None if qk_norm is None else qk_norm(self.head_dim)
+        self.k_norm = None if qk_norm is None else qk_norm(self.head_dim)
 
     def _split_heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape
@@ -153,6 +158,8 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self.in_proj(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
             k, v = self._split_heads(k, self.n_kv_heads), self._split_heads(v, self.n_kv_heads)
             q = self._split_heads(q, self.n_heads)  # (B, H, Tq, Dh)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
             if self.rope_base is not None:
                 if positions is None:
                     past = 0 if cache is None or cache.k is None else cache.k.size(2)

@@ -3,7 +3,8 @@
 Shape: (B, T, D) -> (B, T, D). The paper uses ReLU; BERT uses GELU, GPT-2 GELU's tanh
 approximation ("gelu_tanh").
 
-``"swiglu"`` (Shazeer 2020; LLaMA) is gated: ``linear2(silu(x W_gate) * (x W_up))``. Its
+``"swiglu"`` (Shazeer 2020; LLaMA) is gated: ``linear2(silu(x W_gate) * (x W_up))``, and
+``"geglu_tanh"`` (Gemma) the same with GELU's tanh approximation in place of silu. Its
 ``linear1`` holds [W_gate; W_up] stacked by rows, so both come from one matmul (2 * d_ff
 outputs), the way ``in_proj`` holds q, k and v.
 """
@@ -20,7 +21,7 @@ from .linear import Linear
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu,
                "gelu_tanh": functools.partial(F.gelu, approximate="tanh")}  # GPT-2's
-GATED = {"swiglu": F.silu}
+GATED = {"swiglu": F.silu, "geglu_tanh": ACTIVATIONS["gelu_tanh"]}
 
 
 class FeedForward(nn.Module):

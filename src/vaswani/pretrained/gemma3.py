@@ -1,0 +1,127 @@
+"""Gemma 3 text checkpoints (Hugging Face ``Gemma3ForCausalLM``, ``model_type`` "gemma3_text")
+on vaswani's own modules.
+
+Gemma 3 is LLaMA's layout (RMSNorm, rotary positions, grouped-query attention, no biases)
+with five differences, each a ``ModelConfig`` option:
+
+* heads wider than ``hidden_size / heads`` (``head_dim``);
+* an RMSNorm over each head's queries and keys before the rotation (``qk_norm``);
+* a second norm on each sublayer's output before the residual sum (``post_norms``);
+* a gated feed-forward with GELU's tanh approximation (``activation = "geglu_tanh"``);
+* embeddings scaled by sqrt(hidden_size) (``scale_embeddings``).
+
+Its norms multiply by ``1 + weight``; the weights are stored here with the 1 added, as
+llama.cpp's converter stores them, so the norm is vaswani's plain RMSNorm. Five of every six
+layers are local: they attend to the last ``sliding_window`` tokens with their own rotary
+base (``local_rope_base``). vaswani does not mask a window, so it imports the model with a
+context of at most ``sliding_window`` tokens (512 for the 270M model), where local and global
+attention are the same; a longer prompt is refused, never run differently.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..config import ModelConfig
+from .llama import Unsupported
+
+
+def _refuse(field: str, value, why: str) -> Unsupported:
+    return Unsupported(f"config.json: {field} = {value!r} is not supported: {why}")
+
+
+def _rope_bases(hf: dict) -> tuple[float, float]:
+    """(global base, local base): transformers 5's ``rope_parameters`` per layer type, or
+    ``rope_theta`` and ``rope_local_base_freq`` before."""
+    params = hf.get("rope_parameters") or {}
+    full = params.get("full_attention", {})
+    local = params.get("sliding_attention", {})
+    scaling = hf.get("rope_scaling") or {}
+    for kind in (full.get("rope_type", "default"), local.get("rope_type", "default"),
+                 scaling.get("rope_type", scaling.get("type", "default"))):
+        if kind != "default":
+            raise _refuse("rope_scaling", kind, "plain rotary frequencies only (Gemma 3's "
+                          "128k-context models rescale theirs)")
+    return (float(full.get("rope_theta") or hf.get("rope_theta") or 1_000_000.0),
+            float(local.get("rope_theta") or hf.get("rope_local_base_freq") or 10_000.0))
+
+
+def global_every(layer_types: list[str]) -> int:
+    """The N of "every N-th layer is global" that ``layer_types`` follows (0: none is),
+    or an :class:`Unsupported` naming another pattern."""
+    full = [i for i, t in enumerate(layer_types) if t == "full_attention"]
+    every = full[0] + 1 if full else 0
+    expected = ["full_attention" if every and (i + 1) % every == 0 else "sliding_attention"
+                for i in range(len(layer_types))]
+    if layer_types != expected:
+        raise _refuse("layer_types", layer_types, "every N-th layer global, the others local")
+    return every
+
+
+def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
+    """A Hugging Face ``Gemma3TextConfig`` (config.json as a dict) -> ModelConfig."""
+    heads, head_dim = hf["num_attention_heads"], hf.get("head_dim", 256)
+    if hf.get("hidden_activation", "gelu_pytorch_tanh") not in ("gelu_pytorch_tanh",
+                                                                "gelu_new"):
+        raise _refuse("hidden_activation", hf["hidden_activation"], "gelu_pytorch_tanh")
+    for field in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if hf.get(field) is not None:
+            raise _refuse(field, hf[field], "no soft-capping (Gemma 2's)")
+    if hf.get("query_pre_attn_scalar", head_dim) != head_dim:
+        raise _refuse("query_pre_attn_scalar", hf["query_pre_attn_scalar"],
+                      f"scores scaled by 1 / sqrt(head_dim) ({head_dim})")
+    if hf.get("attention_bias"):
+        raise _refuse("attention_bias", True, "no biases")
+    if hf.get("use_bidirectional_attention"):
+        raise _refuse("use_bidirectional_attention", True, "causal attention")
+    n_layers = hf["num_hidden_layers"]
+    window = int(hf.get("sliding_window") or 0)
+    every = global_every(list(hf.get("layer_types") or
+                              ["full_attention" if (i + 1) % hf.get("sliding_window_pattern", 6)
+                               == 0 else "sliding_attention" for i in range(n_layers)]))
+    rope_base, local_base = _rope_bases(hf)
+    max_len = hf["max_position_embeddings"]
+    if window and every != 1:  # some layers are local: the context they all see
+        max_len = min(max_len, window)
+    else:
+        window = 0
+    return ModelConfig(
+        arch="decoder", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_heads=heads,
+        n_kv_heads=hf.get("num_key_value_heads") or heads, head_dim=head_dim,
+        d_ff=hf["intermediate_size"], n_layers=n_layers, dropout=0.0, max_len=max_len,
+        pad_id=(hf.get("pad_token_id") or 0) if pad_id is None else pad_id, norm_first=True,
+        norm="rmsnorm", norm_eps=hf.get("rms_norm_eps", 1e-6), activation="geglu_tanh",
+        bias=False, positional="rope", rope_base=rope_base, scale_embeddings=True,
+        tie_embeddings=bool(hf.get("tie_word_embeddings", True)), qk_norm=True,
+        post_norms=True, sliding_window=window, global_every=every if window else 0,
+        local_rope_base=local_base)
+
+
+NORMS = {"input_layernorm": "self_block.norm", "post_attention_layernorm": "self_block.out_norm",
+         "pre_feedforward_layernorm": "ff_block.norm",
+         "post_feedforward_layernorm": "ff_block.out_norm",
+         "self_attn.q_norm": "self_attn.q_norm", "self_attn.k_norm": "self_attn.k_norm"}
+
+
+def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+    """Hugging Face ``Gemma3ForCausalLM`` weights -> DecoderLM state dict (the norms' weights
+    with their 1 added; q, k, v stacked into ``in_proj``, gate and up into ``linear1``)."""
+    import torch
+
+    hf = {k.removeprefix("language_model."): v for k, v in hf.items()}
+    out = {"embed.token.weight": hf["model.embed_tokens.weight"],
+           "decoder.norm.weight": hf["model.norm.weight"].float() + 1}
+    out["output_proj.weight"] = (out["embed.token.weight"] if config.tie_embeddings
+                                 else hf["lm_head.weight"])
+    for i in range(config.n_decoder_layers):
+        h, o = f"model.layers.{i}.", f"decoder.layers.{i}."
+        out[o + "self_attn.in_proj.weight"] = torch.cat(
+            [hf[h + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")])
+        out[o + "self_attn.out_proj.weight"] = hf[h + "self_attn.o_proj.weight"]
+        out[o + "feed_forward.linear1.weight"] = torch.cat(
+            [hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]])
+        out[o + "feed_forward.linear2.weight"] = hf[h + "mlp.down_proj.weight"]
+        for theirs, ours in NORMS.items():
+            out[o + ours + ".weight"] = hf[h + theirs + ".weight"].float() + 1
+    return {k: v.float().contiguous() for k, v in out.items()}
+
