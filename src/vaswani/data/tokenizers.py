@@ -14,6 +14,8 @@ wraps their ``tokenizer.json`` and records which ids play pad/bos/eos/unk beside
 
 from __future__ import annotations
 
+import functools
+
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -42,6 +44,12 @@ class Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         """Ids -> text; special tokens are dropped."""
         raise NotImplementedError
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A language model's prompt: :meth:`encode`, and for a pretrained tokenizer whose
+        own template starts every text with a token (Gemma's and Llama 3's ``<bos>``), that
+        token first, as its users' ``tokenizer(text)`` gives it."""
+        return self.encode(text)
 
     def save(self, path: Path) -> None:
         raise NotImplementedError
@@ -216,6 +224,22 @@ class PretrainedTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    @functools.cached_property
+    def prompt_start(self) -> list[int]:
+        """The ids this tokenizer's own template puts before a text (``<bos>`` for Gemma and
+        Llama 3; none for most)."""
+        plain = self.hf.encode("a", add_special_tokens=False).ids
+        full = self.hf.encode("a", add_special_tokens=True).ids
+        starts = [i for i in range(len(full) - len(plain) + 1)
+                  if full[i:i + len(plain)] == plain]
+        return full[:starts[0]] if plain and starts else []
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """:meth:`encode` after :attr:`prompt_start`, unless the text brings it already (a
+        chat template that writes ``<bos>`` itself)."""
+        ids, start = self.encode(text), self.prompt_start
+        return ids if ids[:len(start)] == start else start + ids
 
     def token(self, i: int) -> str:
         return self.hf.id_to_token(i) or f"<{i}>"

@@ -72,7 +72,7 @@ class LanguageModel(Run):
         them first). ``logprobs``: keep each new token's log-probability and this many
         alternatives' (``request.logprobs``; the model's own, before any decoding setting)."""
         tok = self.source_tokenizer
-        ids = (tok.encode(prompt) if ids is None else list(ids)) or [tok.bos_id]
+        ids = (tok.encode_prompt(prompt) if ids is None else list(ids)) or [tok.bos_id]
         max_len = self.config.model.max_len
         if len(ids) > max_len:
             warnings.warn(f"the prompt is {len(ids)} tokens, longer than the model's max_len "
@@ -123,7 +123,7 @@ class LanguageModel(Run):
         text, read in consecutive windows of the model's ``max_len`` (the result says so:
         ``windows``). There are no outputs to keep."""
         tok, max_len = self.source_tokenizer, self.config.model.max_len
-        ids = torch.tensor(tok.encode(text), dtype=torch.long)
+        ids = torch.tensor(tok.encode_prompt(text), dtype=torch.long)
         if ids.numel() < 2:
             raise DataError("the evaluation text is shorter than two tokens")
         nll = count = 0.0
@@ -148,7 +148,7 @@ class LanguageModel(Run):
     # --- looking inside ---------------------------------------------------------------------
     def _ids(self, text: str) -> list[int]:
         tok = self.source_tokenizer
-        return tok.encode(text)[: self.config.model.max_len] or [tok.bos_id]
+        return tok.encode_prompt(text)[: self.config.model.max_len] or [tok.bos_id]
 
     @torch.no_grad()
     def attention(self, text, target=None):

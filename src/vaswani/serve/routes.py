@@ -369,7 +369,7 @@ async def _scored(server: Server, name: str, run: Run, ids: list[int], top: int 
 
 def _prompt_ids(server: Server, run: Run, prompt: str) -> list[int]:
     """A prompt's tokens (counted here, and not made again), within the limits."""
-    ids = run.source_tokenizer.encode(prompt)
+    ids = run.source_tokenizer.encode_prompt(prompt)
     _check_prompt(server, run, len(ids), "the prompt")
     return ids
 
