@@ -15,7 +15,6 @@ wraps their ``tokenizer.json`` and records which ids play pad/bos/eos/unk beside
 from __future__ import annotations
 
 import functools
-
 import json
 from collections.abc import Iterable
 from pathlib import Path
