@@ -39,8 +39,10 @@ def prefill() -> float:
 def generation() -> tuple[float, int]:
     llm.reset()
     first, chunks = None, 0
-    for _ in llm.create_completion(job["prompt"], max_tokens=job["new_tokens"], stream=True,
-                                   **GREEDY):
+    for chunk in llm.create_completion(job["prompt"], max_tokens=job["new_tokens"],
+                                       stream=True, **GREEDY):
+        if chunk["choices"][0]["finish_reason"] is not None:
+            break  # the closing chunk carries no token
         chunks += 1
         if first is None:
             first = time.perf_counter()

@@ -128,7 +128,9 @@ class Llama:
         assert greedy["temperature"] == 0.0 and greedy["repeat_penalty"] == 1.0
         assert self.calls[-1] == "reset"  # each timed call starts from an empty context
         self.calls.append("completion")
-        chunks = [{"choices": [{"text": "x"}]} for _ in range(max_tokens)]
+        chunks = [{"choices": [{"text": "x", "finish_reason": None}]}
+                  for _ in range(max_tokens)]
+        chunks.append({"choices": [{"text": "", "finish_reason": "length"}]})
         return iter(chunks) if stream else chunks[0]
     def generate(self, tokens, **greedy):
         yield from [7, 8, 9, 2, 5, 5]
