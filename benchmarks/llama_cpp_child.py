@@ -25,7 +25,7 @@ from llama_cpp import Llama
 
 job = json.loads(sys.argv[1])
 llm = Llama(model_path=job["gguf"], n_threads=job["threads"], n_threads_batch=job["threads"],
-            n_ctx=1024, n_batch=512, verbose=False)
+            n_batch=512, verbose=False)  # its default context (512 tokens) holds both prompts
 GREEDY = dict(temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
 
 

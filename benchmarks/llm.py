@@ -7,7 +7,8 @@ For each precision, in a process of its own (so that its peak memory is its own)
 
 * prompt processing: tokens/s of a 256-token prompt's prefill, to its first token (best of 3);
 * generation: tokens/s of 128 greedy tokens after a 65-token prompt, batch 1 (best of 3);
-* peak resident memory of the process (loading included);
+* peak resident memory of the process (loading included), under the malloc settings the
+  ``vaswani`` command sets for itself (cli/process.py);
 * quality: perplexity on a held-out text (docs/index.md, which no checkpoint trained on),
   how many of five factual prompts' greedy continuations (12 tokens, as the README's short
   answers, and 32) equal float32's, and how many of 16 greedy completions decoded together
@@ -179,6 +180,9 @@ def main() -> None:
                         help=argparse.SUPPRESS)  # a child process's own measurement
     args = parser.parse_args()
     if args.one:
+        from vaswani.cli.process import keep_freed_memory
+
+        keep_freed_memory()  # the process settings `vaswani generate` and `serve` run under
         print(json.dumps(measure_one(*args.one)))
         return
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-llm-"))

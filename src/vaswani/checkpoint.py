@@ -22,7 +22,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
@@ -68,7 +67,7 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
 def _hash_tensor(h, name: str, t: torch.Tensor) -> None:
     t = t.detach().contiguous().cpu()
     h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    h.update(t.reshape(-1).view(torch.uint8).numpy())  # the bytes as they are: no copy
 
 
 # --- one weights file ----------------------------------------------------------------------
@@ -103,11 +102,34 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     return dict(iter_weights(path))
 
 
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+                      "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+                      "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                      "BOOL": torch.bool}
+
+
+def _read_tensor(f, base: int, info: dict) -> torch.Tensor:
+    """One tensor of a safetensors file (``info``: its header entry), read into memory of its
+    own with ``readinto``."""
+    start, end = info["data_offsets"]
+    t = torch.empty(info["shape"], dtype=SAFETENSORS_DTYPES[info["dtype"]])
+    raw = t.reshape(-1).view(torch.uint8)
+    if raw.numel() != end - start:
+        raise ValueError(f"a tensor's {end - start} bytes do not hold its shape "
+                         f"{info['shape']}")
+    f.seek(base + start)
+    if raw.numel() and f.readinto(raw.numpy()) != raw.numel():
+        raise ValueError("the file ends inside a tensor")
+    return t
+
+
 def iter_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors of a weights file one at a time, in name order, so that a model is loaded
-    without the whole file in memory at once. The sha256 the file was written with is checked
-    as they are read: a mismatch raises after the last tensor (whatever was loaded from them is
-    then dropped with the error)."""
+    without the whole file in memory at once. They are read, not memory-mapped: a mapping
+    keeps every page it has touched resident until it closes, which counted the whole file
+    in the process's memory (SmolLM2: 538 MB) beside the model it filled. The sha256 the
+    file was written with is checked as they are read: a mismatch raises after the last
+    tensor (whatever was loaded from them is then dropped with the error)."""
     if not path.exists():
         raise FileNotFoundError(f"no weights at {path}")
 
@@ -116,19 +138,22 @@ def iter_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
                           "restore it, or load the other weights (best or last)")
 
     try:
-        f = safe_open(str(path), "pt")
-        recorded = (f.metadata() or {}).get("sha256")
-        names = sorted(f.keys())
+        f = path.open("rb")
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        recorded = (header.pop("__metadata__", None) or {}).get("sha256")
+        names = sorted(header)
     except Exception as e:
         raise damaged(e) from None
     h = hashlib.sha256()
-    for name in names:
-        try:
-            t = f.get_tensor(name)
-        except Exception as e:
-            raise damaged(e) from None
-        _hash_tensor(h, name, t)
-        yield name, t
+    with f:
+        for name in names:
+            try:
+                t = _read_tensor(f, 8 + size, header[name])
+            except Exception as e:
+                raise damaged(e) from None
+            _hash_tensor(h, name, t)
+            yield name, t
     if recorded is not None and h.hexdigest() != recorded:
         raise ValueError(f"{path} is damaged: its tensors do not match the checksum written "
                          "with them (a bit flip or a partial copy); restore it, or load the "
@@ -173,6 +198,63 @@ def load_tensors(model: nn.Module,
     if missing or unexpected:
         raise ValueError(f"{where} does not match the model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
+
+
+def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool) -> None:
+    """:func:`load_weights` into a meta-device ``model`` (``build_model(..., device="meta")``)
+    whose linear layers are quantized (nn/quantized.py) as their weights are read: each
+    layer's float weight is in memory only until its quantized copy is made, so the float
+    model is never whole in memory (SmolLM2 int4: see docs/performance.md). The other
+    tensors become the model's parameters as they are read (no second copy); tied names
+    share one. The file's sha256 is checked as :func:`load_weights` checks it."""
+    from .nn.quantized import quantized
+
+    model = unwrap(model)
+    linears = {name: module for name, module in model.named_modules()
+               if isinstance(module, nn.Linear)}
+    shared: dict[int, list[str]] = {}  # a tensor's names (a tied output head has two)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        shared.setdefault(id(p), []).append(name)
+    names_of = {name: names for names in shared.values() for name in names}
+    biases: dict[str, torch.Tensor] = {}
+    done: set[str] = set()
+    for stored, value in iter_weights(path):
+        stored = stored.replace("_orig_mod.", "")
+        if stored not in names_of:
+            raise ValueError(f"{path} does not match the model: unexpected {stored!r}")
+        kept = None  # the one Parameter every non-linear name of this tensor shares
+        for name in names_of[stored]:
+            owner, _, attr = name.rpartition(".")
+            target = model.get_submodule(owner)
+            expected = getattr(target, attr).shape if owner not in linears \
+                else (linears[owner].weight if attr == "weight" else linears[owner].bias).shape
+            if value.shape != expected:
+                raise ValueError(f"{path} does not match the model built from the config: "
+                                 f"{name} {tuple(value.shape)} (the model's: "
+                                 f"{tuple(expected)}) (was config.toml edited?)")
+            if owner in linears and attr == "bias":  # read before its weight (name order)
+                biases[owner] = value
+            elif owner in linears:
+                layer = linears[owner]
+                real = nn.Linear(layer.in_features, layer.out_features,
+                                 bias=layer.bias is not None, device="meta")
+                real.weight = nn.Parameter(value, requires_grad=False)
+                if layer.bias is not None:
+                    real.bias = nn.Parameter(biases.pop(owner), requires_grad=False)
+                parent, _, child = owner.rpartition(".")
+                setattr(model.get_submodule(parent), child,
+                        quantized(real, kind, weight_only=weight_only))
+            else:
+                kept = nn.Parameter(value, requires_grad=False) if kept is None else kept
+                setattr(target, attr, kept)
+            done.add(name)
+    missing = [n for n in names_of if n not in done]
+    if missing:
+        raise ValueError(f"{path} does not match the model: missing {missing[:5]}")
+    for module in model.modules():  # the buffers no file holds: computed next (fill_buffers)
+        for name, b in list(module.named_buffers(recurse=False)):
+            if b.is_meta:
+                setattr(module, name, torch.empty(b.shape, dtype=b.dtype, device="cpu"))
 
 
 def weights_path(run_dir: Path, which: str = "best") -> Path:

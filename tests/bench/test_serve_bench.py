@@ -117,7 +117,7 @@ def test_the_llm_benchmark_measures_one_precision_of_a_language_model(small_runs
 
 FAKE_LLAMA_CPP = """
 class Llama:
-    def __init__(self, model_path, n_threads, n_threads_batch, n_ctx, n_batch, verbose):
+    def __init__(self, model_path, n_threads, n_threads_batch, n_batch, verbose):
         assert n_threads == n_threads_batch == 2 and not verbose
         self.calls = []
     def reset(self):

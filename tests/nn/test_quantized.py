@@ -143,3 +143,20 @@ def test_a_language_model_quantized_generates_alone_what_it_generates_in_a_batch
             alone = Request(p, Params(max_new_tokens=12))
             engine.run([alone])
             assert alone.output == r.output, kind
+
+
+def test_a_large_weight_is_quantized_in_row_blocks_as_it_would_be_whole(on_cpu):
+    """int8_rows and int4_packed work ROWS rows at a time (a vocabulary projection's
+    temporaries stay small); the result is the one the whole weight gives at once."""
+    from vaswani.nn import quantized as q
+
+    w = torch.randn(q.ROWS * 2 + 48, 64)
+    ints, scales = q.int8_rows(w)
+    whole = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)
+    assert torch.equal(scales, whole)
+    assert torch.equal(ints, torch.round(w / whole[:, None]).clamp(-127, 127).to(torch.int8))
+    levels, s, o = q.int4_groups(w)
+    packed, pairs = q.int4_packed(w)
+    assert torch.equal(packed, torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1))
+    assert torch.equal(pairs, torch.stack([s, o], -1).transpose(0, 1).contiguous()
+                       .to(torch.bfloat16))

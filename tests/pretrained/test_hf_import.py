@@ -244,3 +244,30 @@ def test_the_server_reads_a_prompt_as_the_folders_tokenizer_starts_it(imported):
                                             "echo": True, "logprobs": 0})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == len(hf_tok(line)["input_ids"])
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_quantized_as_read_equals_quantized_after_a_float_load(imported, kind):
+    """vaswani.load(..., quantize=...) quantizes each linear layer as its weight is read
+    (checkpoint.load_quantized: no whole float model in memory); the model is the one that
+    quantizing a float-loaded model gives, the tied embedding kept float, biases and norms
+    included, the same logits to the bit."""
+    from vaswani.nn.quantized import WeightOnlyLinear, quantize_linears
+
+    _, _, run_dir = imported
+    streamed = vaswani.load(run_dir, quantize=kind).model
+    whole = quantize_linears(vaswani.load(run_dir).model, kind, weight_only=True)
+    layers = [(n, m) for n, m in streamed.named_modules() if isinstance(m, WeightOnlyLinear)]
+    assert layers and len(layers) == sum(isinstance(m, WeightOnlyLinear)
+                                         for m in whole.modules())
+    for name, layer in layers:
+        other = whole.get_submodule(name)
+        assert layer.bits == other.bits and torch.equal(layer.qweight, other.qweight), name
+        assert torch.equal(layer.scales, other.scales), name
+        assert (layer.bias is None) == (other.bias is None), name
+    a, b = streamed.state_dict(), whole.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ids = torch.randint(1, 300, (2, 20))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    with torch.no_grad():
+        assert torch.equal(streamed(ids, mask=mask), whole(ids, mask=mask))

@@ -33,7 +33,8 @@ from ..devices import resolve_device
 from ..engine import Engine, EngineConfig, Params
 from ..generation import Rules
 from ..models import build_model
-from ..nn.quantized import QUANTIZE, quantize_linears
+from ..models.common import fill_buffers
+from ..nn.quantized import QUANTIZE
 from ..tasks import Task, task_for
 
 
@@ -231,15 +232,20 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     if quantize == "int4" and not language_model:
         raise ValueError(f"--quantize int4 is for language models; {run_dir} holds "
                          f"{use.describes}: use --quantize int8")
-    model = build_model(config.model, initialise=False)  # its weights are loaded next
     path = checkpoint.weights_path(run_dir, weights)
     if weights == "best" and path.parent != run_dir:
         warnings.warn(f"{run_dir} has no best weights ({rundir.BEST}: no evaluation kept "
                       f"one); using its latest checkpoint, {path.parent.name}/", stacklevel=2)
-    checkpoint.load_weights(model, path)
-    model.to(dev).eval()
-    if quantize:  # a language model's outputs must not depend on their batch: float inputs
-        quantize_linears(model, quantize, weight_only=language_model)
+    if quantize:  # each linear layer quantized as it is read: no whole float model in memory
+        model = build_model(config.model, device="meta")
+        # a language model's outputs must not depend on their batch: float inputs
+        checkpoint.load_quantized(model, path, quantize, weight_only=language_model)
+        fill_buffers(model)  # the tables no file holds (sinusoidal positions)
+        model.eval()
+    else:
+        model = build_model(config.model, initialise=False)  # its weights are loaded next
+        checkpoint.load_weights(model, path)
+        model.to(dev).eval()
     return use(run_dir, config, model, source, target, labels, dev)
 
 

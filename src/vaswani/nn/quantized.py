@@ -95,11 +95,19 @@ def reference_int8_linear(x: Tensor, qweight: Tensor, bias: Tensor | None) -> Te
 GROUP = 32  # int4: inputs per scale and offset (llama.cpp's Q4 blocks hold 32 too)
 
 
+ROWS = 4096  # rows quantized at a time: a vocabulary-sized weight's temporaries stay small
+
+
 def int8_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
     """A (out, in) weight as (int8 (out, in), one symmetric scale per output row (out,))."""
-    w = weight.detach().float()
-    scales = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)
-    return torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8), scales
+    q = torch.empty(weight.shape, dtype=torch.int8)
+    scales = torch.empty(weight.size(0))
+    for a in range(0, weight.size(0), ROWS):
+        w = weight[a:a + ROWS].detach().float()
+        s = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)
+        q[a:a + ROWS] = torch.round(w / s[:, None]).clamp(-127, 127)
+        scales[a:a + ROWS] = s
+    return q, scales
 
 
 def int4_groups(weight: Tensor, group: int = GROUP) -> tuple[Tensor, Tensor, Tensor]:
@@ -111,6 +119,17 @@ def int4_groups(weight: Tensor, group: int = GROUP) -> tuple[Tensor, Tensor, Ten
     scales = ((high - low) / 15).clamp_min(1e-12)
     levels = torch.round((w - low[..., None]) / scales[..., None]).clamp(0, 15)
     return levels.to(torch.int32).view(weight.shape), scales, low + 8 * scales
+
+
+def int4_packed(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """(the kernel's packed int4 weight, its (in / GROUP, out, 2) bf16 scales and offsets),
+    ``ROWS`` output rows at a time (each row is packed on its own)."""
+    packed, pairs = [], []
+    for a in range(0, weight.size(0), ROWS):
+        levels, scales, offsets = int4_groups(weight[a:a + ROWS])
+        packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1))
+        pairs.append(torch.stack([scales, offsets], -1).transpose(0, 1).to(torch.bfloat16))
+    return torch.cat(packed), torch.cat(pairs, dim=1).contiguous()
 
 
 def int4_fits(linear: nn.Linear, group: int = GROUP) -> bool:
@@ -132,11 +151,8 @@ class WeightOnlyLinear(nn.Module):
             self.qweight, scales = int8_rows(weight)
             self.scales = scales.to(torch.bfloat16)
         elif bits == 4:
-            levels, scales, offsets = int4_groups(weight)
-            self.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1)
-            # (in / GROUP, out, 2): each group's scale and offset, as the kernel reads them
-            self.scales = torch.stack([scales, offsets], -1).transpose(0, 1).contiguous().to(
-                torch.bfloat16)
+            # (in / GROUP, out, 2) scales: each group's scale and offset, as the kernel reads
+            self.qweight, self.scales = int4_packed(weight)
         else:
             raise ValueError(f"bits ({bits}) must be 8 or 4")
 
@@ -195,13 +211,15 @@ def quantize_linears(model: nn.Module, kind: str = "int8", *, weight_only: bool 
         raise ValueError(f"{kind} runs on a CPU; the model is on {param.device}")
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if not isinstance(child, nn.Linear):
-                continue
-            if kind == "int4":
-                new = WeightOnlyLinear.of(child, 4 if int4_fits(child) else 8)
-            elif weight_only:
-                new = WeightOnlyLinear.of(child, 8)
-            else:
-                new = Int8Linear.of(child)
-            setattr(module, name, new)
+            if isinstance(child, nn.Linear):
+                setattr(module, name, quantized(child, kind, weight_only=weight_only))
     return model.eval()
+
+
+def quantized(linear: nn.Linear, kind: str, *, weight_only: bool = False) -> nn.Module:
+    """One layer of :func:`quantize_linears`."""
+    if kind == "int4":
+        return WeightOnlyLinear.of(linear, 4 if int4_fits(linear) else 8)
+    if weight_only:
+        return WeightOnlyLinear.of(linear, 8)
+    return Int8Linear.of(linear)
