@@ -7,8 +7,9 @@ For each precision, in a process of its own (so that its peak memory is its own)
 
 * prompt processing: tokens/s of a 256-token prompt's prefill, to its first token (best of 3);
 * generation: tokens/s of 128 greedy tokens after a 65-token prompt, batch 1 (best of 3);
-* peak resident memory of the process (loading included), under the malloc settings the
-  ``vaswani`` command sets for itself (cli/process.py);
+* peak resident memory of the process while it loads the model and runs those prompts (the
+  quality measures after it hold more), under the malloc settings the ``vaswani`` command
+  sets for itself (cli/process.py);
 * quality: perplexity on a held-out text (docs/index.md, which no checkpoint trained on),
   how many of five factual prompts' greedy continuations (12 tokens, as the README's short
   answers, and 32) equal float32's, and how many of 16 greedy completions decoded together
@@ -19,7 +20,11 @@ own, in a process of its own, 2 threads; benchmarks/llama_cpp_child.py) on the s
 and on a Q8_0 copy of it (written with PyPI ``gguf``), the same prompts as token ids, greedy:
 the same three figures, and its first 32 greedy tokens compared with each vaswani
 precision's (the index of the first difference): float32 and int4 against the Q4_1 file,
-int8 against the Q8_0 one. ``--no-llama-cpp`` leaves it out (the first build takes minutes).
+int8 against the Q8_0 one. Then servers, each alone on the machine in turn: one and 8
+concurrent streaming clients (128 greedy tokens each, the same text prompt) through
+``vaswani serve`` (float32, ``--quantize int4``) and through llama-cpp-python's own
+``llama_cpp.server`` on the Q4_1 file (2 threads; it serves one request at a time, having no
+parallel slots). ``--no-llama-cpp`` leaves llama.cpp out (its first build takes minutes).
 """
 
 from __future__ import annotations
@@ -31,14 +36,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .common import ROOT, peer_venv, report, smollm2
+from .common import ROOT, ServeProcess, free_port, peer_venv, report, smollm2
 
 PRECISIONS = ("fp32", "int8", "int4")
 ANSWER_TOKENS = (12, 32)  # the README asks for 6; a longer continuation too
 AGREE_TOKENS = 32  # greedy tokens compared with llama.cpp's
-LLAMA_CPP = ["llama-cpp-python==0.3.36"]
+LLAMA_CPP = ["llama-cpp-python[server]==0.3.36"]
+STREAMS, STREAM_TOKENS = 8, 128  # concurrent streaming clients, and the tokens each asks for
 PROMPTS = ["The capital of France is", "The largest planet in our solar system is",
            "Water boils at a temperature of", "The author of Romeo and Juliet is",
            "The chemical symbol for gold is"]
@@ -77,9 +84,11 @@ def _measure_one(run_dir: str, precision: str) -> dict:
     engine.run([greedy])
     out = {"prompt_tokens_per_s": round(256 / prefill, 1),
            "generation_tokens_per_s": round(1 / per_token, 1),
+           # loading, the prompts and the generation (scoring a long text, next, holds a
+           # window's logits: more than any of them)
+           "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
            "prompt_ids": short_ids, "long_prompt_ids": long_ids,
            "greedy_ids": list(greedy.output),
-           "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
            "perplexity": round(run.score(text)["perplexity"], 3)}
     for tokens in ANSWER_TOKENS:
         alone = [run.generate(p, max_new_tokens=tokens, temperature=0) for p in PROMPTS]
@@ -164,6 +173,82 @@ def llama_cpp(vaswani_fp32: dict, work: Path) -> dict:
     return out
 
 
+def stream_clients(url: str, prompt: str, clients: int, model: str | None = None) -> dict:
+    """``clients`` concurrent streaming completions of :data:`STREAM_TOKENS` greedy tokens
+    each, through /v1/completions (after a one-client warm-up): their tokens/s together."""
+    import httpx
+
+    def one(tokens: int) -> int:
+        body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0.0, "stream": True,
+                **({"model": model} if model else {})}
+        pieces = 0
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=900) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    pieces += bool(json.loads(line[6:])["choices"][0].get("text"))
+        return pieces
+
+    one(4)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        pieces = list(pool.map(one, [STREAM_TOKENS] * clients))
+    wall = time.perf_counter() - start
+    return {"clients": clients, "pieces": sum(pieces), "seconds": round(wall, 2),
+            "tokens_per_s": round(sum(pieces) / wall, 1)}
+
+
+def llama_cpp_server(python: Path, gguf: Path, start_s: float = 300):
+    """``python -m llama_cpp.server`` (llama-cpp-python's own OpenAI server, 2 threads) on a
+    free port of 127.0.0.1, as a context manager giving its URL."""
+    import contextlib
+
+    import httpx
+
+    @contextlib.contextmanager
+    def serving():
+        port = free_port()
+        process = subprocess.Popen(
+            [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--host",
+             "127.0.0.1", "--port", str(port), "--n_threads", "2", "--n_threads_batch", "2",
+             "--interrupt_requests", "false", "--verbose", "false"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.time() + start_s
+            while True:
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                        break
+                if process.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"llama_cpp.server did not start: "
+                                       f"{process.stderr.read()[-2000:]}")
+                time.sleep(0.5)
+            yield url
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+
+    return serving()
+
+
+def streams(run_dir: Path, python: Path) -> dict:
+    """One and :data:`STREAMS` concurrent streams through `vaswani serve` (float32 and
+    ``--quantize int4``) and through llama_cpp.server on the Q4_1 file, each server alone
+    on the machine in turn, the same text prompt."""
+    prompt = (ROOT / "docs" / "index.md").read_text()[:300]
+    out = {}
+    for name, extra in (("vaswani_fp32", []), ("vaswani_int4", ["--quantize", "int4"])):
+        with ServeProcess([str(run_dir), "--name", "lm", *extra]) as server:
+            out[name] = {n: stream_clients(server.url, prompt, n, "lm") for n in (1, STREAMS)}
+        print(f"llm: streams {name}: {out[name]}", flush=True)
+    with llama_cpp_server(python, gguf_file()) as url:
+        out["llama_cpp_q4_1"] = {n: stream_clients(url, prompt, n) for n in (1, STREAMS)}
+    print(f"llm: streams llama.cpp: {out['llama_cpp_q4_1']}", flush=True)
+    return out
+
+
 # which llama.cpp file each vaswani precision is held against: the same bits, or (float32)
 # the very weights vaswani dequantized
 MATCHED = {"fp32": "q4_1", "int8": "q8_0", "int4": "q4_1"}
@@ -196,6 +281,16 @@ def main() -> None:
     rows = []
     if not args.no_llama_cpp:
         results["llama_cpp"] = llama_cpp(results["fp32"], work)
+        results["streams"] = streams(run_dir, peer_venv("llama-cpp-python-0.3.36", LLAMA_CPP,
+                                                        with_torch=False))
+        peer = results["streams"]["llama_cpp_q4_1"]
+        for name, got in results["streams"].items():
+            one, many = got[1], got[STREAMS]
+            rows.append((f"streams: {name}",
+                         f"1 stream {one['tokens_per_s']} tok/s, {STREAMS} streams "
+                         f"{many['tokens_per_s']} tok/s together ("
+                         f"{round(many['tokens_per_s'] / peer[STREAMS]['tokens_per_s'], 2)}x "
+                         "llama_cpp.server's)"))
         for name in ("q4_1", "q8_0"):
             peer = results["llama_cpp"][name]
             rows.append((f"llama.cpp {name} ({peer['file_mb']} MB file)",
