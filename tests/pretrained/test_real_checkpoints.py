@@ -97,13 +97,18 @@ def test_smollm2_logits_match_llama_for_causal_lm(smollm):
             "significantly more parallelization and reaches a new state of the art.")
     ids = run.source_tokenizer.encode(text)[:32]
     assert len(ids) == 32
+    assert logit_difference("SmolLM2", run, hf, ids) <= 1e-3
+
+
+def logit_difference(name: str, run, hf, ids: list[int]) -> float:
+    """The largest difference between vaswani's and transformers' logits on ``ids``."""
     x = torch.tensor([ids])
     with torch.no_grad():
         expected = hf(input_ids=x).logits
         ours = run.model(x, mask=torch.ones_like(x, dtype=torch.bool))
-    diff = (ours - expected).abs().max()
-    print(f"\nSmolLM2 max abs logit diff vs transformers: {diff:.2e}")
-    assert diff <= 1e-3
+    diff = (ours - expected).abs().max().item()
+    print(f"\n{name} max abs logit diff vs transformers: {diff:.2e}")
+    return diff
 
 
 def test_smollm2_greedy_generation_knows_paris(smollm):
@@ -246,11 +251,5 @@ def test_gemma3_logits_equal_transformers_on_its_export(gemma, tmp_path):
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == "Gemma3ForCausalLM"
     ids = run.source_tokenizer.encode_prompt(" ".join(SENTENCES))[:48]
-    x = torch.tensor([ids])
-    with torch.no_grad():
-        expected = hf(input_ids=x).logits
-        ours = run.model(x, mask=torch.ones_like(x, dtype=torch.bool))
-    diff = (ours - expected).abs().max()
-    print(f"\nGemma 3 270M max abs logit diff vs transformers: {diff:.2e}")
-    assert diff <= 1e-3
+    assert logit_difference("Gemma 3 270M", run, hf, ids) <= 1e-3
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..config import ModelConfig
-from .llama import Unsupported
+from .llama import Unsupported, projections
 
 
 def _refuse(field: str, value, why: str) -> Unsupported:
@@ -106,8 +106,6 @@ NORMS = {"input_layernorm": "self_block.norm", "post_attention_layernorm": "self
 def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
     """Hugging Face ``Gemma3ForCausalLM`` weights -> DecoderLM state dict (the norms' weights
     with their 1 added; q, k, v stacked into ``in_proj``, gate and up into ``linear1``)."""
-    import torch
-
     hf = {k.removeprefix("language_model."): v for k, v in hf.items()}
     out = {"embed.token.weight": hf["model.embed_tokens.weight"],
            "decoder.norm.weight": hf["model.norm.weight"].float() + 1}
@@ -115,12 +113,7 @@ def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, 
                                  else hf["lm_head.weight"])
     for i in range(config.n_decoder_layers):
         h, o = f"model.layers.{i}.", f"decoder.layers.{i}."
-        out[o + "self_attn.in_proj.weight"] = torch.cat(
-            [hf[h + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")])
-        out[o + "self_attn.out_proj.weight"] = hf[h + "self_attn.o_proj.weight"]
-        out[o + "feed_forward.linear1.weight"] = torch.cat(
-            [hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]])
-        out[o + "feed_forward.linear2.weight"] = hf[h + "mlp.down_proj.weight"]
+        out.update(projections(hf, h, o))
         for theirs, ours in NORMS.items():
             out[o + ours + ".weight"] = hf[h + theirs + ".weight"].float() + 1
     return {k: v.float().contiguous() for k, v in out.items()}

@@ -107,15 +107,25 @@ def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, 
         out["output_proj.weight"] = hf["lm_head.weight"]
     for i in range(config.n_decoder_layers):
         h, o = f"model.layers.{i}.", f"decoder.layers.{i}."
-        out[o + "self_attn.in_proj.weight"] = torch.cat(
-            [hf[h + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")])
-        if config.qkv_bias:
-            out[o + "self_attn.in_proj.bias"] = torch.cat(
-                [hf[h + f"self_attn.{n}_proj.bias"] for n in ("q", "k", "v")])
-        out[o + "self_attn.out_proj.weight"] = hf[h + "self_attn.o_proj.weight"]
-        out[o + "feed_forward.linear1.weight"] = torch.cat(
-            [hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]])
-        out[o + "feed_forward.linear2.weight"] = hf[h + "mlp.down_proj.weight"]
+        out.update(projections(hf, h, o, bias=bool(config.qkv_bias)))
         out[o + "self_block.norm.weight"] = hf[h + "input_layernorm.weight"]
         out[o + "ff_block.norm.weight"] = hf[h + "post_attention_layernorm.weight"]
     return {k: v.float().contiguous() for k, v in out.items()}
+
+
+def projections(hf: dict[str, Tensor], h: str, o: str, *, bias: bool = False
+                ) -> dict[str, Tensor]:
+    """One layer's linear weights, Hugging Face's LLaMA names (prefix ``h``) -> vaswani's
+    (prefix ``o``): q, k, v (and their biases) stacked into ``in_proj``, gate and up into the
+    gated feed-forward's ``linear1``. Qwen2, Mistral and Gemma 3 name them alike."""
+    out = {o + "self_attn.in_proj.weight": torch.cat(
+        [hf[h + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")])}
+    if bias:
+        out[o + "self_attn.in_proj.bias"] = torch.cat(
+            [hf[h + f"self_attn.{n}_proj.bias"] for n in ("q", "k", "v")])
+    out[o + "self_attn.out_proj.weight"] = hf[h + "self_attn.o_proj.weight"]
+    out[o + "feed_forward.linear1.weight"] = torch.cat(
+        [hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]])
+    out[o + "feed_forward.linear2.weight"] = hf[h + "mlp.down_proj.weight"]
+    return out
+
