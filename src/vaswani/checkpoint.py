@@ -224,9 +224,8 @@ def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool
         kept = None  # the one Parameter every non-linear name of this tensor shares
         for name in names_of[stored]:
             owner, _, attr = name.rpartition(".")
-            target = model.get_submodule(owner)
-            expected = getattr(target, attr).shape if owner not in linears \
-                else (linears[owner].weight if attr == "weight" else linears[owner].bias).shape
+            target = model.get_submodule(owner)  # a linear layer is replaced after its weight
+            expected = getattr(target, attr).shape
             if value.shape != expected:
                 raise ValueError(f"{path} does not match the model built from the config: "
                                  f"{name} {tuple(value.shape)} (the model's: "

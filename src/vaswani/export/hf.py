@@ -165,6 +165,8 @@ def llama_state_dict(model, c) -> dict[str, torch.Tensor]:
 def gpt2_state_dict(model, c) -> dict[str, torch.Tensor]:
     """DecoderLM (learned or sinusoidal positions, LayerNorm) -> ``GPT2LMHeadModel``.
     ``Conv1D`` weights are (in, out): vaswani's Linear weights transposed."""
+    from ..pretrained.gpt2 import LINEARS, NORMS
+
     sd = model.state_dict()
     out = {"transformer.wte.weight": _input_embeddings(model, c),
            "transformer.wpe.weight": _positions(model, c),
@@ -173,13 +175,10 @@ def gpt2_state_dict(model, c) -> dict[str, torch.Tensor]:
            "lm_head.weight": sd["output_proj.weight"]}
     for i in range(c.n_decoder_layers):
         o, h = f"decoder.layers.{i}.", f"transformer.h.{i}."
-        for ours, theirs in [("self_attn.in_proj", "attn.c_attn"),
-                             ("self_attn.out_proj", "attn.c_proj"),
-                             ("feed_forward.linear1", "mlp.c_fc"),
-                             ("feed_forward.linear2", "mlp.c_proj")]:
+        for theirs, ours in LINEARS.items():
             out[h + theirs + ".weight"] = sd[o + ours + ".weight"].t()
             out[h + theirs + ".bias"] = sd[o + ours + ".bias"]
-        for ours, theirs in [("self_block.norm", "ln_1"), ("ff_block.norm", "ln_2")]:
+        for theirs, ours in NORMS.items():
             out[h + theirs + ".weight"] = sd[o + ours + ".weight"]
             out[h + theirs + ".bias"] = sd[o + ours + ".bias"]
     return out

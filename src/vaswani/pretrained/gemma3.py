@@ -23,11 +23,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..config import ModelConfig
-from .llama import Unsupported, projections
-
-
-def _refuse(field: str, value, why: str) -> Unsupported:
-    return Unsupported(f"config.json: {field} = {value!r} is not supported: {why}")
+from .llama import projections, unsupported
 
 
 def _rope_bases(hf: dict) -> tuple[float, float]:
@@ -40,7 +36,7 @@ def _rope_bases(hf: dict) -> tuple[float, float]:
     for kind in (full.get("rope_type", "default"), local.get("rope_type", "default"),
                  scaling.get("rope_type", scaling.get("type", "default"))):
         if kind != "default":
-            raise _refuse("rope_scaling", kind, "plain rotary frequencies only (Gemma 3's "
+            raise unsupported("rope_scaling", kind, "plain rotary frequencies only (Gemma 3's "
                           "128k-context models rescale theirs)")
     return (float(full.get("rope_theta") or hf.get("rope_theta") or 1_000_000.0),
             float(local.get("rope_theta") or hf.get("rope_local_base_freq") or 10_000.0))
@@ -54,7 +50,7 @@ def global_every(layer_types: list[str]) -> int:
     expected = ["full_attention" if every and (i + 1) % every == 0 else "sliding_attention"
                 for i in range(len(layer_types))]
     if layer_types != expected:
-        raise _refuse("layer_types", layer_types, "every N-th layer global, the others local")
+        raise unsupported("layer_types", layer_types, "every N-th layer global, the others local")
     return every
 
 
@@ -63,17 +59,17 @@ def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
     heads, head_dim = hf["num_attention_heads"], hf.get("head_dim", 256)
     if hf.get("hidden_activation", "gelu_pytorch_tanh") not in ("gelu_pytorch_tanh",
                                                                 "gelu_new"):
-        raise _refuse("hidden_activation", hf["hidden_activation"], "gelu_pytorch_tanh")
+        raise unsupported("hidden_activation", hf["hidden_activation"], "gelu_pytorch_tanh")
     for field in ("final_logit_softcapping", "attn_logit_softcapping"):
         if hf.get(field) is not None:
-            raise _refuse(field, hf[field], "no soft-capping (Gemma 2's)")
+            raise unsupported(field, hf[field], "no soft-capping (Gemma 2's)")
     if hf.get("query_pre_attn_scalar", head_dim) != head_dim:
-        raise _refuse("query_pre_attn_scalar", hf["query_pre_attn_scalar"],
+        raise unsupported("query_pre_attn_scalar", hf["query_pre_attn_scalar"],
                       f"scores scaled by 1 / sqrt(head_dim) ({head_dim})")
     if hf.get("attention_bias"):
-        raise _refuse("attention_bias", True, "no biases")
+        raise unsupported("attention_bias", True, "no biases")
     if hf.get("use_bidirectional_attention"):
-        raise _refuse("use_bidirectional_attention", True, "causal attention")
+        raise unsupported("use_bidirectional_attention", True, "causal attention")
     n_layers = hf["num_hidden_layers"]
     window = int(hf.get("sliding_window") or 0)
     every = global_every(list(hf.get("layer_types") or

@@ -11,23 +11,25 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..config import ModelConfig
-from .llama import Unsupported
+from .llama import unsupported
 
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
                "relu": "relu"}
+# a block's layers, GPT-2's names -> vaswani's (the export reads them the other way)
+LINEARS = {"attn.c_attn": "self_attn.in_proj", "attn.c_proj": "self_attn.out_proj",
+           "mlp.c_fc": "feed_forward.linear1", "mlp.c_proj": "feed_forward.linear2"}
+NORMS = {"ln_1": "self_block.norm", "ln_2": "ff_block.norm"}
 
 
 def config_from_hf(hf: dict, pad_id: int = 0) -> ModelConfig:
     """A Hugging Face ``GPT2Config`` (config.json as a dict) -> ModelConfig."""
     act = hf.get("activation_function", "gelu_new")
     if act not in ACTIVATIONS:
-        raise Unsupported(f"config.json: activation_function = {act!r} is not supported: "
-                          f"{', '.join(ACTIVATIONS)}")
+        raise unsupported("activation_function", act, ", ".join(ACTIVATIONS))
     for field, ok in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                       ("add_cross_attention", False)):
         if hf.get(field, ok) != ok:
-            raise Unsupported(f"config.json: {field} = {hf[field]!r} is not supported: "
-                              f"{ok!r} only")
+            raise unsupported(field, hf[field], f"{ok!r} only")
     d = hf["n_embd"]
     return ModelConfig(
         arch="decoder", vocab_size=hf["vocab_size"], d_model=d, n_heads=hf["n_head"],
@@ -47,13 +49,10 @@ def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, 
                                  else hf["lm_head.weight"])
     for i in range(config.n_decoder_layers):
         h, o = f"h.{i}.", f"decoder.layers.{i}."
-        for theirs, ours in [("attn.c_attn", "self_attn.in_proj"),
-                             ("attn.c_proj", "self_attn.out_proj"),
-                             ("mlp.c_fc", "feed_forward.linear1"),
-                             ("mlp.c_proj", "feed_forward.linear2")]:
+        for theirs, ours in LINEARS.items():
             out[o + ours + ".weight"] = hf[h + theirs + ".weight"].t()  # Conv1D: (in, out)
             out[o + ours + ".bias"] = hf[h + theirs + ".bias"]
-        for theirs, ours in [("ln_1", "self_block.norm"), ("ln_2", "ff_block.norm")]:
+        for theirs, ours in NORMS.items():
             out[o + ours + ".weight"] = hf[h + theirs + ".weight"]
             out[o + ours + ".bias"] = hf[h + theirs + ".bias"]
     return {k: v.float().contiguous() for k, v in out.items()}

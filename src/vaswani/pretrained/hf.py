@@ -13,10 +13,8 @@ from torch import Tensor
 from ..data.tokenizers import PretrainedTokenizer
 
 
-def read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
-    """(config.json as a dict, every tensor of the weights by name)."""
-    from safetensors.torch import load_file
-
+def read_config(folder: Path) -> dict:
+    """config.json as a dict, once the folder is known to hold a tokenizer too."""
     if not folder.is_dir():
         raise ValueError(f"{folder} is not a folder (a Hugging Face model is a folder with "
                          "config.json, *.safetensors and tokenizer.json)")
@@ -24,7 +22,14 @@ def read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
         if not (folder / name).exists():
             raise FileNotFoundError(f"{folder} has no {name} (a Hugging Face model folder "
                                     "needs config.json, *.safetensors and tokenizer.json)")
-    config = _json(folder / "config.json")
+    return _json(folder / "config.json")
+
+
+def read_weights(folder: Path) -> dict[str, Tensor]:
+    """Every tensor of the folder's weights by name (one file, or the shards its index
+    lists)."""
+    from safetensors.torch import load_file
+
     index = folder / "model.safetensors.index.json"
     if index.exists():
         shards = sorted(set(_json(index).get("weight_map", {}).values()))
@@ -41,7 +46,7 @@ def read_folder(folder: Path) -> tuple[dict, dict[str, Tensor]]:
         except Exception as e:  # safetensors' own errors: missing, truncated, garbled
             raise ValueError(f"{folder / shard}: unreadable weights ({type(e).__name__}: "
                              f"{str(e)[:120]})") from None
-    return config, weights
+    return weights
 
 
 def _json(path: Path) -> dict:

@@ -244,10 +244,10 @@ def import_hf(source: str, out: Path, cache: Path, *, overwrite: bool = False) -
     """A Hugging Face folder: GPT-2, LLaMA (Llama 3 included), Qwen2, Mistral and Gemma 3
     decoders, or BERT (:func:`import_bert`)."""
     from . import gemma3, gpt2, llama
-    from .hf import read_folder, read_tokenizer
+    from .hf import read_config, read_tokenizer, read_weights
 
     folder = resolve_source(source, "hf", cache)
-    hf_config, weights = read_folder(folder)
+    hf_config = read_config(folder)  # the weights only once the family is known
     family = hf_config.get("model_type")
     if family == "bert":
         return import_bert(source, out, cache, overwrite=overwrite)
@@ -259,7 +259,7 @@ def import_hf(source: str, out: Path, cache: Path, *, overwrite: bool = False) -
     module = modules[family]
     try:
         config = module.config_from_hf(hf_config, pad_id=tokenizer.pad_id)
-        state = module.convert_state_dict(weights, config)
+        state = module.convert_state_dict(read_weights(folder), config)
     except KeyError as e:
         raise ValueError(f"{folder} lacks {e} (in config.json or the weights)") from None
     origin = (hf_config.get("architectures") or [""])[0]

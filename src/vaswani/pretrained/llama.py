@@ -36,7 +36,9 @@ class Unsupported(ValueError):
     """A checkpoint's config asks for something vaswani's modules do not do."""
 
 
-def _refuse(field: str, value, why: str) -> Unsupported:
+def unsupported(field: str, value, why: str) -> Unsupported:
+    """The error for config.json's ``field`` = ``value``, saying what vaswani does (``why``);
+    the GPT-2 and Gemma 3 mappings raise it too."""
     return Unsupported(f"config.json: {field} = {value!r} is not supported: {why}")
 
 
@@ -51,7 +53,7 @@ def rope_options(hf: dict) -> dict:
     if kind == "default":
         return {"rope_base": base}
     if kind != "llama3":
-        raise _refuse("rope_scaling", kind, "plain rotary frequencies or Llama 3's "
+        raise unsupported("rope_scaling", kind, "plain rotary frequencies or Llama 3's "
                       "(\"llama3\") only")
     return {"rope_base": base, "rope_scaling": "llama3",
             "rope_factor": float(params["factor"]),
@@ -66,23 +68,23 @@ def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
     naming it."""
     family = hf.get("model_type", "llama")
     if hf.get("hidden_act", "silu") != "silu":
-        raise _refuse("hidden_act", hf["hidden_act"], "SwiGLU with silu")
+        raise unsupported("hidden_act", hf["hidden_act"], "SwiGLU with silu")
     heads = hf["num_attention_heads"]
     if hf.get("head_dim") not in (None, hf["hidden_size"] // heads):
-        raise _refuse("head_dim", hf["head_dim"], f"hidden_size / num_attention_heads "
+        raise unsupported("head_dim", hf["head_dim"], f"hidden_size / num_attention_heads "
                       f"({hf['hidden_size'] // heads})")
     if family == "llama" and hf.get("attention_bias"):
-        raise _refuse("attention_bias", True, "biases on q, k, v only (Qwen2's) or none")
+        raise unsupported("attention_bias", True, "biases on q, k, v only (Qwen2's) or none")
     if hf.get("mlp_bias"):
-        raise _refuse("mlp_bias", True, "a feed-forward without biases")
+        raise unsupported("mlp_bias", True, "a feed-forward without biases")
     if hf.get("use_sliding_window") or (family == "mistral" and hf.get("sliding_window")
                                         and hf["sliding_window"] < hf["max_position_embeddings"]):
-        raise _refuse("sliding_window", hf.get("sliding_window"),
+        raise unsupported("sliding_window", hf.get("sliding_window"),
                       "attention over the whole context (a window shorter than "
                       "max_position_embeddings would act)")
     layer_types = set(hf.get("layer_types") or ["full_attention"])
     if layer_types != {"full_attention"}:
-        raise _refuse("layer_types", sorted(layer_types), "full attention in every layer")
+        raise unsupported("layer_types", sorted(layer_types), "full attention in every layer")
     return llama_config(
         vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_heads=heads,
         n_kv_heads=hf.get("num_key_value_heads") or heads,
