@@ -1,7 +1,8 @@
 """GGUF files (llama.cpp's format) of LLaMA and Gemma 3 models -> Hugging Face-named fp32
 weights, a ModelConfig and a tokenizer (byte-level BPE, or SentencePiece's BPE).
 
-Quantized tensors (Q4_1, Q4_K, Q8_0, ...) are dequantized with PyPI ``gguf``. llama.cpp's
+The file is read by :mod:`.gguf_file`; quantized tensors (Q4_1, Q4_K, Q8_0, ...) are
+dequantized with PyPI ``gguf``. llama.cpp's
 converter permutes the rows of LLaMA's q and k projections so that rotary pairs are
 interleaved; vaswani (like Hugging Face) rotates halves, so the permutation is undone here.
 Gemma's norms are stored with their 1 added; Hugging Face's names hold them without it.
@@ -11,12 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from ..config import ModelConfig
 from . import gemma3
+from .gguf_file import GGUFFile
 from .llama import llama_config
 
 # GGUF tensor name (per block "blk.N.") -> Hugging Face LlamaForCausalLM name
@@ -33,17 +34,9 @@ _GEMMA3_BLOCK = {**_BLOCK, "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "se
 ARCHITECTURES = ("llama", "gemma3")
 
 
-def _reader(path: Path):
-    try:
-        import gguf
-    except ImportError as e:  # pragma: no cover - gguf is a dependency
-        raise ImportError("reading GGUF files needs the 'gguf' package: pip install gguf") from e
-    return gguf, gguf.GGUFReader(str(path))
-
-
-def _field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def _field(reader: GGUFFile, key: str, default=None):
+    value = reader.fields.get(key)
+    return default if value is None else value
 
 
 def unpermute(w: Tensor, n_heads: int) -> Tensor:
@@ -80,7 +73,7 @@ def _required(reader, path: Path, key: str):
 
 
 def _read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Tensor], dict]:
-    gguf, reader = _reader(path)
+    reader = GGUFFile(path)
     arch = _required(reader, path, "general.architecture")
     if arch not in ARCHITECTURES:
         raise ValueError(f"{path}: architecture {arch!r} is not supported "
@@ -94,8 +87,7 @@ def _read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Tensor], dict]:
     blocks = _GEMMA3_BLOCK if arch == "gemma3" else _BLOCK
     state: dict[str, Tensor] = {}
     for t in reader.tensors:
-        array = gguf.quants.dequantize(t.data, t.tensor_type)
-        w = torch.from_numpy(np.array(array, dtype=np.float32))  # a writable copy
+        w = torch.from_numpy(reader.read(t))
         if arch == "gemma3" and t.name.endswith("norm.weight"):
             w -= 1  # Hugging Face's Gemma norms multiply by 1 + weight
         if t.name in _TOP:
