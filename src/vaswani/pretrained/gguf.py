@@ -1,11 +1,12 @@
-"""GGUF files (llama.cpp's format) of LLaMA and Gemma 3 models -> Hugging Face-named fp32
-weights, a ModelConfig and a tokenizer (byte-level BPE, or SentencePiece's BPE).
+"""GGUF files (llama.cpp's format) of LLaMA, Mistral, Qwen2 and Gemma 3 models -> Hugging
+Face-named fp32 weights, a ModelConfig and a tokenizer (byte-level BPE, or SentencePiece's BPE).
 
 The file is read by :mod:`.gguf_file`; quantized tensors (Q4_1, Q4_K, Q8_0, ...) are
-dequantized with PyPI ``gguf``. llama.cpp's
-converter permutes the rows of LLaMA's q and k projections so that rotary pairs are
-interleaved; vaswani (like Hugging Face) rotates halves, so the permutation is undone here.
-Gemma's norms are stored with their 1 added; Hugging Face's names hold them without it.
+dequantized with PyPI ``gguf``. llama.cpp's converter writes Mistral as ``llama`` and permutes
+the rows of their q and k projections so that rotary pairs are interleaved; vaswani (like
+Hugging Face) rotates halves, so the permutation is undone here (Qwen2's rows are not
+permuted). Gemma's norms are stored with their 1 added; Hugging Face's names hold them
+without it.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ import torch
 from torch import Tensor
 
 from ..config import ModelConfig
-from . import gemma3
+from . import gemma3, llama
 from .gguf_file import GGUFFile
-from .llama import llama_config
 
 # GGUF tensor name (per block "blk.N.") -> Hugging Face LlamaForCausalLM name
 _TOP = {"token_embd.weight": "model.embed_tokens.weight",
@@ -31,7 +31,10 @@ _GEMMA3_BLOCK = {**_BLOCK, "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "se
                  "post_attention_norm": "post_attention_layernorm",
                  "ffn_norm": "pre_feedforward_layernorm",
                  "post_ffw_norm": "post_feedforward_layernorm"}
-ARCHITECTURES = ("llama", "gemma3")
+_BIASED = ("attn_q", "attn_k", "attn_v")  # Qwen2's biases
+_REFUSED = {"rope_freqs.weight": "Llama 3.1's rescaled rotary frequencies are read from "
+                                 "Hugging Face folders only (vaswani import hf)"}
+ARCHITECTURES = ("llama", "qwen2", "gemma3")
 
 
 def _field(reader: GGUFFile, key: str, default=None):
@@ -48,12 +51,13 @@ def unpermute(w: Tensor, n_heads: int) -> Tensor:
 
 
 class GGUFError(ValueError):
-    """A GGUF file that cannot be read as a LLaMA checkpoint; the message names the file."""
+    """A GGUF file that cannot be read as a checkpoint vaswani runs; the message names the
+    file."""
 
 
 def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Tensor], dict]:
     """(config, Hugging Face-named fp32 state dict, fields: the architecture and the
-    tokenizer's) of a LLaMA or Gemma 3 GGUF file.
+    tokenizer's) of a LLaMA, Mistral, Qwen2 or Gemma 3 GGUF file.
     A damaged or incomplete file (random bytes, a truncated download, missing keys, wrong
     tensor sizes) is a :class:`GGUFError` naming the file and what is wrong."""
     try:
@@ -87,55 +91,62 @@ def _read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Tensor], dict]:
     blocks = _GEMMA3_BLOCK if arch == "gemma3" else _BLOCK
     state: dict[str, Tensor] = {}
     for t in reader.tensors:
+        if t.name in _REFUSED:
+            raise GGUFError(f"{path} holds {t.name!r}: {_REFUSED[t.name]}")
+        parts = t.name.split(".")
+        if t.name not in _TOP and not (
+                len(parts) == 4 and parts[0] == "blk" and parts[2] in blocks
+                and (parts[3] == "weight" or (parts[3] == "bias" and arch == "qwen2"
+                                              and parts[2] in _BIASED))):
+            raise GGUFError(f"{path} holds a tensor vaswani does not know: {t.name!r}")
         w = torch.from_numpy(reader.read(t))
         if arch == "gemma3" and t.name.endswith("norm.weight"):
             w -= 1  # Hugging Face's Gemma norms multiply by 1 + weight
         if t.name in _TOP:
             state[_TOP[t.name]] = w
             continue
-        parts = t.name.split(".")
-        if len(parts) != 4 or parts[0] != "blk" or parts[2] not in blocks:
-            raise GGUFError(f"{path} holds a tensor vaswani does not know: {t.name!r}")
-        _, block, kind, _ = parts
-        if arch == "llama" and kind == "attn_q":
-            w = unpermute(w, n_heads)
-        elif arch == "llama" and kind == "attn_k":
-            w = unpermute(w, n_kv)
-        state[f"model.layers.{block}.{blocks[kind]}.weight"] = w
+        _, block, kind, suffix = parts
+        if arch == "llama" and kind in ("attn_q", "attn_k"):  # llama.cpp's rotary pairs
+            w = unpermute(w, n_heads if kind == "attn_q" else n_kv)
+        state[f"model.layers.{block}.{blocks[kind]}.{suffix}"] = w
     tokens = _required(reader, path, "tokenizer.ggml.tokens")
     scaling = _field(reader, key("rope.scaling.type"), "none")
     if scaling not in ("none", "", None):
         raise GGUFError(f"{path}: {key('rope.scaling.type')} = {scaling!r} is not supported "
                         "(plain rotary frequencies only)")
+    hf = {  # the file's settings under config.json's names
+        "num_attention_heads": n_heads, "num_key_value_heads": n_kv,
+        "hidden_size": int(_required(reader, path, key("embedding_length"))),
+        "intermediate_size": int(_required(reader, path, key("feed_forward_length"))),
+        "num_hidden_layers": int(_required(reader, path, key("block_count"))),
+        "max_position_embeddings": int(_required(reader, path, key("context_length"))),
+        "rms_norm_eps": float(_required(reader, path, key("attention.layer_norm_rms_epsilon"))),
+        "tie_word_embeddings": "lm_head.weight" not in state}
+    rotated = _field(reader, key("rope.dimension_count"))
+    head_dim = _field(reader, key("attention.key_length"), hf["hidden_size"] // n_heads)
+    if rotated is not None and int(rotated) != int(head_dim):
+        raise GGUFError(f"{path}: {key('rope.dimension_count')} = {rotated} rotates part of "
+                        f"each {head_dim}-wide head; vaswani rotates whole heads")
     if arch == "gemma3":
-        head_dim = int(_required(reader, path, key("attention.key_length")))
         config = gemma3.config_from_hf({
-            "model_type": "gemma3_text", "num_attention_heads": n_heads,
-            "num_key_value_heads": n_kv, "head_dim": head_dim,
-            "query_pre_attn_scalar": head_dim,  # llama.cpp scales by 1 / sqrt(head_dim) too
-            "hidden_size": int(_required(reader, path, key("embedding_length"))),
-            "intermediate_size": int(_required(reader, path, key("feed_forward_length"))),
-            "num_hidden_layers": int(_required(reader, path, key("block_count"))),
-            "max_position_embeddings": int(_required(reader, path, key("context_length"))),
-            "rms_norm_eps": float(_required(reader, path,
-                                            key("attention.layer_norm_rms_epsilon"))),
+            **hf, "model_type": "gemma3_text", "head_dim": int(head_dim),
+            "query_pre_attn_scalar": int(head_dim),  # llama.cpp scales by 1/sqrt(head_dim) too
             "rope_theta": float(_field(reader, key("rope.freq_base"), 1_000_000.0)),
             "rope_local_base_freq": 10_000.0,  # llama.cpp's, for every Gemma 3
             "sliding_window": int(_required(reader, path, key("attention.sliding_window"))),
             "sliding_window_pattern": 6,  # llama.cpp's, for every Gemma 3
-            "vocab_size": len(tokens), "tie_word_embeddings": "lm_head.weight" not in state},
+            "vocab_size": len(tokens)},
             pad_id=int(_field(reader, "tokenizer.ggml.padding_token_id", 0)))
     else:
-        config = llama_config(
-            vocab_size=int(_field(reader, key("vocab_size"), len(tokens))),
-            d_model=int(_required(reader, path, key("embedding_length"))), n_heads=n_heads,
-            n_kv_heads=n_kv, d_ff=int(_required(reader, path, key("feed_forward_length"))),
-            n_layers=int(_required(reader, path, key("block_count"))),
-            max_len=int(_required(reader, path, key("context_length"))),
-            rope_base=float(_field(reader, key("rope.freq_base"), 10000.0)),
-            norm_eps=float(_required(reader, path, key("attention.layer_norm_rms_epsilon"))),
-            tie_embeddings="lm_head.weight" not in state,
-            pad_id=int(_field(reader, "tokenizer.ggml.unknown_token_id", 0)))
+        try:
+            config = llama.config_from_hf({
+                **hf, "model_type": arch, "head_dim": int(head_dim),
+                "vocab_size": int(_field(reader, key("vocab_size"), len(tokens))),
+                "rope_theta": float(_field(reader, key("rope.freq_base"), 10000.0))},
+                pad_id=int(_field(reader, "tokenizer.ggml.unknown_token_id",
+                                  _field(reader, "tokenizer.ggml.padding_token_id", 0))))
+        except llama.Unsupported as e:
+            raise GGUFError(f"{path}: {str(e).removeprefix('config.json: ')}") from None
     tokenizer = {
         "architecture": arch,
         "model": _required(reader, path, "tokenizer.ggml.model"),
@@ -183,18 +194,37 @@ def build_tokenizer(fields: dict):
     return hf
 
 
-def _byte_level_bpe(fields: dict):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+# llama.cpp's names of the ways a byte-level vocabulary splits text before merging: the
+# regular expression of each (None: GPT-2's own), and whether digits go one by one first
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS = {"default": (None, False), "gpt2": (None, False),
+                  "smollm": (None, True), "starcoder": (None, True),
+                  "llama-bpe": (_LLAMA3_SPLIT, False), "llama3": (_LLAMA3_SPLIT, False),
+                  "llama-v3": (_LLAMA3_SPLIT, False), "smaug-bpe": (_LLAMA3_SPLIT, False),
+                  "qwen2": (_QWEN2_SPLIT, False), "deepseek-r1-qwen": (_QWEN2_SPLIT, False)}
 
+
+def _byte_level_bpe(fields: dict):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    pre = fields["pre"] or "default"
+    if pre not in PRE_TOKENIZERS:
+        raise ValueError(f"tokenizer.ggml.pre = {pre!r} is not supported (vaswani splits text "
+                         f"as {', '.join(PRE_TOKENIZERS)} do)")
+    split, digits = PRE_TOKENIZERS[pre]
     vocab = {tok: i for i, tok in enumerate(fields["tokens"])}
     merges = [tuple(m.split(" ", 1)) for m in fields["merges"]]
     hf = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if fields["pre"] in ("smollm", "starcoder"):  # digits are split one by one first
-        hf.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level])
+    steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
+    if split is None:
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
     else:
-        hf.pre_tokenizer = byte_level
+        steps += [pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    hf.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
     hf.decoder = decoders.ByteLevel()
     return hf
 
