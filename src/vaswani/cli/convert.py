@@ -33,7 +33,8 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p = sub.add_parser("export", help="write a run for another engine (HF, ONNX, CTranslate2)",
                        description="Export RUN_DIR to --out DIR. hf: a Hugging Face "
                                    "transformers folder (encoders as BERT, language models as "
-                                   "LLaMA or GPT-2). onnx: the forward pass(es) as ONNX graphs, "
+                                   "their own class: LLaMA, GPT-2, Qwen2, Mistral, Gemma 3). "
+                                   "onnx: the forward pass(es) as ONNX graphs, "
                                    "checked with ONNX Runtime. ct2: a CTranslate2 model "
                                    "(translators and language models), written through "
                                    "CTranslate2's spec API; --quantize int8 stores int8 weights. "

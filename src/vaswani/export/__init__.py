@@ -5,7 +5,7 @@ weights in the target's own layout:
 
     ct2.py   CTranslate2 (translators and language models; ``quantize="int8"`` as CTranslate2
              quantizes), written through its spec API as its own converters do
-    hf.py    Hugging Face transformers (encoders as BERT, language models as LLaMA or GPT-2),
+    hf.py    Hugging Face transformers (encoders as BERT, language models as their own class),
              loadable with ``AutoModel*.from_pretrained`` and ``AutoTokenizer``
     onnx.py  ONNX (every family's forward pass, dynamic batch and length), checked with
              ONNX Runtime
