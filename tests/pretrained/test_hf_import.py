@@ -271,3 +271,18 @@ def test_quantized_as_read_equals_quantized_after_a_float_load(imported, kind):
     mask = torch.ones_like(ids, dtype=torch.bool)
     with torch.no_grad():
         assert torch.equal(streamed(ids, mask=mask), whole(ids, mask=mask))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama3", "qwen2", "gemma3"])
+def test_converting_takes_each_tensor_out_of_the_checkpoint(tmp_path, family):
+    """An import holds the checkpoint once: each converted tensor leaves the dict it was read
+    into (what is left is a tied head, which the model does not store twice)."""
+    from vaswani.pretrained import gemma3, gpt2, hf, llama
+
+    folder = hf_folder(tmp_path / "hf", family)
+    module = {"gpt2": gpt2, "gemma3": gemma3}.get(family, llama)
+    config = module.config_from_hf(json.loads((folder / "config.json").read_text()))
+    weights = hf.read_weights(folder)
+    state = module.convert_state_dict(weights, config)
+    assert set(weights) <= {"lm_head.weight"}, sorted(weights)[:5]
+    assert state["output_proj.weight"] is state["embed.token.weight"]  # tied in all four

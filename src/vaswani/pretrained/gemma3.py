@@ -23,7 +23,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..config import ModelConfig
-from .llama import projections, unsupported
+from .llama import as_float, projections, unsupported
 
 
 def _rope_bases(hf: dict) -> tuple[float, float]:
@@ -101,16 +101,17 @@ NORMS = {"input_layernorm": "self_block.norm", "post_attention_layernorm": "self
 
 def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
     """Hugging Face ``Gemma3ForCausalLM`` weights -> DecoderLM state dict (the norms' weights
-    with their 1 added; q, k, v stacked into ``in_proj``, gate and up into ``linear1``)."""
-    hf = {k.removeprefix("language_model."): v for k, v in hf.items()}
-    out = {"embed.token.weight": hf["model.embed_tokens.weight"],
-           "decoder.norm.weight": hf["model.norm.weight"].float() + 1}
-    out["output_proj.weight"] = (out["embed.token.weight"] if config.tie_embeddings
-                                 else hf["lm_head.weight"])
+    with their 1 added; q, k, v stacked into ``in_proj``, gate and up into ``linear1``),
+    each tensor taken out of ``hf`` as it is converted."""
+    for name in [k for k in hf if k.startswith("language_model.")]:
+        hf[name.removeprefix("language_model.")] = hf.pop(name)
+    out = {"embed.token.weight": hf.pop("model.embed_tokens.weight"),
+           "decoder.norm.weight": hf.pop("model.norm.weight").float() + 1}
+    if not config.tie_embeddings:
+        out["output_proj.weight"] = hf.pop("lm_head.weight")
     for i in range(config.n_decoder_layers):
         h, o = f"model.layers.{i}.", f"decoder.layers.{i}."
         out.update(projections(hf, h, o))
         for theirs, ours in NORMS.items():
-            out[o + ours + ".weight"] = hf[h + theirs + ".weight"].float() + 1
-    return {k: v.float().contiguous() for k, v in out.items()}
-
+            out[o + ours + ".weight"] = hf.pop(h + theirs + ".weight").float() + 1
+    return as_float(out, config)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..config import ModelConfig
-from .llama import unsupported
+from .llama import as_float, unsupported
 
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
                "relu": "relu"}
@@ -41,18 +41,21 @@ def config_from_hf(hf: dict, pad_id: int = 0) -> ModelConfig:
 
 
 def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
-    """Hugging Face ``GPT2LMHeadModel`` (or ``GPT2Model``) weights -> DecoderLM state dict."""
-    hf = {k.removeprefix("transformer."): v for k, v in hf.items()}
-    out = {"embed.token.weight": hf["wte.weight"], "embed.position.weight": hf["wpe.weight"],
-           "decoder.norm.weight": hf["ln_f.weight"], "decoder.norm.bias": hf["ln_f.bias"]}
-    out["output_proj.weight"] = (out["embed.token.weight"] if config.tie_embeddings
-                                 else hf["lm_head.weight"])
+    """Hugging Face ``GPT2LMHeadModel`` (or ``GPT2Model``) weights -> DecoderLM state dict,
+    each tensor taken out of ``hf`` as it is converted."""
+    for name in [k for k in hf if k.startswith("transformer.")]:
+        hf[name.removeprefix("transformer.")] = hf.pop(name)
+    out = {"embed.token.weight": hf.pop("wte.weight"),
+           "embed.position.weight": hf.pop("wpe.weight"),
+           "decoder.norm.weight": hf.pop("ln_f.weight"), "decoder.norm.bias": hf.pop("ln_f.bias")}
+    if not config.tie_embeddings:
+        out["output_proj.weight"] = hf.pop("lm_head.weight")
     for i in range(config.n_decoder_layers):
         h, o = f"h.{i}.", f"decoder.layers.{i}."
         for theirs, ours in LINEARS.items():
-            out[o + ours + ".weight"] = hf[h + theirs + ".weight"].t()  # Conv1D: (in, out)
-            out[o + ours + ".bias"] = hf[h + theirs + ".bias"]
+            out[o + ours + ".weight"] = hf.pop(h + theirs + ".weight").t()  # Conv1D: (in, out)
+            out[o + ours + ".bias"] = hf.pop(h + theirs + ".bias")
         for theirs, ours in NORMS.items():
-            out[o + ours + ".weight"] = hf[h + theirs + ".weight"]
-            out[o + ours + ".bias"] = hf[h + theirs + ".bias"]
-    return {k: v.float().contiguous() for k, v in out.items()}
+            out[o + ours + ".weight"] = hf.pop(h + theirs + ".weight")
+            out[o + ours + ".bias"] = hf.pop(h + theirs + ".bias")
+    return as_float(out, config)

@@ -16,6 +16,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from .. import checkpoint, rundir
 from ..atomic import file_sha256
 from ..config import DecodeConfig, ModelConfig, RunConfig
@@ -130,11 +132,12 @@ def _joined(spec: ChunkedCheckpoint, target: Path, cache: Path) -> Path:
 CAP_BYTES = 1 << 30  # what a model may hold beyond its checkpoint's tensors (tables, buffers)
 
 
-def fits(config: ModelConfig, state: dict) -> None:
+def fits(config: ModelConfig, state: dict) -> dict[str, torch.Tensor]:
     """The model ``config`` describes, built on the meta device (no memory), against the
     checkpoint's tensors: every shape must agree and nothing may be missing, and the model may
     not ask for much more memory than the tensors hold: metadata that says d_ff = 2^26 in a
-    13 KB file is an error, not an 8 TiB allocation."""
+    13 KB file is an error, not an 8 TiB allocation. Returns the tensors as the model's
+    weights file holds them: in its order and dtypes, a tied tensor once."""
     model = build_model(config, "meta")
     shapes = model.state_dict()
     wrong = [f"{k} {tuple(v.shape)} (expected {tuple(shapes[k].shape)})"
@@ -150,6 +153,16 @@ def fits(config: ModelConfig, state: dict) -> None:
         raise ValueError(f"the checkpoint's config asks for {need / 2**30:,.1f} GiB but its "
                          f"tensors hold {held / 2**30:,.3f} GiB (max_len {config.max_len}, "
                          f"d_model {config.d_model}): the metadata is wrong")
+    tied = {"output_proj.weight"} if config.tie_embeddings else set()
+    missing = [k for k in shapes if k not in state and k not in tied]
+    unexpected = [k for k in state if k not in shapes]
+    if missing or unexpected:
+        raise ValueError(f"the checkpoint does not fit the model: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    # what checkpoint.model_tensors would take from the model once these were loaded into
+    # it: the model's order and dtypes, a tied weight once (under the embedding's name)
+    return {k: state[k].to(shapes[k].dtype).contiguous() for k in shapes
+            if k in state and k not in tied}
 
 
 def _write_run(out: Path, config: ModelConfig, state: dict, tokenizer: PretrainedTokenizer,
@@ -157,20 +170,15 @@ def _write_run(out: Path, config: ModelConfig, state: dict, tokenizer: Pretraine
                chat_template: str | None = None) -> Path:
     """Check that the weights and the tokenizer fit the model, and only then touch ``out``
     (locked): weights and tokenizer first, ``config.toml`` last, so that a kill part-way
-    leaves no run, and ``--overwrite`` removes only what vaswani writes."""
-    fits(config, state)
-    model = build_model(config, initialise=False)  # every weight is loaded next, or refused
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = {"output_proj.weight"} if config.tie_embeddings else set()
-    if set(missing) - tied or unexpected:
-        raise ValueError(f"the checkpoint does not fit the model: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
+    leaves no run, and ``--overwrite`` removes only what vaswani writes. The weights are
+    written as converted, never copied into a model first (one float32 copy in memory)."""
+    weights = fits(config, state)
     if tokenizer.vocab_size != config.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model "
                          f"{config.vocab_size}")
     with rundir.locked(out):
         rundir.start(out, overwrite)
-        checkpoint.save_best(out, model, metadata={"imported_from": source})
+        checkpoint.save_best(out, weights, metadata={"imported_from": source})
         rundir.write_run(out, RunConfig(model=config, decode=decode), tokenizer, None, [],
                          header=f"# Imported by `vaswani import` from {source}\n",
                          chat_template=chat_template)

@@ -99,35 +99,44 @@ def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, 
     """Hugging Face ``LlamaForCausalLM`` (Qwen2's, Mistral's) weights -> DecoderLM state dict.
 
     q, k, v (and their biases) are stacked into ``in_proj``; gate and up into the SwiGLU
-    ``linear1``.
+    ``linear1``. Each tensor is taken out of ``hf`` as it is converted, so that an import
+    never holds the checkpoint twice.
     """
-    out = {"embed.token.weight": hf["model.embed_tokens.weight"],
-           "decoder.norm.weight": hf["model.norm.weight"]}
-    if config.tie_embeddings:
-        out["output_proj.weight"] = out["embed.token.weight"]
-    else:
-        out["output_proj.weight"] = hf["lm_head.weight"]
+    out = {"embed.token.weight": hf.pop("model.embed_tokens.weight"),
+           "decoder.norm.weight": hf.pop("model.norm.weight")}
+    if not config.tie_embeddings:
+        out["output_proj.weight"] = hf.pop("lm_head.weight")
     for i in range(config.n_decoder_layers):
         h, o = f"model.layers.{i}.", f"decoder.layers.{i}."
         out.update(projections(hf, h, o, bias=bool(config.qkv_bias)))
-        out[o + "self_block.norm.weight"] = hf[h + "input_layernorm.weight"]
-        out[o + "ff_block.norm.weight"] = hf[h + "post_attention_layernorm.weight"]
-    return {k: v.float().contiguous() for k, v in out.items()}
+        out[o + "self_block.norm.weight"] = hf.pop(h + "input_layernorm.weight")
+        out[o + "ff_block.norm.weight"] = hf.pop(h + "post_attention_layernorm.weight")
+    return as_float(out, config)
+
+
+def as_float(out: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+    """Every tensor float32 and contiguous, replaced one at a time (a bfloat16 checkpoint is
+    not held twice); a tied output projection is the embedding itself."""
+    for name in out:
+        out[name] = out[name].float().contiguous()
+    if config.tie_embeddings:
+        out["output_proj.weight"] = out["embed.token.weight"]
+    return out
 
 
 def projections(hf: dict[str, Tensor], h: str, o: str, *, bias: bool = False
                 ) -> dict[str, Tensor]:
-    """One layer's linear weights, Hugging Face's LLaMA names (prefix ``h``) -> vaswani's
-    (prefix ``o``): q, k, v (and their biases) stacked into ``in_proj``, gate and up into the
-    gated feed-forward's ``linear1``. Qwen2, Mistral and Gemma 3 name them alike."""
+    """One layer's linear weights, taken out of Hugging Face's LLaMA names (prefix ``h``)
+    into vaswani's (prefix ``o``): q, k, v (and their biases) stacked into ``in_proj``, gate
+    and up into the gated feed-forward's ``linear1``. Qwen2, Mistral and Gemma 3 name them
+    alike."""
     out = {o + "self_attn.in_proj.weight": torch.cat(
-        [hf[h + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")])}
+        [hf.pop(h + f"self_attn.{n}_proj.weight") for n in ("q", "k", "v")])}
     if bias:
         out[o + "self_attn.in_proj.bias"] = torch.cat(
-            [hf[h + f"self_attn.{n}_proj.bias"] for n in ("q", "k", "v")])
-    out[o + "self_attn.out_proj.weight"] = hf[h + "self_attn.o_proj.weight"]
+            [hf.pop(h + f"self_attn.{n}_proj.bias") for n in ("q", "k", "v")])
+    out[o + "self_attn.out_proj.weight"] = hf.pop(h + "self_attn.o_proj.weight")
     out[o + "feed_forward.linear1.weight"] = torch.cat(
-        [hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]])
-    out[o + "feed_forward.linear2.weight"] = hf[h + "mlp.down_proj.weight"]
+        [hf.pop(h + "mlp.gate_proj.weight"), hf.pop(h + "mlp.up_proj.weight")])
+    out[o + "feed_forward.linear2.weight"] = hf.pop(h + "mlp.down_proj.weight")
     return out
-
