@@ -86,8 +86,8 @@ def cpu_name() -> str:
 def cpu_generation() -> str | None:
     """The CPU's family and model numbers (``CPUINFO``), e.g. "family 25, model 17": a
     virtual machine's model name may say only "AMD EPYC", and two with the same name and
-    instruction sets can differ 2x in float32 speed (Zen 4, family 25, runs AVX-512 on
-    256-bit units; Zen 5, family 26, on 512-bit ones). None where it is not known."""
+    instruction sets can differ in float32 speed (Zen 4, family 25, runs AVX-512 on 256-bit
+    units; Zen 5, family 26, on 512-bit ones). None where it is not known."""
     family, model = _cpuinfo("cpu family"), _cpuinfo("model\t")
     return None if family is None else f"family {family}, model {model}"
 
@@ -111,8 +111,8 @@ def cpu_is_intel() -> bool:
 
 def bf16_is_fast(device: torch.device) -> bool:
     """Whether bfloat16 matmuls run natively here: CUDA with bf16 support, or a CPU with
-    AVX512-BF16 or AMX. Elsewhere PyTorch emulates them, about 100x slower than float32 on an
-    AVX2 CPU, so bf16 autocast would slow training down instead of speeding it up."""
+    AVX512-BF16 or AMX. Elsewhere PyTorch emulates them, far slower than float32, so bf16
+    autocast would slow training down instead of speeding it up."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type != "cpu":
@@ -125,8 +125,8 @@ def bf16_is_fast(device: torch.device) -> bool:
 
 def _measured_bf16_is_fast() -> bool:
     """Where the CPU's flags cannot be read: time a bf16 and a float32 matmul. Emulated bf16
-    is tens of times slower than float32; native bf16 without AMX can be up to twice as slow
-    (a 2-vCPU Xeon with avx512_bf16: 1.8x), so the line is drawn at 8x."""
+    is tens of times slower than float32; native bf16 without AMX up to about twice as slow;
+    so the line is drawn at eight times."""
     import time
 
     a32 = torch.randn(512, 512)

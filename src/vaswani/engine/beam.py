@@ -89,10 +89,9 @@ def top_k(x: Tensor, k: int, groups: int = 8) -> tuple[Tensor, Tensor]:
     Seen as (N, groups, V / groups), column j of a row holds entries j, j + V / groups, ...;
     a column whose largest entry is not among the row's k largest column maxima holds none
     of its k largest entries (k other columns each hold a larger one). So one pass of
-    maxima over columns, a top-k of those, and a top-k of the chosen columns' entries: 1.7x
-    ``topk``'s speed at 300-1,200 rows of a 6,000-token vocabulary (k = 8; 2-vCPU AMD EPYC
-    with AVX-512; ``python -m benchmarks.offline --top-k``). Plain ``topk`` where V is not a
-    multiple of ``groups`` or too narrow to gain."""
+    maxima over columns, a top-k of those, and a top-k of the chosen columns' entries:
+    faster than ``topk`` over whole rows (docs/performance.md, "The engine's choices for a
+    CPU"). Plain ``topk`` where V is not a multiple of ``groups`` or too narrow to gain."""
     N, V = x.shape
     if V % groups or 4 * groups * k > V:
         return x.topk(k, dim=-1)

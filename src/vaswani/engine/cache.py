@@ -3,7 +3,7 @@ read in place.
 
 Why slots rather than paged blocks (docs/architecture.md): on a CPU attention is bound by
 memory traffic, and a paged cache must first gather each row's blocks into one tensor for
-SDPA, every layer of every step (measured: 2.5-2.9x the time of the attention itself). Here
+SDPA, every layer of every step (which costs more than the attention itself). Here
 row i of the running batch lives in slot i, so a decode step's keys are a *view* of the cache,
 ``k[:R, :, :Tk]``, that SDPA reads where it lies; nothing is copied per step.
 
@@ -55,7 +55,7 @@ def aligned(n: int) -> int:
 def parts(lengths: list[int]) -> list[tuple[int, int, int]] | None:
     """How a decoding step's attention reads rows 0 .. len(lengths) - 1 whose keys are
     ``lengths`` long: in parts ``(a, b, w)`` of ``PART`` consecutive rows, each over its own
-    longest row's ``w`` keys (not rounded up: 2-5% faster), neighbours of one width merged,
+    longest row's ``w`` keys (not rounded up), neighbours of one width merged,
     rather than every row over the longest's. None: one pass, where parts would not save a
     quarter of the keys read. Rows in order of length gain the most: translate and
     generate_many hand in their longest first, and compaction keeps the order."""
@@ -248,8 +248,8 @@ class SlotCache:
         """For each ``(target, parent, start, length)`` of ``forks`` (a beam search's
         hypotheses that fork; they share their source), slot ``target`` gets columns
         ``start .. length - 1`` of slot ``parent``: it holds the first ``start`` already.
-        All in one gather and one write per tensor, as rows of Dh numbers (flat_index):
-        0.55-0.65x the time of slot slices copied by like starts (beam 4, 2-core Xeon)."""
+        All in one gather and one write per tensor, as rows of Dh numbers (flat_index),
+        rather than slot slices copied by like starts."""
         forks = [f for f in forks if f[3] > f[2]]
         if not forks:
             return
@@ -272,8 +272,8 @@ class SlotCache:
         to, of = tensor_of(targets, self.device), tensor_of(sources, self.device)
         for tensors in pairs:  # the sources gathered first, then written: slots may be both
             for t in tensors:
-                view = t[:, :, :length]  # index_select + index_copy_: 0.29 ms where
-                view.index_copy_(0, to, view.index_select(0, of))  # t[to] = t[of]: 0.41
+                view = t[:, :, :length]  # index_select + index_copy_: faster than
+                view.index_copy_(0, to, view.index_select(0, of))  # t[to] = t[of]
 
     def held(self, n: int) -> list[int]:
         """The source slot of each row in slots 0 .. n - 1 (a translator's)."""

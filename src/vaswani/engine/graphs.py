@@ -1,6 +1,6 @@
 """The decode step on a GPU, captured as CUDA graphs (as nano-vllm's model runner and
 gpt-fast do): a decode step of a small model is a few hundred small kernels, each costing
-~10-20 us to launch from Python, far more than the work they do; replaying a captured graph
+more to launch from Python than the work it does; replaying a captured graph
 launches them all at once.
 
 A graph has fixed shapes, so a step is padded to a *bucket*: a batch size from a ladder (1,

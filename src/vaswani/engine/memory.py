@@ -6,17 +6,14 @@ cli/process.py.)
 backs with 2 MiB pages where it can (transparent huge pages, asked for with ``madvise``; the
 kernel's default "madvise" mode gives them only to memory that asks). A decode step writes
 each row's new keys at its own place in every layer's cache, hundreds of 256-byte writes
-each on a 4 KiB page of its own, and the processor's TLB cannot hold that many pages: a
-step's 1,200 such writes into one of 8 caches of 75 MB took 311 us in 4 KiB pages and 145 us
-in huge pages, with other memory read between steps as a decode step does (``python -m
-benchmarks.offline --cache-writes``; 2-vCPU Xeon, 2026-11-26).
+each on a 4 KiB page of its own, and the processor's TLB cannot hold that many pages
+(docs/performance.md, "The engine's choices for a CPU").
 
 :func:`collector_paused`: Python's cyclic garbage collector paused while an offline run
 (``Engine.run``) steps. A beam search makes and drops many small objects (hypotheses, token
-lists), and every so many the collector walks every object the process holds (some 290,000
-once torch and a model are loaded) for cycles the engine does not make: on a beam-4
-translation of 300 sentences with the demo model, 0.15 s of a 2.7 s run (one full
-collection of 0.12 s; 2-core Xeon). Reference counting still frees everything as it goes.
+lists), and every so many the collector walks every object the process holds (hundreds of
+thousands once torch and a model are loaded) for cycles the engine does not make.
+Reference counting still frees everything as it goes.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ HUGE_PAGE = 2 << 20  # the transparent huge page of x86-64 (and of aarch64 with 
 MADV_HUGEPAGE = 14  # Linux's mman.h
 
 
-@functools.cache  # finding the library runs ldconfig: 1.6 ms, once per process
+@functools.cache  # finding the library runs ldconfig: once per process
 def _libc(name: str):
     """The C library's function ``name`` on Linux; None elsewhere or where it lacks it."""
     if not sys.platform.startswith("linux"):

@@ -80,7 +80,7 @@ class Sampler:
         history its reference decoder gives them; log-probabilities with ``log``."""
         scores = logits.to(torch.promote_types(logits.dtype, torch.float32))
         for never in (self.pad_id, self.bos_id):  # a column each: indexing by a list of
-            scores[:, never] = float("-inf")  # them is a scatter, 0.18 ms at 256 rows
+            scores[:, never] = float("-inf")  # them would be a scatter, slower
         if log:
             scores = scores.log_softmax(-1)
         groups: dict[Rules, list[int]] = {}

@@ -17,25 +17,25 @@ Every step:
    does not hold up the other rows. While other work is there, it runs in chunks of n tokens
    in steps of their own, taking turns with the others' steps by time, a third of it for the
    long prefill: a chunk only when the chunks so far have taken no more than half the others'
-   steps' time (:meth:`Scheduler.took`). A short request beside a 3,000-token prompt then takes
-   about one and a half times its time alone, not the prompt's whole prefill;
+   steps' time (:meth:`Scheduler.took`). A short request beside a long prompt then takes
+   a little longer than alone, not the prompt's whole prefill (docs/performance.md,
+   "Serving");
 6. with a fast lane (``fast_lane`` n > 0, a CPU's default): while requests of at most n tokens
    run among more rows of longer ones, every other step decodes only theirs.
 
-Why the fast lane: on a CPU a decode step costs about what its rows cost (the shakespeare-char
-model at 264 tokens of context, 2 cores: 2.5 ms for one row, 8.5 ms for 32), so a short
-request among 31 long ones would take each token as slowly as they do, 3.4 times its time
-alone. Decoding it in a step of its own between the full steps halves its time per token, at
-the cost of one small step per two for the long rows while short ones run (and none while
-none do: ``python -m benchmarks.serve --parts mixed`` measures both). On a GPU a step of 32
-rows costs what a step of one does, so there the lane would only slow the long rows: it is off.
+Why the fast lane: on a CPU a decode step costs about what its rows cost, so a short request
+among many long ones would take each token as slowly as they do. Decoding it in a step of its
+own between the full steps cuts its time per token, at the cost of one small step per two
+for the long rows while short ones run, and none while none do (docs/performance.md,
+"Serving"). On a GPU a step of 32 rows costs what a step of one does, so there the lane would
+only slow the long rows: it is off.
 
 Why ``gather`` (``Engine.run`` sets it, a server's engine never does): an offline call over
 more inputs than the engine has rows admits the rest as rows finish, mostly one or two a step,
 and each admission is a pass of the encoder (or a prefill) of its own, for one or two inputs:
-the demo model translating 300 verses 32 at a time ran 175 such passes, 0.4 s of its 1.9 s.
-Held back until a group's rows are free, the waiting inputs start together, one pass each
-group, while the running rows go on decoding.
+a long offline call runs hundreds of such passes. Held back until a group's rows are free,
+the waiting inputs start together, one pass each group, while the running rows go on
+decoding.
 
 Slots are reserved on admission: one for each row (a beam search holds ``beam``, for the
 hypotheses it will fork into) and a translation's source slot; the cache's slots are widened
@@ -347,10 +347,8 @@ def length_groups(items: list, length, slack: int = 32, tokens: int | None = Non
     205 tokens; apart, 205, for one more pass. ``length(item)``: its tokens.
 
     ``tokens`` bounds the encoder's passes (the engine's ``max_step_tokens``), and with them
-    its activations: 300 sources of the demo model admitted at once made passes of up to
-    7,728 positions, a feed-forward layer's activations 16 MB each; 200 sources of up to
-    160 tokens translated in one call peaked at 850 MB of memory, in passes of 1,024
-    positions at 710 MB, in the same time (2-core Xeon)."""
+    its activations: hundreds of sources admitted at once would make passes of thousands of
+    positions, each layer's activations as large."""
     groups: list[list] = []
     real = 0  # the last group's real tokens
     for item in sorted(items, key=length):

@@ -81,14 +81,13 @@ def block_width(V: int) -> int | None:
 def first_max(x: Tensor) -> Tensor:
     """``x.argmax(-1)`` of x (N, V): the index of each row's largest entry, the first of ties
     (and of NaNs). ``max`` and ``argmax`` walk a row one number at a time, keeping its index;
-    ``amax`` (no index) runs at the vector units' speed, 20x faster. So on a CPU, for many
-    rows, each row is cut into blocks of :func:`block_width`: the blocks' maxima by ``amax``,
-    the first block holding the row's maximum by ``max`` over those few, and the index
-    within that block by ``max`` over its entries. The first block that holds the maximum
-    holds its first occurrence, so the index is argmax's. 256 rows of a 6,000-token
-    vocabulary: ~0.35 ms against ``max``'s 1.1 ms (2-vCPU AMD EPYC with AVX-512; ``python -m
-    benchmarks.offline --first-max``); ``max`` (the same indices as argmax, 2.7-2.9x
-    faster than it) for a few rows, on other devices, or where V has no block width."""
+    ``amax`` (no index) runs at the vector units' speed. So on a CPU, for many rows, each row
+    is cut into blocks of :func:`block_width`: the blocks' maxima by ``amax``, the first block
+    holding the row's maximum by ``max`` over those few, and the index within that block by
+    ``max`` over its entries. The first block that holds the maximum holds its first
+    occurrence, so the index is argmax's. ``max`` (the same indices as argmax, and faster
+    than it) for a few rows, on other devices, or where V has no block width. Figures:
+    docs/performance.md, "The engine's choices for a CPU"."""
     if x.dim() != 2 or x.size(0) < BLOCK_ROWS or x.device.type != "cpu":
         return x.max(-1).indices
     w = block_width(x.size(-1))

@@ -89,7 +89,7 @@ class Run:
         """The engine for an offline call that decodes ``rows`` rows together: the one made
         before if it holds that many, else a new one with room for them (a power of two, at
         most ``OFFLINE_ROWS``). An engine allocates and zeroes its key/value cache when it is
-        made (at 512 rows, 570 MB for the translator of the translator tutorial: 0.6 s), so
+        made (at 512 rows, hundreds of MB for the translator tutorial's model), so
         translating one sentence makes a cache for the rows it uses, not for 512."""
         rows = min(OFFLINE_ROWS, 1 << (max(rows, 1) - 1).bit_length())
         if self._engine is None or self._engine.config.max_rows < rows:

@@ -64,9 +64,7 @@ class Translator(Run):
         order of source length and each part of a step's cross-attention reads sources of
         like lengths (shortest first, the long ones moved into the first slots and every part
         read to their length); and with a row limit the longest start first rather than
-        decode alone at the end. The demo model's 300 test verses, 2-vCPU Xeon, against
-        CTranslate2 (``python -m benchmarks.export runs/demo-bible-en-es --limit 300``): greedy
-        0.51x -> 0.59x, the same translations."""
+        decode alone at the end (docs/performance.md, "The engine's choices for a CPU")."""
         if batch_size is not None:
             check_batch_size(batch_size)
         requests = self.requests(texts, decode)

@@ -32,7 +32,7 @@ def build_model(config: ModelConfig, device: torch.device | str | None = None, *
 
     ``initialise=False`` leaves the parameters' values undefined, for a model whose weights
     are loaded next (``checkpoint.load_weights`` refuses a file that misses one): drawing
-    SmolLM2-135M's random weights took 1.2 s of its 2.1 s load, only to be overwritten."""
+    random weights only to overwrite them was most of a pretrained model's load."""
     device = torch.get_default_device() if device is None else torch.device(device)
     check_fits(config, device)
     with torch.device("meta"):

@@ -13,15 +13,10 @@ Two interchangeable paths compute the same thing:
 ``"auto"`` (the default) picks per call: on a CPU, for keys up to ``AUTO_REFERENCE_MAX_KEYS``
 long, the reference path when the inputs are bf16 or attention dropout is active, or when the
 call is a decoding step's (at most ``DECODE_QUERIES`` queries per row, at least
-``DECODE_SCORES`` scores in all); SDPA otherwise. Measured
-on a 2-core CPU (docs/performance.md): PyTorch's CPU flash kernel is 2-3x slower than the
-written-out matmuls for batched bf16 sequences up to 512 tokens, and with dropout it falls
-back to a slow path; for a decoding step of many rows the written-out matmuls win too, or
-tie (fp32, 256 rows of one query over 48 keys: 0.27 ms against 0.39; a beam search's 4
-grouped queries, 64 rows over 40 keys: 0.15 against 0.18; 32 rows over 220 keys: 0.19 ms
-both), while a step of a few rows is SDPA's (one row over 100 keys: 29 us against 12;
-``python -m benchmarks.offline --attention``). Past 512 keys SDPA wins, and its memory grows
-linearly where the reference path's grows quadratically (benchmarks/scaling.py).
+``DECODE_SCORES`` scores in all); SDPA otherwise. There PyTorch's CPU kernel loses to the
+written-out products; past 512 keys it wins, and its memory grows linearly where the
+reference path's grows quadratically (the figures: docs/performance.md, "Attention at long
+sequences" and "The engine's choices for a CPU").
 """
 
 from __future__ import annotations
@@ -72,8 +67,7 @@ def decoding_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = No
     scaled rather than the scores (Tq x Dh numbers, not Tq x Tk), the masked scores filled
     in place, no weights kept. A query that may attend to no key gets the mean of the values
     rather than zeros (a decoding step's real queries always see their own key; the
-    engine's padding rows are thrown away). 0.78-0.90x the written-out path's time on a
-    2-core Xeon (fp32; ``python -m benchmarks.offline --attention``)."""
+    engine's padding rows are thrown away)."""
     scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)  # (..., Tq, Tk)
     if mask is not None:
         scores.masked_fill_(mask.logical_not(), torch.finfo(scores.dtype).min)

@@ -6,18 +6,14 @@ On a CPU, ``F.linear`` in float32 calls Intel MKL's sgemm, which runs its AVX-51
 Intel's CPUs only: on the AMD EPYC machines this project also runs on it picks its AVX2 ones.
 oneDNN, also inside PyTorch (what torch.compile's CPU backend calls for a frozen linear
 layer), runs AVX-512 there, on a copy of the weight reordered once into its blocked layout:
-1.75-2.8x ``F.linear`` on a 2-vCPU EPYC at 8-512 rows, while on a 2-vCPU Xeon ``F.linear`` is
-the faster at 13 of 16 shapes, by up to 1.75x (``python -m benchmarks.offline --linear``
-compares the two; docs/performance.md). So on a CPU that is not Intel's (``USE_ONEDNN``),
-in evaluation mode, without gradients, in float32, a :class:`Linear` multiplies through that
-copy (``torch.ops.mkldnn``), the rows padded to a few sizes (:func:`bucket`). A small product
-(under ``MIN_MACS`` multiply-adds: a few rows through a small matrix) is faster by
-``F.linear`` and keeps it (oneDNN's call costs ~16 us whatever its size); a large matrix (from
-``MIN_WEIGHT`` numbers: a vocabulary projection) takes the copy at one row already (the demo
-translator's 6,000 x 128 output layer, one sentence decoded alone, two runs of six alternating
-rounds: 101-190 us a step through the copy against 160-241 by ``F.linear``, the sentence's
-best 60.0 and 66.9 ms against 64.5 and 69.8; 2-vCPU EPYC). Training, other devices and
-dtypes, sharded weights, tracing and torch.compile use ``F.linear``. The price: a second
+faster there, slower than MKL on Intel's (figures: docs/performance.md, "The engine's
+choices for a CPU"). So on a CPU that is not Intel's (``USE_ONEDNN``), in evaluation mode,
+without gradients, in float32, a :class:`Linear` multiplies through that copy
+(``torch.ops.mkldnn``), the rows padded to a few sizes (:func:`bucket`). A small product
+(under ``MIN_MACS`` multiply-adds: a few rows through a small matrix) keeps ``F.linear``, as
+oneDNN's call has a fixed cost whatever its size; a large matrix (from ``MIN_WEIGHT``
+numbers: a vocabulary projection) takes the copy at one row already. Training, other devices
+and dtypes, sharded weights, tracing and torch.compile use ``F.linear``. The price: a second
 copy of each weight while it lives.
 
 The copy is made again whenever the weight may have changed: when its version counter moves
@@ -53,10 +49,10 @@ USE_ONEDNN = onednn_available() and not cpu_is_intel()  # see the module's docst
 
 def bucket(rows: int) -> int:
     """The rows a product is padded to: a power of two up to 32, then a multiple of 32 up to
-    512, then of 256. oneDNN makes (compiles) a kernel for every new number of rows, about
-    0.25 ms each on a 2-core EPYC, and an engine's steps have a different number of rows
-    nearly every time; padded, a run meets a few dozen, at most 31 rows of waste per product
-    up to 512 rows (rows are independent: the padding changes no other row's result)."""
+    512, then of 256. oneDNN makes (compiles) a kernel for every new number of rows, and an
+    engine's steps have a different number of rows nearly every time; padded, a run meets a
+    few dozen, at most 31 rows of waste per product up to 512 rows (rows are independent:
+    the padding changes no other row's result)."""
     if rows <= 32:
         return 1 << max(0, rows - 1).bit_length()
     step = 32 if rows <= 512 else 256

@@ -4,15 +4,14 @@ turn, runs each encoder's batches as they fall due (batcher.py), and sleeps when
 due. Every use of the models happens in this one thread.
 
 Why one thread for all of a server's models, rather than one each: on a CPU, PyTorch runs an
-operator on a team of OpenMP threads, and each Python thread that runs operators gets a team
-of its own. Once a process has more of those threads than cores, OpenMP stops letting them
-spin between operators and puts them to sleep instead: every operator then pays for waking a
-thread (on 2 cores, docs/performance.md "Serving": a 31-row decode step 1.7x slower, a
-linear layer 2x). One thread keeps one team. ``threads`` is how many the team has. PyTorch's
-count is the process's, not a thread's: ``vaswani serve`` loads the models with it set to 1
-(cli/serve.py), so that loading makes no team in the server's thread, and this thread then
-sets ``threads``; the server's thread runs none of the models' operators (every use of a
-model comes here), so it makes no second team.
+operator on a team of OpenMP threads, and each Python thread that runs operators gets a team of
+its own. Once a process has more of those threads than cores, OpenMP stops letting them spin
+between operators and puts them to sleep instead: every operator then pays for waking a thread
+(docs/performance.md, "Serving"). One thread keeps one team. ``threads`` is how many the team
+has. PyTorch's count is the process's, not a thread's: ``vaswani serve`` loads the models with
+it set to 1 (cli/serve.py), so that loading makes no team in the server's thread, and this
+thread then sets ``threads``; the server's thread runs none of the models' operators (every use
+of a model comes here), so it makes no second team.
 
 The engines share the thread by time, not by turns: the loop steps the busy engine that has
 had the least of it since it last became busy (one that was idle starts level with the least

@@ -29,8 +29,8 @@ from .loop import EngineLoop
 from .metrics import Metrics
 
 # A server's engines prefill at most this many prompt tokens a step: a step of a long prompt
-# that a short request arrives during is one it must wait out (on 2 cores, SmolLM2's 256
-# tokens take about 0.4 s; 1,024 tokens about 2 s, and a whole prompt's prefill 5% less).
+# that a short request arrives during is one it must wait out, and smaller steps cost a whole
+# prompt's prefill little more (docs/performance.md, "Serving").
 SERVER_STEP_TOKENS = 256
 # What each route asks of a run: the method of the use class that serves it.
 METHOD_OF_ROUTE = {"completions": "generate", "chat": "generate", "translate": "translate",

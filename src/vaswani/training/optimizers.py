@@ -65,9 +65,8 @@ def orthogonalize_all(updates: list[Tensor], coefficients: tuple[float, float, f
                       steps: int, eps: float, dtype: torch.dtype) -> list[Tensor]:
     """:func:`orthogonalize` for each of ``updates``, those of one shape stacked and done at
     once: a model's layers repeat a few shapes, and a product of small matrices costs mostly
-    its call (the demo model's 20 matrices, 4 shapes: 23.6 ms one by one against 12.4 stacked
-    in bf16 on a 2-vCPU Zen 4 EPYC, the same bits; ``python -m benchmarks.muon``). Sharded
-    matrices (DTensor) go one by one."""
+    its call (docs/performance.md, "Muon's orthogonalization"). Sharded matrices (DTensor) go
+    one by one."""
     out: list[Tensor | None] = [None] * len(updates)
     stacks: dict[tuple, list[int]] = {}
     for i, u in enumerate(updates):
@@ -90,15 +89,14 @@ class Muon(torch.optim.Muon):
     """``torch.optim.Muon``, with its Newton-Schulz iteration in ``ortho_dtype``.
 
     PyTorch runs the iteration in bf16, fast on GPUs and on CPUs with AVX512-BF16 or AMX.
-    Elsewhere PyTorch emulates bf16 matrix products, and the iteration became most of a step:
-    with AVX2 kernels, the demo model's Muon update took 563 ms in bf16 against 36 ms in
-    float32 (``python -m benchmarks.muon``, docs/performance.md). The step below is
+    Elsewhere PyTorch emulates bf16 matrix products, and the iteration becomes most of a step
+    (docs/performance.md, "Muon's orthogonalization"). The step below is
     PyTorch's (momentum, Nesterov, decoupled weight decay, the rate scaled by
     sqrt(max(1, rows / columns))), as is the state: one ``momentum_buffer`` per matrix. One
     difference: the matrices of one shape are orthogonalized stacked (:func:`orthogonalize_all`),
     where PyTorch goes one by one; in bf16 that equals PyTorch's step to the bit for matrices of
-    distinct shapes, and to within bf16 rounding for stacked ones (on a 2-vCPU Zen 4 EPYC, the
-    same bits; ``tests/training/test_optimizers.py``). The step holds all of its updates at
+    distinct shapes, and to within bf16 rounding for stacked ones
+    (``tests/training/test_optimizers.py``). The step holds all of its updates at
     once (one more copy of the matrices) where PyTorch holds one."""
 
     def __init__(self, params, *, ortho_dtype: torch.dtype = torch.bfloat16, **options) -> None:
