@@ -20,9 +20,10 @@ def flat_index(slots: Tensor, columns: Tensor, heads: int, width: int) -> Tensor
 
 
 class SlotKV:
-    """One attention's view of the cache in one forward pass, as nn/kv_cache.py's ``KV``:
-    ``append`` writes the new keys and values into their slots and returns the keys to
-    attend over; a cross-attention's keys are there already (``k``, ``v``).
+    """One attention's view of the cache in one forward pass, an nn/kv_cache.py
+    ``AttentionCache``: ``append`` writes the new keys and values into their slots and
+    returns the keys to attend over; a cross-attention's keys are there already (``k``,
+    ``v``); ``attend`` runs the attention over rows as the cache lays them out.
 
     With ``groups`` (a cross-attention reading sources that several rows share), ``k`` and
     ``v`` are the G sources once each, and the attention passes its queries through
@@ -52,6 +53,19 @@ class SlotKV:
         self.k_all.view(-1, Dh).index_copy_(0, self.write.view(-1), k.reshape(-1, Dh).to(dtype))
         self.v_all.view(-1, Dh).index_copy_(0, self.write.view(-1), v.reshape(-1, Dh).to(dtype))
         return self.k, self.v
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, attend) -> Tensor:
+        """nn/kv_cache.py's ``AttentionCache.attend``: ``attend`` over the queries as the
+        keys are laid out (:meth:`queries`), in ``parts`` of rows each over its own keys
+        (cache.py :func:`parts`) or in one pass, the output back in the rows' order."""
+        q = self.queries(q)
+        if self.parts is None:
+            out = attend(q, k, v, mask)
+        else:
+            out = torch.cat([attend(q[a:b], k[a:b, :, :w], v[a:b, :, :w],
+                                    None if mask is None else mask[a:b, ..., :w])
+                             for a, b, w in self.parts])
+        return self.outputs(out)
 
     def queries(self, q: Tensor) -> Tensor:
         """q (R, H, T, Dh) -> (G, H, K * T, Dh): each group's rows' queries side by side."""

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .dropout import dropout
-from .kv_cache import KV
+from .kv_cache import AttentionCache
 from .linear import Linear
 from .rotary import RopeScaling, apply_rope, rope_angles
 
@@ -130,17 +130,19 @@ class MultiHeadAttention(nn.Module):
         return self._split_heads(k, self.n_kv_heads), self._split_heads(v, self.n_kv_heads)
 
     def forward(self, x: Tensor, *, memory: Tensor | None = None, mask: Tensor | None = None,
-                cache: KV | None = None, positions: Tensor | None = None,
+                cache: AttentionCache | None = None, positions: Tensor | None = None,
                 need_weights: bool = False, cross: bool | None = None
                 ) -> tuple[Tensor, Tensor | None]:
         """x: (B, Tq, D); memory: (B, Tk, D) for cross-attention; mask: bool, broadcastable to
         (B, H, Tq, Tk). Returns (out (B, Tq, D), weights (B, H, Tq, Tk) or None).
 
         ``cross``: cross-attention (default: when there is a ``memory``). ``cache``
-        (incremental decoding, see kv_cache.py): in self-attention the new keys and values
-        are appended to it and attention runs over all of them; in cross-attention the
-        memory's keys and values are computed on the first call and reused afterwards (a
-        cache that already holds them needs no memory).
+        (incremental decoding, an :class:`~vaswani.nn.kv_cache.AttentionCache`): in
+        self-attention the new keys and values are appended to it and attention runs over
+        all of them; in cross-attention the memory's keys and values are computed on the
+        first call and reused afterwards (a cache that already holds them needs no memory).
+        The cache runs the attention (:meth:`attend`), so that it may lay out its rows as it
+        keeps them.
         ``positions`` (Tq,) or (B, Tq) are the new tokens' positions, used by rotary
         embeddings (default: after the cached tokens).
         Weights are returned only with ``need_weights=True`` (the reference path then runs,
@@ -174,14 +176,10 @@ class MultiHeadAttention(nn.Module):
                 k, v = self.project_kv(memory)
                 if cache is not None:
                     cache.k, cache.v = k, v
-            if cache is not None:  # an engine's cache may hold one source for many rows
-                q = cache.queries(q)
-        if cache is not None and cache.parts is not None and not need_weights:
-            out, weights = self._attend_parts(q, k, v, mask, cache.parts), None
+        if cache is not None and not need_weights:  # the cache may attend its own way
+            out, weights = cache.attend(q, k, v, mask, self._attend_only), None
         else:
             out, weights = self.attend(q, k, v, mask, need_weights)
-        if cross and cache is not None:
-            out = cache.outputs(out)
         out = out.transpose(1, 2).reshape(B, Tq, self.q_dim)  # (B, Tq, H*Dh)
         return self.out_proj(out), weights
 
@@ -204,17 +202,8 @@ class MultiHeadAttention(nn.Module):
         out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)
         return out, weights if need_weights else None  # never keep weights nobody asked for
 
-    def _attend_parts(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                      parts: list[tuple[int, int, int]]) -> Tensor:
-        """:meth:`attend` over rows ``a:b`` at a time, each part reading only the first ``w``
-        keys, for each ``(a, b, w)`` of ``parts``: an engine's decoding step over rows of
-        many contexts (or sources, in cross-attention), where one padded pass would read
-        every row's keys up to the longest (engine/cache.py ``parts``)."""
-        outs = []
-        for a, b, w in parts:
-            m = None if mask is None else mask[a:b, ..., :w]
-            outs.append(self.attend(q[a:b], k[a:b, :, :w], v[a:b, :, :w], m)[0])
-        return torch.cat(outs) if len(outs) > 1 else outs[0]
+    def _attend_only(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        return self.attend(q, k, v, mask)[0]
 
     def _use_sdpa(self, q: Tensor, k: Tensor, dropout_p: float) -> bool:
         if self.backend != "auto":

@@ -14,22 +14,42 @@ Shapes: keys and values are (B, Hkv, T, Dh); ``length`` is T of the self-attenti
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
+Attend = Callable[[Tensor, Tensor, Tensor, "Tensor | None"], Tensor]  # q, k, v, mask -> out
+
+
+class AttentionCache(Protocol):
+    """What an attention layer asks of its cache while decoding incrementally.
+
+    ``k`` and ``v``: the cached keys and values (B, Hkv, Tk, Dh), None until there are some
+    (a cross-attention sets them to its memory's on the first step). ``append`` adds a
+    step's new keys and values and returns all of them. ``attend(q, k, v, mask, attend)``
+    gives the attention's output (B, H, Tq, Dh) computed with ``attend``: :class:`KV` just
+    calls it; the inference engine's cache (engine/views.py) lays its rows out its own way
+    first."""
+
+    k: Tensor | None
+    v: Tensor | None
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+               attend: Attend) -> Tensor: ...
+
 
 @dataclass
 class KV:
-    """One attention's cached keys and values (None until the first step)."""
+    """One attention's cached keys and values (None until the first step): an
+    :class:`AttentionCache`."""
 
     k: Tensor | None = None
     v: Tensor | None = None
-    # an engine's cross-attention may attend in parts of rows, each over its own number of
-    # keys (engine/cache.py); here one pass over all the keys
-    parts = None
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add new keys/values along the time axis; return the full (cached + new) ones."""
@@ -39,15 +59,9 @@ class KV:
         self.k, self.v = k, v
         return k, v
 
-    def queries(self, q: Tensor) -> Tensor:
-        """The queries (B, H, Tq, Dh) as the cached keys are laid out: here row for row.
-        (The inference engine's cache, engine/cache.py, lets a beam search's hypotheses
-        attend over one copy of their source, as queries side by side.)"""
-        return q
-
-    def outputs(self, out: Tensor) -> Tensor:
-        """Attention's output back in the rows' order: the inverse of :meth:`queries`."""
-        return out
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+               attend: Attend) -> Tensor:
+        return attend(q, k, v, mask)
 
 
 class LayerCache(NamedTuple):
