@@ -116,6 +116,24 @@ def test_a_rows_result_is_the_same_bit_for_bit_alone_and_in_any_batch(bits):
     assert not torch.equal(dynamic(x[:1]), dynamic(x)[:1])
 
 
+def test_an_int8_token_table_looks_up_each_row_within_its_step():
+    """Int8Embedding: a row is its int8 levels times its scale, within half a step of the
+    float row; the padding row (zeros) stays zeros; ids of any shape."""
+    from vaswani.nn.quantized import Int8Embedding, int8_rows
+
+    torch.manual_seed(0)
+    table = nn.Embedding(50, 24, padding_idx=0)
+    q = Int8Embedding(table.weight)
+    ids = torch.randint(0, 50, (3, 7))
+    got = q(ids)
+    assert got.shape == (3, 7, 24) and got.dtype == torch.float32
+    levels, scales = int8_rows(table.weight)
+    assert torch.equal(got, levels[ids].float() * scales[ids][..., None])
+    step = scales[ids][..., None]
+    assert ((got - table(ids)).abs() <= step / 2 + 1e-6).all()
+    assert torch.equal(q(torch.tensor([0])), torch.zeros(1, 24))
+
+
 def test_int4_keeps_8_bits_where_the_kernel_takes_no_4():
     from vaswani.nn.quantized import WeightOnlyLinear
 

@@ -248,11 +248,11 @@ def test_the_server_reads_a_prompt_as_the_folders_tokenizer_starts_it(imported):
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_quantized_as_read_equals_quantized_after_a_float_load(imported, kind):
-    """vaswani.load(..., quantize=...) quantizes each linear layer as its weight is read
-    (checkpoint.load_quantized: no whole float model in memory); the model is the one that
-    quantizing a float-loaded model gives, the tied embedding kept float, biases and norms
-    included, the same logits to the bit."""
-    from vaswani.nn.quantized import WeightOnlyLinear, quantize_linears
+    """vaswani.load(..., quantize=...) quantizes each linear layer and the token table as
+    their weights are read (inference/quantized.py: no whole float model in memory); the
+    model is the one that quantizing a float-loaded model gives, the tied head quantized as
+    a layer of its own, biases and norms included, the same logits to the bit."""
+    from vaswani.nn.quantized import Int8Embedding, WeightOnlyLinear, quantize_linears
 
     _, _, run_dir = imported
     streamed = vaswani.load(run_dir, quantize=kind).model
@@ -265,6 +265,9 @@ def test_quantized_as_read_equals_quantized_after_a_float_load(imported, kind):
         assert layer.bits == other.bits and torch.equal(layer.qweight, other.qweight), name
         assert torch.equal(layer.scales, other.scales), name
         assert (layer.bias is None) == (other.bias is None), name
+    table, other = streamed.embed.token, whole.embed.token
+    assert isinstance(table, Int8Embedding) and isinstance(other, Int8Embedding)
+    assert torch.equal(table.qweight, other.qweight) and torch.equal(table.scales, other.scales)
     a, b = streamed.state_dict(), whole.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     ids = torch.randint(1, 300, (2, 20))

@@ -36,6 +36,7 @@ from ..models import build_model
 from ..models.common import fill_buffers
 from ..nn.quantized import QUANTIZE
 from ..tasks import Task, task_for
+from .quantized import load_quantized
 
 
 def check_batch_size(batch_size: int) -> None:
@@ -210,7 +211,8 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``).
     ``quantize``: every linear layer with int8 or int4 weights (nn/quantized.py; a CPU only):
     ``"int8"`` (a language model keeps float inputs; a translator or an encoder quantizes
-    them too, per call), ``"int4"`` (language models: 4-bit weights in groups, float inputs)."""
+    them too, per call), ``"int4"`` (language models: 4-bit weights in groups, float inputs);
+    a language model's token table in int8 rows either way."""
     run_dir = Path(run_dir)
     if quantize is not None and quantize not in QUANTIZE:
         raise ValueError(f"quantize ({quantize!r}) must be one of {', '.join(QUANTIZE)}")
@@ -239,7 +241,7 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     if quantize:  # each linear layer quantized as it is read: no whole float model in memory
         model = build_model(config.model, device="meta")
         # a language model's outputs must not depend on their batch: float inputs
-        checkpoint.load_quantized(model, path, quantize, weight_only=language_model)
+        load_quantized(model, path, quantize, weight_only=language_model)
         fill_buffers(model)  # the tables no file holds (sinusoidal positions)
         model.eval()
     else:

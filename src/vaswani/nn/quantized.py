@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .positional import Embeddings
+
 REDUCE_RANGE = True  # 7-bit inputs (0..127): what fbgemm's AVX2 kernels need to be exact
 
 
@@ -202,6 +204,24 @@ def reference_weight_only(x: Tensor, layer: WeightOnlyLinear, weight: Tensor) ->
     return F.linear(x.to(torch.bfloat16).float(), w, layer.bias)
 
 
+class Int8Embedding(nn.Module):
+    """A token table (``nn.Embedding``'s weight, (V, D)) in int8 rows, one symmetric scale
+    per row (:func:`int8_rows`): a lookup gives ``levels * scale`` in float32. A language
+    model's table is its largest tensor (Gemma 3 270M: 262,144 x 640) and is read a row per
+    token, so it is kept in a quarter of the bytes."""
+
+    def __init__(self, weight: Tensor) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.qweight, self.scales = int8_rows(weight)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.qweight[ids].float() * self.scales[ids].unsqueeze(-1)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8 rows"
+
+
 QUANTIZE = ("int8", "int4")
 
 
@@ -209,6 +229,7 @@ def quantize_linears(model: nn.Module, kind: str = "int8", *, weight_only: bool 
                      ) -> nn.Module:
     """Every ``nn.Linear`` in ``model`` (the attention projections, the feed-forward layers,
     the vocabulary projection) replaced in place, for inference on a CPU; returns ``model``.
+    With ``weight_only`` the token table too (:class:`Int8Embedding`).
     ``kind`` "int8": :class:`WeightOnlyLinear` with ``weight_only`` (a language model), else
     :class:`Int8Linear`; "int4": :class:`WeightOnlyLinear` of 4 bits (a layer the kernel does
     not take, :func:`int4_fits`, keeps 8). The model must be on a CPU, in float32."""
@@ -221,6 +242,8 @@ def quantize_linears(model: nn.Module, kind: str = "int8", *, weight_only: bool 
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, name, quantized(child, kind, weight_only=weight_only))
+        if weight_only and isinstance(module, Embeddings):  # a language model's token table
+            module.token = Int8Embedding(module.token.weight)
     return model.eval()
 
 

@@ -1,0 +1,74 @@
+"""Loading a run with its weights quantized as they are read (``vaswani.load(...,
+quantize=...)``, ``--quantize``): each linear layer's float weight is in memory only until its
+int8 or int4 copy is made, and a language model's token table becomes int8 rows the same way,
+so the float model is never whole in memory (nn/quantized.py has the layers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..checkpoint import iter_weights, unwrap
+from ..nn.positional import Embeddings
+from ..nn.quantized import Int8Embedding, quantized
+
+
+def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool) -> None:
+    """:func:`~vaswani.checkpoint.load_weights` into a meta-device ``model``
+    (``build_model(..., device="meta")``) whose linear layers are quantized as their weights
+    are read, and, with ``weight_only`` (a language model), whose token table is kept in int8
+    rows (:class:`~vaswani.nn.quantized.Int8Embedding`; a tied output head is quantized as a
+    linear layer of its own). The other tensors become the model's parameters as they are
+    read (no second copy); tied names share one. The file's sha256 is checked as
+    ``load_weights`` checks it."""
+    model = unwrap(model)
+    linears = {name: module for name, module in model.named_modules()
+               if isinstance(module, nn.Linear)}
+    tables = {f"{name}.token" for name, module in model.named_modules()
+              if isinstance(module, Embeddings)} if weight_only else set()
+    shared: dict[int, list[str]] = {}  # a tensor's names (a tied output head has two)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        shared.setdefault(id(p), []).append(name)
+    names_of = {name: names for names in shared.values() for name in names}
+    biases: dict[str, torch.Tensor] = {}
+    done: set[str] = set()
+    for stored, value in iter_weights(path):
+        stored = stored.replace("_orig_mod.", "")
+        if stored not in names_of:
+            raise ValueError(f"{path} does not match the model: unexpected {stored!r}")
+        kept = None  # the one Parameter every other name of this tensor shares
+        for name in names_of[stored]:
+            owner, _, attr = name.rpartition(".")
+            target = model.get_submodule(owner)  # a layer is replaced after its weight
+            expected = getattr(target, attr).shape
+            if value.shape != expected:
+                raise ValueError(f"{path} does not match the model built from the config: "
+                                 f"{name} {tuple(value.shape)} (the model's: "
+                                 f"{tuple(expected)}) (was config.toml edited?)")
+            parent, _, child = owner.rpartition(".")
+            if owner in linears and attr == "bias":  # read before its weight (name order)
+                biases[owner] = value
+            elif owner in linears:
+                layer = linears[owner]
+                real = nn.Linear(layer.in_features, layer.out_features,
+                                 bias=layer.bias is not None, device="meta")
+                real.weight = nn.Parameter(value, requires_grad=False)
+                if layer.bias is not None:
+                    real.bias = nn.Parameter(biases.pop(owner), requires_grad=False)
+                setattr(model.get_submodule(parent), child,
+                        quantized(real, kind, weight_only=weight_only))
+            elif owner in tables:
+                setattr(model.get_submodule(parent), child, Int8Embedding(value))
+            else:
+                kept = nn.Parameter(value, requires_grad=False) if kept is None else kept
+                setattr(target, attr, kept)
+            done.add(name)
+    missing = [n for n in names_of if n not in done]
+    if missing:
+        raise ValueError(f"{path} does not match the model: missing {missing[:5]}")
+    for module in model.modules():  # the buffers no file holds: computed next (fill_buffers)
+        for name, b in list(module.named_buffers(recurse=False)):
+            if b.is_meta:
+                setattr(module, name, torch.empty(b.shape, dtype=b.dtype, device="cpu"))
