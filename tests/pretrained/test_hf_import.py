@@ -268,6 +268,10 @@ def test_quantized_as_read_equals_quantized_after_a_float_load(imported, kind):
     table, other = streamed.embed.token, whole.embed.token
     assert isinstance(table, Int8Embedding) and isinstance(other, Int8Embedding)
     assert torch.equal(table.qweight, other.qweight) and torch.equal(table.scales, other.scales)
+    head = streamed.output_proj  # a tied head reads its table's int8 rows: no second copy
+    tied = vaswani.load(run_dir).config.model.tie_embeddings
+    assert (head.qweight is table.qweight and head.bits == 8) == tied
+    assert (whole.output_proj.qweight is other.qweight) == tied
     a, b = streamed.state_dict(), whole.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     ids = torch.randint(1, 300, (2, 20))

@@ -12,17 +12,16 @@ from torch import nn
 
 from ..checkpoint import iter_weights, unwrap
 from ..nn.positional import Embeddings
-from ..nn.quantized import Int8Embedding, quantized
+from ..nn.quantized import Int8Embedding, WeightOnlyLinear, quantized
 
 
 def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool) -> None:
-    """:func:`~vaswani.checkpoint.load_weights` into a meta-device ``model``
-    (``build_model(..., device="meta")``) whose linear layers are quantized as their weights
-    are read, and, with ``weight_only`` (a language model), whose token table is kept in int8
-    rows (:class:`~vaswani.nn.quantized.Int8Embedding`; a tied output head is quantized as a
-    linear layer of its own). The other tensors become the model's parameters as they are
-    read (no second copy); tied names share one. The file's sha256 is checked as
-    ``load_weights`` checks it."""
+    """:func:`~vaswani.checkpoint.load_weights` into a meta-device ``model`` (``build_model(...,
+    device="meta")``) whose linear layers are quantized as their weights are read, and, with
+    ``weight_only`` (a language model), whose token table is kept in int8 rows
+    (:class:`~vaswani.nn.quantized.Int8Embedding`), which a tied output head shares. The
+    other tensors become the model's parameters as they are read (no second copy); tied
+    names share one. The file's sha256 is checked as ``load_weights`` checks it."""
     model = unwrap(model)
     linears = {name: module for name, module in model.named_modules()
                if isinstance(module, nn.Linear)}
@@ -39,7 +38,8 @@ def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool
         if stored not in names_of:
             raise ValueError(f"{path} does not match the model: unexpected {stored!r}")
         kept = None  # the one Parameter every other name of this tensor shares
-        for name in names_of[stored]:
+        table = None  # a token table's int8 rows, which a tied head shares
+        for name in sorted(names_of[stored], key=lambda n: n.rpartition(".")[0] not in tables):
             owner, _, attr = name.rpartition(".")
             target = model.get_submodule(owner)  # a layer is replaced after its weight
             expected = getattr(target, attr).shape
@@ -50,6 +50,8 @@ def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool
             parent, _, child = owner.rpartition(".")
             if owner in linears and attr == "bias":  # read before its weight (name order)
                 biases[owner] = value
+            elif owner in linears and table is not None:
+                setattr(model.get_submodule(parent), child, WeightOnlyLinear.sharing(table))
             elif owner in linears:
                 layer = linears[owner]
                 real = nn.Linear(layer.in_features, layer.out_features,
@@ -60,7 +62,8 @@ def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool
                 setattr(model.get_submodule(parent), child,
                         quantized(real, kind, weight_only=weight_only))
             elif owner in tables:
-                setattr(model.get_submodule(parent), child, Int8Embedding(value))
+                table = Int8Embedding(value)
+                setattr(model.get_submodule(parent), child, table)
             else:
                 kept = nn.Parameter(value, requires_grad=False) if kept is None else kept
                 setattr(target, attr, kept)

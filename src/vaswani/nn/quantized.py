@@ -170,6 +170,18 @@ class WeightOnlyLinear(nn.Module):
     def of(cls, linear: nn.Linear, bits: int) -> WeightOnlyLinear:
         return cls(linear.weight, linear.bias, bits)
 
+    @classmethod
+    def sharing(cls, table: Int8Embedding) -> WeightOnlyLinear:
+        """A tied output head over the int8 rows of its token table (no second copy): the
+        head keeps the table's 8 bits whatever the other layers' (as llama.cpp keeps a Q4
+        model's output tensor in more bits)."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.out_features, layer.in_features = table.qweight.shape
+        layer.bits, layer.bias = 8, None
+        layer.qweight, layer.scales = table.qweight, table.scales.to(torch.bfloat16)
+        return layer
+
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, in)
         if self.bits == 8:
@@ -229,7 +241,8 @@ def quantize_linears(model: nn.Module, kind: str = "int8", *, weight_only: bool 
                      ) -> nn.Module:
     """Every ``nn.Linear`` in ``model`` (the attention projections, the feed-forward layers,
     the vocabulary projection) replaced in place, for inference on a CPU; returns ``model``.
-    With ``weight_only`` the token table too (:class:`Int8Embedding`).
+    With ``weight_only`` the token table too (:class:`Int8Embedding`), and a head tied to it
+    shares its int8 rows (:meth:`WeightOnlyLinear.sharing`).
     ``kind`` "int8": :class:`WeightOnlyLinear` with ``weight_only`` (a language model), else
     :class:`Int8Linear`; "int4": :class:`WeightOnlyLinear` of 4 bits (a layer the kernel does
     not take, :func:`int4_fits`, keeps 8). The model must be on a CPU, in float32."""
@@ -238,12 +251,16 @@ def quantize_linears(model: nn.Module, kind: str = "int8", *, weight_only: bool 
     param = next(model.parameters(), None)
     if param is not None and param.device.type != "cpu":
         raise ValueError(f"{kind} runs on a CPU; the model is on {param.device}")
+    tables = {}  # a language model's token table: int8 rows, which a tied head shares
+    for module in list(model.modules()) if weight_only else []:
+        if isinstance(module, Embeddings):
+            tables[id(module.token.weight)] = module.token = Int8Embedding(module.token.weight)
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, name, quantized(child, kind, weight_only=weight_only))
-        if weight_only and isinstance(module, Embeddings):  # a language model's token table
-            module.token = Int8Embedding(module.token.weight)
+                table = tables.get(id(child.weight))
+                setattr(module, name, WeightOnlyLinear.sharing(table) if table is not None
+                        else quantized(child, kind, weight_only=weight_only))
     return model.eval()
 
 
