@@ -12,8 +12,9 @@ QUANTIZE = ("int8", "int4")  # nn/quantized.py's QUANTIZE (not imported: it impo
 QUANTIZE_HELP = ("int8: the linear layers with int8 weights (a language model keeps float "
                  "inputs, so a completion is the same in any batch; a translator's and an "
                  "encoder's inputs are quantized per call: faster in batches); int4: a language "
-                 "model's weights in 4 bits, in groups of 32. A CPU only; a little less exact "
-                 "(docs/performance.md)")
+                 "model's weights in 4 bits, in groups of 32. A language model's token table "
+                 "(and a head tied to it) in int8 rows either way. A CPU only; a little less "
+                 "exact (docs/performance.md)")
 
 CACHE_HELP = "dataset cache (default $VASWANI_CACHE, else ~/.cache/vaswani)"
 # every character str.splitlines() breaks a line at
