@@ -20,8 +20,8 @@ from the timing (the algorithms agree, beam search included). The same rows agai
 vaswani's ``quantize="int8"`` against CTranslate2's int8 export.
 
 ``--linear`` only times a linear layer's two CPU inference paths: ``torch.nn.Linear`` (MKL) and
-nn/linear.py ``Linear`` (oneDNN over a reordered copy of the weight; timed on any CPU, though
-``Linear`` takes it on CPUs that are not Intel's only), for four weights and 1-512 rows.
+cpu/linear.py ``OneDNNLinear`` (oneDNN over a reordered copy of the weight; timed on any CPU,
+though a model takes it on CPUs that are not Intel's only), for four weights and 1-512 rows.
 
 ``--burst`` only times the step that prefills 14 prompts of 15-199 tokens arriving together
 (the shakespeare-char preset's shape, ``max_len`` 512), with scheduler.py ``prefill_groups``
@@ -29,7 +29,7 @@ nn/linear.py ``Linear`` (oneDNN over a reordered copy of the weight; timed on an
 pass, alternating, four rounds; outputs compared.
 
 ``--attention`` only times a decoding step's attention by SDPA and written out (the choice
-nn/attention.py's ``auto`` makes on a CPU; and the written-out path's lean form under
+cpu/attention.py makes for ``auto``; and the written-out path's lean form under
 inference, ``decoding_attention``) for four shapes: many rows over short keys, a beam
 search's grouped queries, one row, and rows over long keys.
 
@@ -210,19 +210,19 @@ SHAPES = [(768, 256), (2000, 128), (8000, 256), (1536, 576)]  # (out, in) of a d
 def linear_paths(shapes=SHAPES, rows=(1, 8, 64, 512), repeats: int = 5,
                  calls: int = 20) -> dict:
     """A linear layer's two CPU inference paths: ``torch.nn.Linear`` (``F.linear``: MKL) and
-    nn/linear.py ``Linear`` with its oneDNN path on, whatever the CPU's vendor (oneDNN over
-    the reordered copy of the weight where the product is large enough, else ``F.linear``),
+    cpu/linear.py ``OneDNNLinear`` with its oneDNN path on, whatever the CPU's vendor (oneDNN
+    over the reordered copy of the weight where the product is large enough, else F.linear),
     fp32, in evaluation mode, for (out, in) weights of the presets (a layer of the bible
     preset, the demo's and the bible preset's vocabulary projections, a SmolLM2 feed-forward)
     at 1-512 rows; alternating, best of ``repeats`` x ``calls``; the products checked equal."""
-    import vaswani.nn.linear
-    from vaswani.nn.linear import Linear
+    import vaswani.cpu.linear
+    from vaswani.cpu.linear import OneDNNLinear
 
-    chosen, vaswani.nn.linear.USE_ONEDNN = vaswani.nn.linear.USE_ONEDNN, True
+    chosen, vaswani.cpu.linear.USE_ONEDNN = vaswani.cpu.linear.USE_ONEDNN, True
     try:
-        return _linear_paths(Linear, shapes, rows, repeats, calls)
+        return _linear_paths(OneDNNLinear, shapes, rows, repeats, calls)
     finally:
-        vaswani.nn.linear.USE_ONEDNN = chosen
+        vaswani.cpu.linear.USE_ONEDNN = chosen
 
 
 def _linear_paths(Linear, shapes, rows, repeats, calls) -> dict:
@@ -253,7 +253,8 @@ def decode_attention(shapes=ATTENTION_SHAPES, heads: int = 4, repeats: int = 5,
     equal."""
     import torch.nn.functional as F
 
-    from vaswani.nn.attention import decoding_attention, scaled_dot_product_attention
+    from vaswani.cpu.attention import decoding_attention
+    from vaswani.nn.attention import scaled_dot_product_attention
 
     out = {}
     for rows, queries, keys, dh in shapes:
@@ -326,8 +327,8 @@ def cold_keys(rows: int = 256, heads: int = 4, keys: int = 36, dh: int = 32,
     """Microseconds of ``decoding_attention`` over cold keys and values, and the GB/s of keys
     and values read, for slots of each of ``widths`` (``keys`` wide: packed), best of
     ``rounds`` passes over enough copies to fill ``bytes_cycled``."""
+    from vaswani.cpu.attention import decoding_attention
     from vaswani.engine.memory import zeros_in_huge_pages
-    from vaswani.nn.attention import decoding_attention
 
     q = torch.randn(rows, heads, 1, dh)
     read = 2 * rows * heads * keys * dh * 4  # bytes of keys and values a step reads
@@ -505,7 +506,7 @@ def main() -> None:
         return
     if args.linear:
         paths = linear_paths()
-        report("A linear layer on a CPU (fp32): torch.nn.Linear / nn/linear.py Linear",
+        report("A linear layer on a CPU (fp32): torch.nn.Linear / cpu/linear.py Linear",
                versus_rows(paths, "f_linear", "linear"), {"linear": paths}, args.json)
         return
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-offline-"))

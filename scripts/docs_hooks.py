@@ -5,7 +5,7 @@
 - ``reference/config.md`` from the config dataclasses of ``vaswani.config`` (every key, its
   type, default and the attribute docstring under it);
 - ``changelog.md`` from ``CHANGELOG.md`` at the repository's root;
-- ``source/PACKAGE/MODULE.md``: the code of ``src/vaswani/nn/``, ``models/`` and
+- ``source/PACKAGE/MODULE.md``: the code of ``src/vaswani/nn/``, ``cpu/``, ``models/`` and
   ``generation/``, one heading per top-level class and function (anchored by its name) with
   its lines, which "Reading the Transformer" (docs/reading.md) links to.
 
@@ -178,7 +178,7 @@ def cli_reference() -> str:
 
 # --- the code the reading guide walks through ---------------------------------------------
 
-SOURCE_PACKAGES = ("nn", "models", "generation")
+SOURCE_PACKAGES = ("nn", "cpu", "models", "generation")
 
 
 def source_modules() -> list[Path]:

@@ -55,3 +55,22 @@ def test_measurements_live_in_the_docs_not_in_the_code():
              if re.search(MEASUREMENT, line)]
     assert not found, "\n".join(found)
     assert re.search(MEASUREMENT, "0.27 ms against 0.39; 1.7x faster")  # the test can fail
+
+
+def test_nn_reads_alone_like_the_paper():
+    """nn/ is the Transformer's building blocks for a reader: it imports nothing of vaswani
+    outside itself, and holds no engine, benchmark or CPU-tuning vocabulary (those live in
+    engine/, benchmarks/ and cpu/, which swaps its fast paths into a built model)."""
+    import re
+
+    words = r"(?i:\b(slots?|engine|benchmarks?|onednn|mkldnn|cpu_is_intel)\b)"
+    tuned = r"\b[A-Z]+_[A-Z_]*(QUERIES|KEYS|SCORES|MACS|ROWS)\b"  # a threshold by its name
+    outside = r"^\s*from \.\.|^\s*import vaswani"
+    pattern = "|".join((outside, words, tuned))
+    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+             for p in sorted((ROOT / "src" / "vaswani" / "nn").glob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if re.search(pattern, line)]
+    assert not found, "\n".join(found)
+    for bad in ("DECODE_QUERIES = 16", "from ..engine import x", "the engine's slots"):
+        assert re.search(pattern, bad)  # the test can fail

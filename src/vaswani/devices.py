@@ -105,7 +105,7 @@ def cpu_simd() -> list[str]:
 def cpu_is_intel() -> bool:
     """Whether the CPU is Intel's (its vendor in ``CPUINFO``): Intel MKL, which PyTorch
     calls for float32 matrix products, runs its AVX-512 kernels on Intel CPUs only, and its
-    AVX2 ones on others (nn/linear.py chooses oneDNN there)."""
+    AVX2 ones on others (cpu/linear.py chooses oneDNN there)."""
     return _cpuinfo("vendor_id") == "GenuineIntel"
 
 

@@ -25,20 +25,20 @@ def test_the_profile_splits_a_rows_time_into_shares(row, small_runs, copy_run, m
 def test_a_linear_layers_two_paths_are_timed_on_equal_products(monkeypatch):
     """--linear: both paths for each weight and row count, each timed (the products are
     checked equal inside), the oneDNN one taken whatever this CPU's vendor, and the choice
-    nn/linear.py made for this CPU left as it was."""
-    import vaswani.nn.linear
+    cpu/linear.py made for this CPU left as it was."""
+    import vaswani.cpu.linear
 
     calls = []
-    onednn = vaswani.nn.linear.Linear._onednn
-    monkeypatch.setattr(vaswani.nn.linear.Linear, "_onednn",
+    onednn = vaswani.cpu.linear.OneDNNLinear._onednn
+    monkeypatch.setattr(vaswani.cpu.linear.OneDNNLinear, "_onednn",
                         lambda self, *a: calls.append(a[0].shape) or onednn(self, *a))
-    chosen = vaswani.nn.linear.USE_ONEDNN
+    chosen = vaswani.cpu.linear.USE_ONEDNN
     rows = offline.linear_paths(shapes=[(50, 16)], rows=(1, 4096), repeats=1, calls=2)
     assert list(rows) == ["50 x 16, 1 rows", "50 x 16, 4096 rows"]
     for r in rows.values():
         assert r["f_linear_ms"] >= 0 and r["linear_ms"] >= 0 and r["f_linear_over_linear"] > 0
     assert calls and all(shape == (4096, 16) for shape in calls)  # large enough: oneDNN
-    assert vaswani.nn.linear.USE_ONEDNN is chosen
+    assert vaswani.cpu.linear.USE_ONEDNN is chosen
 
 
 def test_a_bursts_prefill_is_timed_both_ways_with_the_same_outputs():

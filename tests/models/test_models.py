@@ -177,10 +177,10 @@ def test_weight_tying_and_shared_embeddings():
 @pytest.mark.usefixtures("on_cpu")  # the CPU's own path
 def test_the_output_projection_follows_its_weight_through_every_change(monkeypatch):
     """Inference on a CPU that is not Intel's multiplies through oneDNN's reordered copy of
-    the weight (nn/linear.py, which models/common.py OutputProjection is; forced on here): it
+    the weight (cpu/linear.py, which a built model's output projection is; forced on here): it
     equals F.linear, and an optimizer step, an in-place edit, a load or a new dtype is seen at
     the next call, never the stale copy."""
-    monkeypatch.setattr("vaswani.nn.linear.USE_ONEDNN", True)
+    monkeypatch.setattr("vaswani.cpu.linear.USE_ONEDNN", True)
     lm = make("decoder").float().eval()
     proj, x = lm.output_proj, torch.randn(7000, 16)  # enough rows for oneDNN to pay
 

@@ -76,7 +76,7 @@ def _torch_mha(d=16, h=4):
 @pytest.mark.parametrize("backend", ["reference", "sdpa"])
 def test_self_attention_matches_torch_multihead_attention(backend):
     ours, ref = _torch_mha()
-    ours.backend = backend
+    ours.attention.backend = backend
     x = torch.randn(3, 6, 16, dtype=torch.float64)
     keep = _padding([6, 3, 5], 6)
     causal = masks.causal_mask(6)
@@ -129,7 +129,7 @@ def test_grouped_query_attention_equals_full_attention_with_repeated_kv_heads():
     mask = masks.causal_mask(6)
     expected, _ = full(x, mask=mask)
     for backend in ("sdpa", "reference"):
-        gqa.backend = backend
+        gqa.attention.backend = backend
         out, _ = gqa(x, mask=mask)
         assert_close(out, expected)
     assert gqa.in_proj.weight.shape == (d + 2 * hkv * dh, d)
@@ -142,35 +142,3 @@ def test_bad_head_counts_raise_clear_errors():
         MultiHeadAttention(32, 4, n_kv_heads=3)
     with pytest.raises(ValueError, match="backend"):
         MultiHeadAttention(32, 4, backend="flash")
-
-
-@pytest.mark.parametrize("tq", [1, 4])
-def test_decoding_attention_equals_the_reference_on_rows_that_see_a_key(tq):
-    from vaswani.nn.attention import decoding_attention
-
-    q, k, v = _qkv(tq=tq)
-    keep = _padding([7, 1, 5], TK)  # every row sees a key
-    mask = masks.key_padding_mask(keep)
-    assert_close(decoding_attention(q, k, v, mask), scaled_dot_product_attention(q, k, v, mask)[0])
-    assert_close(decoding_attention(q, k, v), scaled_dot_product_attention(q, k, v)[0])
-
-
-def test_a_decoding_step_without_gradients_takes_the_lean_path_and_agrees(monkeypatch):
-    """Under inference (no gradients), a step of one query per row runs decoding_attention
-    and gives what the written-out path gives with gradients on (training's path)."""
-    from vaswani.nn import attention
-
-    torch.manual_seed(2)
-    mha = MultiHeadAttention(16, 4, backend="reference").double().eval()
-    x = torch.randn(3, 1, 16, dtype=torch.float64)
-    memory = torch.randn(3, 6, 16, dtype=torch.float64)
-    mask = _padding([6, 2, 4], 6)[:, None, None, :]
-    expected, _ = mha(x, memory=memory, mask=mask)
-    calls = []
-    lean = attention.decoding_attention
-    monkeypatch.setattr(attention, "decoding_attention",
-                        lambda *a: calls.append(1) or lean(*a))
-    with torch.inference_mode():
-        out, _ = mha(x, memory=memory, mask=mask)
-    assert calls and not torch.is_inference(expected)
-    assert_close(out, expected)

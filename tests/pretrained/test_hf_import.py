@@ -252,7 +252,7 @@ def test_quantized_as_read_equals_quantized_after_a_float_load(imported, kind):
     their weights are read (inference/quantized.py: no whole float model in memory); the
     model is the one that quantizing a float-loaded model gives, the tied head quantized as
     a layer of its own, biases and norms included, the same logits to the bit."""
-    from vaswani.nn.quantized import Int8Embedding, WeightOnlyLinear, quantize_linears
+    from vaswani.cpu.quantized import Int8Embedding, WeightOnlyLinear, quantize_linears
 
     _, _, run_dir = imported
     streamed = vaswani.load(run_dir, quantize=kind).model

@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-QUANTIZE = ("int8", "int4")  # nn/quantized.py's QUANTIZE (not imported: it imports torch)
+QUANTIZE = ("int8", "int4")  # cpu/quantized.py's QUANTIZE (not imported: it imports torch)
 QUANTIZE_HELP = ("int8: the linear layers with int8 weights (a language model keeps float "
                  "inputs, so a completion is the same in any batch; a translator's and an "
                  "encoder's inputs are quantized per call: faster in batches); int4: a language "

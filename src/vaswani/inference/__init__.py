@@ -37,7 +37,7 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     of its task. ``weights``: ``"best"`` (model.safetensors), ``"last"`` (the latest
     checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``).
     ``engine="ct2"``: ``run_dir`` is a CTranslate2 export, run by CTranslate2.
-    ``quantize="int8"``: the linear layers with int8 weights, on a CPU (nn/quantized.py)."""
+    ``quantize="int8"``: the linear layers with int8 weights, on a CPU (cpu/quantized.py)."""
     if engine == "ct2":
         if quantize:
             raise ValueError("--quantize is vaswani's own; a CTranslate2 export is quantized "

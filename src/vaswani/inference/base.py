@@ -26,6 +26,7 @@ from torch import Tensor
 
 from .. import checkpoint, rundir
 from ..config import DecodeConfig, RunConfig
+from ..cpu.quantized import QUANTIZE
 from ..data.files import ReadReport
 from ..data.prepare import split_files
 from ..data.tokenizers import Tokenizer
@@ -34,7 +35,6 @@ from ..engine import Engine, EngineConfig, Params
 from ..generation import Rules
 from ..models import build_model
 from ..models.common import fill_buffers
-from ..nn.quantized import QUANTIZE
 from ..tasks import Task, task_for
 from .quantized import load_quantized
 
@@ -209,7 +209,7 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     """Load a run directory written by ``vaswani train`` (or ``vaswani import``) as the use
     class of its task. ``weights``: ``"best"`` (model.safetensors), ``"last"`` (the latest
     checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``).
-    ``quantize``: every linear layer with int8 or int4 weights (nn/quantized.py; a CPU only):
+    ``quantize``: every linear layer with int8 or int4 weights (cpu/quantized.py; a CPU only):
     ``"int8"`` (a language model keeps float inputs; a translator or an encoder quantizes
     them too, per call), ``"int4"`` (language models: 4-bit weights in groups, float inputs);
     a language model's token table in int8 rows either way."""

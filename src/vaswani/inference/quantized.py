@@ -1,7 +1,7 @@
 """Loading a run with its weights quantized as they are read (``vaswani.load(...,
 quantize=...)``, ``--quantize``): each linear layer's float weight is in memory only until its
 int8 or int4 copy is made, and a language model's token table becomes int8 rows the same way,
-so the float model is never whole in memory (nn/quantized.py has the layers)."""
+so the float model is never whole in memory (cpu/quantized.py has the layers)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import torch
 from torch import nn
 
 from ..checkpoint import iter_weights, unwrap
+from ..cpu.quantized import Int8Embedding, WeightOnlyLinear, quantized
 from ..nn.positional import Embeddings
-from ..nn.quantized import Int8Embedding, WeightOnlyLinear, quantized
 
 
 def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool) -> None:
     """:func:`~vaswani.checkpoint.load_weights` into a meta-device ``model`` (``build_model(...,
     device="meta")``) whose linear layers are quantized as their weights are read, and, with
     ``weight_only`` (a language model), whose token table is kept in int8 rows
-    (:class:`~vaswani.nn.quantized.Int8Embedding`), which a tied output head shares. The
+    (:class:`~vaswani.cpu.quantized.Int8Embedding`), which a tied output head shares. The
     other tensors become the model's parameters as they are read (no second copy); tied
     names share one. The file's sha256 is checked as ``load_weights`` checks it."""
     model = unwrap(model)

@@ -50,7 +50,7 @@ def embeddings(c: ModelConfig, vocab_size: int) -> Embeddings:
 
 class OutputProjection(Linear):
     """Linear(D, V) without bias: hidden states -> vocabulary scores. It is the largest matrix
-    of a small model; on a CPU, inference multiplies through nn/linear.py's reordered copy
+    of a small model; on a CPU, inference multiplies through cpu/linear.py's reordered copy
     of the weight, one row included."""
 
     def __init__(self, d_model: int, vocab_size: int) -> None:

@@ -3,20 +3,15 @@
 Shape legend: B batch, H query heads, Hkv key/value heads, Tq query length, Tk key length,
 Dh head dim, D d_model. Masks are boolean, True = may attend (see ``masks.py``).
 
-Two interchangeable paths compute the same thing:
+Two interchangeable paths compute the same thing (:class:`Attention`'s ``backend``):
 
 * ``"reference"``: :func:`scaled_dot_product_attention` below, six readable lines that also
   return the attention weights (for heatmaps);
 * ``"sdpa"``: PyTorch's fused ``F.scaled_dot_product_attention`` (flash / memory-efficient
   kernels, memory linear in sequence length). Tests check the two agree.
 
-``"auto"`` (the default) picks per call: on a CPU, for keys up to ``AUTO_REFERENCE_MAX_KEYS``
-long, the reference path when the inputs are bf16 or attention dropout is active, or when the
-call is a decoding step's (at most ``DECODE_QUERIES`` queries per row, at least
-``DECODE_SCORES`` scores in all); SDPA otherwise. There PyTorch's CPU kernel loses to the
-written-out products; past 512 keys it wins, and its memory grows linearly where the
-reference path's grows quadratically (the figures: docs/performance.md, "Attention at long
-sequences" and "The engine's choices for a CPU").
+``"auto"`` (the default) is SDPA unless the weights are asked for. On a CPU a built model
+chooses per call instead (vaswani.cpu.attention).
 """
 
 from __future__ import annotations
@@ -29,14 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .dropout import dropout
+from .dropout import check_probability, dropout
 from .kv_cache import AttentionCache
 from .linear import Linear
 from .rotary import RopeScaling, apply_rope, rope_angles
 
-AUTO_REFERENCE_MAX_KEYS = 512
-DECODE_QUERIES = 16  # queries per row of a decoding step (a beam search's grouped queries)
-DECODE_SCORES = 8192  # scores (rows x heads x queries x keys) from which it pays on a CPU
 BACKENDS = ("auto", "sdpa", "reference")
 
 
@@ -51,27 +43,59 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     (softmax over nothing is 0/0). We fill masked scores with the dtype's most negative finite
     value rather than -1e9, which overflows in fp16 and is not "minus infinity" in bf16.
     """
+    weights = dropout(attention_weights(q, k, mask), dropout_p)
+    return weights @ v, weights  # (..., Tq, Dh), (..., Tq, Tk)
+
+
+def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
+    """softmax(q k^T / sqrt(Dh)): (..., Tq, Tk), each query's weights over the keys."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)
     if mask is not None:
         weights = weights * mask.any(dim=-1, keepdim=True)  # zero rows that saw no key
-    weights = dropout(weights, dropout_p)
-    return weights @ v, weights  # (..., Tq, Dh), (..., Tq, Tk)
+    return weights
 
 
-def decoding_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """:func:`scaled_dot_product_attention` in fewer operations, for a decoding step's few
-    queries per row over many rows, where each operation's fixed cost counts: the queries
-    scaled rather than the scores (Tq x Dh numbers, not Tq x Tk), the masked scores filled
-    in place, no weights kept. A query that may attend to no key gets the mean of the values
-    rather than zeros (a decoding step's real queries always see their own key; the
-    engine's padding rows are thrown away)."""
-    scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)  # (..., Tq, Tk)
-    if mask is not None:
-        scores.masked_fill_(mask.logical_not(), torch.finfo(scores.dtype).min)
-    return scores.softmax(dim=-1) @ v
+def repeat_kv(x: Tensor, group: int) -> Tensor:
+    """Grouped-query attention's keys or values (B, Hkv, Tk, Dh) with each head repeated for
+    its ``group`` query heads: (B, Hkv * group, Tk, Dh)."""
+    return x if group == 1 else x.repeat_interleave(group, dim=1)
+
+
+class Attention(nn.Module):
+    """The attention of :class:`MultiHeadAttention` over its heads: q (B, H, Tq, Dh) and
+    k, v (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh), and the weights (B, H, Tq, Tk) when asked for.
+    It holds no parameters; dropout on the weights while training."""
+
+    def __init__(self, n_heads: int, n_kv_heads: int, dropout: float = 0.0,
+                 backend: Literal["auto", "sdpa", "reference"] = "auto") -> None:
+        super().__init__()
+        if backend not in BACKENDS:
+            raise ValueError(f"backend ({backend!r}) must be one of {', '.join(BACKENDS)}")
+        check_probability(dropout)
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.group = n_heads // n_kv_heads  # query heads per key/value head
+        self.dropout = dropout
+        self.backend = backend
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        p = self.dropout if self.training else 0.0
+        if not need_weights and self.backend != "reference":
+            return self.fused(q, k, v, mask, p), None
+        out, weights = scaled_dot_product_attention(q, repeat_kv(k, self.group),
+                                                    repeat_kv(v, self.group), mask, p)
+        return out, weights if need_weights else None  # never keep weights nobody asked for
+
+    def fused(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float) -> Tensor:
+        """PyTorch's fused kernel."""
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                              enable_gqa=self.group > 1)
+
+    def extra_repr(self) -> str:
+        return f"backend={self.backend!r}, dropout={self.dropout}"
 
 
 class MultiHeadAttention(nn.Module):
@@ -96,14 +120,11 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend ({backend!r}) must be one of {', '.join(BACKENDS)}")
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads if head_dim is None else head_dim
         self.q_dim = n_heads * self.head_dim
         self.kv_dim = n_kv_heads * self.head_dim
-        self.dropout = dropout
-        self.backend = backend
+        self.attention = Attention(n_heads, n_kv_heads, dropout, backend)
         self.rope_base = rope_base  # rotary positions on q and k (self-attention) when set
         self.rope_scaling = rope_scaling  # Llama 3's rescaled frequencies
         # qkv_bias: biases on q, k and v only (Qwen2); None: as ``bias``
@@ -141,7 +162,7 @@ class MultiHeadAttention(nn.Module):
         self-attention the new keys and values are appended to it and attention runs over
         all of them; in cross-attention the memory's keys and values are computed on the
         first call and reused afterwards (a cache that already holds them needs no memory).
-        The cache runs the attention (:meth:`attend`), so that it may lay out its rows as it
+        The cache runs the attention (its ``attend``), so that it may lay out its rows as it
         keeps them.
         ``positions`` (Tq,) or (B, Tq) are the new tokens' positions, used by rotary
         embeddings (default: after the cached tokens).
@@ -177,39 +198,11 @@ class MultiHeadAttention(nn.Module):
                 if cache is not None:
                     cache.k, cache.v = k, v
         if cache is not None and not need_weights:  # the cache may attend its own way
-            out, weights = cache.attend(q, k, v, mask, self._attend_only), None
+            out, weights = cache.attend(q, k, v, mask, self._attend), None
         else:
-            out, weights = self.attend(q, k, v, mask, need_weights)
+            out, weights = self.attention(q, k, v, mask, need_weights)
         out = out.transpose(1, 2).reshape(B, Tq, self.q_dim)  # (B, Tq, H*Dh)
         return self.out_proj(out), weights
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """q: (B, H, Tq, Dh); k, v: (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh), weights or None."""
-        p = self.dropout if self.training else 0.0
-        if not need_weights and self._use_sdpa(q, k, p):
-            gqa = self.n_kv_heads != self.n_heads
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                                 enable_gqa=gqa)
-            return out, None
-        if self.n_kv_heads != self.n_heads:  # repeat each k/v head for its group of q heads
-            group = self.n_heads // self.n_kv_heads
-            k = k.repeat_interleave(group, dim=1)  # (B, H, Tk, Dh)
-            v = v.repeat_interleave(group, dim=1)
-        if (not need_weights and p == 0.0 and q.size(-2) <= DECODE_QUERIES
-                and not torch.is_grad_enabled()):  # inference's decoding steps
-            return decoding_attention(q, k, v, mask), None
-        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p=p)
-        return out, weights if need_weights else None  # never keep weights nobody asked for
-
-    def _attend_only(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        return self.attend(q, k, v, mask)[0]
-
-    def _use_sdpa(self, q: Tensor, k: Tensor, dropout_p: float) -> bool:
-        if self.backend != "auto":
-            return self.backend == "sdpa"
-        if q.device.type != "cpu" or k.size(-2) > AUTO_REFERENCE_MAX_KEYS:
-            return True
-        decoding = (q.size(-2) <= DECODE_QUERIES
-                    and q.size(0) * q.size(1) * q.size(-2) * k.size(-2) >= DECODE_SCORES)
-        return not (q.dtype == torch.bfloat16 or dropout_p > 0.0 or decoding)
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        return self.attention(q, k, v, mask)[0]

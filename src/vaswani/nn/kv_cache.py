@@ -31,7 +31,7 @@ class AttentionCache(Protocol):
     (a cross-attention sets them to its memory's on the first step). ``append`` adds a
     step's new keys and values and returns all of them. ``attend(q, k, v, mask, attend)``
     gives the attention's output (B, H, Tq, Dh) computed with ``attend``: :class:`KV` just
-    calls it; the inference engine's cache (engine/views.py) lays its rows out its own way
+    calls it; a cache that holds the rows of many generations may lay them out its own way
     first."""
 
     k: Tensor | None

@@ -1,113 +1,21 @@
-"""``Linear``: ``nn.Linear`` with a faster path for inference on a CPU that is not Intel's.
+"""``Linear``: ``torch.nn.Linear``, which can also apply some of its output rows alone.
 
 Shapes: (..., in) -> (..., out), as ``nn.Linear``.
 
-On a CPU, ``F.linear`` in float32 calls Intel MKL's sgemm, which runs its AVX-512 kernels on
-Intel's CPUs only: on the AMD EPYC machines this project also runs on it picks its AVX2 ones.
-oneDNN, also inside PyTorch (what torch.compile's CPU backend calls for a frozen linear
-layer), runs AVX-512 there, on a copy of the weight reordered once into its blocked layout:
-faster there, slower than MKL on Intel's (figures: docs/performance.md, "The engine's
-choices for a CPU"). So on a CPU that is not Intel's (``USE_ONEDNN``), in evaluation mode,
-without gradients, in float32, a :class:`Linear` multiplies through that copy
-(``torch.ops.mkldnn``), the rows padded to a few sizes (:func:`bucket`). A small product
-(under ``MIN_MACS`` multiply-adds: a few rows through a small matrix) keeps ``F.linear``, as
-oneDNN's call has a fixed cost whatever its size; a large matrix (from ``MIN_WEIGHT``
-numbers: a vocabulary projection) takes the copy at one row already. Training, other devices
-and dtypes, sharded weights, tracing and torch.compile use ``F.linear``. The price: a second
-copy of each weight while it lives.
-
-The copy is made again whenever the weight may have changed: when its version counter moves
-(an in-place edit, a load) and whenever the layer is put back in training mode, because a
-fused optimizer (``AdamW(fused=True)``, what training uses) writes the weight without moving
-its version counter; hence evaluation mode only (``model.eval()``, which vaswani's evaluation
-and inference set).
-
-``rows(x, start, stop)`` uses output rows ``start:stop`` of the weight only: multi-head
-attention's fused q/k/v projection, whose parts cross-attention uses apart.
+Multi-head attention keeps W_q, W_k and W_v stacked in one matrix (one product for
+self-attention); cross-attention projects its queries with the first rows and the encoder's
+memory with the rest: ``rows(x, start, stop)`` is that product. On a CPU, faster layers
+(vaswani.cpu) take its place in a built model and keep ``rows``.
 """
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..devices import cpu_is_intel
-
-MIN_MACS = 1 << 21  # multiply-adds (rows x weight elements) from which oneDNN pays
-MIN_WEIGHT = 1 << 19  # weight elements from which it pays at one row already (a vocabulary
-# projection; 768 x 256 at one row is faster by F.linear)
-ROWS_HINT = 128  # the rows oneDNN lays the copy out for (any number of rows can use it)
-
-
-def onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available()
-
-
-USE_ONEDNN = onednn_available() and not cpu_is_intel()  # see the module's docstring
-
-
-def bucket(rows: int) -> int:
-    """The rows a product is padded to: a power of two up to 32, then a multiple of 32 up to
-    512, then of 256. oneDNN makes (compiles) a kernel for every new number of rows, and an
-    engine's steps have a different number of rows nearly every time; padded, a run meets a
-    few dozen, at most 31 rows of waste per product up to 512 rows (rows are independent:
-    the padding changes no other row's result)."""
-    if rows <= 32:
-        return 1 << max(0, rows - 1).bit_length()
-    step = 32 if rows <= 512 else 256
-    return -(-rows // step) * step
-
 
 class Linear(nn.Linear):
-    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
-        super().__init__(in_features, out_features, bias=bias)
-        self._packed: dict[tuple[int, int], tuple[tuple, Tensor]] = {}  # (start, stop) ->
-        # (which weight, at which version, it was made from; the reordered rows)
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self._fast(x):
-            return F.linear(x, self.weight, self.bias)
-        return self._onednn(x, 0, self.out_features, self.bias)
-
-    def train(self, mode: bool = True) -> Linear:
-        if mode:  # training may change the weight unseen (a fused optimizer): copies go
-            self._packed.clear()
-        return super().train(mode)
-
     def rows(self, x: Tensor, start: int, stop: int) -> Tensor:
         """x (..., in) -> (..., stop - start): the output rows ``start:stop``."""
         bias = None if self.bias is None else self.bias[start:stop]
-        if not self._fast(x):
-            return F.linear(x, self.weight[start:stop], bias)
-        return self._onednn(x, start, stop, bias)
-
-    def _onednn(self, x: Tensor, start: int, stop: int, bias: Tensor | None) -> Tensor:
-        m = x.numel() // self.in_features  # rows, padded to a bucket (see bucket())
-        flat = x.reshape(m, self.in_features)
-        if bucket(m) > m:  # only then: a pad copies every row
-            flat = F.pad(flat, (0, 0, 0, bucket(m) - m))
-        out = torch.ops.mkldnn._linear_pointwise(flat, self._reordered(start, stop), bias,
-                                                 "none", [], "")
-        return out[:m].view(*x.shape[:-1], stop - start)
-
-    def _fast(self, x: Tensor) -> bool:
-        w = self.weight
-        return (USE_ONEDNN and not self.training and x.dtype == w.dtype == torch.float32
-                and x.device.type == "cpu" and not torch.is_grad_enabled()
-                # first: a compiled graph may not ask what follows (is_inference breaks it)
-                and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
-                and (w.numel() >= MIN_WEIGHT
-                     or x.numel() // self.in_features * w.numel() >= MIN_MACS)
-                and type(w.data) is Tensor  # not a sharded (DTensor) weight
-                and not w.is_inference())  # made under inference_mode: no version to watch
-
-    def _reordered(self, start: int, stop: int) -> Tensor:
-        w = self.weight
-        key = (w.data_ptr(), w._version, w.shape)
-        made = self._packed.get((start, stop))
-        if made is None or made[0] != key:
-            rows = w.detach()[start:stop].contiguous()
-            made = (key, torch.ops.mkldnn._reorder_linear_weight(rows, ROWS_HINT))
-            self._packed[(start, stop)] = made
-        return made[1]
+        return F.linear(x, self.weight[start:stop], bias)

@@ -64,7 +64,7 @@ def position_mask(q_positions: Tensor, k_len: int) -> Tensor:
     """``(B, Tq)`` positions of each row's queries, against keys at positions ``0 .. Tk-1`` of
     the same row -> ``(B, 1, Tq, Tk)``: a query sees the keys at or before its own position.
 
-    The causal mask of rows that are at different lengths (the inference engine's batches,
+    The causal mask of rows that are at different lengths (generations batched together,
     where each row's keys are its cached tokens from position 0): bottom-right alignment
     per row, and a row's keys past its own length are hidden from it."""
     keys = torch.arange(k_len, device=q_positions.device)

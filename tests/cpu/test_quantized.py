@@ -1,4 +1,4 @@
-"""int8 linear layers (nn/quantized.py): PyTorch's fbgemm kernel equals the arithmetic written
+"""int8 linear layers (cpu/quantized.py): PyTorch's fbgemm kernel equals the arithmetic written
 out, stays close to the float layer, serves multi-head attention's fused projection part by
 part, and quantize_linears reaches every linear layer of a model."""
 
@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from vaswani import ModelConfig, build_model
+from vaswani.cpu.quantized import Int8Linear, quantize_linears, reference_int8_linear
 from vaswani.nn import MultiHeadAttention
-from vaswani.nn.quantized import Int8Linear, quantize_linears, reference_int8_linear
 
 pytestmark = pytest.mark.usefixtures("on_cpu")  # int8 is a CPU path
 
@@ -83,7 +83,7 @@ def test_int8_refuses_a_model_off_the_cpu():
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("bias", [True, False])
 def test_the_weight_only_kernels_equal_their_written_out_arithmetic(bits, bias):
-    from vaswani.nn.quantized import WeightOnlyLinear, reference_weight_only
+    from vaswani.cpu.quantized import WeightOnlyLinear, reference_weight_only
 
     torch.manual_seed(0)
     linear = nn.Linear(64, 48, bias=bias)
@@ -102,7 +102,7 @@ def test_the_weight_only_kernels_equal_their_written_out_arithmetic(bits, bias):
 def test_a_rows_result_is_the_same_bit_for_bit_alone_and_in_any_batch(bits):
     """Weight-only: the input is never scaled by its neighbours. The dynamic int8 layer (a
     translator's) takes one scale for all the rows of a call, and is not."""
-    from vaswani.nn.quantized import WeightOnlyLinear
+    from vaswani.cpu.quantized import WeightOnlyLinear
 
     torch.manual_seed(0)
     linear = nn.Linear(64, 48)
@@ -119,7 +119,7 @@ def test_a_rows_result_is_the_same_bit_for_bit_alone_and_in_any_batch(bits):
 def test_an_int8_token_table_looks_up_each_row_within_its_step():
     """Int8Embedding: a row is its int8 levels times its scale, within half a step of the
     float row; the padding row (zeros) stays zeros; ids of any shape."""
-    from vaswani.nn.quantized import Int8Embedding, int8_rows
+    from vaswani.cpu.quantized import Int8Embedding, int8_rows
 
     torch.manual_seed(0)
     table = nn.Embedding(50, 24, padding_idx=0)
@@ -135,7 +135,7 @@ def test_an_int8_token_table_looks_up_each_row_within_its_step():
 
 
 def test_int4_keeps_8_bits_where_the_kernel_takes_no_4():
-    from vaswani.nn.quantized import WeightOnlyLinear
+    from vaswani.cpu.quantized import WeightOnlyLinear
 
     model = nn.Sequential(nn.Linear(64, 48), nn.Linear(48, 10))  # 10 outputs: not in sixteens
     quantize_linears(model, "int4")
@@ -166,7 +166,7 @@ def test_a_language_model_quantized_generates_alone_what_it_generates_in_a_batch
 def test_a_large_weight_is_quantized_in_row_blocks_as_it_would_be_whole(on_cpu):
     """int8_rows and int4_packed work ROWS rows at a time (a vocabulary projection's
     temporaries stay small); the result is the one the whole weight gives at once."""
-    from vaswani.nn import quantized as q
+    from vaswani.cpu import quantized as q
 
     w = torch.randn(q.ROWS * 2 + 48, 64)
     ints, scales = q.int8_rows(w)

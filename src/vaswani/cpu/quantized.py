@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .positional import Embeddings
+from ..nn.positional import Embeddings
 
 REDUCE_RANGE = True  # 7-bit inputs (0..127): what fbgemm's AVX2 kernels need to be exact
 

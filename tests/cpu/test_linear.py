@@ -1,4 +1,4 @@
-"""nn/linear.py: a Linear's CPU inference path (oneDNN over a reordered copy of the weight,
+"""cpu/linear.py: a Linear's CPU inference path (oneDNN over a reordered copy of the weight,
 rows padded to a bucket) gives F.linear's outputs, whole or by parts, and is used only where
 it may be: no gradients, float32, a CPU that is not Intel's. The tests below force it on
 (``USE_ONEDNN``), so that it is tested on every machine."""
@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import vaswani.nn.linear
-from vaswani.nn.linear import MIN_MACS, MIN_WEIGHT, Linear, bucket, onednn_available
+import vaswani.cpu.linear
+from vaswani.cpu.linear import MIN_MACS, MIN_WEIGHT, bucket, onednn_available
+from vaswani.cpu.linear import OneDNNLinear as Linear
 
 pytestmark = [pytest.mark.skipif(not onednn_available(), reason="no oneDNN in this PyTorch"),
               pytest.mark.usefixtures("on_cpu")]
@@ -16,12 +17,12 @@ pytestmark = [pytest.mark.skipif(not onednn_available(), reason="no oneDNN in th
 
 @pytest.fixture(autouse=True)
 def onednn(monkeypatch):
-    monkeypatch.setattr(vaswani.nn.linear, "USE_ONEDNN", True)
+    monkeypatch.setattr(vaswani.cpu.linear, "USE_ONEDNN", True)
 
 
 def test_an_intel_cpu_keeps_f_linear(monkeypatch):
     """Where the CPU is Intel's, MKL (F.linear) runs AVX-512 itself: no reordered copy."""
-    monkeypatch.setattr(vaswani.nn.linear, "USE_ONEDNN", False)
+    monkeypatch.setattr(vaswani.cpu.linear, "USE_ONEDNN", False)
     linear = Linear(16, 8).eval()
     x = torch.randn(20000, 16)
     with torch.no_grad():
