@@ -37,6 +37,19 @@ def _autograd_left_on():
         pytest.fail("this test left autograd off for the process (use torch.no_grad())")
 
 
+@pytest.fixture(autouse=True)
+def _threads_left_as_found():
+    """A test that changes torch's thread count for the process changes the arithmetic of
+    every later test in it (a sum split over another number of threads rounds otherwise:
+    exact-resume comparisons fail in whichever test comes next): fail it, not them."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        left = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        pytest.fail(f"this test left torch's thread count at {left} (it was {threads})")
+
+
 # Unit tests of these folders make their tensors with torch's factories; under
 # `--device cuda` those are made on the GPU (torch.device as a context manager).
 ON_DEVICE = ("nn", "models", "generation", "engine")

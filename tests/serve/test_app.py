@@ -382,8 +382,10 @@ def test_vaswani_serve_quantize_reaches_every_runs_load(monkeypatch, capsys):
         raise ValueError("stop before the server starts")
 
     monkeypatch.setattr(vaswani.inference, "load", load)
+    threads = torch.get_num_threads()
     assert main(["serve", "some-run", "--quantize", "int8"]) != 0
     assert "stop before the server starts" in capsys.readouterr().err
+    assert torch.get_num_threads() == threads  # loading sets 1; a failure set it back
     assert loaded == [("some-run", {"device": "cpu", "quantize": "int8"})]
     with pytest.raises(SystemExit):
         main(["serve", "some-run", "--quantize", "int2"])

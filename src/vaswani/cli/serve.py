@@ -72,9 +72,8 @@ def allowed_hosts(names: str | None, host: str) -> list[str]:
 
 def serve(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
-
-        from ..serve.app import Limits, create_app
+        import fastapi  # noqa: F401  (both used by _serve; missing: say how to install them)
+        import uvicorn  # noqa: F401
     except ImportError as e:
         raise ValueError(f"vaswani serve needs FastAPI and uvicorn ({e.name} is missing): "
                          "pip install 'vaswani[serve]'") from None
@@ -91,8 +90,21 @@ def serve(args: argparse.Namespace) -> int:
     # back (it is the process's, not a thread's), and this thread runs none of their work.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    runs = {name: load(d, device=args.device, quantize=args.quantize)
-            for name, d in name_runs(args.run_dirs, args.name).items()}
+    try:
+        runs = {name: load(d, device=args.device, quantize=args.quantize)
+                for name, d in name_runs(args.run_dirs, args.name).items()}
+        return _serve(args, sock, runs, threads)
+    finally:  # a failed load, or the server stopped: the count as the caller had it
+        torch.set_num_threads(threads)
+        sock.close()
+
+
+def _serve(args: argparse.Namespace, sock, runs: dict, threads: int) -> int:
+    """Serve the loaded ``runs`` on the bound socket until stopped."""
+    import uvicorn
+
+    from ..serve.app import Limits, create_app
+
     key = args.api_key or os.environ.get("VASWANI_API_KEY") or None
     app = create_app(runs, api_key=key, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                      max_queue=args.max_queue, fast_lane=args.fast_lane, limits=Limits(),
