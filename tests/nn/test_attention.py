@@ -142,3 +142,26 @@ def test_bad_head_counts_raise_clear_errors():
         MultiHeadAttention(32, 4, n_kv_heads=3)
     with pytest.raises(ValueError, match="backend"):
         MultiHeadAttention(32, 4, backend="flash")
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+def test_a_window_is_a_mask_and_cached_decoding_keeps_it(backend):
+    """Local attention (window 3) equals full attention under the window's mask written out,
+    and decoding one token at a time through a cache gives the same outputs."""
+    from vaswani.nn.kv_cache import KV
+
+    torch.manual_seed(0)
+    local = MultiHeadAttention(16, 4, n_kv_heads=2, rope_base=10000.0, window=3,
+                               backend=backend).double().eval()
+    full = MultiHeadAttention(16, 4, n_kv_heads=2, rope_base=10000.0,
+                              backend=backend).double().eval()
+    full.load_state_dict(local.state_dict())
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    causal = masks.causal_mask(9)
+    expected, _ = full(x, mask=causal & (torch.arange(9)[None, :] > torch.arange(9)[:, None] - 3))
+    out, _ = local(x, mask=causal)
+    assert_close(out, expected)
+    assert not torch.allclose(out, full(x, mask=causal)[0])  # the window acts
+    cache = KV()
+    steps = [local(x[:, t:t + 1], cache=cache)[0] for t in range(9)]
+    assert_close(torch.cat(steps, dim=1), expected)

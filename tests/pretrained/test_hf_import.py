@@ -63,7 +63,7 @@ def configs(vocab: int) -> dict:
         # (with their own rotary base) every layer but each second
         "gemma3": transformers.Gemma3TextConfig(
             **{**llama, "num_hidden_layers": 4}, head_dim=16, query_pre_attn_scalar=16,
-            pad_token_id=0, sliding_window=64, layer_types=["sliding_attention",
+            pad_token_id=0, sliding_window=8, layer_types=["sliding_attention",
                                                             "full_attention"] * 2),
     }
 
@@ -130,18 +130,20 @@ def test_cached_greedy_tokens_equal_transformers(imported):
 
 
 def test_the_engine_decodes_as_the_reference_loop(imported):
-    """The engine behind generate and serve (its slot cache: wide heads, q/k norms) gives
-    the tokens of generation.generate's plain loop, in float32."""
+    """The engine behind generate and serve (its slot cache: wide heads, q/k norms, Gemma's
+    window over rows at different lengths) gives the tokens of generation.generate's plain
+    loop, in float32."""
     from vaswani.config import DecodeConfig
 
     _, _, run_dir = imported
     run = vaswani.load(run_dir)
-    prompt = [17, 45, 101, 8, 60]
-    completion = run.completion("", DecodeConfig(temperature=0.0, max_new_tokens=30),
-                                ids=prompt)
-    run.engine_for(1).run([completion.request])
-    expected = generate(run.model, prompt, max_new_tokens=30, temperature=0, bos_id=0)
-    assert completion.request.output == expected
+    prompts = [[17, 45, 101, 8, 60], [9, 33, 70, 12, 5, 88, 140, 61, 7, 200, 3]]
+    completions = [run.completion("", DecodeConfig(temperature=0.0, max_new_tokens=30),
+                                  ids=prompt) for prompt in prompts]
+    run.engine_for(2).run([c.request for c in completions])  # two rows, two lengths
+    for prompt, completion in zip(prompts, completions, strict=True):
+        expected = generate(run.model, prompt, max_new_tokens=30, temperature=0, bos_id=0)
+        assert completion.request.output == expected
 
 
 def test_the_folders_tokenizer_and_chat_template_come_along(imported):
@@ -293,3 +295,4 @@ def test_converting_takes_each_tensor_out_of_the_checkpoint(tmp_path, family):
     state = module.convert_state_dict(weights, config)
     assert set(weights) <= {"lm_head.weight"}, sorted(weights)[:5]
     assert state["output_proj.weight"] is state["embed.token.weight"]  # tied in all four
+

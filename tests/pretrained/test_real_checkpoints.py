@@ -242,7 +242,8 @@ def test_gemma3_from_gguf_answers_and_tokenizes_as_transformers(gemma):
 
 def test_gemma3_logits_equal_transformers_on_its_export(gemma, tmp_path):
     """vaswani's `export --format hf` of the imported Gemma 3 loads as Gemma3ForCausalLM
-    with vaswani's logits: a round trip through transformers' own implementation."""
+    with vaswani's logits: a round trip through transformers' own implementation, on a text
+    longer than the local layers' window too."""
     from vaswani.export import export
 
     _, run_dir = gemma
@@ -252,4 +253,7 @@ def test_gemma3_logits_equal_transformers_on_its_export(gemma, tmp_path):
     assert type(hf).__name__ == "Gemma3ForCausalLM"
     ids = run.source_tokenizer.encode_prompt(" ".join(SENTENCES))[:48]
     assert logit_difference("Gemma 3 270M", run, hf, ids) <= 1e-3
+    long = run.source_tokenizer.encode_prompt(" ".join(SENTENCES * 12))[:560]
+    assert len(long) == 560 > run.config.model.sliding_window  # the local layers' window acts
+    assert logit_difference("Gemma 3 270M, 560 tokens", run, hf, long) <= 1e-3
 

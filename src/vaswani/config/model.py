@@ -98,8 +98,8 @@ class ModelConfig(ConfigBase):
     rope_original_max_len: int = 8192
     """With `rope_scaling = "llama3"`: the context the model was first trained on."""
     sliding_window: int = 0
-    """Local layers (Gemma 3) attend to the last this-many tokens; vaswani runs them with
-    `max_len` at most this, where local and global attention are the same. 0 = none."""
+    """Local layers (Gemma 3) attend to the last this-many tokens, themselves included;
+    0 = none."""
     global_every: int = 0
     """With `sliding_window`: every this-many-th layer is global (Gemma 3: 6), the others
     local; 0 = every layer local."""
@@ -171,11 +171,6 @@ class ModelConfig(ConfigBase):
             if self.arch != "decoder":
                 raise ValueError(f"sliding_window ({self.sliding_window}) is only used by "
                                  "arch 'decoder'")
-            if self.max_len > self.sliding_window:
-                raise ValueError(
-                    f"max_len ({self.max_len}) must be at most sliding_window "
-                    f"({self.sliding_window}): vaswani does not mask a window, so it runs "
-                    "local layers only where the window covers the whole context")
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps ({self.norm_eps}) must be positive")
         if self.vocab_size and not 0 <= self.pad_id < self.vocab_size:

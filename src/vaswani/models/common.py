@@ -21,7 +21,8 @@ from ..nn.rotary import RopeScaling
 
 def layer_options(c: ModelConfig, layer: int = 0) -> LayerOptions:
     """The options of layer ``layer`` (layers take plain values, never a config). They are
-    the same for every layer, but for the rotary base of Gemma 3's local layers."""
+    the same for every layer, but for Gemma 3's local layers: a window and their own rotary
+    base."""
     rope = c.positional == "rope"
     scaling = None if c.rope_scaling == "none" else RopeScaling(
         c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_max_len)
@@ -33,7 +34,8 @@ def layer_options(c: ModelConfig, layer: int = 0) -> LayerOptions:
                         activation=c.activation, bias=c.bias, qkv_bias=c.qkv_bias,
                         attention=c.attention, rope_base=base if rope else None,
                         rope_scaling=scaling if rope else None, head_dim=c.head_dim,
-                        qk_norm=c.qk_norm, post_norms=c.post_norms)
+                        qk_norm=c.qk_norm, post_norms=c.post_norms,
+                        window=c.sliding_window if local else 0)
 
 
 def final_norm(c: ModelConfig) -> nn.Module | None:

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import masks
 from .dropout import check_probability, dropout
 from .kv_cache import AttentionCache
 from .linear import Linear
@@ -105,7 +106,8 @@ class MultiHeadAttention(nn.Module):
     ``torch.nn.MultiheadAttention``: self-attention does a single matmul for q, k and v;
     cross-attention projects the queries with the first rows and the memory with the rest.
     ``n_kv_heads < n_heads`` gives grouped-query attention (each k/v head serves
-    ``n_heads // n_kv_heads`` query heads).
+    ``n_heads // n_kv_heads`` query heads). ``window`` (Gemma 3's local layers): in
+    self-attention each query sees the last ``window`` tokens only.
     """
 
     def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
@@ -113,7 +115,7 @@ class MultiHeadAttention(nn.Module):
                  backend: Literal["auto", "sdpa", "reference"] = "auto",
                  rope_base: float | None = None, rope_scaling: RopeScaling | None = None,
                  head_dim: int | None = None,
-                 qk_norm: Callable[[int], nn.Module] | None = None) -> None:
+                 qk_norm: Callable[[int], nn.Module] | None = None, window: int = 0) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if d_model % n_heads and head_dim is None:
@@ -127,6 +129,7 @@ class MultiHeadAttention(nn.Module):
         self.attention = Attention(n_heads, n_kv_heads, dropout, backend)
         self.rope_base = rope_base  # rotary positions on q and k (self-attention) when set
         self.rope_scaling = rope_scaling  # Llama 3's rescaled frequencies
+        self.window = window  # self-attention over the last this-many tokens (local); 0 = all
         # qkv_bias: biases on q, k and v only (Qwen2); None: as ``bias``
         self.in_proj = Linear(d_model, self.q_dim + 2 * self.kv_dim,
                               bias=bias if qkv_bias is None else qkv_bias)
@@ -165,7 +168,8 @@ class MultiHeadAttention(nn.Module):
         The cache runs the attention (its ``attend``), so that it may lay out its rows as it
         keeps them.
         ``positions`` (Tq,) or (B, Tq) are the new tokens' positions, used by rotary
-        embeddings (default: after the cached tokens).
+        embeddings and a ``window`` (default: after the cached tokens; keys are at positions
+        0 .. Tk-1).
         Weights are returned only with ``need_weights=True`` (the reference path then runs,
         whatever the backend).
         """
@@ -177,15 +181,17 @@ class MultiHeadAttention(nn.Module):
             q = self._split_heads(q, self.n_heads)  # (B, H, Tq, Dh)
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
+            if positions is None and (self.rope_base is not None or self.window):
+                past = 0 if cache is None or cache.k is None else cache.k.size(2)
+                positions = torch.arange(past, past + Tq, device=x.device)
             if self.rope_base is not None:
-                if positions is None:
-                    past = 0 if cache is None or cache.k is None else cache.k.size(2)
-                    positions = torch.arange(past, past + Tq, device=x.device)
                 cos, sin = rope_angles(positions, self.head_dim, self.rope_base,
                                        self.rope_scaling)
                 q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, Hkv, T_cached + Tq, Dh)
+            if self.window:  # local attention: the last ``window`` keys of each query only
+                mask = masks.combine(mask, masks.window_mask(positions, k.size(2), self.window))
         else:  # cross-attention: queries from x, keys and values from memory
             q = self._split_heads(self._project(x, 0, self.q_dim), self.n_heads)
             if cache is not None and cache.k is not None:

@@ -59,6 +59,7 @@ class LayerOptions:
     head_dim: int | None = None  # each head's width; None = d_model / n_heads
     qk_norm: bool = False  # a norm over each head's queries and keys (Gemma 3)
     post_norms: bool = False  # pre-LN with a norm on each sublayer's output too (Gemma)
+    window: int = 0  # self-attention over the last this-many tokens only (local); 0 = all
 
 
 def _feed_forward(o: LayerOptions) -> FeedForward:
@@ -67,7 +68,8 @@ def _feed_forward(o: LayerOptions) -> FeedForward:
 
 
 def _attention(o: LayerOptions, *, rotary: bool) -> MultiHeadAttention:
-    """The multi-head attention of a layer (rotary positions act in self-attention only)."""
+    """The multi-head attention of a layer (rotary positions and a window act in
+    self-attention only)."""
     attn_dropout = o.dropout if o.attn_dropout is None else o.attn_dropout
     qk_norm = functools.partial(make_norm, o.norm, eps=o.norm_eps, bias=o.bias) \
         if o.qk_norm else None
@@ -75,7 +77,8 @@ def _attention(o: LayerOptions, *, rotary: bool) -> MultiHeadAttention:
                               dropout=attn_dropout, bias=o.bias, qkv_bias=o.qkv_bias,
                               backend=o.attention, rope_base=o.rope_base if rotary else None,
                               rope_scaling=o.rope_scaling if rotary else None,
-                              head_dim=o.head_dim, qk_norm=qk_norm)
+                              head_dim=o.head_dim, qk_norm=qk_norm,
+                              window=o.window if rotary else 0)
 
 
 class LayerWeights(NamedTuple):

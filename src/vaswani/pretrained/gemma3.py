@@ -13,9 +13,7 @@ with five differences, each a ``ModelConfig`` option:
 Its norms multiply by ``1 + weight``; the weights are stored here with the 1 added, as
 llama.cpp's converter stores them, so the norm is vaswani's plain RMSNorm. Five of every six
 layers are local: they attend to the last ``sliding_window`` tokens with their own rotary
-base (``local_rope_base``). vaswani does not mask a window, so it imports the model with a
-context of at most ``sliding_window`` tokens (512 for the 270M model), where local and global
-attention are the same; a longer prompt is refused, never run differently.
+base (``local_rope_base``, ``global_every``).
 """
 
 from __future__ import annotations
@@ -76,15 +74,13 @@ def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
                               ["full_attention" if (i + 1) % hf.get("sliding_window_pattern", 6)
                                == 0 else "sliding_attention" for i in range(n_layers)]))
     rope_base, local_base = _rope_bases(hf)
-    max_len = hf["max_position_embeddings"]
-    if window and every != 1:  # some layers are local: the context they all see
-        max_len = min(max_len, window)
-    else:
+    if every == 1:  # every layer global: no window acts
         window = 0
     return ModelConfig(
         arch="decoder", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_heads=heads,
         n_kv_heads=hf.get("num_key_value_heads") or heads, head_dim=head_dim,
-        d_ff=hf["intermediate_size"], n_layers=n_layers, dropout=0.0, max_len=max_len,
+        d_ff=hf["intermediate_size"], n_layers=n_layers, dropout=0.0,
+        max_len=hf["max_position_embeddings"],
         pad_id=(hf.get("pad_token_id") or 0) if pad_id is None else pad_id, norm_first=True,
         norm="rmsnorm", norm_eps=hf.get("rms_norm_eps", 1e-6), activation="geglu_tanh",
         bias=False, positional="rope", rope_base=rope_base, scale_embeddings=True,
