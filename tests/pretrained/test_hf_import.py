@@ -296,3 +296,43 @@ def test_converting_takes_each_tensor_out_of_the_checkpoint(tmp_path, family):
     assert set(weights) <= {"lm_head.weight"}, sorted(weights)[:5]
     assert state["output_proj.weight"] is state["embed.token.weight"]  # tied in all four
 
+
+def test_an_imported_model_fine_tunes_sharded_on_two_processes(tmp_path):
+    """[train] parallel = "fsdp" from an imported Llama 3 folder (tied embeddings, grouped
+    queries, rescaled rotary frequencies): two gloo processes each hold about half of the
+    weights and of the optimizer state, the loss falls, and the gathered weights load in one
+    process as a run of the same model."""
+    import os
+    import sys
+
+    from tests import processes
+    from tests.processes import free_port
+    from tests.training.fixtures import config
+
+    base = import_checkpoint("hf", str(hf_folder(tmp_path / "hf", "llama3")), tmp_path / "base",
+                             tmp_path / "cache")
+    text = tmp_path / "story.txt"
+    text.write_text(TEXT * 4)
+    cfg = config(tmp_path / "ft.toml", "decoder", text,
+                 train={"init_from": str(base), "parallel": "fsdp", "max_steps": 6,
+                        "lr": 3e-3, "warmup": 0, "schedule": "constant", "eval_every": 6,
+                        "save_every": 6, "metric_examples": 0, "eval_batches": 1},
+                 data={"batch_size": 4, "block_size": 32})
+    out = tmp_path / "run"
+    done = processes.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+         "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "vaswani", "train",
+         str(cfg), "--out", str(out), "--no-progress"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert rows[-1]["loss"] < rows[0]["loss"]  # it learns the text
+    shards = {p.name: p.stat().st_size for p in (out / "last/sharded").glob("*.distcp")}
+    assert sorted(shards) == ["__0_0.distcp", "__1_0.distcp"]
+    assert max(shards.values()) < 0.6 * sum(shards.values())  # each rank: about half
+    tuned, start = vaswani.load(out, weights="last"), vaswani.load(base)  # gathered
+    assert tuned.config.model == start.config.model
+    assert tuned.model.output_proj.weight is tuned.model.embed.token.weight  # still tied
+    assert not torch.equal(tuned.model.embed.token.weight, start.model.embed.token.weight)
+    assert isinstance(tuned.generate("the quick", max_new_tokens=3, temperature=0), str)

@@ -183,44 +183,6 @@ def test_fine_tuning_starts_from_the_imported_encoder(minilm, tmp_path):
     assert label in ("pos", "neg") and 0.5 <= p <= 1.0
 
 
-def test_fine_tuning_smollm2_sharded_on_two_processes(smollm, tmp_path):
-    """[train] parallel = "fsdp": the imported LLaMA-family model fine-tuned by two gloo
-    processes, each holding half of the weights and of the optimizer state."""
-    import json
-    import sys
-
-    from tests import processes
-    from tests.processes import free_port
-    from tests.training.fixtures import config
-
-    _, base = smollm
-    text = tmp_path / "story.txt"
-    text.write_text("Once upon a time a small robot learned to read. Every morning it read one "
-                    "page, and every evening it told the page to the cat.\n" * 40)
-    cfg = config(tmp_path / "ft.toml", "decoder", text,
-                 train={"init_from": str(base.run_dir), "parallel": "fsdp", "max_steps": 4,
-                        "lr": 1e-4, "warmup": 0, "schedule": "constant", "eval_every": 4,
-                        "save_every": 4, "metric_examples": 0, "eval_batches": 1},
-                 data={"batch_size": 2, "block_size": 32})
-    out = tmp_path / "run"
-    done = processes.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-         "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "vaswani", "train",
-         str(cfg), "--out", str(out), "--no-progress"],
-        env={**os.environ, "OMP_NUM_THREADS": "1", "VASWANI_CACHE": str(CACHE)}, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert rows[-1]["loss"] < 0.7 * rows[0]["loss"]  # it learns the story
-    shards = {p.name: p.stat().st_size for p in (out / "last/sharded").glob("*.distcp")}
-    assert sorted(shards) == ["__0_0.distcp", "__1_0.distcp"]
-    assert max(shards.values()) < 0.55 * sum(shards.values())  # each rank: about half
-    tuned = load(out, weights="last")  # the gathered weights, in one process
-    assert tuned.config.model.n_layers == 30
-    assert tuned.generate("Once upon a time a small", max_new_tokens=4,
-                          temperature=0).startswith(" robot")
-
-
 GEMMA_TEXTS = ["The capital of France is", "  two  spaces\nand a newline\n\n\ttab",
                "naïve café 東京 🤖 1234567", "<start_of_turn>user\nhi<end_of_turn>\n"]
 
