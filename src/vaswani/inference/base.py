@@ -96,9 +96,8 @@ class Run:
         if self._engine is None or self._engine.config.max_rows < rows:
             self._engine = None  # the smaller cache freed before the larger is made
             # offline, every request's tokens count alike: no fast lane; and throughput is
-            # what counts: wide steps (1,000 shakespeare-char prompts, 64 new tokens each,
-            # 2 cores: 140 a second at 256 rows and 1,024 prefill tokens a step, 154 at
-            # 512 and 4,096), within the cache's memory (cache_bytes)
+            # what counts: wide steps, within the cache's memory (cache_bytes; the figures:
+            # docs/performance.md, "The engine's choices for a CPU")
             self._engine = self.new_engine(EngineConfig(max_rows=rows, max_step_tokens=4096,
                                                         fast_lane=0, shared_chunk=0))
         return self._engine
