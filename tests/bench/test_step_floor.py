@@ -28,7 +28,9 @@ def test_the_written_out_step_gives_the_models_next_token_logits(norm_first, act
     with torch.no_grad():
         memory = model.encode(src)
         cache = KVCache(2)
-        model.decode(tgt[:, :5], memory, src_mask=None, cache=cache)
+        positions, mask = cache.inputs(tgt[:, :5])
+        model.decode_step(tgt[:, :5], positions=positions, mask=mask, cache=cache,
+                          memory=memory, memory_mask=None)
 
         def widened(t):  # column 5 is the step's to write (NaN: read before it is written)
             return torch.cat([t, torch.full((3, 4, 1, 8), float("nan"))], 2)
@@ -36,7 +38,9 @@ def test_the_written_out_step_gives_the_models_next_token_logits(norm_first, act
         keys = [widened(c.self_attn.k) for c in cache.layers]
         values = [widened(c.self_attn.v) for c in cache.layers]
         cross = [(c.cross_attn.k, c.cross_attn.v) for c in cache.layers]
-        expected = model.decode(tgt[:, 5:], memory, src_mask=None, cache=cache)[:, 0]
+        positions, mask = cache.inputs(tgt[:, 5:])
+        expected = model.decode_step(tgt[:, 5:], positions=positions, mask=mask, cache=cache,
+                                     memory_mask=None)[:, 0]
         got = step_floor.written_out(model)(tgt[:, 5], torch.full((3,), 5), 5, keys, values,
                                             [k for k, _ in cross], [v for _, v in cross])
     assert_close(got, expected, atol=1e-5, rtol=1e-5)

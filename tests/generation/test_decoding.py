@@ -16,6 +16,7 @@ from vaswani.generation import (
     length_penalty,
     sample_next,
 )
+from vaswani.nn import masks
 
 PAD, BOS, EOS = 0, 1, 2
 SMALL = dict(d_model=16, n_heads=4, d_ff=32, n_layers=2, dropout=0.0, max_len=40)
@@ -34,6 +35,12 @@ def padded_sources(lengths, vocab=13, seed=1):
     return src
 
 
+def step(m, ids, cache):
+    """A language model's logits at every new token, decoded over ``cache``."""
+    positions, mask = cache.inputs(ids)
+    return m.decode_step(ids, positions=positions, mask=mask, cache=cache)
+
+
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_cached_logits_equal_uncached_at_every_step_encoder_decoder(positional, norm_first):
@@ -45,7 +52,10 @@ def test_cached_logits_equal_uncached_at_every_step_encoder_decoder(positional, 
     full = m.decode(tgt, memory, src_mask=src_mask)  # (B, T, V), all at once
     cache = m.new_cache()
     for t in range(tgt.size(1)):
-        step = m.decode(tgt[:, t:t + 1], memory, src_mask=src_mask, cache=cache)
+        positions, mask = cache.inputs(tgt[:, t:t + 1])
+        step = m.decode_step(tgt[:, t:t + 1], positions=positions, mask=mask, cache=cache,
+                             memory=memory if t == 0 else None,  # then the cache holds it
+                             memory_mask=masks.key_padding_mask(src_mask))
         assert_close(step[:, 0], full[:, t])
     assert cache.length == tgt.size(1)
 
@@ -56,10 +66,10 @@ def test_cached_logits_equal_uncached_at_every_step_decoder_lm(positional):
     ids = torch.randint(3, 13, (2, 12))
     full = m(ids)
     cache = m.new_cache()
-    first = m(ids[:, :5], cache=cache)  # a prompt of 5 tokens in one call ...
+    first = step(m, ids[:, :5], cache)  # a prompt of 5 tokens in one call ...
     assert_close(first, full[:, :5])
     for t in range(5, 12):  # ... then one token at a time
-        assert_close(m(ids[:, t:t + 1], cache=cache)[:, 0], full[:, t])
+        assert_close(step(m, ids[:, t:t + 1], cache)[:, 0], full[:, t])
 
 
 def test_several_new_tokens_after_a_cached_prefix_use_a_bottom_right_causal_mask():
@@ -67,19 +77,19 @@ def test_several_new_tokens_after_a_cached_prefix_use_a_bottom_right_causal_mask
     ids = torch.randint(3, 13, (2, 9))
     full = m(ids)
     cache = m.new_cache()
-    m(ids[:, :5], cache=cache)
-    assert_close(m(ids[:, 5:], cache=cache), full[:, 5:])  # 4 queries over 9 keys
+    step(m, ids[:, :5], cache)
+    assert_close(step(m, ids[:, 5:], cache), full[:, 5:])  # 4 queries over 9 keys
 
 
 def test_cache_reorder_keeps_chosen_rows():
     m = model("decoder")
     ids = torch.randint(3, 13, (3, 4))
     cache = m.new_cache()
-    m(ids, cache=cache)
+    step(m, ids, cache)
     cache.reorder(torch.tensor([2, 0]))
-    step = torch.tensor([[5], [6]])
-    expected = m(torch.cat([ids[[2, 0]], step], 1))[:, -1]
-    assert_close(m(step, cache=cache)[:, 0], expected)
+    new = torch.tensor([[5], [6]])
+    expected = m(torch.cat([ids[[2, 0]], new], 1))[:, -1]
+    assert_close(step(m, new, cache)[:, 0], expected)
 
 
 def test_greedy_cached_equals_uncached():

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..config.sections import check_beam
 from ..models import DecoderLM, EncoderDecoder
+from ..nn import masks
 from .rules import Rules
 from .sampling import sample_rows
 from .search import Beam
@@ -34,6 +35,11 @@ NO_RULES = Rules()
 
 
 # --- steppers: a model's next-token logits for a growing batch --------------------------------
+
+def _last(new: Tensor) -> Tensor:
+    """Each row's last new token (N,): whose next-token logits a step wants."""
+    return torch.full((new.size(0),), new.size(1) - 1, device=new.device)
+
 
 class Seq2SeqStepper:
     """The decoder of an EncoderDecoder, conditioned on an encoded source batch."""
@@ -52,8 +58,10 @@ class Seq2SeqStepper:
         if self.cache is None:
             return self.model.decode(tokens, self.memory, src_mask=self.src_mask)[:, -1]
         new = tokens[:, self.cache.length:]  # only what the cache has not seen
-        return self.model.decode(new, self.memory, src_mask=self.src_mask,
-                                 cache=self.cache)[:, -1]
+        positions, mask = self.cache.inputs(new)
+        return self.model.decode_step(new, positions=positions, mask=mask, cache=self.cache,
+                                      memory=self.memory, last=_last(new),
+                                      memory_mask=masks.key_padding_mask(self.src_mask))
 
     def reorder(self, rows: Tensor) -> None:
         """Keep rows ``rows`` (N_new,) of the batch, in that order."""
@@ -83,7 +91,9 @@ class LMStepper:
         if self.cache is None:
             return self.model(context, mask=torch.ones_like(context, dtype=torch.bool))[:, -1]
         new = context[:, self.cache.length:]
-        return self.model(new, cache=self.cache)[:, -1]
+        positions, mask = self.cache.inputs(new)
+        return self.model.decode_step(new, positions=positions, mask=mask, cache=self.cache,
+                                      last=_last(new))
 
     def reorder(self, rows: Tensor) -> None:
         if self.cache is not None:

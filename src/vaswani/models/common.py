@@ -11,7 +11,6 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..nn import masks
-from ..nn.kv_cache import KVCache
 from ..nn.layers import LayerOptions, LayerWeights
 from ..nn.linear import Linear
 from ..nn.norm import make_norm
@@ -67,25 +66,14 @@ def output_projection(c: ModelConfig, embed: Embeddings, vocab_size: int) -> nn.
     return proj
 
 
-def decoder_inputs(ids: Tensor, keep: Tensor | None, cache: KVCache | None,
-                   pad_id: int) -> tuple[int, Tensor, Tensor | None]:
-    """(first position, positions (T,), self-attention mask) for the new tokens ``ids``
-    (B, T) of a decoder; the first position is known on the host (the embedding checks it
-    against max_len without reading the device).
-
-    Without a cache the tokens start at position 0 and ``keep`` (B, T), True = real token,
-    defaults to ``ids != pad_id``. With a KV cache they come after ``cache.length`` cached
-    tokens: positions continue from there, the causal mask is aligned at the bottom-right
-    corner of (new queries x cached + new keys), and ``keep``, if given, covers cached + new.
-    """
+def decoder_inputs(ids: Tensor, keep: Tensor | None, pad_id: int) -> tuple[Tensor, Tensor]:
+    """(positions (T,), self-attention mask) of a decoder's whole sequence ``ids`` (B, T),
+    read at once from position 0: causal, and without ``keep`` (B, T), True = real token,
+    its padding is ``ids != pad_id``."""
+    keep = masks.padding_mask(ids, pad_id) if keep is None else keep
     T = ids.size(1)
-    start = 0 if cache is None else cache.length
-    if cache is None and keep is None:
-        keep = masks.padding_mask(ids, pad_id)
-    positions = torch.arange(start, start + T, device=ids.device)
-    if keep is None and T == 1:
-        return start, positions, None  # one new query may see every key: no mask needed
-    return start, positions, masks.decoder_self_mask(keep, T, start + T, device=ids.device)
+    return (torch.arange(T, device=ids.device),
+            masks.decoder_self_mask(keep, T, device=ids.device))
 
 
 def at_last(h: Tensor, last: Tensor) -> Tensor:

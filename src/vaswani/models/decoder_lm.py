@@ -37,44 +37,43 @@ class DecoderLM(nn.Module):
         init_weights(self, c.pad_id)
 
     def forward(self, ids: Tensor, *, mask: Tensor | None = None,
-                positions: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+                positions: Tensor | None = None) -> Tensor:
         """ids: (B, T) -> logits (B, T, V); logits[:, t] predicts token t + 1.
 
-        ``mask`` (B, T), True = real token, defaults to ``ids != pad_id``.
-
-        Incremental decoding: pass a ``KVCache`` and only the new tokens. Positions continue
-        from ``cache.length`` unless given (left-padded batches pass their own), and ``mask``,
-        if given, covers cached + new tokens (B, T_cached + T).
+        ``mask`` (B, T), True = real token, defaults to ``ids != pad_id``; ``positions``
+        (B, T) default to 0 .. T-1 (a left-padded batch passes its own). Decoding a token at
+        a time over a cache is :meth:`decode_step`.
         """
-        return self._forward(ids, mask, positions, cache)[0]
+        return self._forward(ids, mask, positions)[0]
 
     def forward_with_attention(self, ids: Tensor, *, mask: Tensor | None = None
                                ) -> tuple[Tensor, dict]:
         """:meth:`forward` and the self-attention weights of every layer, for looking inside
         the model: (logits (B, T, V), {"decoder": (L, B, H, T, T)})."""
-        logits, weights = self._forward(ids, mask, None, None, need_weights=True)
+        logits, weights = self._forward(ids, mask, None, need_weights=True)
         return logits, {"decoder": stack_weights(weights, "self_attn")}
 
-    def _forward(self, ids, mask, positions, cache, need_weights=False):
-        start, default_positions, attn_mask = decoder_inputs(ids, mask, cache,
-                                                             self.config.pad_id)
-        x = self.embed(ids, positions=positions, start=start)
+    def _forward(self, ids, mask, positions, need_weights=False):
+        default_positions, attn_mask = decoder_inputs(ids, mask, self.config.pad_id)
+        x = self.embed(ids, positions=positions)
         positions = default_positions if positions is None else positions
-        h, weights = self.decoder(x, mask=attn_mask,
-                                  cache=cache, positions=positions, need_weights=need_weights)
+        h, weights = self.decoder(x, mask=attn_mask, positions=positions,
+                                  need_weights=need_weights)
         return self.output_proj(h), weights
 
     def decode_step(self, ids: Tensor, *, positions: Tensor, mask: Tensor | None, cache,
-                    last: Tensor) -> Tensor:
-        """The inference engine's call (engine/runner.py): new tokens ``ids`` (B, T) at
-        explicit ``positions`` (B, T), an explicit self-attention ``mask`` (B, 1, T, Tk; None:
-        every query sees every key) over the keys the ``cache`` returns (its layers write the
-        new keys and values in place), and ``last`` (B,): the position in each row whose
-        next-token logits are wanted -> logits (B, V). Only those positions reach the output
-        projection."""
+                    last: Tensor | None = None) -> Tensor:
+        """Incremental decoding, for the reference decoders (a :class:`KVCache`) and the
+        inference engine (its slot cache, engine/runner.py) alike: new tokens ``ids`` (B, T)
+        at ``positions`` (B, T), a self-attention ``mask`` broadcastable to (B, 1, T, Tk)
+        (None: every query sees every key) over the keys the ``cache`` returns (its layers
+        add the new keys and values; ``KVCache.inputs`` gives positions and mask after what
+        it holds) -> the next-token logits at ``last`` (B,), the position in each row whose
+        logits are wanted: (B, V), only those positions reaching the output projection;
+        ``last=None``: every position's, (B, T, V)."""
         h, _ = self.decoder(self.embed(ids, positions=positions), mask=mask, cache=cache,
                             positions=positions)
-        return self.output_proj(at_last(h, last))
+        return self.output_proj(h if last is None else at_last(h, last))
 
     def new_cache(self) -> KVCache:
         """An empty cache for incremental decoding with this model."""

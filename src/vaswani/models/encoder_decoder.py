@@ -57,18 +57,14 @@ class EncoderDecoder(nn.Module):
         return self._encode(src, src_mask)[0]
 
     def decode(self, tgt: Tensor, memory: Tensor, *, src_mask: Tensor | None,
-               tgt_mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+               tgt_mask: Tensor | None = None) -> Tensor:
         """tgt: (B, T) ids, memory: (B, S, D) -> logits (B, T, V).
 
         ``src_mask`` (B, S) is required (pass None only for an unpadded source): cross-attention
         must not look at source padding. ``tgt_mask`` (B, T) defaults to the target padding.
-
-        Incremental decoding: pass a ``KVCache`` and only the new target tokens; their
-        positions continue from ``cache.length`` and they attend to every cached token
-        (``tgt_mask``, if given, then covers cached + new tokens). The memory's keys and
-        values are projected on the first step and taken from the cache afterwards.
+        Decoding a token at a time over a cache is :meth:`decode_step`.
         """
-        return self._decode(tgt, memory, src_mask, tgt_mask, cache)[0]
+        return self._decode(tgt, memory, src_mask, tgt_mask)[0]
 
     def forward_with_attention(self, src: Tensor, tgt: Tensor, *, src_mask: Tensor | None = None,
                                tgt_mask: Tensor | None = None) -> tuple[Tensor, dict]:
@@ -77,7 +73,7 @@ class EncoderDecoder(nn.Module):
         "cross": (L, B, H, T, S)}). The weights come from the written-out attention."""
         src_mask = self._source_mask(src, src_mask)
         memory, enc = self._encode(src, src_mask, need_weights=True)
-        logits, dec = self._decode(tgt, memory, src_mask, tgt_mask, None, need_weights=True)
+        logits, dec = self._decode(tgt, memory, src_mask, tgt_mask, need_weights=True)
         return logits, {"encoder": stack_weights(enc, "self_attn"),
                         "decoder": stack_weights(dec, "self_attn"),
                         "cross": stack_weights(dec, "cross_attn")}
@@ -90,12 +86,12 @@ class EncoderDecoder(nn.Module):
         attn_mask = masks.key_padding_mask(self._source_mask(src, src_mask))  # (B, 1, 1, S)
         return self.encoder(self.src_embed(src), mask=attn_mask, need_weights=need_weights)
 
-    def _decode(self, tgt, memory, src_mask, tgt_mask, cache, need_weights=False):
-        start, positions, self_mask = decoder_inputs(tgt, tgt_mask, cache, self.config.pad_id)
+    def _decode(self, tgt, memory, src_mask, tgt_mask, need_weights=False):
+        positions, self_mask = decoder_inputs(tgt, tgt_mask, self.config.pad_id)
         memory_mask = None if src_mask is None else masks.key_padding_mask(src_mask)
-        h, weights = self.decoder(self.tgt_embed(tgt, start=start), mask=self_mask,
-                                  memory=memory, memory_mask=memory_mask, cache=cache,
-                                  positions=positions, need_weights=need_weights)
+        h, weights = self.decoder(self.tgt_embed(tgt), mask=self_mask, memory=memory,
+                                  memory_mask=memory_mask, positions=positions,
+                                  need_weights=need_weights)
         return self.output_proj(h), weights
 
     def cross_keys_values(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
@@ -104,14 +100,18 @@ class EncoderDecoder(nn.Module):
         engine computes them once per request and keeps them in its cache."""
         return [layer.cross_attn.project_kv(memory) for layer in self.decoder.layers]
 
-    def decode_step(self, ids: Tensor, *, positions: Tensor, mask: Tensor | None,
-                    memory_mask: Tensor, cache, last: Tensor) -> Tensor:
-        """The inference engine's call (engine/runner.py): as :meth:`DecoderLM.decode_step`,
-        the memory's keys and values coming from the ``cache`` with ``memory_mask``
-        (B, 1, 1, S) -> next-token logits (B, V) at ``last``."""
-        h, _ = self.decoder(self.tgt_embed(ids, positions=positions), mask=mask,
+    def decode_step(self, ids: Tensor, *, positions: Tensor, mask: Tensor | None, cache,
+                    memory_mask: Tensor | None, memory: Tensor | None = None,
+                    last: Tensor | None = None) -> Tensor:
+        """Incremental decoding, as :meth:`DecoderLM.decode_step`, over the encoded source:
+        its keys and values come from the ``cache`` (the engine computes them once per
+        request: :meth:`cross_keys_values`), or from ``memory`` (B, S, D) on a
+        :class:`KVCache`'s first step; ``memory_mask`` broadcastable to (B, 1, 1, S), the
+        source's padding (None: none) -> next-token logits (B, V) at ``last`` (None: every
+        position's, (B, T, V))."""
+        h, _ = self.decoder(self.tgt_embed(ids, positions=positions), mask=mask, memory=memory,
                             memory_mask=memory_mask, cache=cache, positions=positions)
-        return self.output_proj(at_last(h, last))
+        return self.output_proj(h if last is None else at_last(h, last))
 
     def new_cache(self) -> KVCache:
         """An empty cache for incremental decoding with this model."""

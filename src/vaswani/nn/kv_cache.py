@@ -6,8 +6,9 @@ to its self-attention entry, and computes the cross-attention keys and values of
 memory once, on the first step.
 
 The caller owns the cache: it creates one per generation (``KVCache(n_layers)``), passes it to
-the model on each step, and reorders it when beam search reorders hypotheses. Layers only
-write into the entry they are handed; nothing is stored on the modules.
+the model's ``decode_step`` with the new tokens' positions and mask (:meth:`KVCache.inputs`),
+and reorders it when beam search reorders hypotheses. Layers only write into the entry they
+are handed; nothing is stored on the modules.
 
 Shapes: keys and values are (B, Hkv, T, Dh); ``length`` is T of the self-attention entries.
 """
@@ -20,6 +21,8 @@ from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
+
+from . import masks
 
 Attend = Callable[[Tensor, Tensor, Tensor, "Tensor | None"], Tensor]  # q, k, v, mask -> out
 
@@ -82,6 +85,16 @@ class KVCache:
         """Number of tokens whose keys and values are cached."""
         k = self.layers[0].self_attn.k
         return 0 if k is None else k.size(2)
+
+    def inputs(self, ids: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The positions (B, T) of new tokens ``ids`` (B, T) after the cached ones, and their
+        self-attention mask over cached + new keys: causal, aligned at the bottom-right
+        corner (:func:`~vaswani.nn.masks.causal_mask`); None for one new token, which may
+        see every key."""
+        B, T = ids.shape
+        past = self.length
+        positions = torch.arange(past, past + T, device=ids.device).expand(B, T)
+        return positions, None if T == 1 else masks.causal_mask(T, past + T, device=ids.device)
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (B_new,) of every entry, e.g. the surviving beams."""

@@ -79,17 +79,17 @@ class Embeddings(nn.Module):
         if self.positional == "sinusoidal" and not self.pe.is_meta:
             self.pe.copy_(sinusoidal_table(self.max_len, self.pe.size(1)))
 
-    def forward(self, ids: Tensor, *, positions: Tensor | None = None, start: int = 0,
+    def forward(self, ids: Tensor, *, positions: Tensor | None = None,
                 token_types: Tensor | None = None) -> Tensor:
         """ids: (B, T) -> (B, T, D). ``positions``: (B, T) or (T,) absolute positions, by
-        default ``start, start + 1, ...`` (checked against max_len on the host; explicit
-        positions are read back from their device to be checked, except inside a CUDA graph
-        capture); ``token_types`` (B, T) segment ids (default 0) when there are token-type
+        default ``0 .. T-1`` (checked against max_len on the host; explicit positions are
+        read back from their device to be checked, except inside a CUDA graph capture);
+        ``token_types`` (B, T) segment ids (default 0) when there are token-type
         embeddings."""
         T = ids.size(1)
         if positions is None:
-            last = start + T - 1
-            positions = torch.arange(start, start + T, device=ids.device)
+            last = T - 1
+            positions = torch.arange(T, device=ids.device)
         elif positions.is_cuda and torch.cuda.is_current_stream_capturing():
             last = -1  # a CUDA graph being captured reads nothing back; its caller checked
         else:
