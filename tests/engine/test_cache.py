@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from tests.conftest import DEVICE
 from vaswani.engine.cache import ALIGN, PART, SlotCache, parts
+from vaswani.engine.plan import StepPlan
 from vaswani.engine.request import Params, Request, Sequence
 from vaswani.engine.views import flat_index
 
@@ -120,14 +121,14 @@ def test_a_decode_step_reads_the_leading_slots_in_place_and_a_prefill_by_index()
     c = cache()
     filled(c, 3)
     assert c.groups(3) is None  # row i reads source slot i
-    step = c.step(None, torch.zeros(3, 1, dtype=torch.long, device=DEVICE), width=5,
-                  cross_width=3)
+    step = c.step(StepPlan(torch.zeros(3, 1, dtype=torch.long, device=DEVICE), width=5,
+                           cross=3))
     own, cross = step.layers[0]
     assert own.k.data_ptr() == c.k[0].data_ptr()  # a view: no copy
     assert own.k.shape == (3, 2, 5, 4) and cross.k.shape == (3, 2, 3, 4)
-    picked = c.step(torch.tensor([2, 0], device=DEVICE),
-                    torch.zeros(2, 1, dtype=torch.long, device=DEVICE), width=5,
-                    cross_width=3, sources=torch.tensor([2, 0], device=DEVICE))
+    picked = c.step(StepPlan(torch.zeros(2, 1, dtype=torch.long, device=DEVICE), width=5,
+                             slots=torch.tensor([2, 0], device=DEVICE), cross=3,
+                             sources=torch.tensor([2, 0], device=DEVICE)))
     own, cross = picked.layers[1]
     assert torch.all(own.k[0] == 30) and torch.all(own.k[1] == 10)
     assert torch.all(cross.k[0] == 30) and torch.all(cross.k[1] == 10)
@@ -149,8 +150,8 @@ def test_rows_that_share_a_source_attend_over_one_copy_as_if_each_had_its_own():
     members, place = c.groups(4)
     assert members.tolist() == [[1, 0, 0], [0, 2, 3]]  # b's row (padded), a's three rows
     assert place.tolist() == [3, 0, 4, 5]
-    step = c.step(None, torch.zeros(4, 2, dtype=torch.long, device=DEVICE), width=2,
-                  cross_width=5, groups=(members, place))
+    step = c.step(StepPlan(torch.zeros(4, 2, dtype=torch.long, device=DEVICE), width=2,
+                           cross=5, groups=(members, place)))
     cross = step.layers[0][1]
     q = torch.randn(4, 2, 2, 4, device=DEVICE)  # (R, H, T, Dh)
     lengths = torch.tensor([3, 5], device=DEVICE)
@@ -196,8 +197,8 @@ def test_a_step_writing_one_column_writes_what_the_indexed_write_does():
     filled(b, 3)
     k, v = torch.randn(3, 2, 1, 4, device=DEVICE), torch.randn(3, 2, 1, 4, device=DEVICE)
     columns = torch.full((3, 1), 2, device=DEVICE)
-    sliced = a.step(None, columns, width=3, column=2).layers[1][0]
-    indexed = b.step(None, columns, width=3).layers[1][0]
+    sliced = a.step(StepPlan(columns, width=3, column=2)).layers[1][0]
+    indexed = b.step(StepPlan(columns, width=3)).layers[1][0]
     assert isinstance(sliced.write, int) and not isinstance(indexed.write, int)
     for got, want in zip(sliced.append(k, v), indexed.append(k, v), strict=True):
         assert torch.equal(got, want)

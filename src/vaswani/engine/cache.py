@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from .memory import zeros_in_huge_pages
+from .plan import StepPlan
 from .tensors import tensor_of
 from .views import StepCache, flat_index
 
@@ -305,18 +306,6 @@ class SlotCache:
         return parts(self.lengths[:self.sources_used])
 
     # --- one forward pass ---------------------------------------------------------------
-    def step(self, rows: Tensor | None, columns: Tensor, width: int, cross_width: int = 0,
-             sources: Tensor | None = None, groups: tuple[Tensor, Tensor] | None = None,
-             parts: list[tuple[int, int, int]] | None = None,
-             column: int | None = None,
-             self_parts: list[tuple[int, int, int]] | None = None) -> StepCache:
-        """The cache as one forward pass sees it: ``rows`` (R,) the slots of its rows (None:
-        the first R slots, read in place), ``columns`` (R, T) where the new tokens' keys go
-        (``column``: every row's one new token goes to this column, the first R slots'
-        written as one slice), ``width`` keys read per row; a translator's ``cross_width``
-        source keys, of source slots ``sources`` (R,) read by index, or (None) of the
-        leading source slots in place: row i's the i-th, or as :meth:`groups` says, read in
-        ``parts`` (see :meth:`parts`) or in one pass; the leading slots' own keys read in
-        ``self_parts`` (:func:`parts` of their rows' contexts), or in one pass."""
-        return StepCache(self, rows, columns, width, cross_width, sources, groups, parts,
-                         column, self_parts)
+    def step(self, plan: StepPlan) -> StepCache:
+        """The cache as one forward pass sees it, laid out as ``plan`` says (plan.py)."""
+        return StepCache(self, plan)

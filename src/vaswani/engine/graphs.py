@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .cache import ALIGN, SlotCache
+from .plan import StepPlan
 from .step import forward_step
 
 
@@ -86,12 +87,12 @@ class StaticDecoder:
 
     def _forward(self, B: int, W: int, X: int) -> Tensor:
         """The padded step on the static buffers: what a graph captures."""
-        kwargs = {}
+        cross = {}
         if self.cache.seq2seq:
-            kwargs = dict(sources=self.sources[:B], lengths=self.lengths[:B], cross=X)
-        return forward_step(self.model, self.cache, self.ids[:B], self.positions[:B], None,
-                            self.columns[:B], W,
-                            torch.zeros(B, dtype=torch.long, device=self.device), **kwargs)
+            cross = dict(sources=self.sources[:B], lengths=self.lengths[:B], cross=X)
+        plan = StepPlan(self.columns[:B], W, **cross)
+        return forward_step(self.model, self.cache, self.ids[:B], self.positions[:B],
+                            torch.zeros(B, dtype=torch.long, device=self.device), plan)
 
     def _capture(self, B: int, W: int, X: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         side = torch.cuda.Stream()

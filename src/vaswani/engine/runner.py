@@ -24,6 +24,7 @@ from torch import Tensor
 
 from .cache import SlotCache, parts
 from .graphs import StaticDecoder
+from .plan import StepPlan
 from .request import Request, Sequence
 from .step import forward_step
 from .tensors import tensor_of
@@ -88,16 +89,16 @@ class Runner:
                 lengths = tensor_of([self.cache.lengths[g] for g in held], d)
             logits = self.static.step(ids, positions, columns, width, sources, lengths)
         else:
-            kwargs = {}
+            cross = {}
             if self.cache.seq2seq:  # the leading source slots, read in place
                 lengths = self.cache.lengths[:self.cache.sources_used]
                 longest = max(lengths)
-                kwargs = dict(cross=longest, groups=self.cache.groups(n), parts=self.cache.parts(),
-                              lengths=None if min(lengths) == longest  # all alike: no mask
-                              else tensor_of(lengths, d))
-            logits = forward_step(self.model, self.cache, ids, positions, None, columns,
-                                  width, torch.zeros(n, dtype=torch.long, device=d),
-                                  column=column, self_parts=self_parts, **kwargs)
+                cross = dict(cross=longest, groups=self.cache.groups(n), parts=self.cache.parts(),
+                             lengths=None if min(lengths) == longest  # all alike: no mask
+                             else tensor_of(lengths, d))
+            plan = StepPlan(columns, width, column=column, self_parts=self_parts, **cross)
+            logits = forward_step(self.model, self.cache, ids, positions,
+                                  torch.zeros(n, dtype=torch.long, device=d), plan)
         return logits, [seq.slot for _, seq in rows]
 
     @torch.inference_mode()
@@ -118,11 +119,12 @@ class Runner:
         columns = torch.where(real, positions, self.cache.width - 1)  # padding: scratch
         width = max(seq.cached + n for _, seq, n in rows)
         slots = tensor_of([seq.slot for _, seq, _ in rows], device)
-        kwargs = {}
+        cross = {}
         if self.cache.seq2seq:  # each row's source, read by index
-            kwargs = dict(
+            cross = dict(
                 sources=tensor_of([r.source_slot for r, _, _ in rows], device),
                 lengths=tensor_of([len(r.prompt) for r, _, _ in rows], device),
                 cross=max(len(r.prompt) for r, _, _ in rows))
-        return forward_step(self.model, self.cache, ids.to(device), positions, slots, columns,
-                            width, lengths - 1, **kwargs)
+        plan = StepPlan(columns, width, slots=slots, **cross)
+        return forward_step(self.model, self.cache, ids.to(device), positions, lengths - 1,
+                            plan)

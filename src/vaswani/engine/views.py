@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .plan import StepPlan
+
 
 def flat_index(slots: Tensor, columns: Tensor, heads: int, width: int) -> Tensor:
     """Where the keys of rows in ``slots`` (R,) at ``columns`` (R, T) go in a cache tensor
@@ -105,24 +107,19 @@ class StepCache:
     """Per decoder layer a self-attention :class:`SlotKV` (and a cross-attention one for a
     translator), as ``layers[i]`` of nn/kv_cache.py's ``KVCache``, over ``cache`` (a SlotCache)."""
 
-    def __init__(self, cache, rows: Tensor | None, columns: Tensor, width: int,
-                 cross_width: int, sources: Tensor | None,
-                 groups: tuple[Tensor, Tensor] | None,
-                 parts: list[tuple[int, int, int]] | None = None,
-                 column: int | None = None,
-                 self_parts: list[tuple[int, int, int]] | None = None) -> None:
-        n = columns.size(0)
-        if column is not None and rows is None:  # where every layer writes its new keys
-            write: Tensor | int = column
+    def __init__(self, cache, plan: StepPlan) -> None:
+        p, n = plan, plan.columns.size(0)
+        if p.column is not None and p.slots is None:  # where every layer writes its new keys
+            write: Tensor | int = p.column
         else:
-            slots = torch.arange(n, device=columns.device) if rows is None else rows
-            write = flat_index(slots, columns, cache.shape[0], cache.width)
-        if cache.seq2seq and sources is None and rows is not None:
+            slots = torch.arange(n, device=p.columns.device) if p.slots is None else p.slots
+            write = flat_index(slots, p.columns, cache.shape[0], cache.width)
+        if cache.seq2seq and p.sources is None and p.slots is not None:
             raise ValueError("rows read by index read their sources by index too")
-        G = n if groups is None else groups[0].size(0)
-        self.layers = [(SlotKV(cache.k[i], cache.v[i], rows, n, width, write,
-                               parts=self_parts),
-                        SlotKV(cache.ck[i], cache.cv[i], sources, G, cross_width,
-                               groups=groups, parts=parts)
+        G = n if p.groups is None else p.groups[0].size(0)
+        self.layers = [(SlotKV(cache.k[i], cache.v[i], p.slots, n, p.width, write,
+                               parts=p.self_parts),
+                        SlotKV(cache.ck[i], cache.cv[i], p.sources, G, p.cross,
+                               groups=p.groups, parts=p.parts)
                         if cache.seq2seq else None)
                        for i in range(cache.n_layers)]
