@@ -45,6 +45,14 @@ class EngineConfig:
         if self.fast_lane is not None and self.fast_lane < 0:
             raise ValueError(f"fast_lane ({self.fast_lane}) must be 0 (none) or more")
 
+    @classmethod
+    def offline(cls, max_rows: int, **options) -> EngineConfig:
+        """An offline call's engine (``translate``, ``generate_many``, a validation metric):
+        every request's tokens count alike and only the total time does (no fast lane, no
+        shared chunk), in wide steps (``max_step_tokens`` 4,096); ``options`` override."""
+        return cls(max_rows=max_rows, **{"max_step_tokens": 4096, "fast_lane": 0,
+                                         "shared_chunk": 0, **options})
+
     def lane(self, device: torch.device) -> int:
         """The fast lane on ``device``: as given, or its default there."""
         return fast_lane_for(device) if self.fast_lane is None else self.fast_lane

@@ -149,6 +149,16 @@ class Engine:
         finally:
             s.gather = 0
 
+    def run_longest_first(self, requests: list[Request], progress=None) -> None:
+        """:meth:`run`, the longest prompts handed in first, as an offline call does (a
+        translator's sources, a language model's prompts). A finished row's slot takes the
+        last slot's row (cache.py ``compact``) and the rows that finish first are mostly the
+        short ones: handed in longest first, they hold the last slots, so the slots stay in
+        order of length and each part of a step's attention reads keys to its own rows'
+        longest (cache.py ``parts``); with a row limit the longest start first rather than
+        decode alone at the end."""
+        self.run(sorted(requests, key=lambda r: -len(r.prompt)), progress)
+
     # --- tokens out -------------------------------------------------------------------------
     def _advance(self, rows: list[tuple[Request, Sequence]], logits: Tensor, at: list[int],
                  finished: list) -> None:

@@ -95,11 +95,9 @@ class Run:
         rows = min(OFFLINE_ROWS, 1 << (max(rows, 1) - 1).bit_length())
         if self._engine is None or self._engine.config.max_rows < rows:
             self._engine = None  # the smaller cache freed before the larger is made
-            # offline, every request's tokens count alike: no fast lane; and throughput is
-            # what counts: wide steps, within the cache's memory (cache_bytes; the figures:
-            # docs/performance.md, "The engine's choices for a CPU")
-            self._engine = self.new_engine(EngineConfig(max_rows=rows, max_step_tokens=4096,
-                                                        fast_lane=0, shared_chunk=0))
+            # within the cache's memory (cache_bytes; why wide steps: docs/performance.md,
+            # "The engine's choices for a CPU")
+            self._engine = self.new_engine(EngineConfig.offline(rows))
         return self._engine
 
     def input_tokens(self, texts: list[str]) -> list[int] | None:

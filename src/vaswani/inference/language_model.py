@@ -48,11 +48,7 @@ class LanguageModel(Run):
         decode = self.decode_options(**options)
         completions = [self.completion(p, decode, seed=None if seed is None else seed + i)
                        for i, p in enumerate(prompts)]
-        # longest prompt first, as Translator.translations hands in its sources: the rows'
-        # contexts then stay in slot order, and each part of a step's attention reads keys
-        # to its own rows' longest context (engine/cache.py parts)
-        self.engine_for(len(completions)).run(
-            sorted((c.request for c in completions), key=lambda r: -len(r.prompt)))
+        self.engine_for(len(completions)).run_longest_first([c.request for c in completions])
         return [c.result() for c in completions]
 
     def continuation(self, prompt: str, decode: DecodeConfig, *, seed: int | None = None,

@@ -55,15 +55,9 @@ class Translator(Run):
         ``batch_size`` texts are decoded together (the engine takes the next one in as one
         finishes); by default as many as the engine's rows hold (512 greedy, 128 with beam
         4: a small model's step costs a CPU about as much for many rows as for few, so more
-        rows per step translate more sentences a second).
-
-        Sources go in longest first. A finished row's slot takes the last slot's row
-        (engine/cache.py ``compact``), and the rows that finish first are mostly those of
-        short sources: sorted longest first, they are the last slots, so the slots stay in
-        order of source length and each part of a step's cross-attention reads sources of
-        like lengths (shortest first, the long ones moved into the first slots and every part
-        read to their length); and with a row limit the longest start first rather than
-        decode alone at the end (docs/performance.md, "The engine's choices for a CPU")."""
+        rows per step translate more sentences a second). Sources go in longest first
+        (``Engine.run_longest_first``; docs/performance.md, "The engine's choices for a
+        CPU")."""
         if batch_size is not None:
             check_batch_size(batch_size)
         requests = self.requests(texts, decode)
@@ -71,8 +65,8 @@ class Translator(Run):
         engine = self.engine_for(rows * min(len(requests), batch_size or len(requests)))
         limit = contextlib.nullcontext() if batch_size is None else \
             engine.rows(batch_size * rows)
-        with limit:  # longest source first (see above)
-            engine.run(sorted(requests.values(), key=lambda r: -len(r.prompt)))
+        with limit:
+            engine.run_longest_first(list(requests.values()))
         return self.results(texts, requests, decode)
 
     def input_tokens(self, texts: list[str]) -> list[int]:
