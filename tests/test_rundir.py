@@ -1,5 +1,6 @@
 """Run directories: crash-safe writes, checkpoints, weights (tied, compiled, older names)."""
 
+import json
 import os
 
 import pytest
@@ -117,3 +118,30 @@ def test_kept_checkpoints_are_bounded(tmp_path):
         checkpoint.save_checkpoint(tmp_path, model, step * 100, keep=3)
     assert [p.stem for p in checkpoint.list_checkpoints(tmp_path)] == [
         "step-000500", "step-000600", "step-000700"]
+
+
+def test_a_table_read_in_row_blocks_is_the_tensor_and_keeps_the_checksum(tmp_path):
+    """iter_weights(path, in_blocks): the named (V, D) tensor comes in blocks of rows, read as
+    they are iterated, whose rows are the tensor's; the file's sha256 still holds, and a
+    flipped byte inside the table is still found."""
+    torch.manual_seed(0)
+    tensors = {"a.bias": torch.randn(3), "embed.weight": torch.randn(23, 4),
+               "z.weight": torch.randn(2, 2)}
+    path = tmp_path / "model.safetensors"
+    checkpoint.write_tensors(path, tensors)
+    got = {}
+    for name, value in checkpoint.iter_weights(path, lambda n: 5 if n == "embed.weight" else 0):
+        if isinstance(value, checkpoint.RowBlocks):
+            blocks = [block.clone() for block in value]  # each read into the same memory
+            assert value.shape == (23, 4) and [len(b) for b in blocks] == [5, 5, 5, 5, 3]
+            value = torch.cat(blocks)
+        got[name] = value
+    assert got.keys() == tensors.keys() and all(torch.equal(got[k], tensors[k]) for k in got)
+    raw = bytearray(path.read_bytes())
+    size = int.from_bytes(raw[:8], "little")
+    start, _ = json.loads(raw[8:8 + size])["embed.weight"]["data_offsets"]
+    raw[8 + size + start + 4 * 4 * 7] ^= 0x10  # a number of the table's row 7 (block 2)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="is damaged: its tensors do not match"):
+        for _, value in checkpoint.iter_weights(path, lambda n: 5):
+            list(value) if isinstance(value, checkpoint.RowBlocks) else value

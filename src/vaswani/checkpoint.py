@@ -18,7 +18,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -107,11 +107,12 @@ SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.f
                       "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 
 
-def _read_tensor(f, base: int, info: dict) -> torch.Tensor:
-    """One tensor of a safetensors file (``info``: its header entry), read into memory of its
-    own with ``readinto``."""
+def _read_tensor(f, base: int, info: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    """One tensor of a safetensors file (``info``: its header entry), read with ``readinto``
+    into memory of its own, or into ``out`` (contiguous, of its shape and dtype)."""
     start, end = info["data_offsets"]
-    t = torch.empty(info["shape"], dtype=SAFETENSORS_DTYPES[info["dtype"]])
+    t = torch.empty(info["shape"], dtype=SAFETENSORS_DTYPES[info["dtype"]]) if out is None \
+        else out
     raw = t.reshape(-1).view(torch.uint8)
     if raw.numel() != end - start:
         raise ValueError(f"a tensor's {end - start} bytes do not hold its shape "
@@ -122,13 +123,53 @@ def _read_tensor(f, base: int, info: dict) -> torch.Tensor:
     return t
 
 
-def iter_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+class RowBlocks:
+    """A tensor of a weights file read ``rows`` rows at a time as it is iterated (once, before
+    the file's next tensor), for a table too large to hold whole beside what it becomes. Each
+    block is read into the same memory: use it before taking the next."""
+
+    def __init__(self, read: Callable[[int, int], torch.Tensor], shape: torch.Size,
+                 dtype: torch.dtype, rows: int) -> None:
+        self.read, self.shape, self.dtype, self.rows = read, shape, dtype, rows
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for a in range(0, self.shape[0], self.rows):
+            yield self.read(a, min(a + self.rows, self.shape[0]))
+
+
+def _row_blocks(f, base: int, info: dict, name: str, h, rows: int, damaged) -> RowBlocks:
+    """:class:`RowBlocks` of one (V, D) tensor: each block read with ``_read_tensor`` and
+    hashed in order, which hashes what the whole tensor's bytes would."""
+    shape, dtype = torch.Size(info["shape"]), SAFETENSORS_DTYPES[info["dtype"]]
+    row_bytes = shape[1] * dtype.itemsize
+    h.update(f"{name}:{dtype}:{tuple(shape)};".encode())
+    buffer = torch.empty(min(rows, shape[0]), shape[1], dtype=dtype)  # every block's: one
+    # allocation, not one per block left behind in malloc's heap
+
+    def read(a: int, b: int) -> torch.Tensor:
+        start = info["data_offsets"][0] + a * row_bytes
+        try:
+            t = _read_tensor(f, base, {"shape": [b - a, shape[1]], "dtype": info["dtype"],
+                                       "data_offsets": [start, start + (b - a) * row_bytes]},
+                             buffer[:b - a])
+        except Exception as e:
+            raise damaged(e) from None
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+        return t
+
+    return RowBlocks(read, shape, dtype, rows)
+
+
+def iter_weights(path: Path, in_blocks: Callable[[str], int] | None = None
+                 ) -> Iterator[tuple[str, torch.Tensor | RowBlocks]]:
     """The tensors of a weights file one at a time, in name order, so that a model is loaded
     without the whole file in memory at once. They are read, not memory-mapped: a mapping
     keeps every page it has touched resident until it closes, which counted the whole file
-    in the process's memory (SmolLM2: 538 MB) beside the model it filled. The sha256 the
-    file was written with is checked as they are read: a mismatch raises after the last
-    tensor (whatever was loaded from them is then dropped with the error)."""
+    in the process's memory (SmolLM2: 538 MB) beside the model it filled. A tensor for which
+    ``in_blocks(name)`` gives a number of rows comes as :class:`RowBlocks`, to be iterated
+    before the next is read. The sha256 the file was written with is checked as they are
+    read: a mismatch raises after the last tensor (whatever was loaded from them is then
+    dropped with the error)."""
     if not path.exists():
         raise FileNotFoundError(f"no weights at {path}")
 
@@ -147,6 +188,10 @@ def iter_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     h = hashlib.sha256()
     with f:
         for name in names:
+            rows = in_blocks(name) if in_blocks is not None else 0
+            if rows and len(header[name]["shape"]) == 2:
+                yield name, _row_blocks(f, 8 + size, header[name], name, h, rows, damaged)
+                continue
             try:
                 t = _read_tensor(f, 8 + size, header[name])
             except Exception as e:

@@ -7,7 +7,7 @@ path's grows quadratically (docs/performance.md, "Attention at long sequences" a
 engine's choices for a CPU"). :class:`CPUAttention` makes that choice for
 :class:`~vaswani.nn.attention.Attention`'s ``"auto"``, and runs a decoding step (under
 inference, at most ``DECODE_QUERIES`` queries per row) through :func:`decoding_attention`.
-Other devices get SDPA, as before the swap.
+On another device ``"auto"`` is SDPA, as in nn/.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ in quality and buys in speed: docs/performance.md.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -222,10 +223,24 @@ class Int8Embedding(nn.Module):
     model's table is its largest tensor (Gemma 3 270M: 262,144 x 640) and is read a row per
     token, so it is kept in a quarter of the bytes."""
 
-    def __init__(self, weight: Tensor) -> None:
+    def __init__(self, weight: Tensor | Iterable[Tensor], shape: torch.Size | None = None
+                 ) -> None:
+        """``weight`` (V, D), or its rows in blocks, in order, with ``shape`` (V, D): a table
+        read a block at a time is never whole in float."""
         super().__init__()
-        self.num_embeddings, self.embedding_dim = weight.shape
-        self.qweight, self.scales = int8_rows(weight)
+        shape = weight.shape if shape is None else shape
+        self.num_embeddings, self.embedding_dim = shape
+        if isinstance(weight, Tensor):
+            self.qweight, self.scales = int8_rows(weight)
+            return
+        self.qweight = torch.empty(shape, dtype=torch.int8)
+        self.scales = torch.empty(shape[0])
+        a = 0
+        for block in weight:  # rows are quantized alone: blocks give the whole's levels
+            self.qweight[a:a + len(block)], self.scales[a:a + len(block)] = int8_rows(block)
+            a += len(block)
+        if a != shape[0]:
+            raise ValueError(f"a table of {shape[0]} rows came with {a}")
 
     def forward(self, ids: Tensor) -> Tensor:
         return self.qweight[ids].float() * self.scales[ids].unsqueeze(-1)

@@ -1,7 +1,8 @@
 """Loading a run with its weights quantized as they are read (``vaswani.load(...,
 quantize=...)``, ``--quantize``): each linear layer's float weight is in memory only until its
 int8 or int4 copy is made, and a language model's token table becomes int8 rows the same way,
-so the float model is never whole in memory (cpu/quantized.py has the layers)."""
+so the float model is never whole in memory, and the table is read in blocks of rows, so it
+is never whole in float either (cpu/quantized.py has the layers)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from torch import nn
 from ..checkpoint import iter_weights, unwrap
 from ..cpu.quantized import Int8Embedding, WeightOnlyLinear, quantized
 from ..nn.positional import Embeddings
+
+TABLE_ROWS = 4096  # a token table is read and quantized this many rows at a time
 
 
 def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool) -> None:
@@ -33,7 +36,9 @@ def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool
     names_of = {name: names for names in shared.values() for name in names}
     biases: dict[str, torch.Tensor] = {}
     done: set[str] = set()
-    for stored, value in iter_weights(path):
+    tables_stored = {f"{name}.weight" for name in tables}  # (V, D): read in row blocks
+    for stored, value in iter_weights(
+            path, lambda n: TABLE_ROWS if n.replace("_orig_mod.", "") in tables_stored else 0):
         stored = stored.replace("_orig_mod.", "")
         if stored not in names_of:
             raise ValueError(f"{path} does not match the model: unexpected {stored!r}")
@@ -62,7 +67,7 @@ def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool
                 setattr(model.get_submodule(parent), child,
                         quantized(real, kind, weight_only=weight_only))
             elif owner in tables:
-                table = Int8Embedding(value)
+                table = Int8Embedding(value, value.shape)
                 setattr(model.get_submodule(parent), child, table)
             else:
                 kept = nn.Parameter(value, requires_grad=False) if kept is None else kept

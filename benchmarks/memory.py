@@ -1,0 +1,50 @@
+"""A language model's memory after loading and generating a few tokens: ``python -m
+benchmarks.memory RUN_DIR [--quantize int8|int4] [--json OUT.json]``.
+
+Run in a process of its own, as the commands run (their malloc settings): ``vaswani.load``,
+then 4 greedy tokens of one prompt, then the process's resident memory (``VmRSS``) and its
+peak so far (``VmHWM``), from ``/proc/self/status``. The peak is the load's, where a float
+tensor waits to be quantized (docs/performance.md, "Generating text").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+
+from .common import hardware
+
+
+def status_mb(*keys: str) -> dict[str, int]:
+    """Fields of /proc/self/status, in MB."""
+    text = Path("/proc/self/status").read_text()
+    return {k: int(re.search(rf"^{k}:\s+(\d+) kB", text, re.M)[1]) // 1024 for k in keys}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("--quantize", choices=["int8", "int4"])
+    parser.add_argument("--json", metavar="OUT.json")
+    args = parser.parse_args(argv)
+    import vaswani
+    from vaswani.cli.process import keep_freed_memory
+
+    keep_freed_memory()  # as `vaswani generate` and `vaswani serve` run
+    run = vaswani.load(args.run_dir, quantize=args.quantize)
+    text = run.generate("The capital of France is", max_new_tokens=4, temperature=0)
+    mb = status_mb("VmRSS", "VmHWM")
+    result = {"run_dir": args.run_dir, "quantize": args.quantize or "float32",
+              "resident_mb": mb["VmRSS"], "peak_mb": mb["VmHWM"], "text": text,
+              "machine": hardware(), "date": time.strftime("%Y-%m-%d")}
+    print(json.dumps(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
