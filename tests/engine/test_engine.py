@@ -574,7 +574,7 @@ def test_a_long_prefill_takes_turns_with_short_work_by_time():
 
 
 def test_an_offline_run_hands_in_the_longest_prompts_first_and_each_decodes_as_alone():
-    """run_longest_first (translate, generate_many, a validation metric) submits by prompt
+    """run(longest_first=True) (translate, generate_many, a validation metric) submits by prompt
     length, longest first, on an offline config (no fast lane, no shared chunk, wide
     steps), and every request still gets what it gets alone."""
     lm = model("decoder")
@@ -586,7 +586,7 @@ def test_an_offline_run_hands_in_the_longest_prompts_first_and_each_decodes_as_a
     eng.submit = lambda r: submitted.append(len(r.prompt)) or submit(r)
     params = Params(max_new_tokens=6)
     requests = [lm_request(p, params) for p in prompts(6, seed=3)]
-    eng.run_longest_first(requests)
+    eng.run(requests, longest_first=True)
     assert submitted == sorted(submitted, reverse=True) and len(set(submitted)) > 1
     for r in requests:
         assert r.output == alone(lm, r.prompt, params)

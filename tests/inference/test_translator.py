@@ -33,23 +33,22 @@ def test_sources_go_in_longest_first_and_the_slots_stay_in_length_order(copy_run
     run = vaswani.load(copy_run[0])
     engine, runner = run.engine, run.engine.runner
     submitted, steps = [], []
-    engine_run, decode = engine.run, runner.decode
+    submit, decode = engine.submit, runner.decode
 
-    def run_spy(requests, *args, **kwargs):
-        submitted.append([len(r.prompt) for r in requests])
-        return engine_run(requests, *args, **kwargs)
+    def submit_spy(request):
+        submitted.append(len(request.prompt))
+        return submit(request)
 
     def decode_spy(plan_rows):
         steps.append(list(runner.cache.lengths[:runner.cache.sources_used]))
         return decode(plan_rows)
 
-    engine.run, runner.decode = run_spy, decode_spy
+    engine.submit, runner.decode = submit_spy, decode_spy
     # 70 sources of 16 lengths, all like the copy task's (5-20 of a-j), which the model
     # copies exactly: a row's output is as long as its source, so short rows finish first
     texts = [("abcdefghij" * 3)[i % 7:i % 7 + 5 + i % 16] for i in range(70)]
     run.translate(texts, beam=1)
-    [lengths] = submitted
-    assert lengths == sorted(lengths, reverse=True) and len(set(lengths)) > 3
+    assert submitted == sorted(submitted, reverse=True) and len(set(submitted)) > 3
     assert steps and all(step == sorted(step, reverse=True) for step in steps)
 
 

@@ -55,8 +55,7 @@ class Engine:
         self.runner = Runner(model, self.cache, pad_id=self.pad_id, static=static)
         self.sampler = Sampler(pad_id=self.pad_id, bos_id=bos_id, eos_id=eos_id,
                                device=self.device)
-        self.tokens_out = 0  # tokens generated so far (for throughput)
-        self.steps = 0
+        self.tokens_out = self.steps = 0  # tokens generated and steps run so far (throughput)
 
     # --- requests in ----------------------------------------------------------------------
     def submit(self, request: Request) -> Request:
@@ -133,11 +132,12 @@ class Engine:
         self.scheduler.took(plan)  # the step's time, counted to its turn
         return finished
 
-    def run(self, requests: list[Request], progress=None) -> None:
+    def run(self, requests: list[Request], progress=None, *, longest_first: bool = False) -> None:
         """Submit ``requests`` and step until every one has finished; ``progress(n)`` is told
-        how many finished in each step."""
-        for request in requests:
-            self.submit(request)
+        how many finished in each step. ``longest_first``, as an offline call hands them in:
+        as rows finish, the slots stay in order of length (cache.py ``compact``, ``parts``)."""
+        for r in sorted(requests, key=lambda q: -len(q.prompt)) if longest_first else requests:
+            self.submit(r)
         s = self.scheduler
         s.gather = max(1, s.max_rows // GATHER)  # new requests in groups (scheduler.py)
         try:
@@ -148,16 +148,6 @@ class Engine:
                         progress(len(done))
         finally:
             s.gather = 0
-
-    def run_longest_first(self, requests: list[Request], progress=None) -> None:
-        """:meth:`run`, the longest prompts handed in first, as an offline call does (a
-        translator's sources, a language model's prompts). A finished row's slot takes the
-        last slot's row (cache.py ``compact``) and the rows that finish first are mostly the
-        short ones: handed in longest first, they hold the last slots, so the slots stay in
-        order of length and each part of a step's attention reads keys to its own rows'
-        longest (cache.py ``parts``); with a row limit the longest start first rather than
-        decode alone at the end."""
-        self.run(sorted(requests, key=lambda r: -len(r.prompt)), progress)
 
     # --- tokens out -------------------------------------------------------------------------
     def _advance(self, rows: list[tuple[Request, Sequence]], logits: Tensor, at: list[int],

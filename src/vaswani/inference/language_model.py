@@ -48,7 +48,8 @@ class LanguageModel(Run):
         decode = self.decode_options(**options)
         completions = [self.completion(p, decode, seed=None if seed is None else seed + i)
                        for i, p in enumerate(prompts)]
-        self.engine_for(len(completions)).run_longest_first([c.request for c in completions])
+        self.engine_for(len(completions)).run([c.request for c in completions],
+                                              longest_first=True)
         return [c.result() for c in completions]
 
     def continuation(self, prompt: str, decode: DecodeConfig, *, seed: int | None = None,

@@ -56,7 +56,7 @@ class Translator(Run):
         finishes); by default as many as the engine's rows hold (512 greedy, 128 with beam
         4: a small model's step costs a CPU about as much for many rows as for few, so more
         rows per step translate more sentences a second). Sources go in longest first
-        (``Engine.run_longest_first``; docs/performance.md, "The engine's choices for a
+        (``Engine.run``'s ``longest_first``; docs/performance.md, "The engine's choices for a
         CPU")."""
         if batch_size is not None:
             check_batch_size(batch_size)
@@ -66,7 +66,7 @@ class Translator(Run):
         limit = contextlib.nullcontext() if batch_size is None else \
             engine.rows(batch_size * rows)
         with limit:
-            engine.run_longest_first(list(requests.values()))
+            engine.run(list(requests.values()), longest_first=True)
         return self.results(texts, requests, decode)
 
     def input_tokens(self, texts: list[str]) -> list[int]:

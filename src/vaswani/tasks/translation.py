@@ -122,7 +122,7 @@ class Translation(Task):
         requests = [Request.translation(data.valid[i][0].tolist(), greedy, bos_id=target.bos_id,
                                         max_len_a=d.max_len_a, max_len_b=d.max_len_b)
                     for i in range(len(pairs))]
-        engine.run_longest_first(requests)  # as `vaswani translate` does
+        engine.run(requests, longest_first=True)  # as `vaswani translate` does
         hyps = [target.decode(r.output) for r in requests]
         refs = [t for _, t in pairs]
         scores = bleu_chrf(hyps, refs)
