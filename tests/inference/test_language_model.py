@@ -137,13 +137,11 @@ def test_generate_many_hands_in_the_longest_prompt_first_and_gives_each_its_own_
 
     run = vaswani.load(small_runs["decoder"][0])
     submitted = []
-    engine_run = run.engine.run
-    run.engine.run = lambda requests, *a, **k: (submitted.append(
-        [len(r.prompt) for r in requests]), engine_run(requests, *a, **k))[1]
+    submit = run.engine.submit
+    run.engine.submit = lambda request: submitted.append(len(request.prompt)) or submit(request)
     prompts = ["to", "the king and the queen of the land", "a", "to be or not to be"]
     many = run.generate_many(prompts, max_new_tokens=6, temperature=0)
-    [lengths] = submitted
-    assert lengths == sorted(lengths, reverse=True) and len(set(lengths)) == 4
+    assert submitted == sorted(submitted, reverse=True) and len(set(submitted)) == 4
     assert many == [run.generate(p, max_new_tokens=6, temperature=0) for p in prompts]
     assert len(set(many)) > 1
     pushed = run.generate_many(prompts, max_new_tokens=6, temperature=0,
