@@ -66,7 +66,15 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
 
 def _hash_tensor(h, name: str, t: torch.Tensor) -> None:
     t = t.detach().contiguous().cpu()
-    h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+    _hash_header(h, name, t.dtype, t.shape)
+    _hash_bytes(h, t)
+
+
+def _hash_header(h, name: str, dtype: torch.dtype, shape) -> None:
+    h.update(f"{name}:{dtype}:{tuple(shape)};".encode())
+
+
+def _hash_bytes(h, t: torch.Tensor) -> None:
     h.update(t.reshape(-1).view(torch.uint8).numpy())  # the bytes as they are: no copy
 
 
@@ -142,7 +150,7 @@ def _row_blocks(f, base: int, info: dict, name: str, h, rows: int, damaged) -> R
     hashed in order, which hashes what the whole tensor's bytes would."""
     shape, dtype = torch.Size(info["shape"]), SAFETENSORS_DTYPES[info["dtype"]]
     row_bytes = shape[1] * dtype.itemsize
-    h.update(f"{name}:{dtype}:{tuple(shape)};".encode())
+    _hash_header(h, name, dtype, shape)  # then each block's bytes: the whole tensor's hash
     buffer = torch.empty(min(rows, shape[0]), shape[1], dtype=dtype)  # every block's: one
     # allocation, not one per block left behind in malloc's heap
 
@@ -154,7 +162,7 @@ def _row_blocks(f, base: int, info: dict, name: str, h, rows: int, damaged) -> R
                              buffer[:b - a])
         except Exception as e:
             raise damaged(e) from None
-        h.update(t.reshape(-1).view(torch.uint8).numpy())
+        _hash_bytes(h, t)
         return t
 
     return RowBlocks(read, shape, dtype, rows)

@@ -101,15 +101,24 @@ GROUP = 32  # int4: inputs per scale and offset (llama.cpp's Q4 blocks hold 32 t
 ROWS = 4096  # rows quantized at a time: a vocabulary-sized weight's temporaries stay small
 
 
-def int8_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """A (out, in) weight as (int8 (out, in), one symmetric scale per output row (out,))."""
-    q = torch.empty(weight.shape, dtype=torch.int8)
-    scales = torch.empty(weight.size(0))
-    for a in range(0, weight.size(0), ROWS):
-        w = weight[a:a + ROWS].detach().float()
+def int8_rows(weight: Tensor | Iterable[Tensor], shape: torch.Size | None = None
+              ) -> tuple[Tensor, Tensor]:
+    """A (out, in) weight as (int8 (out, in), one symmetric scale per output row (out,)),
+    ``ROWS`` rows at a time; or the same of its rows given in blocks, in order, with its
+    ``shape`` (a table read a block at a time is never whole in float)."""
+    shape = weight.shape if shape is None else shape
+    blocks = weight.split(ROWS) if isinstance(weight, Tensor) else weight
+    q = torch.empty(shape, dtype=torch.int8)
+    scales = torch.empty(shape[0])
+    a = 0
+    for block in blocks:  # each row is quantized alone: blocks give the whole's levels
+        w, b = block.detach().float(), a + len(block)
         s = _as_kernel_reads((w.abs().amax(dim=1) / 127).clamp_min(1e-12))
-        q[a:a + ROWS] = torch.round(w / s[:, None]).clamp(-127, 127)
-        scales[a:a + ROWS] = s
+        q[a:b] = torch.round(w / s[:, None]).clamp(-127, 127)
+        scales[a:b] = s
+        a = b
+    if a != shape[0]:
+        raise ValueError(f"a weight of {shape[0]} rows came with {a}")
     return q, scales
 
 
@@ -225,22 +234,10 @@ class Int8Embedding(nn.Module):
 
     def __init__(self, weight: Tensor | Iterable[Tensor], shape: torch.Size | None = None
                  ) -> None:
-        """``weight`` (V, D), or its rows in blocks, in order, with ``shape`` (V, D): a table
-        read a block at a time is never whole in float."""
+        """``weight`` (V, D), or its rows in blocks with ``shape``, as :func:`int8_rows`."""
         super().__init__()
-        shape = weight.shape if shape is None else shape
-        self.num_embeddings, self.embedding_dim = shape
-        if isinstance(weight, Tensor):
-            self.qweight, self.scales = int8_rows(weight)
-            return
-        self.qweight = torch.empty(shape, dtype=torch.int8)
-        self.scales = torch.empty(shape[0])
-        a = 0
-        for block in weight:  # rows are quantized alone: blocks give the whole's levels
-            self.qweight[a:a + len(block)], self.scales[a:a + len(block)] = int8_rows(block)
-            a += len(block)
-        if a != shape[0]:
-            raise ValueError(f"a table of {shape[0]} rows came with {a}")
+        self.qweight, self.scales = int8_rows(weight, shape)
+        self.num_embeddings, self.embedding_dim = self.qweight.shape
 
     def forward(self, ids: Tensor) -> Tensor:
         return self.qweight[ids].float() * self.scales[ids].unsqueeze(-1)
