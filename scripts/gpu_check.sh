@@ -35,7 +35,7 @@ shift || true
 } 2>&1 | tee "$OUT/env.txt"
 
 if [ "$MODE" = bench ]; then
-    declare -A LIMIT=([loss]=45 [seq2seq]=100 [lm]=120 [decode]=${DECODE_LIMIT:-90})
+    declare -A LIMIT=([loss]=90 [seq2seq]=100 [lm]=120 [decode]=${DECODE_LIMIT:-150})
     for part in ${1:-loss seq2seq lm decode}; do
         echo "== benchmarks.gpu --only $part"
         timeout -s ABRT "${LIMIT[$part]:-120}" python3 -X faulthandler -m benchmarks.gpu --only "$part" ${BENCH_ARGS:---repeats 5} \

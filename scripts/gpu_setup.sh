@@ -15,7 +15,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WHEELS=(pydantic pydantic-core annotated-types typing-inspection typing-extensions fastapi
         starlette uvicorn h11 click anyio sniffio idna gguf annotated-doc prometheus-client
-        jinja2 markupsafe tqdm)
+        jinja2 markupsafe tqdm opentelemetry-api)
+# what the wheels above need that the machine's image has (tests/test_gpu_scripts.py checks
+# that every requirement of a wheel is one or the other)
+ON_THE_MACHINE=(numpy pyyaml requests)
 
 case "${1:-}" in
 fetch)

@@ -89,8 +89,9 @@ def copy_run(tmp_path_factory):
 
     run = tmp_path_factory.mktemp("runs") / "copy"
     start = time.perf_counter()
-    summary = train(str(ROOT / "configs/copy-task.toml"), [], out=str(run),
-                    launch=Launch(progress=False))
+    summary = train(str(ROOT / "configs/copy-task.toml"),
+                    [f"train.device={DEVICE}", "train.compile=false"],  # as fixtures.config
+                    out=str(run), launch=Launch(progress=False))
     return run, summary, time.perf_counter() - start
 
 

@@ -1,9 +1,13 @@
 """scripts/gpu_check.sh's helpers: the plugin that writes each failure as it happens, so that
 a run cut off by the lent machine's time limit still says what failed."""
 
+import importlib.metadata
 import os
+import re
 import subprocess
 import sys
+
+from packaging.requirements import Requirement
 
 from tests.conftest import ROOT
 
@@ -26,6 +30,34 @@ def test_the_gpu_check_script_parses():
     r = subprocess.run(["bash", "-n", str(ROOT / "scripts/gpu_check.sh")], capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 0, r.stderr
+
+
+def names(array: str, script: str) -> set[str]:
+    """The words of a bash array ``NAME=(...)`` in ``script``, normalised as pip does."""
+    words = re.search(rf"^{array}=\((.*?)\)", script, re.M | re.S).group(1).split()
+    return {re.sub(r"[-_.]+", "-", w).lower() for w in words}
+
+
+def test_every_wheel_carried_to_the_gpu_machine_has_what_it_needs_there():
+    """The lent machine has no package registry: a wheel whose requirement is neither carried
+    nor on the machine fails its import there (fastapi 0.165 began to need opentelemetry-api,
+    and the whole serve folder was skipped on the GPU). Read from the installed versions, the
+    ones gpu_setup.sh fetches; markers as the machine's Python 3.12 on Linux reads them."""
+    script = (ROOT / "scripts/gpu_setup.sh").read_text()
+    carried, there = names("WHEELS", script), names("ON_THE_MACHINE", script)
+    machine = {"python_version": "3.12", "python_full_version": "3.12.3", "os_name": "posix",
+               "sys_platform": "linux", "platform_system": "Linux", "extra": "",
+               "platform_machine": "x86_64", "implementation_name": "cpython",
+               "platform_python_implementation": "CPython"}
+    missing = {}
+    for name in sorted(carried):
+        for line in importlib.metadata.requires(name) or []:
+            need = Requirement(line)
+            if need.marker and not need.marker.evaluate(machine):
+                continue
+            if re.sub(r"[-_.]+", "-", need.name).lower() not in carried | there:
+                missing.setdefault(name, []).append(need.name)
+    assert missing == {}
 
 
 def test_the_cuda_suite_is_dealt_into_shards_of_like_size_each_file_once():

@@ -22,7 +22,7 @@ def test_block_widths_divide_the_vocabulary_in_vector_multiples():
     assert block_width(50257) is None and block_width(300) is None and block_width(96) is None
 
 
-def test_first_max_by_blocks_is_argmax_with_ties_across_and_within_blocks():
+def test_first_max_by_blocks_is_argmax_with_ties_across_and_within_blocks(on_cpu):
     """On a CPU, many rows of a vocabulary that splits into blocks: the blocks' maxima
     first. The first of tied maxima wins where they lie in different blocks (in either
     order) and in one block, NaN beats everything (the first NaN), -inf rows give 0."""

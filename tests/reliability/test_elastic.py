@@ -16,18 +16,12 @@ from safetensors.torch import load_file
 
 from tests import processes
 from tests.processes import free_port
-from tests.training import fixtures
+from tests.training.fixtures import cpu_config as config  # several gloo processes
 from tests.training.fixtures import reverse_task
 from vaswani import rundir
 
 STEPS, SAVE_EVERY, EVAL_EVERY = 24, 4, 5
 HELPER = str(Path(__file__).parents[1] / "training" / "die_in.py")
-
-
-def config(*args, train: dict | None = None, **kwargs) -> Path:
-    """The jobs here are gloo processes on the CPU whatever `pytest --device` says (two
-    processes would need a GPU each)."""
-    return fixtures.config(*args, train={"device": "cpu", **(train or {})}, **kwargs)
 
 
 def torchrun(cfg: Path, out: Path, *extra: str, script: str | None = None, env: dict | None = None,

@@ -35,8 +35,12 @@ def classification_file(path: Path, n: int = 200, seed: int = 0) -> Path:
 
 def config(path: Path, arch: str, train_file: Path, *, dropout: float = 0.0,
            train: dict | None = None, data: dict | None = None,
-           model: dict | None = None) -> Path:
-    """A small config for ``arch`` on ``train_file``; dicts override section values."""
+           model: dict | None = None, device: str | None = None) -> Path:
+    """A small config for ``arch`` on ``train_file``; dicts override section values.
+
+    It trains on ``device`` (default: `pytest --device`) and eagerly: compiling (``compile =
+    "auto"`` does on CUDA) costs a tiny run more than it saves, and the compiled step has tests
+    of its own that ask for it (``compile=True``)."""
     from tests import conftest
     from vaswani.config import dump_toml
 
@@ -45,10 +49,16 @@ def config(path: Path, arch: str, train_file: Path, *, dropout: float = 0.0,
                   "n_layers": 2, "max_len": 64, **(model or {})},
         "data": {"train": str(train_file), "tokenizer": "char", "max_tokens": 400,
                  "batch_size": 8, "block_size": 32, **(data or {})},
-        "train": {"device": str(conftest.DEVICE),  # `pytest --device`
+        "train": {"device": device or str(conftest.DEVICE), "compile": False,
                   "max_steps": 20, "lr": 1e-3, "warmup": 5, "schedule": "noam",
                   "eval_every": 10, "save_every": 10, "log_every": 1, "metric_examples": 16,
                   **(train or {})},
     }
     path.write_text(dump_toml(sections))
     return path
+
+
+def cpu_config(*args, **kwargs) -> Path:
+    """:func:`config` on the CPU whatever `pytest --device` says: for jobs of several
+    processes (gloo), which on CUDA would need a GPU each."""
+    return config(*args, device="cpu", **kwargs)

@@ -14,7 +14,8 @@ from torch.testing import assert_close
 
 from tests import processes
 from tests.processes import free_port
-from tests.training.fixtures import classification_file, config, reverse_task
+from tests.training.fixtures import classification_file, reverse_task
+from tests.training.fixtures import cpu_config as config  # several processes
 from tests.training.test_trainer import losses
 from vaswani.training.train import Launch, train
 

@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 from torch.testing import assert_close
 
 from tests import conftest, processes
-from tests.training.fixtures import classification_file, config, reverse_task, text_file
+from tests.training.fixtures import (classification_file, config, cpu_config, reverse_task,
+                                     text_file)
 from vaswani.config import load_run_config
 from vaswani.tasks import task_for
 from vaswani.training.loop import Trainer
@@ -144,7 +145,7 @@ def test_resume_refuses_other_data_and_missing_checkpoints(tmp_path):
 
 def test_two_ddp_processes_equal_one_process_on_the_combined_batch(tmp_path):
     data = reverse_task(tmp_path / "pairs.tsv")
-    cfg = config(tmp_path / "c.toml", "encoder-decoder", data,
+    cfg = cpu_config(tmp_path / "c.toml", "encoder-decoder", data,
                  train={"max_steps": 6, "eval_every": 6, "save_every": 6})
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     single = subprocess.run([sys.executable, "-m", "vaswani", "train", str(cfg), "--out",
@@ -262,8 +263,8 @@ def test_the_older_bf16_key_still_means_precision_bf16(tmp_path, monkeypatch):
 
 
 def test_fp16_on_a_cpu_trains_in_fp32_and_says_so(tmp_path, capsys):
-    fp32 = run_losses(tmp_path, "fp32")
-    asked = run_losses(tmp_path, "asked", precision="fp16")
+    fp32 = run_losses(tmp_path, "fp32", device="cpu")
+    asked = run_losses(tmp_path, "asked", precision="fp16", device="cpu")
     assert "is not a CUDA GPU" in capsys.readouterr().err
     assert 'precision = "fp32"' in (tmp_path / "asked/config.toml").read_text()
     assert asked == fp32
