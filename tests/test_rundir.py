@@ -145,3 +145,20 @@ def test_a_table_read_in_row_blocks_is_the_tensor_and_keeps_the_checksum(tmp_pat
     with pytest.raises(ValueError, match="is damaged: its tensors do not match"):
         for _, value in checkpoint.iter_weights(path, lambda n: 5):
             list(value) if isinstance(value, checkpoint.RowBlocks) else value
+
+
+def test_weights_are_read_on_the_cpu_whatever_torchs_default_device(tmp_path):
+    """A file is read into host memory whatever `torch.set_default_device` says (the loader
+    fills the model's parameters from it afterwards). With the default device a GPU, the
+    reads once made their buffers there and then called the file damaged ('can't convert
+    cuda:0 device type tensor to numpy'); the meta device stands in for a GPU here."""
+    tensors = {"embed.weight": torch.randn(9, 4), "norm.bias": torch.randn(4)}
+    path = tmp_path / "model.safetensors"
+    checkpoint.write_tensors(path, tensors)
+    with torch.device("meta"):
+        whole = checkpoint.read_weights(path)
+        blocks = {n: torch.cat([b.clone() for b in v]) if isinstance(v, checkpoint.RowBlocks)
+                  else v for n, v in checkpoint.iter_weights(path, lambda n: 4)}
+    for got in (whole, blocks):
+        assert {t.device.type for t in got.values()} == {"cpu"}
+        assert all(torch.equal(got[k], tensors[k]) for k in tensors)

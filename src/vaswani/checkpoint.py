@@ -119,8 +119,8 @@ def _read_tensor(f, base: int, info: dict, out: torch.Tensor | None = None) -> t
     """One tensor of a safetensors file (``info``: its header entry), read with ``readinto``
     into memory of its own, or into ``out`` (contiguous, of its shape and dtype)."""
     start, end = info["data_offsets"]
-    t = torch.empty(info["shape"], dtype=SAFETENSORS_DTYPES[info["dtype"]]) if out is None \
-        else out
+    t = torch.empty(info["shape"], dtype=SAFETENSORS_DTYPES[info["dtype"]], device="cpu") \
+        if out is None else out
     raw = t.reshape(-1).view(torch.uint8)
     if raw.numel() != end - start:
         raise ValueError(f"a tensor's {end - start} bytes do not hold its shape "
@@ -151,8 +151,8 @@ def _row_blocks(f, base: int, info: dict, name: str, h, rows: int, damaged) -> R
     shape, dtype = torch.Size(info["shape"]), SAFETENSORS_DTYPES[info["dtype"]]
     row_bytes = shape[1] * dtype.itemsize
     _hash_header(h, name, dtype, shape)  # then each block's bytes: the whole tensor's hash
-    buffer = torch.empty(min(rows, shape[0]), shape[1], dtype=dtype)  # every block's: one
-    # allocation, not one per block left behind in malloc's heap
+    buffer = torch.empty(min(rows, shape[0]), shape[1], dtype=dtype, device="cpu")  # one for
+    # every block, not one per block left behind in malloc's heap
 
     def read(a: int, b: int) -> torch.Tensor:
         start = info["data_offsets"][0] + a * row_bytes

@@ -143,7 +143,12 @@ def test_generate_many_hands_in_the_longest_prompt_first_and_gives_each_its_own_
     many = run.generate_many(prompts, max_new_tokens=6, temperature=0)
     assert submitted == sorted(submitted, reverse=True) and len(set(submitted)) == 4
     assert many == [run.generate(p, max_new_tokens=6, temperature=0) for p in prompts]
-    assert len(set(many)) > 1
+    # sampled, the i-th with seed + i: texts that differ (a tiny model's greedy texts may all
+    # be one word repeated, as on CUDA), each in its prompt's place
+    drawn = run.generate_many(prompts, max_new_tokens=6, temperature=1.0, seed=7)
+    assert drawn == [run.generate(p, max_new_tokens=6, temperature=1.0, seed=7 + i)
+                     for i, p in enumerate(prompts)]
+    assert len(set(drawn)) == 4
     pushed = run.generate_many(prompts, max_new_tokens=6, temperature=0,
                                stop=["never in it"])  # a stop string: text token by token
     assert pushed == many

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests import conftest
+
 
 def test_health_and_models(client):
     assert client.get("/health").json()["status"] == "ok"
@@ -48,10 +50,12 @@ def test_the_fast_lane_of_vaswani_serve_reaches_every_engine(served, capsys):
     from fastapi.testclient import TestClient
 
     from vaswani.cli import main
-    from vaswani.engine.config import FAST_LANE
+    from vaswani.engine.config import FAST_LANE, fast_lane_for
     from vaswani.serve import create_app
 
-    for given, lane in [(None, FAST_LANE), (0, 0), (8, 8)]:  # None: the CPU's default
+    default = fast_lane_for(conftest.DEVICE)  # FAST_LANE on a CPU, none on a GPU
+    assert default == (FAST_LANE if conftest.DEVICE.type == "cpu" else 0)
+    for given, lane in [(None, default), (0, 0), (8, 8)]:
         with TestClient(create_app(served, fast_lane=given), base_url="http://127.0.0.1") as c:
             engines = c.app.state.server.engines.values()
             assert {e.scheduler.fast_lane for e in engines} == {lane}
@@ -195,7 +199,6 @@ def test_attention_without_a_target_translates_on_the_servers_engine(copy_run):
     from fastapi.testclient import TestClient
 
     import vaswani
-    from tests import conftest
     from vaswani.serve import create_app
 
     run = vaswani.load(copy_run[0], device=str(conftest.DEVICE))
