@@ -4,13 +4,15 @@
                              [--compile] [--batch-tokens N] [--json OUT.json]
 
 * **loss**: the task's label-smoothed cross-entropy (``models/losses.py``, forward and
-  backward; off the CPU, PyTorch's fused kernel) against ``F.cross_entropy(label_smoothing=0.1)``
-  on 16,384 x 32,000 bf16 logits.
+  backward), eager (off the CPU, PyTorch's fused kernel) and compiled (a compiled step's),
+  against ``F.cross_entropy(label_smoothing=0.1)`` on 16,384 x 32,000 bf16 logits, as given
+  and under autocast.
 * **seq2seq**: Transformer-base (d 512, 6+6 layers, 8 heads, d_ff 2048) and -big (d 1024, 16
   heads, d_ff 4096), shared 32k vocabulary, batches of 128-token sequences holding
   ``--batch-tokens`` tokens (default 25,600, as the paper's ~25,000; before, 16,384), bf16
   autocast, fused AdamW: vaswani through its task's loss against ``torch.nn.Transformer`` given
-  its best loss (``F.cross_entropy`` with label smoothing); with ``--compile`` both compiled.
+  its best loss (``F.cross_entropy`` with label smoothing); with ``--compile`` both compiled
+  (vaswani's loss then the compiled one, as a compiled training step's).
 * **lm**: a GPT-2-small-shaped decoder (d 768, 12 layers, 12 heads, vocabulary 50,257,
   16 x 1024 tokens) through the task loss, against Hugging Face's GPT-2 eager and compiled
   (when ``transformers`` is installed).
@@ -39,7 +41,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from vaswani import ModelConfig, build_model
 from vaswani.config import TrainConfig
 from vaswani.devices import bf16_is_fast
-from vaswani.models.losses import reference_smoothed_cross_entropy, smoothed_cross_entropy
+from vaswani.models.losses import compiled_smoothed_cross_entropy, smoothed_cross_entropy
 from vaswani.training.optimizers import make_optimizer
 
 from .baselines import TorchTransformer
@@ -125,14 +127,13 @@ class Bench:
 
 def loss_rows(b: Bench) -> tuple[list, dict]:
     """The task's loss, eager (off the CPU: two calls of PyTorch's fused kernel) and compiled
-    (inductor fuses the written-out reference into a pass or two over the logits), against
-    ``F.cross_entropy`` on the bf16 logits as given and under bf16 autocast (which upcasts
-    them: how a training step that computes its loss inside autocast calls it)."""
+    (a compiled step's: inductor fuses the reference into a pass or two over the logits),
+    against ``F.cross_entropy`` on the bf16 logits as given and under bf16 autocast (which
+    upcasts them: how a training step that computes its loss inside autocast calls it)."""
     s = b.shapes["loss"]
     logits = torch.randn(s.batch, s.vocab, device=b.device, dtype=b.dtype, requires_grad=True)
     target = b.rand(s.vocab, s.batch)
     target[::9] = 0  # padding
-    compiled = torch.compile(reference_smoothed_cross_entropy, dynamic=False)
 
     def run(loss_fn):
         def call():
@@ -143,7 +144,8 @@ def loss_rows(b: Bench) -> tuple[list, dict]:
     contenders = {
         "vaswani": run(lambda: smoothed_cross_entropy(logits, target, smoothing=0.1,
                                                       pad_id=0)[0]),
-        "vaswani compiled": run(lambda: compiled(logits, target, smoothing=0.1, pad_id=0)[0]),
+        "vaswani compiled": run(lambda: compiled_smoothed_cross_entropy(
+            logits, target, smoothing=0.1, pad_id=0)[0]),
         "F.cross_entropy": run(lambda: F.cross_entropy(logits, target, label_smoothing=0.1,
                                                        ignore_index=0, reduction="sum")),
     }
@@ -166,6 +168,12 @@ def loss_rows(b: Bench) -> tuple[list, dict]:
 
 
 # --- training steps ----------------------------------------------------------------------------
+
+def criterion_for(compile_it: bool):
+    """The loss a training step uses: the compiled one when the step is compiled, as the
+    Trainer picks it (training/loop.py)."""
+    return compiled_smoothed_cross_entropy if compile_it else smoothed_cross_entropy
+
 
 def train_step(b: Bench, model, loss_fn, compile_it: bool):
     model.to(b.device).train()
@@ -208,10 +216,12 @@ def seq2seq_one(b: Bench, name: str, compile_it: bool) -> tuple[list, dict]:
                                    tie_embeddings=True, max_len=512))
     theirs = TorchTransformer(s.vocab, s.d, s.heads, s.d_ff, s.layers, 0.1)
 
+    criterion = criterion_for(compile_it)
+
     def our_loss(m):  # the translation task's loss path
         logits = m(src, tgt[:, :-1])
-        loss, _, n = smoothed_cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(),
-                                            smoothing=0.1, pad_id=0)
+        loss, _, n = criterion(logits.flatten(0, 1), tgt[:, 1:].flatten(), smoothing=0.1,
+                               pad_id=0)
         return loss / n
 
     def their_loss(m):
@@ -249,9 +259,11 @@ def lm_rows(b: Bench, compile_it: bool) -> tuple[list, dict]:
     ids = b.rand(s.vocab, s.batch, s.length + 1)
     torch.manual_seed(0)
 
+    criterion = criterion_for(compile_it)
+
     def our_loss(m):  # the language-model task's loss path
         logits = m(ids[:, :-1])
-        loss, _, n = smoothed_cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+        loss, _, n = criterion(logits.flatten(0, 1), ids[:, 1:].flatten())
         return loss / n
 
     steps = {"vaswani": train_step(b, gpt2_model(s), our_loss, compile_it)}

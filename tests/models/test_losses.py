@@ -5,6 +5,7 @@ from torch.testing import assert_close
 
 from vaswani.models import losses
 from vaswani.models.losses import (
+    compiled_smoothed_cross_entropy,
     fused_smoothed_cross_entropy,
     reference_smoothed_cross_entropy,
     smoothed_cross_entropy,
@@ -168,3 +169,23 @@ def test_the_loss_equals_the_reference_on_the_test_device(device):
     g1, = torch.autograd.grad(got[0] + 0.5 * got[1], logits)
     g2, = torch.autograd.grad(want[0] + 0.5 * want[1], logits)
     torch.testing.assert_close(g1, g2)
+
+
+def test_the_compiled_loss_is_the_reference_for_any_number_of_rows(device):
+    """The criterion of a compiled training step: the reference compiled with dynamic shapes
+    (a batch's token count varies), with the reference's values and gradients, in float32
+    and from bf16."""
+    torch.manual_seed(0)
+    for rows, dtype, pad_id in [(90, torch.float32, 0), (37, torch.float32, None),
+                                (64, torch.bfloat16, 0)]:
+        x = (torch.randn(rows, 41, device=device) * 3).to(dtype).requires_grad_()
+        y = torch.randint(0, 41, (rows,), device=device)
+        if pad_id is not None:
+            y[::5] = pad_id
+        got = compiled_smoothed_cross_entropy(x, y, smoothing=0.1, pad_id=pad_id)
+        want = reference_smoothed_cross_entropy(x, y, smoothing=0.1, pad_id=pad_id)
+        for a, b in zip(got, want, strict=True):
+            assert_close(a, b, rtol=1e-5, atol=1e-4)
+        g1, = torch.autograd.grad(got[0] + 0.5 * got[1], x)
+        g2, = torch.autograd.grad(want[0] + 0.5 * want[1], x)
+        assert_close(g1, g2, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-4)

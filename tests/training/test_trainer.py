@@ -12,8 +12,7 @@ from safetensors.torch import load_file
 from torch.testing import assert_close
 
 from tests import conftest, processes
-from tests.training.fixtures import (classification_file, config, cpu_config, reverse_task,
-                                     text_file)
+from tests.training.fixtures import classification_file, config, cpu_config, reverse_task, text_file
 from vaswani.config import load_run_config
 from vaswani.tasks import task_for
 from vaswani.training.loop import Trainer
@@ -270,9 +269,19 @@ def test_fp16_on_a_cpu_trains_in_fp32_and_says_so(tmp_path, capsys):
     assert asked == fp32
 
 
-def test_compiled_training_matches_eager(tmp_path):
+def test_compiled_training_matches_eager(tmp_path, monkeypatch):
+    """A compiled step (the model compiled, the loss by the compiled criterion) trains as the
+    eager one does."""
+    from vaswani.models import losses as loss_module
+
+    compiled_loss, rows = loss_module.compiled_smoothed_cross_entropy, []
+    monkeypatch.setattr(loss_module, "compiled_smoothed_cross_entropy",
+                        lambda logits, *a, **k: rows.append(len(logits)) or
+                        compiled_loss(logits, *a, **k))
     eager = run_losses(tmp_path, "eager", max_steps=3, eval_every=3)
+    assert rows == []
     compiled = run_losses(tmp_path, "compiled", max_steps=3, eval_every=3, compile=True)
+    assert len(rows) >= 3  # a batch a step, and the validation batches
     for step in eager:
         assert compiled[step] == pytest.approx(eager[step], rel=1e-4)
     # weights saved from a compiled model carry no "_orig_mod." prefix

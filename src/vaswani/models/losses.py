@@ -18,10 +18,15 @@ bf16 logits over an 8000-word vocabulary that removes four (N, V) fp32 tensors p
 upcast, log-probabilities, and two gradient buffers). On a GPU there is no chunk loop: a
 loop of small kernels is bound by their launches, so :func:`smoothed_cross_entropy`
 computes the same numbers there with PyTorch's fused cross-entropy kernel
-(:func:`fused_smoothed_cross_entropy`, two calls of it and a few gathers).
+(:func:`fused_smoothed_cross_entropy`, two calls of it and a few gathers). A compiled
+training step uses :func:`compiled_smoothed_cross_entropy`, the reference compiled: inductor
+fuses its upcast, log-softmax, sums and gathers into a pass or two over the logits, and the
+backward into one (on a GPU faster than ``F.cross_entropy`` itself: docs/performance.md).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
@@ -64,6 +69,20 @@ def smoothed_cross_entropy(logits: Tensor, target: Tensor, *, smoothing: float =
     keep = torch.ones_like(target, dtype=torch.bool) if pad_id is None else target != pad_id
     loss, nll = _ChunkedSmoothedCE.apply(logits, target, keep, smoothing, pad_id)
     return loss, nll, keep.sum()
+
+
+def compiled_smoothed_cross_entropy(logits: Tensor, target: Tensor, *, smoothing: float = 0.0,
+                                    pad_id: int | None = None
+                                    ) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`reference_smoothed_cross_entropy` compiled once per process, for any number of
+    rows (a batch's token count varies): what a compiled training step computes its loss
+    with (``[train] compile``)."""
+    return _compiled_reference()(logits, target, smoothing=smoothing, pad_id=pad_id)
+
+
+@functools.cache
+def _compiled_reference():
+    return torch.compile(reference_smoothed_cross_entropy, dynamic=True)
 
 
 def fused_smoothed_cross_entropy(logits: Tensor, target: Tensor, *, smoothing: float = 0.0,

@@ -48,6 +48,7 @@ from ..data.batching import Batch
 from ..data.encode import TaskData
 from ..data.files import ReadReport
 from ..data.tokenizers import Tokenizer
+from ..models import losses
 
 
 def task_for(config: RunConfig) -> Task:
@@ -161,6 +162,15 @@ class Task:
              ) -> tuple[Tensor, Tensor, Tensor]:
         """(smoothed loss sum, NLL sum, number of targets) of one batch."""
         raise NotImplementedError
+
+    def criterion(self, logits: Tensor, target: Tensor, *, smoothing: float = 0.0,
+                  pad_id: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """The label-smoothed cross-entropy of ``logits`` (models/losses.py), compiled where
+        the run compiles its training step (``[train] compile`` on the logits' device)."""
+        compiled = self.config.train.compiles(logits.device)
+        loss = losses.compiled_smoothed_cross_entropy if compiled else \
+            losses.smoothed_cross_entropy
+        return loss(logits, target, smoothing=smoothing, pad_id=pad_id)
 
     @torch.no_grad()
     def metric(self, model: nn.Module, data: TaskData, batches, n_examples: int,

@@ -18,7 +18,6 @@ from ..data import files
 from ..data.batching import Batch, BucketBatches, pad
 from ..data.files import DataError, ReadReport
 from ..data.tokenizers import Tokenizer, train_tokenizer
-from ..models.losses import smoothed_cross_entropy
 from .base import Task
 
 
@@ -91,7 +90,7 @@ class Classification(Task):
                      targets=len(examples), tokens=sum(len(ids) for ids, _ in examples))
 
     def loss(self, model, batch, smoothing):
-        return smoothed_cross_entropy(model(batch["ids"]), batch["label"], smoothing=smoothing)
+        return self.criterion(model(batch["ids"]), batch["label"], smoothing=smoothing)
 
     @torch.no_grad()
     def metric(self, model, data, batches, n_examples, device):

@@ -19,7 +19,6 @@ from ..data.batching import WindowBatches
 from ..data.encode import text_chunks
 from ..data.files import DataError, ReadReport
 from ..data.tokenizers import train_tokenizer
-from ..models.losses import smoothed_cross_entropy
 from .base import Task
 
 
@@ -75,5 +74,4 @@ class LanguageModelling(Task):
     def loss(self, model, batch, smoothing):
         x = batch["input"]
         logits = model(x, mask=torch.ones_like(x, dtype=torch.bool))  # text has no padding
-        return smoothed_cross_entropy(logits.flatten(0, 1), batch["target"].flatten(),
-                                      smoothing=smoothing)
+        return self.criterion(logits.flatten(0, 1), batch["target"].flatten(), smoothing=smoothing)

@@ -21,7 +21,6 @@ from ..data.batching import Batch, BucketBatches, pad
 from ..data.tokenizers import train_tokenizer
 from ..engine import Engine, EngineConfig, Params, Request
 from ..evaluation.metrics import bleu_chrf, exact_match
-from ..models.losses import smoothed_cross_entropy
 from .base import Task
 
 
@@ -101,8 +100,8 @@ class Translation(Task):
     def loss(self, model, batch, smoothing):
         tgt = batch["tgt"]
         logits = model(batch["src"], tgt[:, :-1])  # teacher forcing: read tgt[:-1] and
-        return smoothed_cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(),  # predict tgt[1:]
-                                      smoothing=smoothing, pad_id=self.pad_id)
+        return self.criterion(logits.flatten(0, 1), tgt[:, 1:].flatten(),  # predict tgt[1:]
+                              smoothing=smoothing, pad_id=self.pad_id)
 
     @torch.no_grad()
     def metric(self, model, data, batches, n_examples, device):

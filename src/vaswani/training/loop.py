@@ -88,7 +88,7 @@ class Trainer:
         self.skips = SkipCounter(device, limit=t.max_skipped_steps, total=self.state.skipped)
         self.grad_norm = torch.full((), math.nan, device=device)  # the last step's, unclipped
         self.train_model = self.parallel.wrap(self.model, device)  # what the step runs through
-        if t.compiles(device):
+        if t.compiles(device):  # and the task's criterion (tasks/base.py) is compiled too
             self.train_model = torch.compile(self.train_model)
         self.report = Report(run_dir, main=dist.is_main, bar=progress, max_steps=t.max_steps,
                              budget_s=t.max_minutes * 60, start_step=self.state.step,
