@@ -38,7 +38,7 @@ docs-serve: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check src tests examples benchmarks scripts
+	$(VENV)/bin/ruff check src tests examples benchmarks scripts docs/tools
 	$(VENV)/bin/lint-imports --no-cache
 
 clean:

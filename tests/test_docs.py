@@ -25,8 +25,8 @@ from tests.serve.test_browser import browser, needs_chromium, requested_urls  # 
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-sys.path.insert(0, str(ROOT / "scripts"))
-import docs_hooks  # noqa: E402  (scripts/ is not a package)
+sys.path.insert(0, str(DOCS / "tools"))  # the site's build code (not a package)
+import mkdocs_hooks as docs_hooks  # noqa: E402
 
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
        "NO_MKDOCS_2_WARNING": "1"}

@@ -1,7 +1,7 @@
 """Draw the pictures of docs/reading.md ("Reading the Transformer") from vaswani's own code
 and a trained translator.
 
-    python scripts/reading_figures.py [RUN_DIR] [--out docs/images/reading]
+    python docs/tools/reading_figures.py [RUN_DIR] [--out docs/images/reading]
 
 RUN_DIR is an encoder-decoder run, by default the one `make demo` trains
 (runs/demo-bible-en-es, English -> Spanish). Every picture is computed, not drawn by hand:

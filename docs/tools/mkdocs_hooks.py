@@ -23,7 +23,7 @@ import textwrap
 import typing
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- config keys --------------------------------------------------------------------------
