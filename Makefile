@@ -25,7 +25,8 @@ test: $(VENV)/.installed
 quality: $(VENV)/.installed
 	$(PY) scripts/quality.py
 
-# make bench BENCH_ARGS=--quick  for the two-minute version
+# Every benchmark in benchmarks/ (hours; what this machine lacks is skipped, with its reason).
+# BENCH_ARGS=--quick: each in a shorter form; BENCH_ARGS="--only llm memory": some of them.
 bench: $(VENV)/.installed
 	$(PY) -m benchmarks $(BENCH_ARGS)
 
@@ -38,7 +39,7 @@ docs-serve: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check src tests examples benchmarks scripts docs/tools
+	$(VENV)/bin/ruff check src tests examples benchmarks experiments scripts docs/tools
 	$(VENV)/bin/lint-imports --no-cache
 
 clean:

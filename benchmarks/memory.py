@@ -1,5 +1,6 @@
 """A language model's memory after loading and generating a few tokens: ``python -m
-benchmarks.memory RUN_DIR [--quantize int8|int4] [--json OUT.json]``.
+benchmarks.memory [RUN_DIR] [--quantize int8|int4] [--work DIR] [--json OUT.json]``; without
+RUN_DIR, SmolLM2-135M-Instruct imported into ``--work`` (as ``benchmarks.llm`` does).
 
 Run in a process of its own, as the commands run (their malloc settings): ``vaswani.load``,
 then 4 greedy tokens of one prompt, then the process's resident memory (``VmRSS``) and its
@@ -15,7 +16,7 @@ import re
 import time
 from pathlib import Path
 
-from .common import hardware
+from .common import hardware, smollm2
 
 
 def status_mb(*keys: str) -> dict[str, int]:
@@ -26,10 +27,16 @@ def status_mb(*keys: str) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir")
+    parser.add_argument("run_dir", nargs="?", help="a language model's run (default: SmolLM2)")
     parser.add_argument("--quantize", choices=["int8", "int4"])
+    parser.add_argument("--work", metavar="DIR", help="where SmolLM2 is imported without "
+                        "RUN_DIR (default: a temp dir)")
     parser.add_argument("--json", metavar="OUT.json")
     args = parser.parse_args(argv)
+    if args.run_dir is None:
+        import tempfile
+
+        args.run_dir = str(smollm2(Path(args.work or tempfile.mkdtemp(prefix="vaswani-mem-"))))
     import vaswani
     from vaswani.cli.process import keep_freed_memory
 

@@ -21,7 +21,10 @@ def test_layers_and_no_import_loops(monkeypatch, capsys):
 
 
 def test_no_source_file_is_longer_than_it_should_be():
-    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "src").rglob("*.py"))
+    """The library's, the benchmarks' and the experiments' files alike."""
+    files = [p for folder in ("src", "benchmarks", "experiments")
+             for p in sorted((ROOT / folder).rglob("*.py"))]
+    long = {str(p.relative_to(ROOT)): n for p in files
             if (n := len(Path(p).read_text().splitlines())) > MAX_LINES}
     assert not long, f"split these (over {MAX_LINES} lines): {long}"
 
@@ -40,9 +43,10 @@ def test_the_engine_stays_an_orchestrator_and_only_the_scheduler_changes_a_reque
 
 
 # a timing (12 ms, 145 us), a speed (530 a second), a speed ratio (1.7x), a date (2026-11-26),
-# a benchmark's command
+# a benchmark's or an experiment's command
 MEASUREMENT = (r"\b\d[\d,.]*\s?(ms|us|µs)\b|\b\d+(\.\d+)?x\b(?![{}])|\b20\d\d-\d\d-\d\d\b"
-               r"|\b\d[\d,.]* (a|per) second\b|\b\d[\d,.]*\s?tok(ens)?/s\b|benchmarks\.")
+               r"|\b\d[\d,.]* (a|per) second\b|\b\d[\d,.]*\s?tok(ens)?/s\b"
+               r"|benchmarks\.|experiments\.")
 
 
 def test_measurements_live_in_the_docs_not_in_the_code():

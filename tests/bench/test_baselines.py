@@ -3,6 +3,7 @@ where they should be (torch.nn.Transformer) and trainable (the tutorial version)
 never asserted."""
 
 import torch
+
 from benchmarks import train_step
 from benchmarks.baselines import NaiveLayerNorm, NaiveTransformer, TorchTransformer
 

@@ -4,6 +4,7 @@ instructions PyTorch's kernels use (the CPU machines differ between sessions).""
 import json
 
 import torch
+
 from benchmarks.common import report
 
 

@@ -8,6 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+
 from benchmarks.nanogpt import (
     load_nanogpt,
     ms_per_iter,

@@ -6,9 +6,9 @@ import sys
 import time
 
 import pytest
-from benchmarks import peers
 
 import vaswani
+from benchmarks import peers
 from vaswani.export import export
 
 pytest.importorskip("ctranslate2", reason="vaswani[export] is not installed")

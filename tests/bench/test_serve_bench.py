@@ -5,6 +5,7 @@ never asserted)."""
 import sys
 
 import pytest
+
 from benchmarks.serve import Server, attention_memory, stream
 
 
@@ -46,6 +47,7 @@ def test_the_background_streams_read_every_stream_to_its_end_and_report_failures
 
 def test_the_time_in_the_engine_is_read_from_metrics_and_is_part_of_the_clients(small_runs):
     import httpx
+
     from benchmarks.serve_mixed import engine_side, engine_time, per_token_time, send
 
     run_dir, _ = small_runs["decoder"]

@@ -1,4 +1,4 @@
-"""benchmarks/step_floor.py: the written-out decoding step computes the model's logits, and
+"""experiments/step_floor.py: the written-out decoding step computes the model's logits, and
 the benchmark times it beside the engine's step on a trained translator (timing is never
 asserted)."""
 
@@ -7,9 +7,9 @@ import sys
 
 import pytest
 import torch
-from benchmarks import step_floor
 from torch.testing import assert_close
 
+from experiments import step_floor
 from vaswani import ModelConfig, build_model
 from vaswani.nn.kv_cache import KVCache
 
@@ -75,9 +75,8 @@ def test_a_replay_prices_every_step_of_a_whole_translation(copy_run, tmp_path, m
     passes, its decoding steps and the rest, each step's shape priced written out; one row
     of a step gives one token, so the row-steps are the tokens the translations hold (each
     with its end token); the engine is left as it was."""
-    from benchmarks.common import test_pairs
-
     import vaswani
+    from benchmarks.common import test_pairs
     from vaswani.engine.runner import Runner
 
     decode, encode = Runner.decode, Runner.encode

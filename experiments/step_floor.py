@@ -3,8 +3,8 @@ engine's step costs: the step written out in the fewest operators PyTorch has fo
 eagerly and compiled by ``torch.compile`` (inductor, weights frozen, its C++ wrapper), and the
 engine's own step.
 
-    python -m benchmarks.step_floor RUN_DIR [--rows 1,4,64,256] [--no-compile] [--json FILE]
-    python -m benchmarks.step_floor RUN_DIR --replay 300 [--json FILE]
+    python -m experiments.step_floor RUN_DIR [--rows 1,4,64,256] [--no-compile] [--json FILE]
+    python -m experiments.step_floor RUN_DIR --replay 300 [--json FILE]
 
 The written-out step (:func:`written_out`) is one decoder pass for R rows of one token each,
 with none of the engine's or the modules' Python: the embedding and its position, per layer a
@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .common import ROOT, best_time, interleaved_best
+from benchmarks.common import ROOT, best_time, interleaved_best
 
 
 def written_out(model):
@@ -246,8 +246,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import vaswani
-
-    from .common import hardware, step_sentence, test_pairs
+    from benchmarks.common import hardware, step_sentence, test_pairs
 
     run = vaswani.load(args.run_dir)
     model = run.model.eval()
@@ -297,7 +296,7 @@ def main() -> None:
     if not args.no_compile:  # in a process of its own: its generated code's threads slow
         # the eager steps of the process that ran it (the engine's 64-row step: 5.0 ms
         # against 3.9 once a compiled step had run beside it)
-        child = [sys.executable, "-m", "benchmarks.step_floor", args.run_dir, "--rows",
+        child = [sys.executable, "-m", "experiments.step_floor", args.run_dir, "--rows",
                  args.rows, "--repeats", str(args.repeats), "--compiled-only"]
         done = subprocess.run(child, capture_output=True, text=True, check=True, cwd=ROOT)
         for R, row in json.loads(done.stdout.strip().splitlines()[-1]).items():

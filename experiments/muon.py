@@ -1,7 +1,7 @@
 """Muon's update with its Newton-Schulz iteration in bf16 (PyTorch's) and in float32.
 
-    python -m benchmarks.muon [--presets copy-task,bible-en-es-demo] [--json OUT.json]
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python -m benchmarks.muon   # AVX2 kernels
+    python -m experiments.muon [--presets copy-task,bible-en-es-demo] [--json OUT.json]
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python -m experiments.muon   # AVX2 kernels
 
 One Muon step over the layers' matrices of each preset's model (fixed random gradients),
 the two iterations timed in alternation, best of ``--repeats``; then each iteration alone,
@@ -18,10 +18,9 @@ import argparse
 
 import torch
 
+from benchmarks.common import interleaved_best, preset_model, report
 from vaswani import build_model
 from vaswani.training.optimizers import Muon, hidden_matrices, orthogonalize, orthogonalize_all
-
-from .common import interleaved_best, preset_model, report
 
 
 def muon_step(matrices: list[torch.nn.Parameter], dtype: torch.dtype):

@@ -1,6 +1,6 @@
 import json
 
-from benchmarks import muon
+from experiments import muon
 
 
 def test_the_muon_benchmark_times_both_iterations(tmp_path, capsys):
