@@ -256,3 +256,18 @@ def test_a_pages_code_blocks_run_as_written(page, copy_run, tmp_path, capsys):
             exec(compile(block, str(page), "exec"), namespace)  # noqa: S102
     finally:
         os.chdir(ROOT)
+
+
+def test_every_module_a_page_runs_with_python_m_exists():
+    """`python -m NAME` in the README, docs/ and experiments/README.md names a module of this
+    repository that is there (a benchmark or experiment moved or removed leaves its command
+    behind otherwise; one page told how to fetch a deleted script back from git)."""
+    import importlib.util
+
+    pages = [ROOT / "README.md", ROOT / "experiments" / "README.md", *DOCS.rglob("*.md")]
+    ours = ("vaswani", "benchmarks", "experiments", "scripts")
+    missing = sorted({f"{page.relative_to(ROOT)}: python -m {name}"
+                      for page in pages
+                      for name in re.findall(r"python -m ([A-Za-z_][\w.]*)", page.read_text())
+                      if name.split(".")[0] in ours and importlib.util.find_spec(name) is None})
+    assert missing == []
