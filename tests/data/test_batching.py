@@ -139,3 +139,17 @@ def test_padding_to_a_multiple_changes_no_loss_and_no_gradient(tmp_path):
         torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-10)
     for x, y in zip(a[3], b[3], strict=True):
         torch.testing.assert_close(x, y, rtol=1e-8, atol=1e-10)
+
+
+def test_batches_are_planned_on_the_host_whatever_torchs_default_device():
+    """Batches are drawn and made on the CPU (they meet the device after): with a GPU as
+    torch's default device, a CPU generator could not draw for them (found on CUDA; the meta
+    device stands in for a GPU here)."""
+    tokens = torch.arange(100)
+    want = lm_windows(tokens, 5, seed=1, batch_size=4, block_size=8)
+    order = [BatchPlan([[i] for i in range(7)], seed=3).indices(i)[0] for i in range(7)]
+    with torch.device("meta"):
+        got = lm_windows(tokens, 5, seed=1, batch_size=4, block_size=8)
+        assert [BatchPlan([[i] for i in range(7)], seed=3).indices(i)[0]
+                for i in range(7)] == order
+    assert all(torch.equal(a, b) and a.device.type == "cpu" for a, b in zip(got, want))

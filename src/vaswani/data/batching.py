@@ -84,7 +84,7 @@ class BatchPlan:
         epoch, k = divmod(i, len(self.batches))
         if epoch != self._epoch:
             g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
-            self._order = torch.randperm(len(self.batches), generator=g).tolist()
+            self._order = torch.randperm(len(self.batches), generator=g, device="cpu").tolist()
             self._epoch = epoch
         return self.batches[self._order[k]]
 
@@ -121,7 +121,7 @@ def lm_windows(tokens, i: int, seed: int, batch_size: int,
     if block < 1:
         raise ValueError(f"language-model data has {n} tokens; it needs at least 2")
     g = torch.Generator().manual_seed(seed * 100_003 + i)
-    starts = torch.randint(0, n - block, (batch_size,), generator=g).numpy()
+    starts = torch.randint(0, n - block, (batch_size,), generator=g, device="cpu").numpy()
     windows = tokens[starts[:, None] + np.arange(block + 1)]  # (batch_size, block + 1)
     windows = torch.from_numpy(windows.astype(np.int64))
     return windows[:, :-1], windows[:, 1:]

@@ -77,7 +77,7 @@ def _sample(run, length: int = 7, batch: int = 2) -> tuple[Tensor, Tensor]:
     pad = run.config.model.pad_id
     low = 4 if run.config.model.vocab_size > 8 else 0
     ids = torch.randint(low, run.config.model.vocab_size, (batch, length),
-                        generator=torch.Generator().manual_seed(0))
+                        generator=torch.Generator().manual_seed(0), device="cpu")
     ids[1:, length - 2:] = pad
     return ids, ids != pad
 
