@@ -265,7 +265,7 @@ def test_every_module_a_page_runs_with_python_m_exists():
     import importlib.util
 
     pages = [ROOT / "README.md", ROOT / "experiments" / "README.md", *DOCS.rglob("*.md")]
-    ours = ("vaswani", "benchmarks", "experiments", "scripts")
+    ours = ("vaswani", "benchmarks", "experiments", "scripts", "tests")
     missing = sorted({f"{page.relative_to(ROOT)}: python -m {name}"
                       for page in pages
                       for name in re.findall(r"python -m ([A-Za-z_][\w.]*)", page.read_text())

@@ -152,4 +152,4 @@ def test_batches_are_planned_on_the_host_whatever_torchs_default_device():
         got = lm_windows(tokens, 5, seed=1, batch_size=4, block_size=8)
         assert [BatchPlan([[i] for i in range(7)], seed=3).indices(i)[0]
                 for i in range(7)] == order
-    assert all(torch.equal(a, b) and a.device.type == "cpu" for a, b in zip(got, want))
+    assert all(torch.equal(a, b) and a.device.type == "cpu" for a, b in zip(got, want, strict=True))

@@ -1,5 +1,5 @@
 """Bad inputs written down once, for two checkers: the tests (test_bad_inputs.py) give each to
-``vaswani.cli.main`` in this process; scripts/probe_reliability.py gives each to the ``vaswani``
+``vaswani.cli.main`` in this process; tests/reliability/probe.py gives each to the ``vaswani``
 command in a process of its own, a row of docs/reliability.md's table. Both want the same
 thing: exit status 2 and one line, ``vaswani: error: ...``, that says ``message``.
 

@@ -1,6 +1,6 @@
 """Bad inputs, as a new user or an adversary would give them: each is a one-line error (exit
 status 2, no traceback), and a bad training input touches no run directory. The tables of
-cases.py are scripts/probe_reliability.py's too, which gives them to the command line."""
+cases.py are tests/reliability/probe.py's too, which gives them to the command line."""
 
 import shutil
 from pathlib import Path

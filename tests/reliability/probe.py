@@ -1,14 +1,15 @@
 """Try every fault and bad input of docs/reliability.md against a vaswani checkout, through its
 command line only, and classify what happens.
 
-    python scripts/probe_reliability.py [--checkout DIR] [--only ID ...] [--json OUT]
-                                        [--before OLD.json --markdown docs/reliability.md]
+    pytest -m probe tests/reliability                # each case a test: fails unless clean
+    python -m tests.reliability.probe [--checkout DIR] [--only ID ...] [--json OUT]
+                                      [--before OLD.json --markdown docs/reliability.md]
 
 ``--checkout`` (default: this one) is any vaswani source tree; its ``src`` goes first on
 PYTHONPATH, so an older commit can be probed with today's virtual environment:
 
     git worktree add /tmp/old e078973
-    python scripts/probe_reliability.py --checkout /tmp/old --json old.json
+    python -m tests.reliability.probe --checkout /tmp/old --json old.json
 
 Outcomes: ``clean`` (what a user should see: the command works, or it stops with one line
 ``vaswani: error: ...`` and exit status 2, and nothing good was lost), ``traceback``,
@@ -32,9 +33,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests/reliability/checkpoints.py writes the tiny checkpoints
-from tests.reliability import cases as shared  # noqa: E402  (bad inputs the tests try too)
+from tests.reliability import cases as shared  # bad inputs the tests try too
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CASES: list[tuple[str, str, str, object]] = []  # (id, group, description, function)
 
@@ -1193,18 +1194,19 @@ def probe_server_long_prompt(p):
 INTRO = """# Reliability
 
 Every fault and bad input below is tried through the command line (and, for the server, over
-HTTP) by `scripts/probe_reliability.py`, and the table says what this version does with it. The
+HTTP) by `tests/reliability/probe.py`, and the table says what this version does with it. The
 same faults are tests in `tests/reliability/`, which run in `make test`; the bad settings,
 flags and damaged runs of the config, data and inference groups are written once, in
 `tests/reliability/cases.py`, with the message each must give: the tests pass them to the
 command-line entry point in their own process, the probe to the `vaswani` command, and both
 check that message. Rerun the probe and rewrite this page with
 
-    python scripts/probe_reliability.py --json docs/results/reliability-now.json \\
+    python -m tests.reliability.probe --json docs/results/reliability-now.json \\
         --markdown docs/reliability.md
 
 (`--checkout DIR` probes another source tree, and `--before OLD.json` adds its outcomes as a
-column, to compare two versions.)
+column, to compare two versions.) `pytest -m probe tests/reliability` runs each case as a
+test that fails unless the outcome is clean (`make test` leaves them out: they take minutes).
 
 Outcomes: **clean**: the command works, or stops with one line `vaswani: error: ...` and exit
 status 2 having lost nothing; **traceback**: a Python traceback; **accepted**: a bad input
@@ -1257,6 +1259,20 @@ def _clean(detail: str) -> str:
     return detail.removeprefix("traceback: ")
 
 
+def run_case(probe: Probe, cid: str, group: str, description: str, fn) -> dict:
+    """One case's outcome, detail and the commands it ran (a probe's own failure is reported
+    as ``probe-error``, not hidden)."""
+    start = time.perf_counter()
+    probe.commands = []
+    try:
+        status, detail = fn(probe)
+    except Exception as e:
+        status, detail = "probe-error", f"{type(e).__name__}: {e}"
+    return {"id": cid, "group": group, "what": description, "outcome": status,
+            "detail": detail, "commands": probe.commands,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkout", default=str(ROOT), help="a vaswani source tree")
@@ -1283,19 +1299,12 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="vaswani-probe-") as work:
         probe = Probe(Path(args.checkout).resolve(), Path(work))
-        for cid, group, description, fn in CASES:
-            if args.only and cid not in args.only:
+        for case_ in CASES:
+            if args.only and case_[0] not in args.only:
                 continue
-            start = time.perf_counter()
-            probe.commands = []
-            try:
-                status, detail = fn(probe)
-            except Exception as e:  # a probe's own failure is reported, not hidden
-                status, detail = "probe-error", f"{type(e).__name__}: {e}"
-            results.append({"id": cid, "group": group, "what": description,
-                            "outcome": status, "detail": detail, "commands": probe.commands,
-                            "seconds": round(time.perf_counter() - start, 1)})
-            print(f"{status:<11} {cid:<38} {detail[:110]}", flush=True)
+            results.append(run_case(probe, *case_))
+            r = results[-1]
+            print(f"{r['outcome']:<11} {r['id']:<38} {r['detail'][:110]}", flush=True)
     counts = Counter(r["outcome"] for r in results)
     tried = sum(v for k, v in counts.items() if k != "skipped")
     print(f"\n{counts['clean']} clean of {tried} tried ({dict(counts)})")
