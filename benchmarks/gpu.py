@@ -171,7 +171,7 @@ def loss_rows(b: Bench) -> tuple[list, dict]:
 
 def criterion_for(compile_it: bool):
     """The loss a training step uses: the compiled one when the step is compiled, as the
-    Trainer picks it (training/loop.py)."""
+    tasks pick it (tasks/base.py ``Task.criterion``)."""
     return compiled_smoothed_cross_entropy if compile_it else smoothed_cross_entropy
 
 
