@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.conftest import ROOT
 
@@ -35,7 +36,7 @@ def test_the_gpu_check_script_parses():
 def names(array: str, script: str) -> set[str]:
     """The words of a bash array ``NAME=(...)`` in ``script``, normalised as pip does."""
     words = re.search(rf"^{array}=\((.*?)\)", script, re.M | re.S).group(1).split()
-    return {re.sub(r"[-_.]+", "-", w).lower() for w in words}
+    return {canonicalize_name(w) for w in words}
 
 
 def test_every_wheel_carried_to_the_gpu_machine_has_what_it_needs_there():
@@ -55,7 +56,7 @@ def test_every_wheel_carried_to_the_gpu_machine_has_what_it_needs_there():
             need = Requirement(line)
             if need.marker and not need.marker.evaluate(machine):
                 continue
-            if re.sub(r"[-_.]+", "-", need.name).lower() not in carried | there:
+            if canonicalize_name(need.name) not in carried | there:
                 missing.setdefault(name, []).append(need.name)
     assert missing == {}
 

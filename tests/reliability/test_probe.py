@@ -32,14 +32,14 @@ def test_the_probe_finds_it_clean(probe, case):
 
 
 def test_the_probe_mode_runs_a_case_and_make_test_leaves_it_out():
-    one = "test_the_probe_finds_it_clean[config-is-a-directory]"
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           f"tests/reliability/test_probe.py::{one}", "-m", "probe"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    one = "tests/reliability/test_probe.py::test_the_probe_finds_it_clean[config-is-a-directory]"
+
+    def pytest_run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               one, *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+
+    done = pytest_run("-m", "probe")
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-2000:]
-    left = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           f"tests/reliability/test_probe.py::{one}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    left = pytest_run()
     assert "1 deselected" in left.stdout, left.stdout[-2000:]
