@@ -50,8 +50,12 @@ elif [ "$MODE" = tests ]; then
     VERSION="$(python3 scripts/gpu_shards.py version)"
     echo "== pytest --device cuda, shard $K/$N at $VERSION: $FILES"
     START=$(date +%s)
+    # each worker's CPU work on its share of the cores: 14 processes of 16 threads each on 16
+    # cores timed out a CPU translation and an import (60 s each; the H200, 2026-11-28)
+    WORKERS="${WORKERS:-12}"
+    export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / WORKERS > 0 ? $(nproc) / WORKERS : 1 ))}"
     # shellcheck disable=SC2086
-    timeout "${TEST_LIMIT:-540}" python3 -m pytest --device cuda $FILES -q -n "${WORKERS:-12}" \
+    timeout "${TEST_LIMIT:-540}" python3 -m pytest --device cuda $FILES -q -n "$WORKERS" \
         --timeout 60 -p no:cacheprovider -p scripts.pytest_failures -rfE --tb=short ${PYTEST_ARGS:-} \
         >"$OUT/pytest-$K-of-$N.log" 2>&1
     RC=$?

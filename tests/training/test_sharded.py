@@ -164,7 +164,7 @@ def test_bf16_shards_compute_in_bf16_and_keep_fp32_master_weights():
         torch.manual_seed(0)
         cfg = ModelConfig(arch="decoder", vocab_size=50, d_model=16, n_heads=2, d_ff=32,
                           n_layers=2, max_len=16, dropout=0.0)
-        model = sharding.shard(build_model(cfg), "bf16")
+        model = sharding.shard(build_model(cfg), "cpu", "bf16")
         assert model.embed.token.weight.__class__.__name__ == "DTensor"
         x = torch.randint(0, 50, (2, 5))
         logits = model(x, mask=torch.ones_like(x, dtype=torch.bool))
@@ -173,6 +173,24 @@ def test_bf16_shards_compute_in_bf16_and_keep_fp32_master_weights():
         for name, p in model.named_parameters():  # the sharded master weights and gradients
             assert p.dtype == p.grad.dtype == torch.float32, name
         assert model.output_proj.weight is model.embed.token.weight  # still tied
+    finally:
+        distributed.shutdown(group)
+
+
+def test_a_cpu_run_shards_on_a_cpu_mesh_where_there_is_a_gpu(monkeypatch):
+    """FSDP's own default mesh is the accelerator's: on a one-GPU machine two CPU processes
+    would each ask for a GPU of their own ("invalid device ordinal", found on an H200). The
+    accelerator is faked here; the mesh must follow the run's device."""
+    from vaswani import ModelConfig, build_model
+    from vaswani.training import distributed, sharding
+
+    monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+    group = distributed.init(0, 1, 0, torch.device("cpu"), group_of_one=True)
+    try:
+        cfg = ModelConfig(arch="decoder", vocab_size=50, d_model=16, n_heads=2, d_ff=32,
+                          n_layers=1, max_len=16, dropout=0.0)
+        model = sharding.shard(build_model(cfg), "cpu")
+        assert model.embed.token.weight.device_mesh.device_type == "cpu"
     finally:
         distributed.shutdown(group)
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
@@ -41,6 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -60,7 +62,7 @@ def build(config: ModelConfig, device: torch.device, precision: str = "fp32", *,
     at start-up is the slices plus the largest single matrix, not the model. Weights from
     ``init_from`` are loaded into the slices the same way (checkpoint.load_weights);
     ``initialise=False`` when they all are (the slices' tables are filled, nothing drawn)."""
-    model = shard(build_model(config, "meta"), precision)
+    model = shard(build_model(config, "meta"), device, precision)
     materialise(model, device)
     if initialise:
         init_weights(model, config.pad_id)
@@ -69,17 +71,20 @@ def build(config: ModelConfig, device: torch.device, precision: str = "fp32", *,
     return model
 
 
-def shard(model: nn.Module, precision: str = "fp32") -> nn.Module:
-    """Shard ``model`` in place over the default process group: each layer of each
-    :class:`Stack` a unit, the rest the root's. Make the optimizer after. bf16: layers
-    compute in bf16, gradients are reduced and the sharded master weights kept in fp32."""
+def shard(model: nn.Module, device: torch.device | str, precision: str = "fp32") -> nn.Module:
+    """Shard ``model`` in place over the default process group, on a mesh of ``device``'s
+    type (FSDP's own default is the GPU wherever there is one: CPU processes on a one-GPU
+    machine would each ask for a GPU of their own): each layer of each :class:`Stack` a unit,
+    the rest the root's. Make the optimizer after. bf16: layers compute in bf16, gradients
+    are reduced and the sharded master weights kept in fp32."""
+    mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if precision == "bf16" else MixedPrecisionPolicy()
     for module in model.modules():
         if isinstance(module, Stack):
             for layer in module.layers:
-                fully_shard(layer, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+                fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 
