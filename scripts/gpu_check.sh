@@ -61,18 +61,9 @@ elif [ "$MODE" = tests ]; then
     RC=$?
     echo "rc=$RC"
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-$K-of-$N.log" | tail -60
-    python3 - "$OUT/pytest-$K-of-$N.log" "$OUT/shard-$K-of-$N.json" "$K/$N" "$VERSION" "$RC" \
-        "$(( $(date +%s) - START ))" <<'PY'
-import json, re, sys
-log, out, shard, version, rc, seconds = sys.argv[1:]
-text = open(log).read()
-counts = (re.findall(r"=+ (.*) in [0-9.]+s", text) or ["no summary (cut off?)"])[-1]
-failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)
-import torch
-json.dump({"shard": shard, "commit": version, "passed": rc == "0", "rc": int(rc),
-           "counts": counts, "failed": failed, "seconds": int(seconds),
-           "device": torch.cuda.get_device_name()}, open(out, "w"), indent=2)
-PY
+    python3 scripts/gpu_shards.py result "$OUT/pytest-$K-of-$N.log" "$K/$N" "$VERSION" "$RC" \
+        "$(( $(date +%s) - START ))" "$(python3 -c 'import torch; print(torch.cuda.get_device_name())')" \
+        >"$OUT/shard-$K-of-$N.json"
 else
     echo "gpu_check: unknown mode $MODE (bench or tests K/N)" >&2
     exit 2

@@ -5,6 +5,8 @@ record of which shard passed at which commit, so that several short runs finish 
     python scripts/gpu_shards.py record OUT...    # merge gpu_check.sh's shard-*.json results
                                                   # into docs/results/gpu-suite.json
     python scripts/gpu_shards.py status [N]       # which shards of N passed at HEAD's code
+    python scripts/gpu_shards.py result LOG K/N VERSION RC SECONDS DEVICE  # gpu_check.sh's
+                                                  # JSON for one shard, read from its log
 
 A shard is a set of whole test files (DEVICE_TESTS, the folders whose code runs on the
 device), dealt out largest first to the shard with the fewest lines so far: the shards are
@@ -15,6 +17,7 @@ and writes ``$OUT/shard-K-of-N.json``: the commit, the shard, the counts, what f
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +72,18 @@ def record(results: list[Path], into: Path = RECORD) -> dict:
     return book
 
 
+def result(log: str, shard: str, version: str, rc: int, seconds: int, device: str) -> dict:
+    """One shard's result from its pytest log: the counts of pytest's last summary line
+    (with or without -q's rule of "=") and each failed or erroring test's whole id
+    (parametrized ids hold spaces: "test_x[n (9) is over]")."""
+    counts = re.findall(r"^=*\s*(\d+ (?:passed|failed|errors?|skipped)\b.*?) in [0-9.]+s",
+                        log, re.M)
+    failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", log, re.M)
+    return {"shard": shard, "commit": version, "passed": rc == 0, "rc": rc,
+            "counts": counts[-1] if counts else "no summary (cut off?)", "failed": failed,
+            "seconds": seconds, "device": device}
+
+
 def status(n: int, into: Path = RECORD) -> list[tuple[str, str]]:
     """(shard, what the record says of it) for each of ``n`` shards."""
     book = json.loads(into.read_text()) if into.exists() else {"shards": {}}
@@ -94,6 +109,10 @@ def main(argv: list[str]) -> int:
     elif argv and argv[0] == "status":
         for shard, said in status(int(argv[1]) if len(argv) > 1 else 4):
             print(f"{shard}: {said}")
+    elif len(argv) == 7 and argv[0] == "result":
+        log, shard, version, rc, seconds, device = argv[1:]
+        print(json.dumps(result(Path(log).read_text(errors="replace"), shard, version, int(rc),
+                                int(seconds), device), indent=2))
     elif argv == ["version"]:
         print(code_version())
     else:

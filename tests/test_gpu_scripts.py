@@ -94,6 +94,29 @@ def test_shard_results_are_recorded_by_shard_with_their_commit(tmp_path):
     assert said == {"1/2": "passed at def5678 on NVIDIA H100 (10 passed)", "2/2": "not run"}
 
 
+def test_a_shard_result_is_read_from_its_log_with_whole_ids_and_quiet_counts():
+    """The log's lines as pytest -q -rfE wrote them on an H200: -q's summary has no rule of
+    "=", and a parametrized id holds spaces (both were lost: "no summary", "...[n")."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_shards
+
+    log = ("E     rank 1: 3 passed in 2.00s  (a subprocess's output quoted in a failure)\n"
+           "FAILED tests/training/test_sharded.py::test_fsdp_on_two_processes_equals_one_process\n"
+           "FAILED tests/x.py::test_y - AssertionError: 1 == 0\n"
+           "ERROR tests/serve/test_app.py::test_bad[n (9) is over the limit of 8]\n"
+           "8 failed, 411 passed, 7 skipped, 32 warnings, 3 errors in 232.34s (0:03:52)\n")
+    got = gpu_shards.result(log, "1/1", "d774c2a", 1, 237, "NVIDIA H200")
+    assert got["counts"] == "8 failed, 411 passed, 7 skipped, 32 warnings, 3 errors"
+    assert got["failed"] == [
+        "tests/training/test_sharded.py::test_fsdp_on_two_processes_equals_one_process",
+        "tests/x.py::test_y", "tests/serve/test_app.py::test_bad[n (9) is over the limit of 8]"]
+    assert got["passed"] is False and got["shard"] == "1/1" and got["seconds"] == 237
+    ruled = gpu_shards.result("===== 10 passed in 5.10s =====\n", "2/4", "abc", 0, 6, "H100")
+    assert ruled["counts"] == "10 passed" and ruled["passed"] and ruled["failed"] == []
+    assert gpu_shards.result("collecting ...", "1/1", "abc", 124, 540, "H100")["counts"] \
+        == "no summary (cut off?)"
+
+
 def test_a_shard_out_of_range_or_an_unknown_call_is_refused(capsys):
     sys.path.insert(0, str(ROOT / "scripts"))
     import gpu_shards
