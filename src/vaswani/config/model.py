@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .base import ConfigBase
+from .family import family, named
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,10 @@ class ModelConfig(ConfigBase):
 
     SECTION = "model"
 
-    arch: Literal["encoder-decoder", "decoder", "encoder"] = "encoder-decoder"
-    """The model family: a translator, a language model or a classifier (embedder)."""
+    arch: str = "encoder-decoder"
+    """The model family: "encoder-decoder" (a translator), "decoder" (a language model) or
+    "encoder" (a classifier or embedder), or a family registered from outside
+    (config/family.py)."""
     vocab_size: int = 0
     """Token vocabulary (the source's, for a translator); 0 = not yet known: `vaswani train`
     sets it from the tokenizer."""
@@ -167,19 +170,20 @@ class ModelConfig(ConfigBase):
         if self.post_norms and not self.norm_first:
             raise ValueError("post_norms (True) needs norm_first (True): the second norm of "
                              "a pre-norm block")
-        if self.sliding_window:
-            if self.arch != "decoder":
-                raise ValueError(f"sliding_window ({self.sliding_window}) is only used by "
-                                 "arch 'decoder'")
+        kind = family(self.arch)
+        if self.sliding_window and not kind.language_model:
+            raise ValueError(f"sliding_window ({self.sliding_window}) is only used by "
+                             f"arch {named(lambda f: f.language_model)}")
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps ({self.norm_eps}) must be positive")
         if self.vocab_size and not 0 <= self.pad_id < self.vocab_size:
             raise ValueError(f"pad_id ({self.pad_id}) must be in [0, vocab_size={self.vocab_size})")
-        if self.arch != "encoder" and self.n_classes is not None:
-            raise ValueError(f"n_classes ({self.n_classes}) is only used by arch 'encoder'")
-        if self.arch != "encoder-decoder" and self.tgt_vocab_size is not None:
-            raise ValueError(
-                f"tgt_vocab_size ({self.tgt_vocab_size}) is only used by arch 'encoder-decoder'")
+        if not kind.classes and self.n_classes is not None:
+            raise ValueError(f"n_classes ({self.n_classes}) is only used by arch "
+                             f"{named(lambda f: f.classes)}")
+        if not kind.cross and self.tgt_vocab_size is not None:
+            raise ValueError(f"tgt_vocab_size ({self.tgt_vocab_size}) is only used by arch "
+                             f"{named(lambda f: f.cross)}")
         if (self.share_embeddings and self.tgt_vocab_size is not None
                 and self.tgt_vocab_size != self.vocab_size):
             raise ValueError(
@@ -195,11 +199,12 @@ class ModelConfig(ConfigBase):
         kv = head_dim * (self.n_kv_heads or heads)
         attention = 2 * d * head_dim * heads + 2 * d * kv
         feed_forward = (3 if self.activation in ("swiglu", "geglu_tanh") else 2) * d * self.d_ff
-        encoder = self.n_encoder_layers if self.arch != "decoder" else 0
-        decoder = self.n_decoder_layers if self.arch != "encoder" else 0
-        cross = attention if self.arch == "encoder-decoder" else 0
+        kind = family(self.arch)
+        encoder = self.n_encoder_layers if kind.encoder else 0
+        decoder = self.n_decoder_layers if kind.decoder else 0
+        cross = attention if kind.cross else 0
         layers = encoder * (attention + feed_forward) + decoder * (attention + cross + feed_forward)
-        vocab = self.vocab_size + (self.tgt_vocab_size or 0) * (self.arch == "encoder-decoder")
+        vocab = self.vocab_size + (self.tgt_vocab_size or 0) * kind.cross
         tables = self.max_len * d * (self.positional in ("sinusoidal", "learned"))
         return layers + vocab * d * (1 if self.tie_embeddings else 2) + tables
 
@@ -208,8 +213,8 @@ class ModelConfig(ConfigBase):
         if self.vocab_size == 0:
             raise ValueError("vocab_size (0) must be set to build a model "
                              "(vaswani train sets it from the tokenizer)")
-        if self.arch == "encoder" and self.n_classes is None:
-            raise ValueError("n_classes (None) must be set for arch 'encoder' "
+        if family(self.arch).classes and self.n_classes is None:
+            raise ValueError(f"n_classes (None) must be set for arch {self.arch!r} "
                              "(vaswani train sets it from the labels)")
 
     def follows(self) -> dict:
@@ -219,10 +224,11 @@ class ModelConfig(ConfigBase):
         family does not use stay None."""
         out = {"n_kv_heads": self.n_heads, "attn_dropout": self.dropout,
                "head_dim": self.d_model // max(self.n_heads, 1)}
-        if self.arch in ("encoder-decoder", "encoder"):
+        kind = family(self.arch)
+        if kind.encoder:
             out["n_encoder_layers"] = self.n_layers
-        if self.arch in ("encoder-decoder", "decoder"):
+        if kind.decoder:
             out["n_decoder_layers"] = self.n_layers
-        if self.arch == "encoder-decoder":
+        if kind.cross:
             out["tgt_vocab_size"] = self.vocab_size
         return out

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ..config.family import family
 from ..data.tokenizers import token_strings
 from . import refuse
 
@@ -36,7 +37,7 @@ ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_tanh": "GELUTanh", "swiglu"
 def check(config) -> None:
     """Refuse the options CTranslate2 has no exact counterpart for."""
     c = config
-    if c.arch == "encoder":
+    if not family(c.arch).decoder:
         raise refuse("ct2", "arch", c.arch, "CTranslate2 export serves translators "
                      "(encoder-decoder) and language models (decoder)")
     if c.type_vocab_size:
@@ -45,7 +46,7 @@ def check(config) -> None:
         raise refuse("ct2", "embed_norm", c.embed_norm, "no norm after the embeddings here")
     if c.positional == "none":
         raise refuse("ct2", "positional", c.positional, "sinusoidal, learned or rope")
-    if c.arch == "encoder-decoder" and c.positional == "rope":
+    if family(c.arch).cross and c.positional == "rope":
         raise refuse("ct2", "positional", c.positional, "a translator takes sinusoidal or "
                      "learned positions")
     if c.qkv_bias is not None and c.qkv_bias != c.bias:
@@ -58,7 +59,7 @@ def check(config) -> None:
                           ("head_dim", c.d_model // c.n_heads)):
         if getattr(c, option) != value:
             raise refuse("ct2", option, getattr(c, option), f"{value!r} only")
-    if c.arch == "encoder-decoder" and c.n_kv_heads not in (c.n_heads, 1):
+    if family(c.arch).cross and c.n_kv_heads not in (c.n_heads, 1):
         raise refuse("ct2", "n_kv_heads", c.n_kv_heads, "a translator takes n_heads or 1")
 
 
@@ -147,7 +148,7 @@ def build_spec(run):
     activation = getattr(common_spec.Activation, ACTIVATIONS[c.activation])
     glu = c.activation == "swiglu"
     rms = c.norm == "rmsnorm"
-    if c.arch == "encoder-decoder":
+    if family(c.arch).cross:
         spec = transformer_spec.TransformerSpec.from_config(
             (c.n_encoder_layers, c.n_decoder_layers), c.n_heads, pre_norm=c.norm_first,
             activation=activation, ffn_glu=glu, rms_norm=rms,
@@ -178,7 +179,7 @@ def build_spec(run):
     spec.config.unk_token = names[specials.unk_id]
     spec.config.bos_token = names[specials.bos_id]
     spec.config.eos_token = names[specials.eos_id]
-    if c.arch == "encoder-decoder":
+    if family(c.arch).cross:
         spec.config.decoder_start_token = names[specials.bos_id]
         # vaswani's encoder reads every source with <eos> at its end: CTranslate2 adds it too,
         # so translate_batch on plain tokens reproduces vaswani
@@ -211,7 +212,7 @@ def usage(run) -> str:
     never = [[names[out_tok.pad_id]], [names[out_tok.bos_id]]]
     tokens = ("the names in this folder's vocabulary files, as the run's tokenizer (kept in "
               "`vaswani/tokenizer/`) splits the text: a character tokenizer's are the characters")
-    if c.arch == "encoder-decoder":
+    if family(c.arch).cross:
         return f"""# CTranslate2 translator exported by vaswani
 
 ```python

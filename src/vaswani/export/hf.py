@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from ..config.family import family as arch_family
 from ..data.tokenizers import SPECIALS
 from . import refuse
 
@@ -39,12 +40,12 @@ def check(config) -> str:
     ``"mistral"``, ``"gemma3"`` or ``"gpt2"``); an option with no exact counterpart is refused
     by name."""
     c = config
-    if c.arch == "encoder-decoder":
+    if arch_family(c.arch).cross:
         raise refuse("hf", "arch", c.arch, "no Hugging Face seq2seq class (Marian, FSMT, "
                      "BART) matches vaswani's encoder-decoder exactly; use --format ct2 or onnx")
     if c.positional == "none":
         raise refuse("hf", "positional", c.positional, "sinusoidal, learned or rope")
-    if c.arch == "encoder":
+    if not arch_family(c.arch).decoder:
         required = {"norm_first": False, "norm": "layernorm", "bias": True, "embed_norm": True}
         name = "BERT (post-LN, LayerNorm with biases, a norm after the embeddings)"
         if c.positional == "rope":
@@ -89,10 +90,10 @@ def check(config) -> str:
     if c.qkv_bias is not None and c.qkv_bias != c.bias and family != "qwen2":
         raise refuse("hf", "qkv_bias", c.qkv_bias, f"{family} has no biases on q, k and v "
                      "alone (Qwen2 does, with rotary positions)")
-    if c.arch == "decoder" and c.embed_norm:
+    if arch_family(c.arch).language_model and c.embed_norm:
         raise refuse("hf", "embed_norm", c.embed_norm, "no norm after the embeddings in "
                      "GPT-2 or LLaMA")
-    if c.arch == "decoder" and c.type_vocab_size:
+    if arch_family(c.arch).language_model and c.type_vocab_size:
         raise refuse("hf", "type_vocab_size", c.type_vocab_size, "no token types in GPT-2 "
                      "or LLaMA")
     return family
@@ -303,7 +304,7 @@ def hf_tokenizer(run):
         hf.add_special_tokens(list(SPECIALS))
     else:
         hf = Tokenizer.from_str(tok.hf.to_str())
-    if tok.kind != "pretrained" and run.config.model.arch == "encoder":
+    if tok.kind != "pretrained" and not arch_family(run.config.model.arch).decoder:
         hf.post_processor = processors.TemplateProcessing(
             single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", tok.bos_id)])
     elif tok.kind != "pretrained":

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ..config.family import family
 from . import refuse
 
 TOLERANCE = 1e-4  # the largest |ONNX Runtime - vaswani| accepted at export time (fp32)
@@ -115,7 +116,7 @@ def write(run, out: Path) -> None:
     seq = {0: "batch", 1: "length"}
     worst = 0.0
     with torch.no_grad():
-        if c.arch == "encoder-decoder":
+        if family(c.arch).cross:
             bos = (run.target_tokenizer or run.source_tokenizer).bos_id
             tgt = torch.cat([torch.full((ids.size(0), 1), bos), ids[:, :4]], 1)
             tgt[1:, 3:] = c.pad_id
@@ -138,17 +139,18 @@ def write(run, out: Path) -> None:
             files = {"encoder.onnx": "input_ids, attention_mask -> memory",
                      "decoder.onnx": "decoder_input_ids, memory, attention_mask -> logits"}
         else:
-            wrapper = _Graph(model, _classify if c.arch == "encoder" else _lm)
-            output = "logits" if c.arch == "decoder" or model.head is not None else "hidden"
+            classifier = not family(c.arch).decoder
+            wrapper = _Graph(model, _classify if classifier else _lm)
+            output = "logits" if not classifier or model.head is not None else "hidden"
             axes = {"input_ids": seq, "attention_mask": seq}
-            axes[output] = {0: "batch"} if output == "logits" and c.arch == "encoder" else seq
+            axes[output] = {0: "batch"} if output == "logits" and classifier else seq
             _export(wrapper, (ids, keep), out / "model.onnx", ["input_ids", "attention_mask"],
                     [output], axes)
             expected = wrapper(ids, keep)
             got = torch.from_numpy(_run(out / "model.onnx",
                                         {"input_ids": ids, "attention_mask": keep})[0])
             diff = (got - expected).abs()
-            worst = float(diff.max() if diff.dim() == 2 and c.arch == "encoder"
+            worst = float(diff.max() if diff.dim() == 2 and classifier
                           else diff[keep].max())
             files = {"model.onnx": f"input_ids, attention_mask -> {output}"}
     if not worst <= TOLERANCE:

@@ -7,12 +7,12 @@ model and returns the use class of the run's task: :class:`~vaswani.inference.Tr
 :class:`~vaswani.inference.Encoder` (classification and sentence embeddings). What every run
 can do is here (decoding options, evaluation, attention); what a family does is in its class.
 
-A use class registers itself for its task by naming it (``task_name = "translation"``), so a
-new task's use class is picked up by being defined; nothing here lists the families. A task
-without a use class of its own is used through its architecture's (a tagging task on the
-encoder architecture loads as an :class:`~vaswani.inference.Encoder`). Asking a
-run for another family's work (``generate`` on a translator) is a :class:`WrongModel` error
-that says which kind of run the method needs.
+A run loads as its family's use class (the family's record, config/family.py and
+families.py), or as a task's own: a use class that names a task (``task_name = "tagging"``)
+is picked up by being defined, so a task beyond its family's (tests/tasks/toy_tagging.py)
+brings its use class in the same file. Asking a run for another family's work (``generate``
+on a translator) is a :class:`WrongModel` error that says which kind of run the method
+needs.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from torch import Tensor
 
 from .. import checkpoint, rundir
 from ..config import DecodeConfig, RunConfig
+from ..config.family import FAMILIES, Family, family
 from ..cpu.quantized import QUANTIZE
 from ..data.files import ReadReport
 from ..data.prepare import split_files
@@ -56,11 +57,8 @@ OFFLINE_ROWS = 512  # rows an offline call decodes together at most (Run.engine_
 class Run:
     """A trained model with its tokenizers, labels, decoding settings and device."""
 
-    registry: ClassVar[dict[str, type[Run]]] = {}  # task name -> the class that uses its runs
-    task_name: ClassVar[str] = ""  # set by a use class: the task whose runs it uses
-    describes: ClassVar[str] = "a run"  # for messages: "a translation model (encoder-decoder)"
-    action: ClassVar[str] = ""  # what the page and the server do with it: "translate", ...
-    summary: ClassVar[str] = ""  # one line for the page
+    registry: ClassVar[dict[str, type[Run]]] = {}  # task name -> a use class of its own
+    task_name: ClassVar[str] = ""  # set by a task's own use class: the task whose runs it uses
     takes_target: ClassVar[bool] = False  # the attention explorer can be given an output
     decodes: ClassVar[bool] = False  # it generates tokens, on the inference engine
     produces_outputs: ClassVar[bool] = True  # evaluation yields an output per example
@@ -79,6 +77,27 @@ class Run:
         self.task: Task = task_for(config)
         self.chat_template: str | None = rundir.read_chat_template(run_dir)
         self._engine = None
+
+    @property
+    def family(self) -> Family:
+        return family(self.config.model.arch)
+
+    # the family's words, which a task's own use class may replace with class attributes
+    @property
+    def describes(self) -> str:  # for messages: "a translation model (encoder-decoder)"
+        return self.family.describes
+
+    @property
+    def action(self) -> str:  # what the page does with it: "translate", ...
+        return self.family.action
+
+    @property
+    def summary(self) -> str:  # one line for the page
+        return self.family.summary
+
+    @property
+    def routes(self) -> tuple[str, ...]:  # the server's routes it answers
+        return self.family.routes
 
     @property
     def engine(self) -> Engine:
@@ -117,8 +136,7 @@ class Run:
         error naming the kind of run it needs."""
         owner = None if name.startswith("_") else owner_of(name)
         if owner is not None:
-            raise WrongModel(f"{self.run_dir} holds {self.describes}; {name} needs "
-                             f"{owner.describes}")
+            raise WrongModel(f"{self.run_dir} holds {self.describes}; {name} needs {owner}")
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def data_files(self, split: str, cache: Path) -> list[str]:
@@ -195,10 +213,16 @@ class Run:
                 "probabilities": self.output_probabilities(text, target)}
 
 
-def owner_of(method: str) -> type[Run] | None:
-    """The use class that has ``method`` (``"translate"`` -> Translator), if any."""
-    owners = [cls for cls in Run.registry.values() if callable(getattr(cls, method, None))]
-    return owners[0] if owners else None
+def owner_of(method: str) -> str | None:
+    """What kind of run has ``method``, in words (``"translate"`` -> "a translation model
+    (encoder-decoder)"), if any: a family's use class, else a task's own."""
+    for f in FAMILIES.values():
+        if callable(getattr(f.use, method, None)):
+            return f.describes
+    for cls in Run.registry.values():
+        if callable(getattr(cls, method, None)) and isinstance(cls.describes, str):
+            return cls.describes
+    return None
 
 
 def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
@@ -218,8 +242,8 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
         raise ValueError(f"--quantize {quantize} runs on a CPU (PyTorch's {quantize} "
                          f"kernels); the device asked for is {dev}")
     config = rundir.read_config(run_dir)
-    task = task_for(config)
-    use = Run.registry.get(task.name) or Run.registry[Task.for_arch[task.arch].name]
+    kind = family(config.model.arch)
+    use = Run.registry.get(task_for(config).name) or kind.use
     source, target, labels = rundir.read_tokenizers(run_dir)
     for name, tok, expected in [("source", source, config.model.vocab_size),
                                 ("target", target, config.model.tgt_vocab_size)]:
@@ -227,10 +251,10 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
             raise ValueError(f"the {name} tokenizer in {run_dir / rundir.TOKENIZER} has "
                              f"{tok.vocab_size} tokens but the model expects {expected}: "
                              "the tokenizer does not belong to this model")
-    language_model = config.model.arch == "decoder"
+    language_model = kind.language_model
     if quantize == "int4" and not language_model:
         raise ValueError(f"--quantize int4 is for language models; {run_dir} holds "
-                         f"{use.describes}: use --quantize int8")
+                         f"{kind.describes}: use --quantize int8")
     path = checkpoint.weights_path(run_dir, weights)
     if weights == "best" and path.parent != run_dir:
         warnings.warn(f"{run_dir} has no best weights ({rundir.BEST}: no evaluation kept "

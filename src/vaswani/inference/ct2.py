@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import rundir
+from ..config.family import family
 from ..data.tokenizers import token_strings
 from .base import WrongModel, encode_inputs
 
@@ -40,7 +41,7 @@ class CT2Run:
         self.index = {t: i for i, t in enumerate(token_strings(self.target))}
         names = token_strings(self.target)  # vaswani never outputs <pad> or <bos>
         self.never = [[names[self.target.pad_id]], [names[self.target.bos_id]]]
-        engine = (ctranslate2.Translator if self.config.model.arch == "encoder-decoder"
+        engine = (ctranslate2.Translator if family(self.config.model.arch).cross
                   else ctranslate2.Generator)
         self.model = engine(str(self.folder), device=device, compute_type=compute_type,
                             intra_threads=threads)  # 0: CTranslate2's default
@@ -180,5 +181,5 @@ def load(folder: str | Path, *, device: str = "cpu", compute_type: str = "defaul
                                 f"model.bin and {SOURCE}/); make one with `vaswani export "
                                 "RUN_DIR --format ct2 --out DIR`")
     arch = rundir.read_config(folder / SOURCE).model.arch
-    cls = CT2Translator if arch == "encoder-decoder" else CT2LanguageModel
+    cls = CT2Translator if family(arch).cross else CT2LanguageModel
     return cls(folder, device=device, compute_type=compute_type, threads=threads)

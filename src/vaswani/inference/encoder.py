@@ -19,17 +19,13 @@ from .base import Run, as_batch, attention_map, check_batch_size, token_labels
 
 
 class Encoder(Run):
-    task_name = "classification"
-    describes = "an encoder (a classifier or a sentence encoder)"
-
     @property
     def action(self) -> str:
-        return "classify" if self.labels else "embed"
+        return self.family.action if self.labels else "embed"
 
     @property
     def summary(self) -> str:
-        return ("classifier: labels your text" if self.labels
-                else "sentence encoder: compares two texts")
+        return self.family.summary if self.labels else "sentence encoder: compares two texts"
 
     def input_tokens(self, texts: list[str]) -> list[int]:
         return [len(ids) for ids, _ in classifier_inputs(self.source_tokenizer, texts, 2**62)]

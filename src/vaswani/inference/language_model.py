@@ -21,10 +21,6 @@ from .base import Run, as_batch, attention_map, next_token_probabilities, token_
 
 
 class LanguageModel(Run):
-    task_name = "lm"
-    describes = "a language model (decoder)"
-    action = "generate"
-    summary = "language model: continues your text"
     produces_outputs = False  # evaluation scores the text itself
     decodes = True
 

@@ -29,10 +29,6 @@ from .base import (
 
 
 class Translator(Run):
-    task_name = "translation"
-    describes = "a translation model (encoder-decoder)"
-    action = "translate"
-    summary = "translation: type a sentence, get its translation"
     takes_target = True
     decodes = True
 

@@ -8,24 +8,20 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..config.family import family
 from ..cpu import fast_paths
 from .common import fill_buffers, init_weights, is_sharded
 from .decoder_lm import DecoderLM
 from .encoder_classifier import EncoderClassifier
 from .encoder_decoder import EncoderDecoder
 
-ARCHITECTURES: dict[str, type[nn.Module]] = {
-    "encoder-decoder": EncoderDecoder,
-    "decoder": DecoderLM,
-    "encoder": EncoderClassifier,
-}
-
 
 def build_model(config: ModelConfig, device: torch.device | str | None = None, *,
                 initialise: bool = True, fast: bool = True) -> nn.Module:
-    """The model for ``config.arch`` on ``device`` (default: torch's default device, as for
-    any ``nn.Module``: the CPU unless ``torch.set_default_device`` or a ``with torch.device``
-    block says otherwise), freshly initialised; ``model.config is config``. Built on the
+    """The model of ``config.arch``'s family (config/family.py) on ``device`` (default:
+    torch's default device, as for any ``nn.Module``: the CPU unless
+    ``torch.set_default_device`` or a ``with torch.device`` block says otherwise), freshly
+    initialised; ``model.config is config``. Built on the
     meta device first (shapes only: no memory, no random draws), then allocated on
     ``device`` and initialised once, so a large model is not first made and initialised on
     the CPU and then copied. (``device="meta"`` returns it unallocated: FSDP shards it
@@ -40,7 +36,7 @@ def build_model(config: ModelConfig, device: torch.device | str | None = None, *
     device = torch.get_default_device() if device is None else torch.device(device)
     check_fits(config, device)
     with torch.device("meta"):
-        model = ARCHITECTURES[config.arch](config)
+        model = family(config.arch).model(config)
         if fast:
             fast_paths(model)
     if device.type != "meta":
@@ -112,5 +108,5 @@ def parameter_counts(model: nn.Module) -> tuple[list[tuple[str, int]], int]:
     return parts, sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["ARCHITECTURES", "DecoderLM", "EncoderClassifier", "EncoderDecoder", "build_model",
+__all__ = ["DecoderLM", "EncoderClassifier", "EncoderDecoder", "build_model",
            "materialise", "parameter_counts"]

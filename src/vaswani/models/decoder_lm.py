@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..config.family import family
 from ..nn.kv_cache import KVCache
 from ..nn.layers import DecoderLayer, Stack
 from .common import (
@@ -26,8 +27,8 @@ from .common import (
 class DecoderLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        if config.arch != "decoder":
-            raise ValueError(f"DecoderLM needs arch 'decoder', got {config.arch!r}")
+        if not family(config.arch).language_model:
+            raise ValueError(f"DecoderLM needs a decoder-only arch, got {config.arch!r}")
         config.require_complete()
         c = self.config = config
         self.embed = embeddings(c, c.vocab_size)

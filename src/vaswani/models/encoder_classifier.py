@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..config.family import family
 from ..nn import masks
 from ..nn.dropout import Dropout
 from ..nn.layers import EncoderLayer, Stack
@@ -31,8 +32,9 @@ def mean_pool(hidden: Tensor, keep: Tensor) -> Tensor:
 class EncoderClassifier(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        if config.arch != "encoder":
-            raise ValueError(f"EncoderClassifier needs arch 'encoder', got {config.arch!r}")
+        kind = family(config.arch)
+        if not kind.encoder or kind.decoder:
+            raise ValueError(f"EncoderClassifier needs an encoder-only arch, got {config.arch!r}")
         config.require_complete()
         c = self.config = config
         layer = layer_options(c)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..config.family import family
 from ..nn import masks
 from ..nn.kv_cache import KVCache
 from ..nn.layers import DecoderLayer, EncoderLayer, Stack
@@ -29,8 +30,8 @@ from .common import (
 class EncoderDecoder(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        if config.arch != "encoder-decoder":
-            raise ValueError(f"EncoderDecoder needs arch 'encoder-decoder', got {config.arch!r}")
+        if not family(config.arch).cross:
+            raise ValueError(f"EncoderDecoder needs an encoder-decoder arch, got {config.arch!r}")
         config.require_complete()
         c = self.config = config
         layer = layer_options(c)

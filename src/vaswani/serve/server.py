@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ..config import DecodeConfig
+from ..config.family import serving
 from ..engine import EngineConfig, Request
 from ..inference import Run
-from ..inference.base import owner_of
 from ..inference.language_model import Completion
 from . import schemas
 from .batcher import Batcher, Job
@@ -32,9 +32,6 @@ from .metrics import Metrics
 # that a short request arrives during is one it must wait out, and smaller steps cost a whole
 # prompt's prefill little more (docs/performance.md, "Serving").
 SERVER_STEP_TOKENS = 256
-# What each route asks of a run: the method of the use class that serves it.
-METHOD_OF_ROUTE = {"completions": "generate", "chat": "generate", "translate": "translate",
-                   "classify": "classify", "embeddings": "embed"}
 
 
 @dataclass(frozen=True)
@@ -92,10 +89,10 @@ class Server:
             raise UnknownModel(f"unknown model {shown!r}; loaded: {', '.join(self.runs)}",
                                "model")
         run = self.runs[name]
-        method = METHOD_OF_ROUTE.get(route)
-        if method is not None and not callable(getattr(type(run), method, None)):
+        family = serving(route)  # None: a route every run answers (attention, ...)
+        if family is not None and route not in run.routes:
             raise Refused(f"model {name!r} is {run.describes}; /v1/{route} needs "
-                          f"{owner_of(method).describes}", "model")
+                          f"{family.describes}", "model")
         return run
 
     def served(self, name: str) -> dict:

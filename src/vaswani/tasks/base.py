@@ -7,8 +7,8 @@ vaswani has three, one per model architecture, each in its own file:
     classification   encoder           tasks/classification.py
 
 A task registers itself by being defined: a subclass names itself (``name``) and the
-architecture it trains (``arch``); ``default_for_arch = True`` makes it the task a config with
-that ``[model] arch`` gets, and any other task is chosen with ``[data] task = "NAME"``. Every
+architecture it trains (``arch``). A config gets its ``[model] arch``'s task (the family's
+record, config/family.py), and any other task is chosen with ``[data] task = "NAME"``. Every
 module in this folder is imported by ``tasks/__init__.py``, so a new task is one new file.
 Using a trained model (translating, generating, classifying) is not a task's business: that is
 the use classes' in inference/.
@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import RunConfig
+from ..config.family import family
 from ..data import encode
 from ..data.batching import Batch
 from ..data.encode import TaskData
@@ -56,9 +57,7 @@ def task_for(config: RunConfig) -> Task:
     the run's config."""
     name = config.data.task
     if not name:
-        if config.model.arch not in Task.for_arch:
-            raise ValueError(f"no task trains [model] arch {config.model.arch!r}")
-        return Task.for_arch[config.model.arch](config)
+        return family(config.model.arch).task(config)
     if name not in Task.registry:
         raise ValueError(f"[data] task ({name!r}) must be one of "
                          f"{', '.join(sorted(Task.registry))}")
@@ -76,20 +75,16 @@ class Task:
 
     name: ClassVar[str]  # "translation", "lm", "classification": what a registry dataset is for
     arch: ClassVar[str]  # the model architecture it trains ([model] arch)
-    default_for_arch: ClassVar[bool] = False  # the task a config with that arch gets
     metrics: ClassVar[tuple[str, ...]] = ("valid_loss",)  # what [train] best_metric may name
     unit: ClassVar[str] = "examples"  # what len(TaskData.train) counts
     labelled: ClassVar[bool] = False  # examples carry class labels (kept in the run's tokenizer/)
 
     registry: ClassVar[dict[str, type[Task]]] = {}  # name -> task
-    for_arch: ClassVar[dict[str, type[Task]]] = {}  # arch -> its default task
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if "name" in cls.__dict__:
             Task.registry[cls.name] = cls
-            if cls.__dict__.get("default_for_arch"):
-                Task.for_arch[cls.arch] = cls
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config

@@ -36,7 +36,6 @@ def classifier_inputs(tok: Tokenizer, texts: list[str], max_len: int
 class Classification(Task):
     name = "classification"
     arch = "encoder"
-    default_for_arch = True
     metrics = ("valid_loss", "accuracy")
     labelled = True
 

@@ -25,7 +25,6 @@ from .base import Task
 class LanguageModelling(Task):
     name = "lm"
     arch = "decoder"
-    default_for_arch = True
     unit = "tokens"
 
     def micro_batch_tokens(self) -> int:

@@ -27,7 +27,6 @@ from .base import Task
 class Translation(Task):
     name = "translation"
     arch = "encoder-decoder"
-    default_for_arch = True
     metrics = ("valid_loss", "exact_match", "bleu", "chrf")
 
     def check_training_config(self):

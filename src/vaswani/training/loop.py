@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from .. import checkpoint, devices, rundir
 from ..config import RunConfig
+from ..config.family import family
 from ..data.batching import Batch
 from ..evaluation.metrics import perplexity
 from ..nn.layers import Stack
@@ -65,7 +66,7 @@ class Trainer:
         t = cfg.train
         torch.manual_seed(t.seed)  # same initial weights on every rank
         self.parallel = parallel.for_run(t.parallel, dist)  # one process, DDP or FSDP
-        fresh = ("head.",) if cfg.model.arch == "encoder" else ()  # a classifier's new head
+        fresh = ("head.",) if family(cfg.model.arch).classes else ()  # a classifier's new head
         # resumed, or fine-tuned with no new head, every weight is loaded: none drawn first
         loaded = resume or bool(t.init_from and not fresh)
         self.model = self.parallel.build(cfg.model, device, t.precision, initialise=not loaded)

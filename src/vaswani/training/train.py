@@ -30,6 +30,7 @@ import torch
 
 from .. import checkpoint, devices, rundir
 from ..config import RunConfig, apply_overrides, load_run_config, load_toml
+from ..config.family import family
 from ..data.registry import default_cache
 from ..data.tokenizers import Tokenizer
 from ..models import check_fits
@@ -176,14 +177,16 @@ def configure(config: str, overrides: list[str]) -> tuple[RunConfig, Tokenizers 
     if base.arch != cfg.model.arch:
         raise ValueError(f"[train] init_from ({base_dir}) holds a {base.arch!r} model but "
                          f"[model] arch is {cfg.model.arch!r}")
-    if base.arch == "encoder":  # a classifier: the body, a new head for the data's classes
+    kind = family(base.arch)
+    if kind.classes:  # a classifier: the body, a new head for the data's classes
         model = base.replace(n_classes=None, dropout=cfg.model.dropout,
                              attn_dropout=cfg.model.attn_dropout, pooling=cfg.model.pooling)
-    elif base.arch == "decoder":  # a language model, trained on: every weight
+    elif kind.language_model:  # a language model, trained on: every weight
         model = base.replace(dropout=cfg.model.dropout, attn_dropout=cfg.model.attn_dropout)
     else:
-        raise ValueError("[train] init_from supports encoder models (fine-tuning a "
-                         "classifier) and decoder language models for now")
+        raise ValueError(f"[train] init_from supports encoders with a class head (fine-tuning "
+                         f"a classifier) and decoder-only language models for now, not "
+                         f"{kind.describes}")
     source, target, _ = rundir.read_tokenizers(base_dir)
     return cfg.replace(model=model), (source, target)
 
