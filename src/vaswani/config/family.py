@@ -21,6 +21,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Family:
+    """One model family: what its model is made of, the classes that build, train and use
+    it, the server routes its runs answer and the words said of it."""
+
     name: str  # the [model] arch that picks it
     # what the model is made of
     encoder: bool  # an encoder stack reads the whole input, both ways
