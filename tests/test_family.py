@@ -37,7 +37,7 @@ TOY = Family(name="toy", encoder=False, decoder=True, classes=False, model=ToyLM
 def toy():
     register(TOY)
     yield TOY
-    del FAMILIES[TOY.name]
+    FAMILIES.pop(TOY.name, None)
 
 
 def small(**fields) -> ModelConfig:
