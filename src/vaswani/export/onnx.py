@@ -139,18 +139,18 @@ def write(run, out: Path) -> None:
             files = {"encoder.onnx": "input_ids, attention_mask -> memory",
                      "decoder.onnx": "decoder_input_ids, memory, attention_mask -> logits"}
         else:
-            classifier = not family(c.arch).decoder
-            wrapper = _Graph(model, _classify if classifier else _lm)
-            output = "logits" if not classifier or model.head is not None else "hidden"
+            encoder_only = not family(c.arch).decoder  # a classifier or an embedder
+            wrapper = _Graph(model, _classify if encoder_only else _lm)
+            output = "logits" if not encoder_only or model.head is not None else "hidden"
             axes = {"input_ids": seq, "attention_mask": seq}
-            axes[output] = {0: "batch"} if output == "logits" and classifier else seq
+            axes[output] = {0: "batch"} if output == "logits" and encoder_only else seq
             _export(wrapper, (ids, keep), out / "model.onnx", ["input_ids", "attention_mask"],
                     [output], axes)
             expected = wrapper(ids, keep)
             got = torch.from_numpy(_run(out / "model.onnx",
                                         {"input_ids": ids, "attention_mask": keep})[0])
             diff = (got - expected).abs()
-            worst = float(diff.max() if diff.dim() == 2 and classifier
+            worst = float(diff.max() if diff.dim() == 2 and encoder_only
                           else diff[keep].max())
             files = {"model.onnx": f"input_ids, attention_mask -> {output}"}
     if not worst <= TOLERANCE:
