@@ -23,11 +23,13 @@ checkpoint.py's, and every write goes through atomic.py::
 
 ``tokenizer/meta.json`` holds the sha256 of each tokenizer file: a damaged one is an error
 naming it. One process at a time: training and import hold ``RUN_DIR/.lock`` (an OS-level lock
-that the kernel releases when the process ends, however it ends).
+that the kernel releases when the process ends, however it ends); the file is vaswani's own,
+and a ``.lock`` of anyone else's (or a link) is a refusal that leaves it as it is.
 
 Nothing of the user's is ever removed. Each write is listed in the manifest before it is made
 (:func:`record`), and starting over (``--overwrite``, or after a start that saved no weights)
-removes only the listed files; a file vaswani did not write that lies where a run writes
+removes only the listed files, and only those of vaswani's layout (:func:`in_layout`: a
+manifest entry outside it claims nothing); a file vaswani did not write that lies where a run writes
 (``last/notes.txt``, a ``model.safetensors`` of the user's) makes the start refuse, naming it,
 before anything is touched. A run written before the manifest existed is recognised by its
 layout (:data:`LAYOUT`).
@@ -41,6 +43,7 @@ import fnmatch
 import json
 import os
 import socket
+import stat
 import sys
 import warnings
 from pathlib import Path
@@ -66,6 +69,14 @@ LAYOUT = (CONFIG, *TOKENIZER_FILES, CHAT_TEMPLATE, BEST, f"{LAST}/{BEST}", f"{LA
           f"{LAST}/state.json", f"{LAST}/{COMPLETE}", f"{LAST}/{SHARDED}/*",
           f"{CHECKPOINTS}/step-*.safetensors", AVERAGED, METRICS, LOSS_PLOT, LAUNCHER,
           f"{TENSORBOARD}/*")
+# What a name with "*" in LAYOUT stands for: file names matched a path segment at a time (a
+# "*" never crosses a "/"), each as narrow as the library that writes them names its files
+# (torch.distributed.checkpoint's shards and metadata; SummaryWriter's event files).
+PATTERNS = {f"{LAST}/{SHARDED}/*": (f"{LAST}/{SHARDED}/.metadata",
+                                    f"{LAST}/{SHARDED}/__*_*.distcp",
+                                    f"{LAST}/{SHARDED}/__*.metadata"),
+            f"{TENSORBOARD}/*": (f"{TENSORBOARD}/events.out.tfevents.*",),
+            f"{CHECKPOINTS}/step-*.safetensors": (f"{CHECKPOINTS}/step-*.safetensors",)}
 # The names at the top of a run directory that belong to vaswani: a file of the user's there,
 # or in a folder of that name, is in a run's way.
 RUN_NAMES = frozenset({p.split("/")[0] for p in LAYOUT} | {"last.tmp", "last.old",
@@ -76,7 +87,47 @@ class RunInUse(FileExistsError):
     """Another process holds the run directory's lock."""
 
 
+class Refused(FileExistsError):
+    """A run directory cannot be started in; nothing in it was touched."""
+
+
 # --- one process per run directory -----------------------------------------------------------
+
+LOCK_HEADER = "vaswani run lock: "  # how vaswani's lock file begins (a user's never does)
+
+
+def _lock_record(pid: int | None) -> bytes:
+    """The lock file's one line, always the same length: written over the last one in place,
+    the file is never truncated."""
+    return f"{LOCK_HEADER}{'pid ' + str(pid) if pid else 'free':<16}\n".encode()
+
+
+def _open_lock(path: Path) -> int:
+    """``path`` opened for the lock: created exclusively, or, where it exists, opened without
+    following a link and only if it is vaswani's (a regular file of one name, empty or
+    holding a lock record; older versions wrote a bare pid). Anything else is a
+    :class:`Refused` naming it, and its bytes are neither changed nor shown."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError as e:  # a link (ELOOP), a folder, a file this user cannot write
+        kind = "a symbolic link" if path.is_symlink() else f"not usable ({e.strerror})"
+        raise Refused(f"{path} is {kind}, not vaswani's lock file; move it, or choose another "
+                      "--out") from None
+    info = os.fstat(fd)
+    head = os.pread(fd, len(LOCK_HEADER) + 32, 0)
+    ours = not head or head.strip().isdigit() or head.startswith(LOCK_HEADER.encode())
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or not ours:
+        os.close(fd)
+        why = ("a file with other names too (a hard link)" if info.st_nlink != 1 else
+               "a file of someone else's")
+        raise Refused(f"{path} is {why}, not vaswani's lock file, and was left as it is; move "
+                      "it, or choose another --out")
+    return fd
+
 
 @contextlib.contextmanager
 def locked(run_dir: Path):
@@ -84,11 +135,14 @@ def locked(run_dir: Path):
 
     The lock is ``flock``: the kernel releases it when the process exits, ``kill -9``
     included, so a stale lock file never blocks anyone; the pid written in it only lets the
-    next process say whose lock it took over."""
+    next process say whose lock it took over. The file is vaswani's own: a ``.lock`` of
+    anyone else's (or a link) is refused, untouched (:func:`_open_lock`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lock(run_dir / LOCK)
     try:
-        previous = os.read(fd, 32).decode(errors="replace").strip()
+        text = os.pread(fd, 64, 0).decode(errors="replace")
+        previous = text.removeprefix(LOCK_HEADER).removeprefix("pid ").strip()
+        previous = previous if previous.isdigit() else ""
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -97,12 +151,11 @@ def locked(run_dir: Path):
         if previous and previous != str(os.getpid()):
             print(f"vaswani: {run_dir} was left locked by process {previous}, which is no "
                   "longer running; taking over", file=sys.stderr, flush=True)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        os.pwrite(fd, _lock_record(os.getpid()), 0)
         try:
             yield
         finally:
-            os.ftruncate(fd, 0)  # a clean exit leaves no pid behind
+            os.pwrite(fd, _lock_record(None), 0)  # a clean exit leaves no pid behind
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
@@ -157,10 +210,6 @@ def read_chat_template(run_dir: Path) -> str | None:
     return path.read_text() if path.exists() else None
 
 
-class Refused(FileExistsError):
-    """A run directory cannot be started in; nothing in it was touched."""
-
-
 def start(run_dir: Path, overwrite: bool) -> None:
     """Make ``run_dir`` ready for a new run (call it holding the lock).
 
@@ -203,16 +252,33 @@ def record(run_dir: Path, *paths: str) -> None:
 
 
 def written(run_dir: Path) -> list[str]:
-    """The paths the manifest lists; for a run written before the manifest existed (a config,
-    weights and a tokenizer, no manifest), its layout; for anything else, none."""
+    """The paths the manifest lists that lie in vaswani's layout (any other entry, ``*`` or
+    ``checkpoints/*`` or a user's file name, is ignored: a manifest can only give back what
+    vaswani writes); for a run written before the manifest existed (a config, weights and a
+    tokenizer, no manifest), its layout; for anything else, none."""
     try:
         names = json.loads((run_dir / MANIFEST).read_text())["written"]
-        return [n for n in names if isinstance(n, str)]
+        return [n for n in names if isinstance(n, str) and in_layout(n)]
     except FileNotFoundError:
         legacy = holds_run(run_dir) and (run_dir / TOKENIZER / "meta.json").is_file()
         return list(LAYOUT) if legacy else []
     except (OSError, ValueError, KeyError, TypeError):
         return []  # a damaged manifest claims nothing: nothing is removed by it
+
+
+def _matches(rel: str, pattern: str) -> bool:
+    """``rel`` matches ``pattern`` segment by segment: a ``*`` never crosses a ``/``."""
+    parts, wanted = rel.split("/"), pattern.split("/")
+    return len(parts) == len(wanted) and all(
+        fnmatch.fnmatchcase(part, want) for part, want in zip(parts, wanted, strict=True))
+
+
+def in_layout(name: str) -> bool:
+    """Whether a manifest entry names something of vaswani's layout: one of its names (a
+    pattern only as LAYOUT spells it), or a file one of its patterns matches."""
+    if name in LAYOUT:
+        return True
+    return "*" not in name and any(_matches(name, p) for ps in PATTERNS.values() for p in ps)
 
 
 def _listed_as(rel: str) -> str:
@@ -231,7 +297,8 @@ def survey(run_dir: Path) -> tuple[list[str], list[str], list[str]]:
     if not run_dir.is_dir():
         return [], [], []
     listed = written(run_dir)
-    exact, patterns = set(listed), [p for p in listed if "*" in p]
+    exact = {p for p in listed if "*" not in p}
+    patterns = [q for p in listed if "*" in p for q in PATTERNS[p]]
     # last.tmp/ and last.old/ are checkpoint.save_last's scratch: once a run has listed last/,
     # whatever a save killed part-way left in them (a library's temporary file) is its own
     scratch = any(p.startswith(f"{LAST}/") for p in listed)
@@ -246,7 +313,7 @@ def survey(run_dir: Path) -> tuple[list[str], list[str], list[str]]:
             p for p in entry.rglob("*") if not p.is_dir() or p.is_symlink())
         for path in files:
             rel = _listed_as(path.relative_to(run_dir).as_posix())
-            mine = (rel in exact or any(fnmatch.fnmatchcase(rel, p) for p in patterns)
+            mine = (rel in exact or any(_matches(rel, p) for p in patterns)
                     or scratch and entry.name in ("last.tmp", "last.old"))
             (owned if mine else in_the_way).append(path.relative_to(run_dir).as_posix())
     return owned, in_the_way, others

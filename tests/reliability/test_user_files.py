@@ -4,6 +4,7 @@ with and without ``--overwrite``: every byte of the user's stays. A run director
 vaswani wrote (rundir.MANIFEST); only that is ever removed."""
 
 import hashlib
+import json
 import shutil
 
 import pytest
@@ -166,3 +167,93 @@ def test_what_a_killed_save_leaves_in_last_tmp_does_not_stop_a_resume(sources, t
     assert main(["train", "--resume", str(out), "--no-progress", "--set",
                  "train.max_steps=3"]) == 0
     assert not (out / "last.tmp").exists()
+
+
+# --- the lock file and the manifest: only vaswani's own names -----------------------------------
+
+def plant_lock(out, outside, kind):
+    """A ``.lock`` in ``out`` that is not vaswani's: a user's file, a symbolic link to a file
+    elsewhere, or a second name (hard link) of one."""
+    out.mkdir(parents=True, exist_ok=True)
+    outside.write_text("users-own-bytes: a secret elsewhere")
+    if kind == "file":
+        (out / ".lock").write_text("users-own-bytes: my lock notes")
+    elif kind == "symlink":
+        (out / ".lock").symlink_to(outside)
+    else:
+        (out / ".lock").hardlink_to(outside)
+
+
+@pytest.mark.parametrize("lock", ["file", "symlink", "hardlink"])
+@pytest.mark.parametrize("kind", ["train", "import-bert", "import-gguf"])
+def test_a_lock_file_that_is_not_vaswanis_is_refused_untouched(kind, lock, sources, tmp_path,
+                                                               capsys):
+    out, outside = tmp_path / "out", tmp_path / "elsewhere.txt"
+    plant_lock(out, outside, lock)
+    before = users_bytes(tmp_path)
+    for extra in ([], ["--overwrite"]):
+        assert main(command(kind, sources, out) + extra) == 2
+        err = capsys.readouterr().err
+        assert "not vaswani's lock file" in err and ".lock" in err, err
+        assert "Traceback" not in err and "secret" not in err and "lock notes" not in err
+        assert users_bytes(tmp_path) == before
+    assert (out / ".lock").is_symlink() == (lock == "symlink")
+
+
+def test_a_lock_file_of_an_earlier_version_is_taken(sources, tmp_path):
+    """Earlier versions wrote the pid alone (and left the file empty on a clean exit)."""
+    for previous in ("", "4242"):
+        out = tmp_path / f"old{previous}"
+        out.mkdir()
+        (out / ".lock").write_text(previous)
+        assert main(command("train", sources, out)) == 0
+        assert (out / ".lock").read_text().split() == ["vaswani", "run", "lock:", "free"]
+
+
+def manifest_claims(out, *entries):
+    """The manifest edited to claim more than vaswani wrote."""
+    path = out / rundir.MANIFEST
+    names = json.loads(path.read_text())["written"] if path.exists() else []
+    path.write_text(json.dumps({"written": names + list(entries)}))
+
+
+PLANTED = ("tensorboard/my_notes.md", "tensorboard/sub/notes.md", "checkpoints/mine.safetensors",
+           "checkpoints/step-1/inner.txt", "last/sharded/notes.md")
+
+
+@pytest.mark.parametrize("manifest", ["vaswani's", "edited", "none (an earlier version)"])
+@pytest.mark.parametrize("kind", ["train", "import-gguf"])
+def test_overwrite_keeps_users_files_in_vaswanis_folders(kind, manifest, sources, tmp_path,
+                                                          capsys):
+    """Files of the user's under tensorboard/, checkpoints/ and last/sharded/, with the
+    manifest vaswani wrote, one claiming "*", "checkpoints/*" and the user's names, and none
+    at all (a run from before the manifest, recognised by its layout): --overwrite refuses,
+    naming them, and no byte of theirs changes; once they are moved it goes through."""
+    out = tmp_path / "run"
+    assert main(command(kind, sources, out)) == 0
+    if manifest == "edited":
+        manifest_claims(out, "*", "checkpoints/*", "tensorboard/*", "last/*", "../elsewhere",
+                        *PLANTED)
+    elif manifest.startswith("none"):
+        (out / rundir.MANIFEST).unlink()
+    for rel in PLANTED:
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(f"users-own-bytes: {rel}")
+    before = users_bytes(out)
+    assert main(command(kind, sources, out) + ["--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "which vaswani did not write" in err and "Traceback" not in err, err
+    assert users_bytes(out) == before
+    owned = rundir.survey(out)[0]
+    assert not [rel for rel in owned if rel in PLANTED]
+    for rel in PLANTED:
+        (out / rel).rename(tmp_path / rel.replace("/", "_"))
+    assert main(command(kind, sources, out) + ["--overwrite"]) == 0
+
+
+def test_a_manifest_names_only_vaswanis_layout():
+    assert rundir.in_layout("checkpoints/step-000100.safetensors")
+    assert rundir.in_layout("tensorboard/*") and rundir.in_layout("last/sharded/*")
+    for name in ("*", "checkpoints/*", "last/*", "tensorboard/notes.md", "../x", "notes.txt",
+                 "checkpoints/step-1/x.safetensors", "last/notes.txt"):
+        assert not rundir.in_layout(name), name

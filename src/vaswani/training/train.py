@@ -259,7 +259,7 @@ def _lock(run_dir: Path, dist: Dist, device: torch.device):
         if dist.is_main:
             try:
                 stack.enter_context(rundir.locked(run_dir))
-            except rundir.RunInUse as e:
+            except (rundir.RunInUse, rundir.Refused) as e:  # in use, or a .lock not vaswani's
                 error = e
         failed = dist.broadcast(torch.tensor([float(error is not None)], device=device))
         if error is not None:
