@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 from torch import nn
+from torch.testing import assert_close
 
 from vaswani import ModelConfig, build_model
 from vaswani.cpu.quantized import Int8Linear, quantize_linears, reference_int8_linear
@@ -178,3 +179,61 @@ def test_a_large_weight_is_quantized_in_row_blocks_as_it_would_be_whole(on_cpu):
     assert torch.equal(packed, torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1))
     assert torch.equal(pairs, torch.stack([s, o], -1).transpose(0, 1).contiguous()
                        .to(torch.bfloat16))
+
+
+ODD = {"d_model": 36, "n_heads": 4, "d_ff": 100}  # inputs of 36 and 100: not in eights
+
+
+def test_layers_whose_inputs_the_int8_kernel_cannot_take_stay_in_float():
+    """The weight-only int8 kernel reads a row's inputs in eights: 36 or 100 inputs gave
+    wrong sums (AVX2) or a SIGSEGV (AVX-512). Those layers stay float, the rest are
+    quantized, and the model's output stays near the float one's."""
+    from vaswani.cpu.quantized import WeightOnlyLinear
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="decoder", vocab_size=40, n_layers=1, dropout=0.0,
+                                    max_len=32, **ODD)).eval()
+    ids = torch.randint(3, 40, (2, 9))
+    want = model(ids)
+    for kind in ("int8", "int4"):
+        m = quantize_linears(copy.deepcopy(model), kind, weight_only=True)
+        quantized = [n for n, c in m.named_modules() if isinstance(c, WeightOnlyLinear)]
+        assert quantized == []  # 36 and 100 inputs: every layer stays float
+        assert_close(m(ids), want)
+    model = build_model(ModelConfig(arch="decoder", vocab_size=40, n_layers=1, dropout=0.0,
+                                    max_len=32, d_model=40, n_heads=4, d_ff=100)).eval()
+    m = quantize_linears(copy.deepcopy(model), "int8", weight_only=True)
+    layer = m.decoder.layers[0].feed_forward
+    assert isinstance(layer.linear1, WeightOnlyLinear)  # 40 inputs
+    assert isinstance(layer.linear2, nn.Linear)  # 100 inputs: float
+    assert (m(ids) - model(ids)).abs().max() < 0.1
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_generate_and_serve_quantized_answer_for_odd_widths(kind, tmp_path):
+    """`vaswani generate --quantize` on a run of odd widths ends normally (it ended in a
+    signal), through the quantized load (weights quantized as they are read), and the server
+    answers a completion."""
+    import subprocess
+    import sys
+
+    from fastapi.testclient import TestClient
+
+    import vaswani
+    from tests.training.fixtures import config, text_file
+    from vaswani.cli import main
+    from vaswani.serve import create_app
+
+    cfg = config(tmp_path / "c.toml", "decoder", text_file(tmp_path / "t.txt", n=200),
+                 model={**ODD, "n_layers": 1}, train={"max_steps": 2, "device": "cpu"})
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--out", str(run), "--no-progress"]) == 0
+    done = subprocess.run([sys.executable, "-m", "vaswani", "generate", str(run), "--prompt",
+                           "ab", "--max-new-tokens", "5", "--quantize", kind],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with TestClient(create_app({"odd": vaswani.load(run, quantize=kind)}),
+                    base_url="http://127.0.0.1") as client:
+        r = client.post("/v1/completions", json={"model": "odd", "prompt": "ab",
+                                                 "max_tokens": 4})
+        assert r.status_code == 200, r.text

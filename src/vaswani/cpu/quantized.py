@@ -152,6 +152,17 @@ def int4_packed(weight: Tensor) -> tuple[Tensor, Tensor]:
     return torch.cat(packed), torch.cat(pairs, dim=1).contiguous()
 
 
+INT8_INPUTS = 8  # the int8 kernel reads a row's inputs in eights
+
+
+def int8_fits(in_features: int) -> bool:
+    """Whether PyTorch's weight-only int8 kernel takes a layer of ``in_features`` inputs. It
+    reads each weight row in blocks of 8 past a shorter row's end: with 36 inputs it returns
+    wrong sums on an AVX2 CPU and ends the process (SIGSEGV) on an AVX-512 one. Such a layer
+    stays in float (:func:`quantized`)."""
+    return in_features % INT8_INPUTS == 0
+
+
 def int4_fits(linear: nn.Linear, group: int = GROUP) -> bool:
     """Whether PyTorch's int4 kernel takes this layer: inputs in whole groups, outputs in
     sixteens."""
@@ -257,7 +268,9 @@ def quantize_linears(model: nn.Module, kind: str = "int8", *, weight_only: bool 
     shares its int8 rows (:meth:`WeightOnlyLinear.sharing`).
     ``kind`` "int8": :class:`WeightOnlyLinear` with ``weight_only`` (a language model), else
     :class:`Int8Linear`; "int4": :class:`WeightOnlyLinear` of 4 bits (a layer the kernel does
-    not take, :func:`int4_fits`, keeps 8). The model must be on a CPU, in float32."""
+    not take, :func:`int4_fits`, keeps 8). A layer whose inputs the weight-only int8 kernel
+    cannot take (:func:`int8_fits`) stays in float, and so does a token table that a head
+    would share. The model must be on a CPU, in float32."""
     if kind not in QUANTIZE:
         raise ValueError(f"quantize ({kind!r}) must be one of {', '.join(QUANTIZE)}")
     param = next(model.parameters(), None)
@@ -265,7 +278,7 @@ def quantize_linears(model: nn.Module, kind: str = "int8", *, weight_only: bool 
         raise ValueError(f"{kind} runs on a CPU; the model is on {param.device}")
     tables = {}  # a language model's token table: int8 rows, which a tied head shares
     for module in list(model.modules()) if weight_only else []:
-        if isinstance(module, Embeddings):
+        if isinstance(module, Embeddings) and int8_fits(module.token.embedding_dim):
             tables[id(module.token.weight)] = module.token = Int8Embedding(module.token.weight)
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
@@ -277,9 +290,13 @@ def quantize_linears(model: nn.Module, kind: str = "int8", *, weight_only: bool 
 
 
 def quantized(linear: nn.Linear, kind: str, *, weight_only: bool = False) -> nn.Module:
-    """One layer of :func:`quantize_linears`."""
+    """One layer of :func:`quantize_linears` (``linear`` itself where no kernel takes it)."""
+    if kind == "int4" and int4_fits(linear):
+        return WeightOnlyLinear.of(linear, 4)
+    if (kind == "int4" or weight_only) and not int8_fits(linear.in_features):
+        return linear
     if kind == "int4":
-        return WeightOnlyLinear.of(linear, 4 if int4_fits(linear) else 8)
+        return WeightOnlyLinear.of(linear, 8)
     if weight_only:
         return WeightOnlyLinear.of(linear, 8)
     return Int8Linear.of(linear)

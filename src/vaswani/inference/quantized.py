@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import iter_weights, unwrap
-from ..cpu.quantized import Int8Embedding, WeightOnlyLinear, quantized
+from ..cpu.quantized import Int8Embedding, WeightOnlyLinear, int8_fits, quantized
 from ..nn.positional import Embeddings
 
 TABLE_ROWS = 4096  # a token table is read and quantized this many rows at a time
@@ -28,8 +28,9 @@ def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool
     model = unwrap(model)
     linears = {name: module for name, module in model.named_modules()
                if isinstance(module, nn.Linear)}
-    tables = {f"{name}.token" for name, module in model.named_modules()
-              if isinstance(module, Embeddings)} if weight_only else set()
+    tables = {f"{name}.token" for name, module in model.named_modules()  # int8 rows where a
+              if isinstance(module, Embeddings)  # tied head could share them (int8_fits)
+              and int8_fits(module.token.embedding_dim)} if weight_only else set()
     shared: dict[int, list[str]] = {}  # a tensor's names (a tied output head has two)
     for name, p in model.named_parameters(remove_duplicate=False):
         shared.setdefault(id(p), []).append(name)
