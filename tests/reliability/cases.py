@@ -141,3 +141,20 @@ DAMAGE = [  # (id, damage(run), expected in the message)
     ("config-other-d-model", other_d_model, "does not match the model built from the config"),
     ("no-weights", no_weights, "has no complete checkpoint (last/)"),
 ]
+
+
+# `vaswani train --resume RUN ARGS` on a translation run: a resumed run continues exactly, so
+# what would change its course is refused, named with its recorded and asked values
+RESUME = [  # (id, arguments, expected in the message)
+    ("resume-n-heads", ["--set", "model.n_heads=8"], "model.n_heads (2 -> 8)"),
+    ("resume-dropout", ["--set", "model.dropout=0.3"], "model.dropout (0.1 -> 0.3)"),
+    ("resume-seed", ["--set", "train.seed=7"], "train.seed (0 -> 7)"),
+    ("resume-max-tokens", ["--set", "data.max_tokens=100"], "data.max_tokens (300 -> 100)"),
+    ("resume-lr-and-batch", ["--set", "train.lr=0.1", "--set", "data.batch_size=9"],
+     "data.batch_size (4 -> 9), train.lr (0.003 -> 0.1)"),
+]
+
+
+def negative_step(run: Path) -> None:
+    path = run / "last" / "state.json"
+    path.write_text(re.sub(r'"step": \d+', '"step": -1', path.read_text(), count=1))

@@ -380,6 +380,28 @@ def probe_truncated_metrics(p):
     return expect_success(r)
 
 
+for _id, _args, _message in shared.RESUME:
+    def _probe(p, _args=_args, _message=_message):  # a case of tests/reliability/cases.py
+        run = p.run("encoder-decoder")
+        config = (run / "config.toml").read_text()
+        r = p.cli("train", "--resume", run, "--set", "train.max_steps=13", "--set",
+                  "train.schedule_steps=13", *_args, "--no-progress")
+        if r.rc == 0 or (run / "config.toml").read_text() != config:
+            return "wrong", "accepted: the run went on with other settings than config.toml's"
+        return expect_error(r, must_say=_message.split(" (")[0])
+    _probe.__name__ = "probe_" + _id.replace("-", "_")
+    case("resume", f"`--resume RUN {' '.join(_args)}` (a resume continues exactly)")(_probe)
+
+
+@case("resume", "a negative step in last/state.json, then --resume")
+def probe_negative_step(p):
+    run = p.run("encoder-decoder")
+    shared.negative_step(run)
+    return expect_error(p.cli("train", "--resume", run, "--set", "train.max_steps=13", "--set",
+                              "train.schedule_steps=13", "--no-progress"),
+                        must_say="step (-1)")
+
+
 # --- training: faults --------------------------------------------------------------------------
 
 def _straight(p: Probe) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.reliability.cases import DAMAGE, INFERENCE, RUN_OF, TRAINING
+from tests.reliability.cases import DAMAGE, INFERENCE, RESUME, RUN_OF, TRAINING, negative_step
 from tests.reliability.checkpoints import bert_folder, llama_gguf
 from tests.training.fixtures import config, reverse_task, text_file
 from vaswani.cli import main
@@ -107,6 +107,29 @@ def test_a_damaged_trainer_state_refuses_resume(runs, tmp_path, capsys, monkeypa
     state.write_bytes(bytes(data))
     assert main(["train", "--resume", str(run), "--set", "train.max_steps=3"]) == 2
     assert "trainer.pt is damaged" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("name, args, message", RESUME, ids=[c[0] for c in RESUME])
+def test_a_resume_that_would_change_the_run_is_refused(runs, tmp_path, capsys, monkeypatch,
+                                                       name, args, message):
+    monkeypatch.chdir(runs)
+    run = damaged_copy(runs, tmp_path, "fresh", lambda run: None)
+    config = (run / "config.toml").read_bytes()
+    assert main(["train", "--resume", str(run), "--set", "train.max_steps=3", *args]) == 2
+    assert message in one_line_error(capsys)
+    assert (run / "config.toml").read_bytes() == config
+    # what does not change the course is allowed: length, evaluation, logging, decoding
+    assert main(["train", "--resume", str(run), "--no-progress", "--set", "train.max_steps=3",
+                 "--set", "train.eval_every=1", "--set", "train.log_every=2", "--set",
+                 "decode.beam=2", "--set", "model.n_heads=2"]) == 0
+
+
+def test_a_negative_step_in_state_json_is_named(runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(runs)
+    run = damaged_copy(runs, tmp_path, "fresh", negative_step)
+    assert main(["train", "--resume", str(run), "--set", "train.max_steps=3"]) == 2
+    assert "state.json is damaged: step (-1) must be a whole number >= 0" in \
+        one_line_error(capsys)
 
 
 GGUF = [

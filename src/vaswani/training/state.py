@@ -174,6 +174,7 @@ class Checkpoints:
         """Load ``last/`` into the model, the optimizer and the random-number generators;
         returns the run's state. Resuming on other data is refused."""
         trainer_state, saved = self.parallel.load(model, optimizer, self.run_dir)
+        check_saved_state(saved, checkpoint.find_last(self.run_dir) / "state.json")
         recorded = saved.get("data_fingerprint")
         same = recorded == self.data.fingerprint() or (  # runs saved before encoded datasets
             "fingerprint_format" not in saved and recorded == self.data.legacy_fingerprint())
@@ -216,6 +217,20 @@ class Checkpoints:
                 "best_metric": self.cfg.train.best_metric,
                 "data_fingerprint": self.data.fingerprint(), "fingerprint_format": 2,
                 "planned_steps": state.planned_steps}
+
+
+def check_saved_state(saved: dict, path: Path) -> None:
+    """``state.json``'s counts must be counts: a hand edit or a damaged file is refused by
+    name, not resumed from step -1 nor blamed on the data."""
+    for key in ("step", "bad_evals", "skipped_steps", "micro_batches"):
+        value = saved.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{path} is damaged: {key} ({value!r}) must be a whole number "
+                             ">= 0; the run cannot be resumed from it")
+    best = saved.get("best")
+    if isinstance(best, bool) or not isinstance(best, int | float | None):
+        raise ValueError(f"{path} is damaged: best ({best!r}) must be a number or null; the "
+                         "run cannot be resumed from it")
 
 
 def improved(value: float, best: float | None, lower_is_better: bool) -> bool:

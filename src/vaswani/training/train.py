@@ -17,6 +17,8 @@ that fails before saving any weights leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import gc
 import importlib.util
 import os
@@ -29,7 +31,7 @@ from pathlib import Path
 import torch
 
 from .. import checkpoint, devices, rundir
-from ..config import RunConfig, apply_overrides, load_run_config, load_toml
+from ..config import DecodeConfig, RunConfig, apply_overrides, load_run_config, load_toml
 from ..config.family import family
 from ..data.registry import default_cache
 from ..data.tokenizers import Tokenizer
@@ -191,19 +193,48 @@ def configure(config: str, overrides: list[str]) -> tuple[RunConfig, Tokenizers 
     return cfg.replace(model=model), (source, target)
 
 
+# What ``--set`` may change when a run resumes: how long it goes on, where and how it runs
+# (the same arithmetic), and what it evaluates, logs, keeps and decodes. Any other setting
+# would make the continued run differ from one that never stopped, and is refused by name.
+RESUMABLE = {
+    "train": {"max_steps", "schedule_steps", "max_minutes", "device", "compile", "parallel",
+              "collective_timeout", "checkpoint_activations", "tensorboard", "log_every",
+              "eval_every", "eval_batches", "metric_examples", "save_every",
+              "keep_checkpoints", "patience"},
+    "decode": {f.name for f in dataclasses.fields(DecodeConfig)},
+}
+
+
 def resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
-    """The run's config with ``--set`` overrides. A run written before ``schedule_steps``
-    existed keeps the schedule its ``max_steps`` gave it. Extending a cosine schedule that
-    has ended at a zero learning rate (or a wsd one) would change nothing, so it is refused."""
+    """The run's config with ``--set`` overrides, which may change only what
+    :data:`RESUMABLE` lists (a resumed run continues exactly: another model, seed, batching
+    or optimizer would not). A run written before ``schedule_steps`` existed keeps the
+    schedule its ``max_steps`` gave it. Extending a cosine schedule that has ended at a zero
+    learning rate (or a wsd one) would change nothing, so it is refused."""
     if not (run_dir / rundir.CONFIG).exists():
         rundir.read_config(run_dir)  # the clear "not a run directory" error
     data = load_toml(run_dir / rundir.CONFIG)
     train_section = data.setdefault("train", {})
     train_section.setdefault("schedule_steps", train_section.get("max_steps", 1000))
     try:
+        recorded = RunConfig.from_dict(copy.deepcopy(data))
         cfg = RunConfig.from_dict(apply_overrides(data, overrides))
     except (ValueError, TypeError) as e:
         raise ValueError(f"{run_dir / rundir.CONFIG}: {e}") from None
+    changed = [f"{section}.{f.name} ({getattr(getattr(recorded, section), f.name)!r} -> "
+               f"{getattr(getattr(cfg, section), f.name)!r})"
+               for section in ("model", "data", "train", "decode")
+               for f in dataclasses.fields(getattr(cfg, section))
+               if f.name not in RESUMABLE.get(section, ()) and
+               getattr(getattr(cfg, section), f.name) != getattr(getattr(recorded, section),
+                                                                 f.name)]
+    if changed:
+        raise ValueError(f"--set would change {', '.join(changed)}, which --resume keeps as "
+                         f"{run_dir / rundir.CONFIG} has them: a resumed run continues exactly "
+                         "as it would have gone on. Start a new run for that (a config file; "
+                         "[train] init_from starts from these weights). On resume --set may "
+                         f"change {', '.join(sorted(RESUMABLE['train']))} of [train], and "
+                         "[decode]")
     check_schedule(cfg.train)
     return cfg
 
