@@ -21,7 +21,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..config import ModelConfig
-from .llama import as_float, projections, unsupported
+from .llama import as_float, projections, take, unsupported
 
 
 def _rope_bases(hf: dict) -> tuple[float, float]:
@@ -101,13 +101,15 @@ def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, 
     each tensor taken out of ``hf`` as it is converted."""
     for name in [k for k in hf if k.startswith("language_model.")]:
         hf[name.removeprefix("language_model.")] = hf.pop(name)
-    out = {"embed.token.weight": hf.pop("model.embed_tokens.weight"),
-           "decoder.norm.weight": hf.pop("model.norm.weight").float() + 1}
+    d, head = config.d_model, config.head_dim or config.d_model // config.n_heads
+    out = {"embed.token.weight": take(hf, "model.embed_tokens.weight", config.vocab_size, d),
+           "decoder.norm.weight": take(hf, "model.norm.weight", d).float() + 1}
     if not config.tie_embeddings:
-        out["output_proj.weight"] = hf.pop("lm_head.weight")
+        out["output_proj.weight"] = take(hf, "lm_head.weight", config.vocab_size, d)
     for i in range(config.n_decoder_layers):
         h, o = f"model.layers.{i}.", f"decoder.layers.{i}."
-        out.update(projections(hf, h, o))
+        out.update(projections(hf, h, o, config))
         for theirs, ours in NORMS.items():
-            out[o + ours + ".weight"] = hf.pop(h + theirs + ".weight").float() + 1
+            size = head if theirs.endswith("_norm") else d  # q_norm, k_norm: one head's
+            out[o + ours + ".weight"] = take(hf, h + theirs + ".weight", size).float() + 1
     return as_float(out, config)

@@ -167,6 +167,10 @@ def fits(config: ModelConfig, state: dict) -> dict[str, torch.Tensor]:
         raise ValueError(f"the checkpoint's config asks for {need / 2**30:,.1f} GiB but its "
                          f"tensors hold {held / 2**30:,.3f} GiB (max_len {config.max_len}, "
                          f"d_model {config.d_model}): the metadata is wrong")
+    bad = [k for k, v in state.items() if v.is_floating_point() and not v.isfinite().all()]
+    if bad:
+        raise ValueError(f"the checkpoint's weights hold NaN or infinite values ({_some(bad)}): "
+                         "a model built from them computes NaN")
     tied = {"output_proj.weight"} if config.tie_embeddings else set()
     missing = [k for k in shapes if k not in state and k not in tied]
     unexpected = [k for k in state if k not in shapes]
@@ -177,6 +181,10 @@ def fits(config: ModelConfig, state: dict) -> dict[str, torch.Tensor]:
     # it: the model's order and dtypes, a tied weight once (under the embedding's name)
     return {k: state[k].to(shapes[k].dtype).contiguous() for k in shapes
             if k in state and k not in tied}
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _write_run(out: Path, config: ModelConfig, state: dict, tokenizer: PretrainedTokenizer,
@@ -220,6 +228,10 @@ def import_bert(source: str, out: Path, cache: Path, *, overwrite: bool = False)
     except Exception as e:  # json's, tokenizers' and safetensors' own errors
         raise ValueError(f"{folder} holds an unreadable BERT checkpoint ({type(e).__name__}: "
                          f"{str(e)[:120]})") from None
+    from .hf import check_against_weights, check_config
+
+    check_config(hf_config, folder / "config.json")
+    check_against_weights(hf_config, folder)
     try:
         config = config_from_hf(hf_config)
     except (KeyError, TypeError) as e:
@@ -266,7 +278,14 @@ def import_hf(source: str, out: Path, cache: Path, *, overwrite: bool = False) -
     """A Hugging Face folder: GPT-2, LLaMA (Llama 3 included), Qwen2, Mistral and Gemma 3
     decoders, or BERT (:func:`import_bert`)."""
     from . import gemma3, gpt2, llama
-    from .hf import read_config, read_tokenizer, read_weights
+    from .hf import (
+        check_against_weights,
+        check_config,
+        read_config,
+        read_tokenizer,
+        read_weights,
+        tied_as_read,
+    )
 
     folder = resolve_source(source, "hf", cache)
     hf_config = read_config(folder)  # the weights only once the family is known
@@ -277,13 +296,19 @@ def import_hf(source: str, out: Path, cache: Path, *, overwrite: bool = False) -
     if family not in modules:
         raise ValueError(f"{folder / 'config.json'}: model_type {family!r} is not supported; "
                          f"vaswani imports {', '.join(modules)} and bert folders")
+    check_config(hf_config, folder / "config.json")  # types, ranges, contradictions: before
+    check_against_weights(hf_config, folder)  # a tokenizer or a model is sized by them
     tokenizer, chat_template = read_tokenizer(folder, hf_config)
     module = modules[family]
     try:
         config = module.config_from_hf(hf_config, pad_id=tokenizer.pad_id)
-        state = module.convert_state_dict(read_weights(folder), config)
+        weights = read_weights(folder)
+        config = tied_as_read(config, weights)
+        state = module.convert_state_dict(weights, config)
     except KeyError as e:
         raise ValueError(f"{folder} lacks {e} (in config.json or the weights)") from None
+    except (TypeError, AttributeError) as e:  # a field of another type than transformers'
+        raise ValueError(f"{folder / 'config.json'}: a field has the wrong type ({e})") from None
     origin = (hf_config.get("architectures") or [""])[0]
     config = config.replace(origin=origin)
     decode = DecodeConfig(temperature=0.0, max_new_tokens=32)  # greedy by default

@@ -12,6 +12,8 @@ approximated.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -45,21 +47,39 @@ def unsupported(field: str, value, why: str) -> Unsupported:
 def rope_options(hf: dict) -> dict:
     """The rotary settings of a config (``rope_parameters`` in transformers 5, ``rope_theta``
     and ``rope_scaling`` before) as ModelConfig fields."""
-    params = dict(hf.get("rope_parameters") or {})
-    scaling = dict(hf.get("rope_scaling") or {})
-    params = {**params, **scaling}  # as transformers reads an older file's rope_scaling
+    field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
+    params = hf.get(field) or {}  # transformers takes an older file's rope_scaling whole
+    if not isinstance(params, dict):
+        raise ValueError(f"config.json: {field} ({params!r}) must be an object")
     kind = params.get("rope_type", params.get("type", "default")) or "default"
-    base = float(params.get("rope_theta") or hf.get("rope_theta") or 10000.0)
+    base = params.get("rope_theta")
+    base = hf.get("rope_theta", 10000.0) if base is None else base
     if kind == "default":
-        return {"rope_base": base}
+        return {"rope_base": _positive(field, "rope_theta", base)}
     if kind != "llama3":
-        raise unsupported("rope_scaling", kind, "plain rotary frequencies or Llama 3's "
-                      "(\"llama3\") only")
-    return {"rope_base": base, "rope_scaling": "llama3",
-            "rope_factor": float(params["factor"]),
-            "rope_low_freq_factor": float(params["low_freq_factor"]),
-            "rope_high_freq_factor": float(params["high_freq_factor"]),
-            "rope_original_max_len": int(params["original_max_position_embeddings"])}
+        raise unsupported(field, kind, "plain rotary frequencies or Llama 3's "
+                          "(\"llama3\") only")
+    low = _positive(field, "low_freq_factor", params.get("low_freq_factor"))
+    high = _positive(field, "high_freq_factor", params.get("high_freq_factor"))
+    factor = _positive(field, "factor", params.get("factor"))
+    original = params.get("original_max_position_embeddings", hf.get("max_position_embeddings"))
+    if factor < 1 or high <= low:
+        raise ValueError(f"config.json: {field}'s factor ({factor}) must be >= 1 and its "
+                         f"high_freq_factor ({high}) above its low_freq_factor ({low})")
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+        raise ValueError(f"config.json: {field}'s original_max_position_embeddings "
+                         f"({original!r}) must be a whole number >= 1")
+    return {"rope_base": _positive(field, "rope_theta", base), "rope_scaling": "llama3",
+            "rope_factor": factor, "rope_low_freq_factor": low, "rope_high_freq_factor": high,
+            "rope_original_max_len": original}
+
+
+def _positive(field: str, key: str, value) -> float:
+    """``value`` as a float, refused by name unless it is a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and value > 0):
+        raise ValueError(f"config.json: {field}'s {key} ({value!r}) must be a finite number > 0")
+    return float(value)
 
 
 def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
@@ -102,13 +122,15 @@ def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, 
     ``linear1``. Each tensor is taken out of ``hf`` as it is converted, so that an import
     never holds the checkpoint twice.
     """
-    out = {"embed.token.weight": hf.pop("model.embed_tokens.weight"),
-           "decoder.norm.weight": hf.pop("model.norm.weight")}
+    out = {"embed.token.weight": take(hf, "model.embed_tokens.weight", config.vocab_size,
+                                      config.d_model),
+           "decoder.norm.weight": take(hf, "model.norm.weight", config.d_model)}
     if not config.tie_embeddings:
-        out["output_proj.weight"] = hf.pop("lm_head.weight")
+        out["output_proj.weight"] = take(hf, "lm_head.weight", config.vocab_size,
+                                         config.d_model)
     for i in range(config.n_decoder_layers):
         h, o = f"model.layers.{i}.", f"decoder.layers.{i}."
-        out.update(projections(hf, h, o, bias=bool(config.qkv_bias)))
+        out.update(projections(hf, h, o, config, bias=bool(config.qkv_bias)))
         out[o + "self_block.norm.weight"] = hf.pop(h + "input_layernorm.weight")
         out[o + "ff_block.norm.weight"] = hf.pop(h + "post_attention_layernorm.weight")
     return as_float(out, config)
@@ -124,19 +146,35 @@ def as_float(out: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
     return out
 
 
-def projections(hf: dict[str, Tensor], h: str, o: str, *, bias: bool = False
-                ) -> dict[str, Tensor]:
+def take(hf: dict[str, Tensor], name: str, *shape: int) -> Tensor:
+    """The tensor ``name`` taken out of ``hf``, refused by name unless it has ``shape`` (a
+    transposed or reshaped tensor would otherwise fail in a concatenation, unnamed, or load
+    as wrong weights)."""
+    tensor = hf.pop(name)
+    if tuple(tensor.shape) != shape:
+        raise ValueError(f"the checkpoint's {name} has shape {tuple(tensor.shape)}, but the "
+                         f"config's sizes give {shape}")
+    return tensor
+
+
+def projections(hf: dict[str, Tensor], h: str, o: str, config: ModelConfig, *,
+                bias: bool = False) -> dict[str, Tensor]:
     """One layer's linear weights, taken out of Hugging Face's LLaMA names (prefix ``h``)
-    into vaswani's (prefix ``o``): q, k, v (and their biases) stacked into ``in_proj``, gate
-    and up into the gated feed-forward's ``linear1``. Qwen2, Mistral and Gemma 3 name them
-    alike."""
+    into vaswani's (prefix ``o``), each checked against ``config``'s sizes: q, k, v (and their
+    biases) stacked into ``in_proj``, gate and up into the gated feed-forward's ``linear1``.
+    Qwen2, Mistral and Gemma 3 name them alike."""
+    d, ff = config.d_model, config.d_ff
+    head = config.head_dim or d // config.n_heads
+    rows = {"q": config.n_heads * head, "k": (config.n_kv_heads or config.n_heads) * head}
+    rows["v"] = rows["k"]
     out = {o + "self_attn.in_proj.weight": torch.cat(
-        [hf.pop(h + f"self_attn.{n}_proj.weight") for n in ("q", "k", "v")])}
+        [take(hf, h + f"self_attn.{n}_proj.weight", rows[n], d) for n in ("q", "k", "v")])}
     if bias:
         out[o + "self_attn.in_proj.bias"] = torch.cat(
-            [hf.pop(h + f"self_attn.{n}_proj.bias") for n in ("q", "k", "v")])
-    out[o + "self_attn.out_proj.weight"] = hf.pop(h + "self_attn.o_proj.weight")
+            [take(hf, h + f"self_attn.{n}_proj.bias", rows[n]) for n in ("q", "k", "v")])
+    out[o + "self_attn.out_proj.weight"] = take(hf, h + "self_attn.o_proj.weight", d, rows["q"])
     out[o + "feed_forward.linear1.weight"] = torch.cat(
-        [hf.pop(h + "mlp.gate_proj.weight"), hf.pop(h + "mlp.up_proj.weight")])
-    out[o + "feed_forward.linear2.weight"] = hf.pop(h + "mlp.down_proj.weight")
+        [take(hf, h + f"mlp.{n}_proj.weight", ff, d) for n in ("gate", "up")])
+    out[o + "feed_forward.linear2.weight"] = take(hf, h + "mlp.down_proj.weight", d, ff)
     return out
+
