@@ -249,6 +249,25 @@ BAD = [  # (request, status, words in the message)
     (("post", "/v1/attention", {"model": "lm", "input": "to " * 300}), 400,
      "/v1/attention takes at most 256"),
     (("get", "/v1/nothing", None), 404, "Not Found"),
+    # a count is not a flag, nor a flag or a fraction a token id (pydantic's lax mode took them)
+    (("post", "/v1/completions", {"model": "lm", "prompt": "a", "logprobs": True}), 422,
+     "logprobs: Input should be a valid integer"),
+    (("post", "/v1/completions", {"model": "lm", "prompt": [504.0, 3.0]}), 422, "prompt"),
+    (("post", "/v1/completions", {"model": "lm", "prompt": [True, False]}), 422, "prompt"),
+    (("post", "/v1/completions", {"model": "lm", "prompt": "a", "max_tokens": 2.0}), 422,
+     "max_tokens: Input should be a valid integer"),
+    (("post", "/v1/chat/completions", {"model": "lm", "messages": [
+        {"role": "user", "content": "a"}], "logprobs": 1}), 422,
+     "logprobs: Input should be a valid boolean"),
+    (("post", "/v1/completions", {"model": "lm", "prompt": "a", "frobnicate": 1,
+                                  "wibble": 2}), 400,
+     "frobnicate, wibble are not implemented by this server"),
+    (("post", "/v1/completions", {"model": "lm", "prompt": "a",
+                                  "stream_options": {"include_usage": True}}), 400,
+     "stream_options is only allowed when stream is true"),
+    (("post", "/v1/chat/completions", {"model": "llama", "messages": [
+        {"role": "user", "content": "a"}], "stream_options": {"include_usage": True}}), 400,
+     "stream_options is only allowed when stream is true"),
 ]
 
 

@@ -301,6 +301,9 @@ def _decoding(server: Server, run: Run, body, max_tokens: int | None, prompts: i
     """The decoding settings of a completion or chat request, checked against the limits
     (``prompts`` prompts, ``body.n`` completions each)."""
     limits = server.limits
+    if body.stream_options is not None and not body.stream:  # as OpenAI answers
+        raise ApiError(400, "stream_options is only allowed when stream is true",
+                       "stream_options")
     if body.n > limits.max_n:
         raise ApiError(400, f"n ({body.n}) is over the limit of {limits.max_n}", "n")
     if prompts * body.n > server.max_queue:
@@ -323,9 +326,14 @@ def _implemented(body) -> None:
     """A 400 for a field the server does not implement (schemas.py says which are no-ops),
     naming it and what the server does instead: no field is ignored silently."""
     refused = schemas.unimplemented(body.model_extra or {}, body)
-    if refused is not None:
-        name, instead = refused
+    if len(refused) == 1:
+        name, instead = refused[0]
         raise ApiError(400, f"{name} is not implemented by this server: {instead}", name)
+    if refused:
+        raise ApiError(400, f"{', '.join(n for n, _ in refused)} are not implemented by this "
+                       f"server: {'; '.join(f'{n}: {why}' for n, why in refused)}",
+                       refused[0][0])
+
 
 
 def _usage(body) -> bool:

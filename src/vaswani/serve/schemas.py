@@ -14,14 +14,16 @@ is accepted.
 
 Every field is bounded here, before any model sees it: numbers have a range (NaN and infinity
 are refused), a seed fits in 63 bits, and a text must be encodable (JSON can spell a lone
-surrogate, ``"\\ud800"``, which no tokenizer takes).
+surrogate, ``"\\ud800"``, which no tokenizer takes). Whole numbers and flags are strict: JSON's
+``true`` is not the number 1 (``logprobs: true`` on /v1/completions, whose logprobs is a
+count), nor ``504.0`` a token id.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from ..config.sections import MAX_BEAM, MAX_NEW_TOKENS, MAX_SEED
 
@@ -58,16 +60,18 @@ HARMLESS = {"response_format": lambda v: v in ({"type": "text"}, None),
             "modalities": lambda v: v in (["text"], None)}
 
 
-def unimplemented(extra: dict, body: BaseModel) -> tuple[str, str] | None:
-    """The first field of ``extra`` (a body's fields beyond its model's) the server refuses:
-    (its name, what the server does instead); None if all are no-ops or harmless."""
+def unimplemented(extra: dict, body: BaseModel) -> list[tuple[str, str]]:
+    """Every field of ``extra`` (a body's fields beyond its model's) the server refuses:
+    (its name, what the server does instead); none if all are no-ops or harmless."""
+    refused = []
     for name, value in extra.items():
         if name in NO_OPS or HARMLESS.get(name, lambda v: False)(value):
             continue
         if name == "best_of" and value in (None, getattr(body, "n", 1)):
             continue
-        return name, REFUSED.get(name, f"{type(body).__name__} has no field {name!r}")
-    return None
+        refused.append((name, REFUSED.get(name, f"{type(body).__name__} has no field "
+                                                f"{name!r}")))
+    return refused
 
 
 def encodable(text: str) -> str:
@@ -80,7 +84,7 @@ def encodable(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(encodable)]
-Count = Annotated[int, Field(ge=0, le=MAX_NEW_TOKENS)]
+Count = Annotated[StrictInt, Field(ge=0, le=MAX_NEW_TOKENS)]
 
 
 class ErrorBody(BaseModel):
@@ -108,40 +112,40 @@ class Body(BaseModel):
 class Controls(BaseModel):
     """Decoding controls beyond OpenAI's (all optional: the run's [decode] otherwise)."""
 
-    top_k: int | None = Field(default=None, ge=0, le=1_000_000)
+    top_k: StrictInt | None = Field(default=None, ge=0, le=1_000_000)
     repetition_penalty: float | None = Field(default=None, gt=0, le=100)
-    no_repeat_ngram_size: int | None = Field(default=None, ge=0, le=64)
+    no_repeat_ngram_size: StrictInt | None = Field(default=None, ge=0, le=64)
     min_tokens: Count | None = None
 
 
 class GenerationBody(Body, Controls):
     """The fields completions and chat share (OpenAI's)."""
 
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
+    max_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int = Field(default=1, ge=1, le=MAX_ITEMS)
+    n: StrictInt = Field(default=1, ge=1, le=MAX_ITEMS)
     stop: Text | list[Text] | None = None
-    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    stream: bool = False
+    stream: StrictBool = False
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    include_usage: bool = False  # a last chunk with the usage, before [DONE]
+    include_usage: StrictBool = False  # a last chunk with the usage, before [DONE]
 
 
-TokenIds = list[Annotated[int, Field(ge=0, le=2**31 - 1)]]
+TokenIds = list[Annotated[StrictInt, Field(ge=0, le=2**31 - 1)]]
 
 
 class CompletionRequest(GenerationBody):
     prompt: Text | list[Text] | TokenIds | list[TokenIds]
-    max_tokens: int | None = Field(default=None, ge=0, le=MAX_NEW_TOKENS)  # 0: with echo
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = False
+    max_tokens: StrictInt | None = Field(default=None, ge=0, le=MAX_NEW_TOKENS)  # 0: echo
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # a count
+    echo: StrictBool = False
     stream_options: StreamOptions | None = None
 
 
@@ -154,9 +158,9 @@ class Message(BaseModel):
 
 class ChatRequest(GenerationBody):
     messages: list[Message] = Field(min_length=1, max_length=1024)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     stream_options: StreamOptions | None = None
 
 
@@ -167,10 +171,10 @@ class EmbeddingRequest(Body):
 
 class TranslateRequest(Body):
     input: Text | list[Text]
-    beam: int | None = Field(default=None, ge=1, le=MAX_BEAM)
-    n_best: int = Field(default=1, ge=1, le=MAX_BEAM)
+    beam: StrictInt | None = Field(default=None, ge=1, le=MAX_BEAM)
+    n_best: StrictInt = Field(default=1, ge=1, le=MAX_BEAM)
     length_penalty: float | None = Field(default=None, ge=0, le=10)
-    no_repeat_ngram_size: int | None = Field(default=None, ge=0, le=64)
+    no_repeat_ngram_size: StrictInt | None = Field(default=None, ge=0, le=64)
     repetition_penalty: float | None = Field(default=None, gt=0, le=100)
     min_length: Count | None = None
 
