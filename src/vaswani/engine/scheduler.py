@@ -15,11 +15,11 @@ Every step:
    fewest tokens first;
 5. with ``shared_chunk`` n > 0 (a server's engine): a long prefill (more than n tokens to go)
    does not hold up the other rows. While other work is there, it runs in chunks of n tokens
-   in steps of their own, taking turns with the others' steps by time, a third of it for the
-   long prefill: a chunk only when the chunks so far have taken no more than half the others'
-   steps' time (:meth:`Scheduler.took`). A short request beside a long prompt then takes
-   a little longer than alone, not the prompt's whole prefill (docs/performance.md,
-   "Serving");
+   in steps of their own, taking turns with the others' steps by time, a quarter of it for
+   the long prefill: a chunk only when the chunks so far have taken no more than a third of
+   the others' steps' time (:meth:`Scheduler.took`). A short request beside a long prompt
+   then takes a little longer than alone, not the prompt's whole prefill
+   (docs/performance.md, "Serving");
 6. with a fast lane (``fast_lane`` n > 0, a CPU's default): while requests of at most n tokens
    run among more rows of longer ones, every other step decodes only theirs.
 
@@ -145,8 +145,8 @@ class Scheduler:
         budget = self.max_step_tokens
         long = [r for r in rows if self.shared_chunk and r[2] > self.shared_chunk]
         others = plan.encode or plan.decode or len(long) < len(rows)
-        if long and others:  # a third of the time for the long ones
-            plan.turn = "long" if 2 * self.spent["long"] <= self.spent["others"] else "others"
+        if long and others:  # a quarter of the time for the long ones
+            plan.turn = "long" if 3 * self.spent["long"] <= self.spent["others"] else "others"
         else:
             self.spent = {"long": 0.0, "others": 0.0}  # nothing to share: turns start anew
         if plan.turn == "long":
