@@ -1115,7 +1115,7 @@ def probe_generate_long_prompt_warns(p):
 class _Server:
     """``vaswani serve`` of a small language model on a free port of 127.0.0.1."""
 
-    def __init__(self, p: Probe) -> None:
+    def __init__(self, p: Probe, run: Path | None = None, extra: tuple[str, ...] = ()) -> None:
         import socket
 
         with socket.socket() as s:
@@ -1123,8 +1123,8 @@ class _Server:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vaswani", "serve", str(p.run("decoder")), "--name", "lm",
-             "--port", str(self.port)], env=p.env, stdout=subprocess.DEVNULL,
+            [sys.executable, "-m", "vaswani", "serve", str(run or p.run("decoder")), "--name",
+             "lm", "--port", str(self.port), *extra], env=p.env, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL)
         p.commands.append(f"vaswani serve RUN --name lm --port {self.port} &")
         for _ in range(300):
@@ -1211,6 +1211,170 @@ def probe_server_long_prompt(p):
         took = time.perf_counter() - start
     ok = code in (400, 413, 422) and took < 10
     return ("clean" if ok else "wrong"), f"{code} after {took:.1f} s: {text[:110]}"
+
+
+# --- fourth pass (issue 80): what a hostile user found at bd64683 -------------------------------
+
+def _mine(path: Path) -> dict[str, bytes]:
+    return {str(q.relative_to(path)): q.read_bytes() for q in sorted(path.rglob("*"))
+            if q.is_file() and not q.is_symlink()}
+
+
+for _kind in ("file", "symlink"):
+    def _probe(p, _kind=_kind):
+        out, elsewhere = p.scratch(f"lock-{_kind}"), p.work / f"secret-{_kind}.txt"
+        elsewhere.write_text("a secret of the user's")
+        if _kind == "file":
+            (out / ".lock").write_text("the user's own notes")
+        else:
+            (out / ".lock").symlink_to(elsewhere)
+        before = {**_mine(out), "elsewhere": elsewhere.read_bytes()}
+        r = p.cli("train", p.config("encoder-decoder", steps=2, name=f"lock{_kind}"), "--out",
+                  out, "--overwrite", "--no-progress")
+        if {**_mine(out), "elsewhere": elsewhere.read_bytes()} != before or "secret" in r.err:
+            return "wrong", "the user's .lock (or the file it links to) changed: " + \
+                r.describe()
+        return expect_error(r, must_say="not vaswani's lock file")
+    _probe.__name__ = f"probe_users_lock_{_kind}"
+    case("faults", f"a `.lock` of the user's ({'a file' if _kind == 'file' else 'a symbolic link to a file elsewhere'}) "  # noqa: E501
+                   "in `--out`, with `--overwrite`")(_probe)
+
+
+@case("faults", "`--overwrite` of a run from before the manifest, with the user's "
+                "`tensorboard/my_notes.md`; and of one whose manifest claims `*`")
+def probe_overwrite_by_pattern(p):
+    for claim in (None, ["*", "checkpoints/*", "tensorboard/*"]):
+        run = p.run("encoder-decoder")
+        manifest = run / "vaswani_run.json"
+        if claim is None:
+            manifest.unlink()
+        else:
+            manifest.write_text(json.dumps(
+                {"written": json.loads(manifest.read_text())["written"] + claim}))
+        for rel in ("tensorboard/my_notes.md", "checkpoints/mine.safetensors"):
+            (run / rel).parent.mkdir(exist_ok=True)
+            (run / rel).write_text("mine")
+        r = p.cli("train", p.config("encoder-decoder", steps=2, name="pattern"), "--out", run,
+                  "--overwrite", "--no-progress")
+        if not (run / "tensorboard/my_notes.md").exists() or \
+                not (run / "checkpoints/mine.safetensors").exists():
+            return "wrong", "the user's files were deleted; " + r.describe()
+        status, text = expect_error(r, must_say="which vaswani did not write")
+        if status != "clean":
+            return status, text
+    return status, text
+
+
+@case("inference", "`--quantize int8` and `int4` of a model whose inputs are not in eights "
+                   "(d_model 36, d_ff 100): generate and serve")
+def probe_quantize_odd_widths(p):
+    config = p.config("decoder", steps=2, name="odd")
+    config.write_text(config.read_text().replace("d_model = 32", "d_model = 36")
+                      .replace("d_ff = 64", "d_ff = 100"))
+    run = p.work / "odd"
+    if not run.exists():
+        r = p.cli("train", config, "--out", run, "--no-progress")
+        if r.rc != 0:
+            return expect_success(r)
+    for kind in ("int8", "int4"):
+        r = p.cli("generate", run, "--prompt", "to be", "--max-new-tokens", "4",
+                  "--quantize", kind)
+        if r.rc != 0:
+            return ("wrong" if r.rc < 0 else "traceback" if r.traceback else "wrong"), \
+                f"--quantize {kind}: " + r.describe()
+    with _Server(p, run=run, extra=("--quantize", "int8")) as s:
+        code, text = s.request("POST", "/v1/completions",
+                               {"model": "lm", "prompt": "to be", "max_tokens": 4})
+    return ("clean", "generate int8 and int4 work; the int8 server answers") if code == 200 \
+        else ("wrong", f"the int8 server answered {code}: {text[:100]}")
+
+
+def _hf_llama(p: Probe, name: str, change: dict | None = None, weights=None) -> Path:
+    from tests.pretrained.test_hf_import import hf_folder
+
+    folder = hf_folder(p.scratch(name) / "hf", "llama")
+    if change:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **change}))
+    if weights:
+        from safetensors.torch import load_file, save_file
+        tensors = load_file(str(folder / "model.safetensors"))
+        weights(tensors)
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def _transposed_k(t):
+    t["model.layers.0.self_attn.k_proj.weight"] = \
+        t["model.layers.0.self_attn.k_proj.weight"].t().contiguous()
+
+
+def _a_nan(t):
+    t["model.layers.0.mlp.up_proj.weight"][3, 4] = float("nan")
+
+
+for _name, _what, _change, _weights, _says in [
+        ("hf_heads_0", "`num_attention_heads: 0`", {"num_attention_heads": 0}, None,
+         "num_attention_heads (0)"),
+        ("hf_hidden_string", '`hidden_size: "64"`', {"hidden_size": "64"}, None,
+         "hidden_size ('64')"),
+        ("hf_vocab_10_12", "`vocab_size: 10**12` over a 300-token tokenizer",
+         {"vocab_size": 10**12}, None, "vocab_size is 1000000000000"),
+        ("hf_rope_factor_0", "llama3 `rope_scaling` with `factor: 0`", {"rope_scaling": {
+            "rope_type": "llama3", "factor": 0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}, None, "factor"),
+        ("hf_transposed_k", "a transposed `k_proj.weight` in model.safetensors", None,
+         _transposed_k, "k_proj.weight has shape (48, 16)"),
+        ("hf_nan_weight", "a NaN in model.safetensors", None, _a_nan, "NaN")]:
+    def _probe(p, _name=_name, _change=_change, _weights=_weights, _says=_says):
+        out = p.work / f"o-{_name}"
+        start = time.perf_counter()
+        r = p.cli("import", "hf", _hf_llama(p, _name, _change, _weights), "--out", out)
+        if time.perf_counter() - start > 60:
+            return "wrong", f"took {time.perf_counter() - start:.0f} s: " + r.describe()
+        return expect_error(r, untouched=out, must_say=_says)
+    _probe.__name__ = f"probe_{_name}"
+    case("import", f"a Hugging Face folder with {_what}")(_probe)
+
+
+@case("import", "`tie_word_embeddings: true` with an `lm_head.weight` of its own: logits as "
+                "transformers'")
+def probe_hf_tied_with_a_head(p):
+    import torch
+
+    from tests.pretrained.test_hf_import import reference
+    folder = _hf_llama(p, "hf_tied", {"tie_word_embeddings": True})
+    out = p.work / "o-hf-tied"
+    r = p.cli("import", "hf", folder, "--out", out)
+    if r.rc != 0:
+        return expect_success(r)
+    import vaswani
+    ids = torch.randint(1, 300, (1, 16))
+    with torch.no_grad():
+        want = reference(folder, "llama")(input_ids=ids).logits
+        got = vaswani.load(out).model.double()(ids, mask=torch.ones_like(ids, dtype=torch.bool))
+    gap = float((got - want).abs().max())
+    return ("clean", f"works: logits within {gap:.1e} of transformers'") if gap < 1e-6 else \
+        ("wrong", f"logits differ from transformers' by {gap:.2f}")
+
+
+for _name, _body, _what in [
+        ("logprobs_true", {"prompt": "to be", "logprobs": True},
+         "`logprobs: true` on /v1/completions"),
+        ("prompt_floats", {"prompt": [504.0, 3.0]}, "`prompt: [504.0, 3.0]`"),
+        ("prompt_bools", {"prompt": [True, False]}, "`prompt: [true, false]`"),
+        ("two_unknown_fields", {"prompt": "to", "frobnicate": 1, "wibble": 2},
+         "two unknown fields (both named?)"),
+        ("stream_options_alone", {"prompt": "to", "stream_options": {"include_usage": True}},
+         "`stream_options` without `stream`")]:
+    def _probe(p, _body=_body, _name=_name):
+        with _Server(p) as s:
+            code, text = s.request("POST", "/v1/completions",
+                                   {"model": "lm", "max_tokens": 2, **_body})
+        ok = code in (400, 422) and ("wibble" in text or _name != "two_unknown_fields")
+        return ("clean" if ok else "wrong"), f"{code}: {text[:140]}"
+    _probe.__name__ = f"probe_server_{_name}"
+    case("server", _what)(_probe)
 
 
 INTRO = """# Reliability

@@ -252,8 +252,10 @@ BAD = [  # (request, status, words in the message)
     # a count is not a flag, nor a flag or a fraction a token id (pydantic's lax mode took them)
     (("post", "/v1/completions", {"model": "lm", "prompt": "a", "logprobs": True}), 422,
      "logprobs: Input should be a valid integer"),
-    (("post", "/v1/completions", {"model": "lm", "prompt": [504.0, 3.0]}), 422, "prompt"),
-    (("post", "/v1/completions", {"model": "lm", "prompt": [True, False]}), 422, "prompt"),
+    (("post", "/v1/completions", {"model": "lm", "prompt": [504.0, 3.0]}), 422,
+     "a token id is a whole number written without a fraction, not 504.0 (at 0)"),
+    (("post", "/v1/completions", {"model": "lm", "prompt": [True, False]}), 422,
+     "not true (at 0)"),
     (("post", "/v1/completions", {"model": "lm", "prompt": "a", "max_tokens": 2.0}), 422,
      "max_tokens: Input should be a valid integer"),
     (("post", "/v1/chat/completions", {"model": "lm", "messages": [

@@ -21,9 +21,18 @@ count), nor ``504.0`` a token id.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+)
 
 from ..config.sections import MAX_BEAM, MAX_NEW_TOKENS, MAX_SEED
 
@@ -141,8 +150,19 @@ class StreamOptions(BaseModel):
 TokenIds = list[Annotated[StrictInt, Field(ge=0, le=2**31 - 1)]]
 
 
+def _ids_as_written(prompt):
+    """A list prompt's numbers must be token ids as written: not ``504.0``, not ``true``."""
+    for item in prompt if isinstance(prompt, list) else []:
+        for i, x in enumerate(item if isinstance(item, list) else [item]):
+            if isinstance(x, bool | float):
+                raise ValueError(f"a token id is a whole number written without a fraction, "
+                                 f"not {json.dumps(x)} (at {i})")
+    return prompt
+
+
 class CompletionRequest(GenerationBody):
-    prompt: Text | list[Text] | TokenIds | list[TokenIds]
+    prompt: Annotated[Text | list[Text] | TokenIds | list[TokenIds],
+                      BeforeValidator(_ids_as_written)]
     max_tokens: StrictInt | None = Field(default=None, ge=0, le=MAX_NEW_TOKENS)  # 0: echo
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # a count
     echo: StrictBool = False
