@@ -1,7 +1,8 @@
 """vaswani on a GPU, side by side with the alternatives, in one process.
 
     python -m benchmarks.gpu [--quick] [--device cuda] [--only loss seq2seq lm decode]
-                             [--compile] [--batch-tokens N] [--json OUT.json]
+                             [--compile [--compile-backend B]] [--batch-tokens N]
+                             [--json OUT.json]
 
 * **loss**: the task's label-smoothed cross-entropy (``models/losses.py``, forward and
   backward), eager (off the CPU, PyTorch's fused kernel) and compiled (a compiled step's),
@@ -11,17 +12,22 @@
   heads, d_ff 4096), shared 32k vocabulary, batches of 128-token sequences holding
   ``--batch-tokens`` tokens (default 25,600, as the paper's ~25,000; before, 16,384), bf16
   autocast, fused AdamW: vaswani through its task's loss against ``torch.nn.Transformer`` given
-  its best loss (``F.cross_entropy`` with label smoothing); with ``--compile`` both compiled
-  (vaswani's loss then the compiled one, as a compiled training step's).
+  its best loss (``F.cross_entropy`` with label smoothing); with ``--compile`` each also
+  compiled (vaswani's loss then the compiled one, as a compiled training step's).
 * **lm**: a GPT-2-small-shaped decoder (d 768, 12 layers, 12 heads, vocabulary 50,257,
-  16 x 1024 tokens) through the task loss, against Hugging Face's GPT-2 eager and compiled
-  (when ``transformers`` is installed).
+  16 x 1024 tokens) through the task loss, against Hugging Face's GPT-2 (when
+  ``transformers`` is installed); with ``--compile`` each eager and compiled.
 * **decode**: the same LM, random weights, through the engine (slot KV cache, CUDA graphs):
   batch-1 and batch-32 greedy tokens/s, against Hugging Face ``generate`` (static cache off).
 
 MFU = the step's FLOPs (``torch.utils.flop_counter.FlopCounterMode`` on forward + backward)
-/ step time / the peak of a large bf16 matmul measured in the same process. Steps are timed
-after warm-up with the device synchronised; the contenders alternate. ``--quick`` shrinks
+/ step time / the peak of a large bf16 matmul measured in the same process. The FLOPs are
+counted after the timing, under ``torch.compiler.set_stance("force_eager")``: torch.compile
+skips a frame that runs under a dispatch mode such as the counter and remembers the skip, so
+counted first, a compiled model would have run eager in every timed step. Each contender's
+warm-up records the graphs dynamo compiled for it (``compiled_graphs`` in the JSON); a
+compiled row that compiled none is flagged. Steps are timed after warm-up with the device
+synchronised; the contenders alternate. ``--quick`` shrinks
 every shape (a smoke run, also on a CPU: ``--quick --device cpu``); its numbers mean nothing.
 On a device without native bf16 (an AVX2 CPU) everything runs in fp32 and says so.
 """
@@ -36,16 +42,22 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 from torch.utils.flop_counter import FlopCounterMode
 
 from vaswani import ModelConfig, build_model
 from vaswani.config import TrainConfig
 from vaswani.devices import bf16_is_fast
-from vaswani.models.losses import compiled_smoothed_cross_entropy, smoothed_cross_entropy
+from vaswani.models.losses import (
+    compiled_smoothed_cross_entropy,
+    reference_smoothed_cross_entropy,
+    smoothed_cross_entropy,
+)
 from vaswani.training.optimizers import make_optimizer
 
 from .baselines import TorchTransformer
 from .common import report
+from .gpu_decode import decode_rows, gpt2_model
 
 
 @dataclass(frozen=True)
@@ -71,8 +83,9 @@ QUICK = {"base": Shape(64, 4, 128, 2, 1000, 8, 32),
 
 class Bench:
     def __init__(self, device: torch.device, quick: bool, repeats: int = 20,
-                 batch_tokens: int = 25_600) -> None:
-        self.device, self.quick = device, quick
+                 batch_tokens: int = 25_600, backend: str = "inductor") -> None:
+        self.device, self.quick, self.backend = device, quick, backend
+        self.graphs: dict[str, int] = {}  # contender -> graphs dynamo compiled in its warm-up
         self.shapes = dict(QUICK if quick else FULL)
         if not quick:  # the seq2seq rows' batches: that many tokens of 128-token sequences
             for name in ("base", "big"):
@@ -91,10 +104,13 @@ class Bench:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     def times(self, fns: dict) -> dict[str, float]:
-        """Median seconds per call of each function, the functions alternating."""
-        for fn in fns.values():
+        """Median seconds per call of each function, the functions alternating; the graphs
+        dynamo compiled in each one's warm-up go to ``self.graphs``."""
+        for name, fn in fns.items():
+            before = counters["stats"]["unique_graphs"]
             for _ in range(self.warmup):
                 fn()
+            self.graphs[name] = counters["stats"]["unique_graphs"] - before
         self.sync()
         seen: dict[str, list[float]] = {k: [] for k in fns}
         for _ in range(self.timed):
@@ -115,9 +131,23 @@ class Bench:
         return 2 * n ** 3 / t / 1e12
 
     def flops(self, step) -> float:
-        with FlopCounterMode(display=False) as counter:
+        """The FLOPs of one forward and backward of ``step``, run eagerly: call it after the
+        timing (see the module's docstring)."""
+        with torch.compiler.set_stance("force_eager"), FlopCounterMode(display=False) as c:
             step(count_only=True)
-        return float(counter.get_total_flops())
+        return float(c.get_total_flops())
+
+    def compiled(self, model):
+        return torch.compile(model, backend=self.backend)
+
+    def check_compiled(self, names) -> dict[str, int]:
+        """The graphs of the compiled contenders ``names``; a loud line for one with none."""
+        graphs = {name: self.graphs.get(name, 0) for name in names}
+        for name, n in graphs.items():
+            if n == 0:
+                print(f"WARNING: {name} compiled no graph: its row measured eager code",
+                      flush=True)
+        return graphs
 
     def rand(self, vocab: int, *shape: int) -> torch.Tensor:
         return torch.randint(4, vocab, shape, device=self.device)
@@ -169,16 +199,21 @@ def loss_rows(b: Bench) -> tuple[list, dict]:
 
 # --- training steps ----------------------------------------------------------------------------
 
-def criterion_for(compile_it: bool):
+def criterion_for(b: Bench, compile_it: bool):
     """The loss a training step uses: the compiled one when the step is compiled, as the
-    tasks pick it (tasks/base.py ``Task.criterion``)."""
-    return compiled_smoothed_cross_entropy if compile_it else smoothed_cross_entropy
+    tasks pick it (tasks/base.py ``Task.criterion``; with another ``--compile-backend``, the
+    same reference compiled by it)."""
+    if not compile_it:
+        return smoothed_cross_entropy
+    if b.backend == "inductor":
+        return compiled_smoothed_cross_entropy
+    return torch.compile(reference_smoothed_cross_entropy, dynamic=True, backend=b.backend)
 
 
 def train_step(b: Bench, model, loss_fn, compile_it: bool):
     model.to(b.device).train()
     opt = make_optimizer(model, TrainConfig(lr=1e-4))
-    run = torch.compile(model) if compile_it else model
+    run = b.compiled(model) if compile_it else model
 
     def step(count_only: bool = False):
         with b.autocast():
@@ -216,23 +251,26 @@ def seq2seq_one(b: Bench, name: str, compile_it: bool) -> tuple[list, dict]:
                                    tie_embeddings=True, max_len=512))
     theirs = TorchTransformer(s.vocab, s.d, s.heads, s.d_ff, s.layers, 0.1)
 
-    criterion = criterion_for(compile_it)
-
-    def our_loss(m):  # the translation task's loss path
-        logits = m(src, tgt[:, :-1])
-        loss, _, n = criterion(logits.flatten(0, 1), tgt[:, 1:].flatten(), smoothing=0.1,
-                               pad_id=0)
-        return loss / n
+    def our_loss(criterion):  # the translation task's loss path
+        def loss(m):
+            logits = m(src, tgt[:, :-1])
+            total, _, n = criterion(logits.flatten(0, 1), tgt[:, 1:].flatten(), smoothing=0.1,
+                                    pad_id=0)
+            return total / n
+        return loss
 
     def their_loss(m):
         logits = m(src, tgt[:, :-1])
         return F.cross_entropy(logits.flatten(0, 1).float(), tgt[:, 1:].flatten(),
                                label_smoothing=0.1, ignore_index=0)
 
-    steps = {"vaswani": train_step(b, ours, our_loss, compile_it),
-             "torch.nn.Transformer": train_step(b, theirs, their_loss, compile_it)}
-    flops = b.flops(steps["vaswani"])
+    steps = {"vaswani": train_step(b, ours, our_loss(criterion_for(b, False)), False),
+             "torch.nn.Transformer": train_step(b, theirs, their_loss, False)}
+    if compile_it:  # every contender both ways
+        steps["vaswani compiled"] = train_step(b, ours, our_loss(criterion_for(b, True)), True)
+        steps["torch.nn.Transformer compiled"] = train_step(b, theirs, their_loss, True)
     t = b.times(steps)
+    flops = b.flops(steps["vaswani"])  # after the timing, eagerly: see the docstring
     tokens = s.batch * s.length
     peak = b.peak_tflops()
     for who, seconds in t.items():
@@ -241,17 +279,15 @@ def seq2seq_one(b: Bench, name: str, compile_it: bool) -> tuple[list, dict]:
                      f"MFU {mfu:.1%}"))
         out[f"seq2seq_{name}_{who}_tok_s"] = tokens / seconds
         out[f"seq2seq_{name}_{who}_mfu"] = mfu
-    ratio = t["torch.nn.Transformer"] / t["vaswani"]
-    rows.append((f"seq2seq {name}: vaswani / torch.nn.Transformer", f"{ratio:.2f}x"))
-    out[f"seq2seq_{name}_vs_torch"] = ratio
+    for mode in ("", " compiled") if compile_it else ("",):
+        ratio = t[f"torch.nn.Transformer{mode}"] / t[f"vaswani{mode}"]
+        rows.append((f"seq2seq {name}: vaswani{mode} / torch.nn.Transformer{mode}",
+                     f"{ratio:.2f}x"))
+        out[f"seq2seq_{name}{mode.replace(' ', '_')}_vs_torch"] = ratio
+    if compile_it:
+        out[f"seq2seq_{name}_compiled_graphs"] = b.check_compiled(
+            ["vaswani compiled", "torch.nn.Transformer compiled"])
     return rows, out
-
-
-def gpt2_model(s: Shape):
-    return build_model(ModelConfig(arch="decoder", d_model=s.d, n_heads=s.heads, d_ff=s.d_ff,
-                                   n_layers=s.layers, vocab_size=s.vocab, dropout=0.0,
-                                   norm_first=True, positional="learned", tie_embeddings=True,
-                                   activation="gelu", max_len=max(s.length, 1024)))
 
 
 def lm_rows(b: Bench, compile_it: bool) -> tuple[list, dict]:
@@ -259,14 +295,17 @@ def lm_rows(b: Bench, compile_it: bool) -> tuple[list, dict]:
     ids = b.rand(s.vocab, s.batch, s.length + 1)
     torch.manual_seed(0)
 
-    criterion = criterion_for(compile_it)
+    def our_loss(criterion):  # the language-model task's loss path
+        def loss(m):
+            logits = m(ids[:, :-1])
+            total, _, n = criterion(logits.flatten(0, 1), ids[:, 1:].flatten())
+            return total / n
+        return loss
 
-    def our_loss(m):  # the language-model task's loss path
-        logits = m(ids[:, :-1])
-        loss, _, n = criterion(logits.flatten(0, 1), ids[:, 1:].flatten())
-        return loss / n
-
-    steps = {"vaswani": train_step(b, gpt2_model(s), our_loss, compile_it)}
+    ours = gpt2_model(s)
+    steps = {"vaswani": train_step(b, ours, our_loss(criterion_for(b, False)), False)}
+    if compile_it:
+        steps["vaswani compiled"] = train_step(b, ours, our_loss(criterion_for(b, True)), True)
     try:
         import transformers
 
@@ -278,70 +317,23 @@ def lm_rows(b: Bench, compile_it: bool) -> tuple[list, dict]:
             logits = m(ids[:, :-1]).logits
             return F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
 
-        steps["HF GPT-2 eager"] = train_step(b, transformers.GPT2LMHeadModel(hf_cfg), hf_loss,
-                                             False)
-        if b.device.type == "cuda":
-            steps["HF GPT-2 compiled"] = train_step(b, transformers.GPT2LMHeadModel(hf_cfg),
-                                                    hf_loss, True)
+        hf = transformers.GPT2LMHeadModel(hf_cfg)
+        steps["HF GPT-2 eager"] = train_step(b, hf, hf_loss, False)
+        if compile_it:
+            steps["HF GPT-2 compiled"] = train_step(b, hf, hf_loss, True)
     except ImportError:
         print("transformers is not installed: no Hugging Face rows", flush=True)
-    flops = b.flops(steps["vaswani"])
     t = b.times(steps)
+    flops = b.flops(steps["vaswani"])  # after the timing, eagerly: see the docstring
     tokens, peak = s.batch * s.length, b.peak_tflops()
     rows, out = [], {}
     for who, seconds in t.items():
         mfu = flops / seconds / 1e12 / peak
         rows.append((f"GPT-2-small LM: {who}", f"{tokens / seconds:,.0f} tok/s, MFU {mfu:.1%}"))
         out[f"lm_{who}_tok_s"], out[f"lm_{who}_mfu"] = tokens / seconds, mfu
+    if compile_it:
+        out["lm_compiled_graphs"] = b.check_compiled([k for k in steps if "compiled" in k])
     return rows, out
-
-
-# --- decoding ----------------------------------------------------------------------------------
-
-def decode_rows(b: Bench) -> tuple[list, dict]:
-    s = b.shapes["gpt2"]
-    new = 32 if b.quick else 256
-    torch.manual_seed(0)
-    model = gpt2_model(s).to(b.device, b.dtype).eval()
-    rows, out = [], {}
-    for batch in (1, 32):
-        prompts = [b.rand(s.vocab, 16).tolist() for _ in range(batch)]
-        fns = {"vaswani engine": engine_decode(model, prompts, new)}
-        try:
-            fns["HF generate"] = hf_decode(b, s, prompts, new)
-        except ImportError:
-            pass
-        t = b.times(fns)
-        for who, seconds in t.items():
-            rate = batch * new / seconds
-            rows.append((f"greedy decode, batch {batch}: {who}", f"{rate:,.0f} tok/s"))
-            out[f"decode_b{batch}_{who}_tok_s"] = rate
-    return rows, out
-
-
-def engine_decode(model, prompts: list[list[int]], new: int):
-    from vaswani.engine import Engine, EngineConfig, Params, Request
-    from vaswani.generation.rules import Rules
-
-    engine = Engine(model, bos_id=1, eos_id=2, config=EngineConfig(max_rows=len(prompts)))
-    params = Params(max_new_tokens=new, rules=Rules(min_length=new))  # every row: `new` tokens
-    return lambda: engine.run([Request(p, params) for p in prompts])
-
-
-def hf_decode(b: Bench, s: Shape, prompts: list[list[int]], new: int):
-    import transformers
-
-    hf_cfg = transformers.GPT2Config(vocab_size=s.vocab, n_positions=1024, n_embd=s.d,
-                                     n_layer=s.layers, n_head=s.heads)
-    hf = transformers.GPT2LMHeadModel(hf_cfg).to(b.device, b.dtype).eval()
-    ids = torch.tensor(prompts, device=b.device)
-
-    @torch.no_grad()
-    def decode():
-        hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                    pad_token_id=0)
-
-    return decode
 
 
 def main() -> None:
@@ -351,7 +343,11 @@ def main() -> None:
                         help="tiny shapes: a smoke run whose numbers mean nothing")
     parser.add_argument("--only", nargs="+", default=["loss", "seq2seq", "lm", "decode"],
                         choices=["loss", "seq2seq", "lm", "decode"])
-    parser.add_argument("--compile", action="store_true", help="torch.compile the models")
+    parser.add_argument("--compile", action="store_true",
+                        help="also torch.compile each model (rows eager and compiled)")
+    parser.add_argument("--compile-backend", default="inductor", metavar="B",
+                        help="torch.compile's backend for --compile (default inductor; "
+                             "'eager' checks the compiled rows' plumbing in seconds)")
     parser.add_argument("--batch-tokens", type=int, default=25_600, metavar="N",
                         help="seq2seq: tokens per batch (default 25,600: 200 x 128, as the "
                              "paper's ~25,000)")
@@ -360,7 +356,8 @@ def main() -> None:
                              "min(5, N) warm-up calls")
     parser.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     args = parser.parse_args()
-    b = Bench(torch.device(args.device), args.quick, args.repeats, args.batch_tokens)
+    b = Bench(torch.device(args.device), args.quick, args.repeats, args.batch_tokens,
+              args.compile_backend)
     if not b.bf16:
         print(f"{args.device}: no native bf16 here; every row runs in fp32", flush=True)
     rows: list = []
