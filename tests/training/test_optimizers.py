@@ -116,3 +116,76 @@ def test_muon_iterates_in_bf16_only_where_bf16_is_fast(monkeypatch, fast):
                                     d_ff=16, n_layers=1))
     opt = optimizers.make_optimizer(model, TrainConfig(optimizer="muon"))
     assert opt.parts["muon"][0].ortho_dtype == (torch.bfloat16 if fast else torch.float32)
+
+
+def test_muon_decides_a_skip_on_the_device_and_skips_exactly():
+    """Muon.step(finite=flag): with the flag true, the same update to the bit as without one;
+    false (a NaN gradient), weights and momentum buffers as they were. No host read."""
+    options = {"lr": 0.02, "weight_decay": 0.1, "momentum": 0.9}
+    flagged = run(lambda ps: FlaggedMuon(ps, torch.tensor(True), **options))
+    plain = run(lambda ps: Muon(ps, **options))
+    for a, b in zip(flagged, plain, strict=True):
+        assert torch.equal(a, b)
+    params = matrices()
+    opt = Muon(params, **options)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    before = [p.detach().clone() for p in params] + [opt.state[p]["momentum_buffer"].clone()
+                                                     for p in params]
+    for p in params:
+        p.grad = torch.full_like(p, float("nan"))
+    with HostReads() as reads:
+        opt.step(finite=torch.tensor(False))
+    after = [p.detach() for p in params] + [opt.state[p]["momentum_buffer"] for p in params]
+    for a, b in zip(after, before, strict=True):
+        assert torch.equal(a, b)
+    assert reads.count == 0
+
+
+class FlaggedMuon(Muon):
+    def __init__(self, params, flag, **options):
+        super().__init__(params, **options)
+        self.flag = flag
+
+    def step(self, closure=None):
+        return super().step(closure, finite=self.flag)
+
+
+class HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the reads of a tensor's value on the host (``.item()``, ``bool(t)``,
+    ``.tolist()``: ``aten._local_scalar_dense``), each a wait for the device on a GPU."""
+
+    count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_twelve_training_steps_read_nothing_on_the_host(tmp_path, optimizer):
+    """A training step never waits for the device: the skip decision stays on it for every
+    optimizer (fused AdamW's found_inf, Muon's flag), and the skip counters are read only on
+    the steps that log or save (none of these twelve)."""
+    from tests.training.fixtures import config, reverse_task
+    from vaswani.config import load_run_config
+    from vaswani.tasks import task_for
+    from vaswani.training.loop import Trainer
+    from vaswani.training.train import resolve_model
+
+    cfg = load_run_config(config(tmp_path / "c.toml", "encoder-decoder",
+                                 reverse_task(tmp_path / "p.tsv"), device="cpu",
+                                 train={"optimizer": optimizer, "log_every": 1000}))
+    task = task_for(cfg)
+    data = task.load(tmp_path / "cache")
+    cfg = resolve_model(cfg, task, data)
+    (tmp_path / "run").mkdir()
+    trainer = Trainer(cfg, task_for(cfg), data, tmp_path / "run", device=torch.device("cpu"),
+                      progress=False)
+    trainer.train_step()  # the first step sets things up (optimizer state, plans)
+    with HostReads() as reads:
+        for _ in range(12):
+            trainer.train_step()
+    assert reads.count == 0, f"{reads.count} host reads in 12 steps"

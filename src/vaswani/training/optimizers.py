@@ -106,7 +106,11 @@ class Muon(torch.optim.Muon):
         self.ortho_dtype = ortho_dtype
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, finite: Tensor | None = None):
+        """One update; with ``finite`` (a 0-dim bool tensor on the device) none where it is
+        false, decided on the device: no step waits to read it on the host. A skipped step's
+        gradient is replaced by the momentum buffer (a blend of the buffer with itself leaves
+        it as it was) and its update is scaled by 0."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -114,16 +118,23 @@ class Muon(torch.optim.Muon):
         for group in self.param_groups:
             params, grads, buffers = [], [], []
             self._init_group(group, params, grads, buffers)
-            lr, momentum = group["lr"], group["momentum"]
+            lr, momentum, decay = group["lr"], group["momentum"], group["weight_decay"]
             updates = []
             for grad, buffer in zip(grads, buffers, strict=True):
+                if finite is not None:
+                    grad = torch.where(finite, grad, buffer)
                 buffer.lerp_(grad, 1 - momentum)
                 updates.append(grad.lerp(buffer, momentum) if group["nesterov"] else buffer)
             updates = orthogonalize_all(updates, group["ns_coefficients"], group["ns_steps"],
                                         group["eps"], self.ortho_dtype)
             for p, update in zip(params, updates, strict=True):
-                p.mul_(1 - lr * group["weight_decay"])
-                p.add_(update, alpha=-lr * math.sqrt(max(1, p.size(0) / p.size(1))))
+                rate = -lr * math.sqrt(max(1, p.size(0) / p.size(1)))
+                if finite is None:
+                    p.mul_(1 - lr * decay)
+                    p.add_(update, alpha=rate)
+                else:
+                    p.mul_(torch.where(finite, 1 - lr * decay, 1.0).to(p.dtype))
+                    p.add_(update * finite.to(update.dtype), alpha=rate)
         return loss
 
 
@@ -164,8 +175,8 @@ class Optimizers:
     def step(self, finite: Tensor | None = None) -> None:
         """Update, unless ``finite`` (a bool tensor on the device) is false. Fused AdamW
         decides on the device: it takes the flag a gradient scaler would hand it
-        (``found_inf``) and then leaves its weights, moments and step count alone. An
-        optimizer without that (Muon) reads the flag on the host."""
+        (``found_inf``) and then leaves its weights, moments and step count alone; Muon
+        takes the flag itself (:meth:`Muon.step`). Another optimizer reads it on the host."""
         for opt in self:
             if finite is None:
                 opt.step()
@@ -173,6 +184,8 @@ class Optimizers:
                 opt.found_inf = (~finite).float()
                 opt.step()
                 del opt.found_inf
+            elif isinstance(opt, Muon):
+                opt.step(finite=finite)
             elif bool(finite):
                 opt.step()
 
