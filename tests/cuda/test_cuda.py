@@ -133,3 +133,18 @@ def test_a_cpu_generator_draws_for_rows_on_the_gpu_as_for_rows_on_the_cpu():
                            gens)[1:].tolist()
 
     assert draw(CUDA) == draw("cpu")
+
+
+def test_flash_attention_takes_the_training_steps_attention():
+    """On a GPU the tasks' attention runs under the flash kernel alone (an explicit mask
+    would find no kernel): a language model and a translator of unpadded sources."""
+    from tests.models.test_unmasked import model
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.autocast("cuda", torch.bfloat16):
+        wide = {"d_model": 64, "n_heads": 4}  # heads of 16: a width flash takes
+        lm = model("decoder", "sdpa", **wide).float().cuda()
+        ids = torch.randint(3, 23, (2, 16), device="cuda")
+        lm(ids, mask=True).sum().backward()
+        mt = model("encoder-decoder", "sdpa", **wide).float().cuda()
+        src, tgt = (torch.randint(3, 23, (2, n), device="cuda") for n in (12, 9))
+        mt(src, tgt, src_mask=True, tgt_mask=True).sum().backward()

@@ -17,6 +17,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..nn import masks
 from ..nn.attention import Attention, attention_weights, repeat_kv
 from .dropout import lane_dropout
 
@@ -52,6 +53,7 @@ class CPUAttention(Attention):
         if not need_weights and self.use_sdpa(q, k, p):
             return self.fused(q, k, v, mask, p), None
         k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)
+        mask = masks.dense(mask, q.device)  # the written-out paths take a tensor
         if (not need_weights and p == 0.0 and q.size(-2) <= DECODE_QUERIES
                 and not torch.is_grad_enabled()):  # inference's decoding steps
             return decoding_attention(q, k, v, mask), None

@@ -27,16 +27,18 @@ from torch import Tensor
 class Batch(dict):
     """One batch: its tensors by name (``batch["src"]``), and what it holds, counted on the
     host when it is made, so that nothing has to read them back from a device:
-    ``targets``, what its loss is averaged over, and ``tokens``, the non-padding input
-    tokens it feeds the model (for throughput)."""
+    ``targets``, what its loss is averaged over, ``tokens``, the non-padding input tokens it
+    feeds the model (for throughput), and ``unpadded``, the names of its tensors that hold
+    no padding (their attention needs no padding mask)."""
 
-    def __init__(self, tensors: dict[str, Tensor], *, targets: int, tokens: int) -> None:
+    def __init__(self, tensors: dict[str, Tensor], *, targets: int, tokens: int,
+                 unpadded: frozenset[str] = frozenset()) -> None:
         super().__init__(tensors)
-        self.targets, self.tokens = targets, tokens
+        self.targets, self.tokens, self.unpadded = targets, tokens, unpadded
 
     def to(self, device: torch.device) -> Batch:
         return Batch({k: v.to(device, non_blocking=True) for k, v in self.items()},
-                     targets=self.targets, tokens=self.tokens)
+                     targets=self.targets, tokens=self.tokens, unpadded=self.unpadded)
 
 
 def token_budget_batches(lengths, max_tokens: int, min_size: int = 1) -> list[np.ndarray]:

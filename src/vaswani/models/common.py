@@ -66,12 +66,17 @@ def output_projection(c: ModelConfig, embed: Embeddings, vocab_size: int) -> nn.
     return proj
 
 
-def decoder_inputs(ids: Tensor, keep: Tensor | None, pad_id: int) -> tuple[Tensor, Tensor]:
+def decoder_inputs(ids: Tensor, keep: Tensor | bool | None, pad_id: int
+                   ) -> tuple[Tensor, masks.Mask]:
     """(positions (T,), self-attention mask) of a decoder's whole sequence ``ids`` (B, T),
-    read at once from position 0: causal, and without ``keep`` (B, T), True = real token,
-    its padding is ``ids != pad_id``."""
-    keep = masks.padding_mask(ids, pad_id) if keep is None else keep
+    read at once from position 0: causal, and with key padding from ``keep`` (B, T), True =
+    real token; None: the padding is ``ids != pad_id``; ``True``: no key padding (no token
+    is padding, or it all comes after the real tokens, which causal attention never shows a
+    real token), so the mask is :func:`~vaswani.nn.masks.causal` alone."""
     T = ids.size(1)
+    if keep is True:
+        return torch.arange(T, device=ids.device), masks.causal(T)
+    keep = masks.padding_mask(ids, pad_id) if keep is None else keep
     return (torch.arange(T, device=ids.device),
             masks.decoder_self_mask(keep, T, device=ids.device))
 

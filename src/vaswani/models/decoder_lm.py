@@ -37,11 +37,13 @@ class DecoderLM(nn.Module):
         self.output_proj = output_projection(c, self.embed, c.vocab_size)
         init_weights(self, c.pad_id)
 
-    def forward(self, ids: Tensor, *, mask: Tensor | None = None,
+    def forward(self, ids: Tensor, *, mask: Tensor | bool | None = None,
                 positions: Tensor | None = None) -> Tensor:
         """ids: (B, T) -> logits (B, T, V); logits[:, t] predicts token t + 1.
 
-        ``mask`` (B, T), True = real token, defaults to ``ids != pad_id``; ``positions``
+        ``mask`` (B, T), True = real token, defaults to ``ids != pad_id``; ``True``: no
+        padding, or padding only after the real tokens (attention is then causal alone, and
+        SDPA's flash kernels may run: models/common.py ``decoder_inputs``); ``positions``
         (B, T) default to 0 .. T-1 (a left-padded batch passes its own). Decoding a token at
         a time over a cache is :meth:`decode_step`.
         """

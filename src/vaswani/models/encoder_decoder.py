@@ -45,20 +45,26 @@ class EncoderDecoder(nn.Module):
         self.output_proj = output_projection(c, self.tgt_embed, c.tgt_vocab_size)
         init_weights(self, c.pad_id)
 
-    def forward(self, src: Tensor, tgt: Tensor, *, src_mask: Tensor | None = None,
-                tgt_mask: Tensor | None = None) -> Tensor:
+    def forward(self, src: Tensor, tgt: Tensor, *, src_mask: Tensor | bool | None = None,
+                tgt_mask: Tensor | bool | None = None) -> Tensor:
         """Teacher-forced logits: src (B, S), tgt (B, T) -> (B, T, V). For training, feed
-        ``tgt[:, :-1]`` and score against ``tgt[:, 1:]``."""
-        src_mask = self._source_mask(src, src_mask)
-        memory = self.encode(src, src_mask=src_mask)
-        return self.decode(tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask)
+        ``tgt[:, :-1]`` and score against ``tgt[:, 1:]``.
 
-    def encode(self, src: Tensor, *, src_mask: Tensor | None = None) -> Tensor:
-        """src: (B, S) ids -> memory (B, S, D). src_mask: (B, S), True = real token."""
-        return self._encode(src, src_mask)[0]
+        ``src_mask`` (B, S) and ``tgt_mask`` (B, T), True = real token, default to the
+        padding. ``True`` says there is none to mask: no source padding; target padding only
+        after the real tokens, which causal attention never shows a real token (a training
+        batch's). No mask is then built, and SDPA's flash kernels may run."""
+        keep = self._source_mask(src, src_mask)
+        memory = self._encode(src, keep)[0]
+        return self._decode(tgt, memory, keep, tgt_mask)[0]
+
+    def encode(self, src: Tensor, *, src_mask: Tensor | bool | None = None) -> Tensor:
+        """src: (B, S) ids -> memory (B, S, D). src_mask: (B, S), True = real token (``True``:
+        no padding)."""
+        return self._encode(src, self._source_mask(src, src_mask))[0]
 
     def decode(self, tgt: Tensor, memory: Tensor, *, src_mask: Tensor | None,
-               tgt_mask: Tensor | None = None) -> Tensor:
+               tgt_mask: Tensor | bool | None = None) -> Tensor:
         """tgt: (B, T) ids, memory: (B, S, D) -> logits (B, T, V).
 
         ``src_mask`` (B, S) is required (pass None only for an unpadded source): cross-attention
@@ -72,19 +78,23 @@ class EncoderDecoder(nn.Module):
         """:meth:`forward` and every attention weight, for looking inside the model:
         (logits (B, T, V), {"encoder": (L, B, H, S, S), "decoder": (L, B, H, T, T),
         "cross": (L, B, H, T, S)}). The weights come from the written-out attention."""
-        src_mask = self._source_mask(src, src_mask)
-        memory, enc = self._encode(src, src_mask, need_weights=True)
-        logits, dec = self._decode(tgt, memory, src_mask, tgt_mask, need_weights=True)
+        keep = self._source_mask(src, src_mask)
+        memory, enc = self._encode(src, keep, need_weights=True)
+        logits, dec = self._decode(tgt, memory, keep, tgt_mask, need_weights=True)
         return logits, {"encoder": stack_weights(enc, "self_attn"),
                         "decoder": stack_weights(dec, "self_attn"),
                         "cross": stack_weights(dec, "cross_attn")}
 
-    def _source_mask(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
-        """The source's (B, S) mask as given, else its padding (the one default)."""
+    def _source_mask(self, src: Tensor, src_mask: Tensor | bool | None) -> Tensor | None:
+        """The source's (B, S) mask as given, else its padding (the one default); None for
+        ``True`` (no padding)."""
+        if src_mask is True:
+            return None
         return masks.padding_mask(src, self.config.pad_id) if src_mask is None else src_mask
 
-    def _encode(self, src, src_mask, need_weights=False):
-        attn_mask = masks.key_padding_mask(self._source_mask(src, src_mask))  # (B, 1, 1, S)
+    def _encode(self, src, keep, need_weights=False):
+        """``keep`` (B, S), or None: no source padding."""
+        attn_mask = None if keep is None else masks.key_padding_mask(keep)  # (B, 1, 1, S)
         return self.encoder(self.src_embed(src), mask=attn_mask, need_weights=need_weights)
 
     def _decode(self, tgt, memory, src_mask, tgt_mask, need_weights=False):

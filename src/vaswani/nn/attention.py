@@ -48,8 +48,9 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     return weights @ v, weights  # (..., Tq, Dh), (..., Tq, Tk)
 
 
-def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
+def attention_weights(q: Tensor, k: Tensor, mask: masks.Mask | None = None) -> Tensor:
     """softmax(q k^T / sqrt(Dh)): (..., Tq, Tk), each query's weights over the keys."""
+    mask = masks.dense(mask, q.device)  # a causal description (masks.causal) built
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
@@ -90,10 +91,15 @@ class Attention(nn.Module):
                                                     repeat_kv(v, self.group), mask, p)
         return out, weights if need_weights else None  # never keep weights nobody asked for
 
-    def fused(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float) -> Tensor:
-        """PyTorch's fused kernel."""
+    def fused(self, q: Tensor, k: Tensor, v: Tensor, mask: masks.Mask | None, p: float
+              ) -> Tensor:
+        """PyTorch's fused kernel. A :class:`~vaswani.nn.masks.Causal` mask runs as its
+        ``is_causal``, where the queries are the keys' positions (SDPA aligns ``is_causal``
+        top-left: wrong when Tq != Tk, as with a cache)."""
+        causal = isinstance(mask, masks.Causal) and mask.q_len == mask.k_len
+        mask = None if causal else masks.dense(mask, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                              enable_gqa=self.group > 1)
+                                              is_causal=causal, enable_gqa=self.group > 1)
 
     def extra_repr(self) -> str:
         return f"backend={self.backend!r}, dropout={self.dropout}"

@@ -5,13 +5,32 @@ broadcastable to ``(B, H, Tq, Tk)``. This is the convention of
 ``torch.nn.functional.scaled_dot_product_attention``. (``torch.nn.MultiheadAttention`` uses the
 opposite polarity for its boolean masks, True = ignore; invert when talking to it.)
 
+One exception, for speed: a causal mask with no padding beside it is a :class:`Causal`, a
+description rather than a tensor. The attention runs it as SDPA's ``is_causal``, which its
+flash kernels take (they take no explicit mask, and an explicit causal mask makes every
+kernel compute the scores it then throws away); :func:`dense` builds the tensor where one is
+needed (the written-out attention, a mask combined with another).
+
 Shape legend: B batch, Tq query length, Tk key length.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Causal:
+    """:func:`causal_mask` ``(q_len, k_len)``, not built (see the module's docstring)."""
+
+    q_len: int
+    k_len: int
+
+
+Mask = Tensor | Causal
 
 
 def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
@@ -40,24 +59,40 @@ def causal_mask(q_len: int, k_len: int | None = None, *, device=None) -> Tensor:
     return ones.tril(diagonal=k_len - q_len)
 
 
-def combine(*masks: Tensor | None) -> Tensor | None:
+def causal(q_len: int, k_len: int | None = None) -> Causal:
+    """:func:`causal_mask`, bottom-right aligned as it is, as a :class:`Causal`."""
+    return Causal(q_len, q_len if k_len is None else k_len)
+
+
+def dense(mask: Mask | None, device=None) -> Tensor | None:
+    """A mask as a boolean tensor: a :class:`Causal` built on ``device``, a tensor or None
+    as it is."""
+    return causal_mask(mask.q_len, mask.k_len, device=device) if isinstance(mask, Causal) \
+        else mask
+
+
+def combine(*masks: Mask | None) -> Mask | None:
     """Logical AND of broadcastable masks; ``None`` entries mean "no restriction"."""
+    given = [m for m in masks if m is not None]
+    if len(given) > 1:  # a causal description is built beside another mask
+        device = next((m.device for m in given if isinstance(m, Tensor)), None)
+        given = [dense(m, device) for m in given]
     out = None
-    for m in masks:
-        if m is None:
-            continue
+    for m in given:
         out = m if out is None else out & m
     return out
 
 
 def decoder_self_mask(keep: Tensor | None, q_len: int, k_len: int | None = None, *,
-                      device=None) -> Tensor:
+                      device=None) -> Mask:
     """Causal self-attention mask, combined with key padding when ``keep`` ``(B, Tk)`` is given.
 
-    Returns ``(Tq, Tk)`` without padding or ``(B, 1, Tq, Tk)`` with it.
+    Returns ``(B, 1, Tq, Tk)`` with padding; without, :func:`causal` (no tensor: SDPA's
+    flash kernels may run).
     """
-    causal = causal_mask(q_len, k_len, device=device)
-    return causal if keep is None else combine(key_padding_mask(keep), causal)
+    if keep is None:
+        return causal(q_len, k_len)
+    return combine(key_padding_mask(keep), causal_mask(q_len, k_len, device=device))
 
 
 def position_mask(q_positions: Tensor, k_len: int) -> Tensor:

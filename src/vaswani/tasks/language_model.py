@@ -12,8 +12,6 @@ A trained language model is used through inference/language_model.py.
 
 from __future__ import annotations
 
-import torch
-
 from ..data import files
 from ..data.batching import WindowBatches
 from ..data.encode import text_chunks
@@ -72,5 +70,5 @@ class LanguageModelling(Task):
 
     def loss(self, model, batch, smoothing):
         x = batch["input"]
-        logits = model(x, mask=torch.ones_like(x, dtype=torch.bool))  # text has no padding
+        logits = model(x, mask=True)  # text has no padding: causal attention alone
         return self.criterion(logits.flatten(0, 1), batch["target"].flatten(), smoothing=smoothing)

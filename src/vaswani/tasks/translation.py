@@ -90,16 +90,23 @@ class Translation(Task):
         """Padded sources and targets; the targets predicted are every target token after
         <bos>."""
         m, max_len = self.config.data.pad_to_multiple, self.config.model.max_len
-        return Batch({"src": pad([s for s, _ in pairs], self.pad_id, multiple=m, cap=max_len),
-                      "tgt": pad([t for _, t in pairs], self.pad_id, multiple=m, plus=1,
-                                 cap=max_len + 1)},
+        src = pad([s for s, _ in pairs], self.pad_id, multiple=m, cap=max_len)
+        return Batch({"src": src, "tgt": pad([t for _, t in pairs], self.pad_id, multiple=m,
+                                             plus=1, cap=max_len + 1)},
                      targets=sum(len(t) - 1 for _, t in pairs),
-                     tokens=sum(len(s) + len(t) for s, t in pairs))
+                     tokens=sum(len(s) + len(t) for s, t in pairs),
+                     unpadded=frozenset({"src"} if all(len(s) == src.size(1) for s, _ in pairs)
+                                        else ()))
 
     def loss(self, model, batch, smoothing):
         tgt = batch["tgt"]
-        logits = model(batch["src"], tgt[:, :-1])  # teacher forcing: read tgt[:-1] and
-        return self.criterion(logits.flatten(0, 1), tgt[:, 1:].flatten(),  # predict tgt[1:]
+        # teacher forcing: read tgt[:-1] and predict tgt[1:]. The targets' padding comes after
+        # their real tokens, which causal attention never shows a real one: no target mask
+        # (tgt_mask=True); none for the sources either where they hold no padding. SDPA's
+        # flash kernels take no explicit mask.
+        logits = model(batch["src"], tgt[:, :-1], tgt_mask=True,
+                       src_mask=True if "src" in batch.unpadded else None)
+        return self.criterion(logits.flatten(0, 1), tgt[:, 1:].flatten(),
                               smoothing=smoothing, pad_id=self.pad_id)
 
     @torch.no_grad()
