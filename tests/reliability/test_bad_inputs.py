@@ -139,12 +139,13 @@ GGUF = [
     ("missing-key", lambda p: llama_gguf(p, skip=("embedding_length",)),
      "lacks the GGUF key 'llama.embedding_length'"),
     ("wrong-tensor-size", lambda p: llama_gguf(p, wrong_shape="blk.0.ffn_up.weight"),
-     "does not fit its own config"),
+     "model.layers.0.mlp.up_proj.weight has shape (33, 16), but the config's sizes give "
+     "(32, 16)"),
     # metadata that would have the model allocate gigabytes before any check
     ("feed-forward-2^26", lambda p: llama_gguf(p, metadata={"feed_forward_length": 2 ** 26}),
-     "does not fit its own config (d_model 16, d_ff 67108864"),
+     "gate_proj.weight has shape (32, 16), but the config's sizes give (67108864, 16)"),
     ("embedding-2^20", lambda p: llama_gguf(p, metadata={"embedding_length": 2 ** 20}),
-     "does not fit its own config (d_model 1048576"),
+     "embed_tokens.weight has shape (30, 16), but the config's sizes give (30, 1048576)"),
     ("layers-2^20", lambda p: llama_gguf(p, metadata={"block_count": 2 ** 20}),
      "lacks the tensor for 'model.layers.1."),
 ]
@@ -178,11 +179,13 @@ def test_bad_bert_sources(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("key, value", [("intermediate_size", 2 ** 26),
-                                        ("hidden_size", 2 ** 20),
-                                        ("max_position_embeddings", 2 ** 30)])
+@pytest.mark.parametrize("key, value, message", [
+    ("intermediate_size", 2 ** 26, "does not fit its own config"),
+    ("hidden_size", 2 ** 20, "hidden_size is 1048576, but the weights' "
+                             "embeddings.word_embeddings.weight has shape (30, 16)"),
+    ("max_position_embeddings", 2 ** 30, "does not fit its own config")])
 def test_bert_config_that_disagrees_with_its_tensors_is_refused_before_allocating(
-        tmp_path, capsys, key, value):
+        tmp_path, capsys, key, value, message):
     import json
     import resource
 
@@ -192,7 +195,7 @@ def test_bert_config_that_disagrees_with_its_tensors_is_refused_before_allocatin
     (folder / "config.json").write_text(json.dumps(hf))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert main(["import", "bert", str(folder), "--out", str(tmp_path / "o")]) == 2
-    assert "does not fit its own config" in one_line_error(capsys)
+    assert message in one_line_error(capsys)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024
     assert not (tmp_path / "o").exists()
 
