@@ -248,7 +248,8 @@ def seq2seq_one(b: Bench, name: str, compile_it: bool) -> tuple[list, dict]:
     ours = build_model(ModelConfig(arch="encoder-decoder", d_model=s.d, n_heads=s.heads,
                                    d_ff=s.d_ff, n_layers=s.layers, vocab_size=s.vocab,
                                    dropout=0.1, norm_first=True, share_embeddings=True,
-                                   tie_embeddings=True, max_len=512))
+                                   tie_embeddings=True, max_len=512),
+                       fast=b.device.type == "cpu")
     theirs = TorchTransformer(s.vocab, s.d, s.heads, s.d_ff, s.layers, 0.1)
 
     def our_loss(criterion):  # the translation task's loss path
@@ -302,7 +303,7 @@ def lm_rows(b: Bench, compile_it: bool) -> tuple[list, dict]:
             return total / n
         return loss
 
-    ours = gpt2_model(s)
+    ours = gpt2_model(s, b.device)
     steps = {"vaswani": train_step(b, ours, our_loss(criterion_for(b, False)), False)}
     if compile_it:
         steps["vaswani compiled"] = train_step(b, ours, our_loss(criterion_for(b, True)), True)

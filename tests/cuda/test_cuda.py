@@ -148,3 +148,35 @@ def test_flash_attention_takes_the_training_steps_attention():
         mt = model("encoder-decoder", "sdpa", **wide).float().cuda()
         src, tgt = (torch.randint(3, 23, (2, n), device="cuda") for n in (12, 9))
         mt(src, tgt, src_mask=True, tgt_mask=True).sum().backward()
+
+
+def test_a_model_for_a_gpu_has_none_of_the_cpus_paths(tmp_path):
+    """cpu/'s modules (per-call attention choice, oneDNN linear layers, lane dropout) only
+    fall back on a GPU, at a Python cost per call: a model built or loaded for CUDA has
+    none, a CPU's has them."""
+    from vaswani import ModelConfig, build_model
+
+    def cpu_modules(model):
+        return [type(m).__name__ for m in model.modules()
+                if type(m).__module__.startswith("vaswani.cpu")]
+
+    shape = ModelConfig(arch="decoder", vocab_size=30, d_model=32, n_heads=4, d_ff=64,
+                        n_layers=1, max_len=32)
+    assert cpu_modules(build_model(shape, "cpu"))
+    assert cpu_modules(build_model(shape, CUDA)) == []
+    cfg = config(tmp_path / "c.toml", "decoder", text_file(tmp_path / "t.txt"),
+                 train={"max_steps": 2}, device="cuda")
+    train(str(cfg), [], out=str(tmp_path / "run"), launch=Launch(progress=False))
+    assert cpu_modules(vaswani.load(tmp_path / "run", device="cuda").model) == []
+
+
+def test_a_gpu_feed_pins_the_next_steps_batches_while_this_one_runs():
+    from tests.training.test_feed import Numbered
+    from vaswani.training.feed import Feed
+
+    feed = Feed(Numbered(), CUDA, 2)
+    first = feed.take(0)
+    assert all(b["x"].is_cuda for b in first)
+    upcoming = feed.next[1].result()
+    assert all(b["x"].is_pinned() for b in upcoming)
+    feed.close()

@@ -37,8 +37,17 @@ class Batch(dict):
         self.targets, self.tokens, self.unpadded = targets, tokens, unpadded
 
     def to(self, device: torch.device) -> Batch:
-        return Batch({k: v.to(device, non_blocking=True) for k, v in self.items()},
-                     targets=self.targets, tokens=self.tokens, unpadded=self.unpadded)
+        """On ``device``: copies that do not wait for the host where the tensors are pinned
+        (:meth:`pinned`)."""
+        return self._with({k: v.to(device, non_blocking=True) for k, v in self.items()})
+
+    def pinned(self) -> Batch:
+        """In page-locked host memory (a GPU machine's), from which a copy to the GPU runs
+        while the host goes on."""
+        return self._with({k: v.pin_memory() for k, v in self.items()})
+
+    def _with(self, tensors: dict[str, Tensor]) -> Batch:
+        return Batch(tensors, targets=self.targets, tokens=self.tokens, unpadded=self.unpadded)
 
 
 def token_budget_batches(lengths, max_tokens: int, min_size: int = 1) -> list[np.ndarray]:

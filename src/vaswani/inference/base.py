@@ -266,7 +266,8 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
         fill_buffers(model)  # the tables no file holds (sinusoidal positions)
         model.eval()
     else:
-        model = build_model(config.model, initialise=False)  # its weights are loaded next
+        model = build_model(config.model, initialise=False,  # its weights are loaded next
+                            fast=dev.type == "cpu")  # a CPU's paths where it runs on one
         checkpoint.load_weights(model, path)
         model.to(dev).eval()
     return use(run_dir, config, model, source, target, labels, dev)

@@ -17,7 +17,7 @@ from .encoder_decoder import EncoderDecoder
 
 
 def build_model(config: ModelConfig, device: torch.device | str | None = None, *,
-                initialise: bool = True, fast: bool = True) -> nn.Module:
+                initialise: bool = True, fast: bool | None = None) -> nn.Module:
     """The model of ``config.arch``'s family (config/family.py) on ``device`` (default:
     torch's default device, as for any ``nn.Module``: the CPU unless
     ``torch.set_default_device`` or a ``with torch.device`` block says otherwise), freshly
@@ -32,12 +32,15 @@ def build_model(config: ModelConfig, device: torch.device | str | None = None, *
     random weights only to overwrite them was most of a pretrained model's load.
 
     ``fast``: a CPU's faster paths swapped in (vaswani.cpu: the same function, the same
-    parameters); False keeps nn/'s modules as written, the reference."""
+    parameters); False keeps nn/'s modules as written, the reference. By default, on a CPU
+    and on the meta device (a model built there for a CPU, or loaded on one); a model that
+    will run elsewhere is built with ``fast=False`` (on a GPU each of them would only fall
+    back to nn/'s, at a Python cost per call)."""
     device = torch.get_default_device() if device is None else torch.device(device)
     check_fits(config, device)
     with torch.device("meta"):
         model = family(config.arch).model(config)
-        if fast:
+        if device.type in ("cpu", "meta") if fast is None else fast:
             fast_paths(model)
     if device.type != "meta":
         with torch.device(device):  # what initialising makes on the side goes there too

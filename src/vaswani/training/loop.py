@@ -41,6 +41,7 @@ from ..nn.layers import Stack
 from ..tasks import Task, TaskData
 from . import parallel
 from .distributed import Dist
+from .feed import Feed
 from .optimizers import make_optimizer
 from .progress import Report
 from .schedules import DECAYING, lr_factor
@@ -77,6 +78,7 @@ class Trainer:
             checkpoint.load_weights(self.model, Path(t.init_from) / rundir.BEST, fresh=fresh)
         self.optimizer = make_optimizer(self.model, t)
         self.batches = task.batches(data, dist.rank, dist.world)
+        self.feed = Feed(self.batches, device, t.grad_accum)
         # fp16 gradients underflow without a scale; it adapts, and resumes with the run
         self.scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
         self.checkpoints = Checkpoints(cfg, run_dir, data, dist, device, self.parallel,
@@ -134,12 +136,8 @@ class Trainer:
         Nothing in a step waits for the device (on a GPU the host queues the next step's
         kernels while this one runs): the loss stays a tensor until a log line reads it, and
         a non-finite step is skipped by the optimizer itself (see :meth:`optimizer_step`)."""
-        t = self.cfg.train
-        micro, tokens = [], 0
-        for k in range(t.grad_accum):
-            batch = self.batches.micro_batch(self.state.step * t.grad_accum + k)
-            micro.append(batch.to(self.device))
-            tokens += batch.tokens * self.dist.world  # about, over ranks
+        micro = self.feed.take(self.state.step)  # built ahead, on a GPU (feed.py)
+        tokens = sum(b.tokens for b in micro) * self.dist.world  # about, over ranks
         loss_sum, total = self.accumulate(micro)
         lr = self.optimizer_step(loss_sum)
         return loss_sum / total, tokens, lr
@@ -322,6 +320,7 @@ class Trainer:
                     raise Stopped(self.run_dir, state.step)
         finally:
             self.stop.polling = False
+            self.feed.close()
             report.close()
         loss = last_eval.get("valid_loss")
         if loss is not None and not math.isfinite(loss):

@@ -62,7 +62,7 @@ def build(config: ModelConfig, device: torch.device, precision: str = "fp32", *,
     at start-up is the slices plus the largest single matrix, not the model. Weights from
     ``init_from`` are loaded into the slices the same way (checkpoint.load_weights);
     ``initialise=False`` when they all are (the slices' tables are filled, nothing drawn)."""
-    model = shard(build_model(config, "meta"), device, precision)
+    model = shard(build_model(config, "meta", fast=device.type == "cpu"), device, precision)
     materialise(model, device)
     if initialise:
         init_weights(model, config.pad_id)
