@@ -97,8 +97,7 @@ LOCK_HEADER = "vaswani run lock: "  # how vaswani's lock file begins (a user's n
 
 
 def _lock_record(pid: int | None) -> bytes:
-    """The lock file's one line, always the same length: written over the last one in place,
-    the file is never truncated."""
+    """The lock file's one line, always one length: written in place, never truncated."""
     return f"{LOCK_HEADER}{'pid ' + str(pid) if pid else 'free':<16}\n".encode()
 
 
@@ -117,13 +116,12 @@ def _open_lock(path: Path) -> int:
         kind = "a symbolic link" if path.is_symlink() else f"not usable ({e.strerror})"
         raise Refused(f"{path} is {kind}, not vaswani's lock file; move it, or choose another "
                       "--out") from None
-    info = os.fstat(fd)
-    head = os.pread(fd, len(LOCK_HEADER) + 32, 0)
+    info, head = os.fstat(fd), os.pread(fd, len(LOCK_HEADER) + 32, 0)
     ours = not head or head.strip().isdigit() or head.startswith(LOCK_HEADER.encode())
     if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or not ours:
         os.close(fd)
-        why = ("a file with other names too (a hard link)" if info.st_nlink != 1 else
-               "a file of someone else's")
+        why = "a file with other names too (a hard link)" if info.st_nlink != 1 else \
+            "a file of someone else's"
         raise Refused(f"{path} is {why}, not vaswani's lock file, and was left as it is; move "
                       "it, or choose another --out")
     return fd
@@ -141,8 +139,7 @@ def locked(run_dir: Path):
     fd = _open_lock(run_dir / LOCK)
     try:
         text = os.pread(fd, 64, 0).decode(errors="replace")
-        previous = text.removeprefix(LOCK_HEADER).removeprefix("pid ").strip()
-        previous = previous if previous.isdigit() else ""
+        previous = "".join(c for c in text.removeprefix(LOCK_HEADER) if c.isdigit())
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -197,10 +197,10 @@ def configure(config: str, overrides: list[str]) -> tuple[RunConfig, Tokenizers 
 # (the same arithmetic), and what it evaluates, logs, keeps and decodes. Any other setting
 # would make the continued run differ from one that never stopped, and is refused by name.
 RESUMABLE = {
-    "train": {"max_steps", "schedule_steps", "max_minutes", "device", "compile", "parallel",
-              "collective_timeout", "checkpoint_activations", "tensorboard", "log_every",
-              "eval_every", "eval_batches", "metric_examples", "save_every",
-              "keep_checkpoints", "patience"},
+    "train": {"max_steps", "schedule_steps", "max_minutes", "max_skipped_steps", "device",
+              "compile", "parallel", "collective_timeout", "checkpoint_activations",
+              "tensorboard", "log_every", "eval_every", "eval_batches", "metric_examples",
+              "save_every", "keep_checkpoints", "patience"},
     "decode": {f.name for f in dataclasses.fields(DecodeConfig)},
 }
 
