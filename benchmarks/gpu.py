@@ -5,9 +5,9 @@
                              [--json OUT.json]
 
 * **loss**: the task's label-smoothed cross-entropy (``models/losses.py``, forward and
-  backward), eager (off the CPU, PyTorch's fused kernel) and compiled (a compiled step's),
-  against ``F.cross_entropy(label_smoothing=0.1)`` on 16,384 x 32,000 bf16 logits, as given
-  and under autocast.
+  backward), eager (off the CPU, a log-softmax and its backward) and compiled (a compiled
+  step's), against ``F.cross_entropy(label_smoothing=0.1)`` on 16,384 x 32,000 bf16 logits,
+  as given and under autocast.
 * **seq2seq**: Transformer-base (d 512, 6+6 layers, 8 heads, d_ff 2048) and -big (d 1024, 16
   heads, d_ff 4096), shared 32k vocabulary, batches of 128-token sequences holding
   ``--batch-tokens`` tokens (default 25,600, as the paper's ~25,000; before, 16,384), bf16
@@ -156,10 +156,11 @@ class Bench:
 # --- the loss ----------------------------------------------------------------------------------
 
 def loss_rows(b: Bench) -> tuple[list, dict]:
-    """The task's loss, eager (off the CPU: two calls of PyTorch's fused kernel) and compiled
-    (a compiled step's: inductor fuses the reference into a pass or two over the logits),
-    against ``F.cross_entropy`` on the bf16 logits as given and under bf16 autocast (which
-    upcasts them: how a training step that computes its loss inside autocast calls it)."""
+    """The task's loss, eager (off the CPU: a log-softmax and PyTorch's log-softmax backward)
+    and compiled (a compiled step's: inductor fuses the reference into a pass or two over
+    the logits), against ``F.cross_entropy`` on the bf16 logits as given and under bf16
+    autocast (which upcasts them: how a training step that computes its loss inside autocast
+    calls it)."""
     s = b.shapes["loss"]
     logits = torch.randn(s.batch, s.vocab, device=b.device, dtype=b.dtype, requires_grad=True)
     target = b.rand(s.vocab, s.batch)

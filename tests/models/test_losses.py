@@ -189,3 +189,85 @@ def test_the_compiled_loss_is_the_reference_for_any_number_of_rows(device):
         g1, = torch.autograd.grad(got[0] + 0.5 * got[1], x)
         g2, = torch.autograd.grad(want[0] + 0.5 * want[1], x)
         assert_close(g1, g2, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("pad_id", [0, None])
+def test_the_fused_loss_equals_the_reference_in_float64_value_and_gradient(eps, pad_id):
+    torch.manual_seed(1)
+    x = (torch.randn(37, 23, dtype=torch.float64) * 3).requires_grad_()
+    y = torch.randint(0, 23, (37,))
+    if pad_id is not None:
+        y[::4] = pad_id
+    want = reference_smoothed_cross_entropy(x, y, smoothing=eps, pad_id=pad_id)
+    got = fused_smoothed_cross_entropy(x, y, smoothing=eps, pad_id=pad_id)
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b, rtol=1e-12, atol=1e-12)
+    for weights in ((1.0, 0.0), (0.0, 1.0), (0.7, 0.3)):  # through each of the two sums
+        g1, = torch.autograd.grad(weights[0] * got[0] + weights[1] * got[1], x,
+                                  retain_graph=True)
+        g2, = torch.autograd.grad(weights[0] * want[0] + weights[1] * want[1], x,
+                                  retain_graph=True)
+        assert_close(g1, g2, rtol=1e-10, atol=1e-12)
+
+
+VIEWS = {"detach", "select", "slice", "view", "_unsafe_view", "expand", "t", "transpose",
+         "unsqueeze", "squeeze", "alias", "as_strided", "permute"}  # move nothing
+ALLOCATE = {"empty_like", "empty", "new_empty", "empty_strided"}  # write nothing
+INDEXED = {"gather", "nll_loss_forward", "scatter_", "scatter", "nll_loss_backward"}  # read or
+# write the indexed elements only: their index, source and output, never their whole input
+
+
+class Traffic(torch.utils._python_dispatch.TorchDispatchMode):
+    """Bytes the aten operations read and write, in multiples of ``unit`` (the logits in
+    float32): a tensor at most its storage's size (an expanded row is not a matrix's worth),
+    an in-place result once, views and allocations nothing, and an indexed read or write
+    only its index, source and output."""
+
+    def __init__(self, unit: int):
+        super().__init__()
+        self.unit, self.moved = unit, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name in VIEWS or name in ALLOCATE:
+            return out
+        inputs = [t for t in torch.utils._pytree.tree_leaves((args, kwargs or {}))
+                  if isinstance(t, torch.Tensor)]
+        if name in INDEXED:
+            inputs = inputs[1:] if name != "nll_loss_backward" else inputs[2:]
+        outputs = [t for t in torch.utils._pytree.tree_leaves(out)
+                   if isinstance(t, torch.Tensor) and not any(t is i for i in inputs)]
+        if name.endswith("_") and name in INDEXED:
+            outputs = []  # scatter_ writes its source's worth into its first input
+        self.moved += sum(min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+                          for t in inputs + outputs)
+        return out
+
+    @property
+    def copies(self) -> float:
+        return self.moved / self.unit
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_fused_loss_moves_less_than_f_cross_entropy(dtype):
+    """Issue 85: the loss off the CPU was two F.cross_entropy calls on a float32 copy (~72
+    logit-sized copies forward and backward). Now: no more than ``F.cross_entropy`` with label
+    smoothing on the logits upcast as autocast upcasts them (counted with a dispatch mode:
+    bytes in and out of every aten operation, forward and backward)."""
+    N, V = 512, 1000
+
+    def moved(loss_fn):
+        x = torch.randn(N, V, dtype=dtype).requires_grad_()
+        y = torch.randint(1, V, (N,))
+        y[::7] = PAD
+        with Traffic(unit=N * V * 4) as traffic:
+            loss_fn(x, y).backward()
+        return traffic.copies
+
+    ours = moved(lambda x, y: fused_smoothed_cross_entropy(x, y, smoothing=0.1,
+                                                           pad_id=PAD)[0])
+    theirs = moved(lambda x, y: F.cross_entropy(x.float(), y, label_smoothing=0.1,
+                                                ignore_index=PAD, reduction="sum"))
+    assert ours <= theirs, (ours, theirs)

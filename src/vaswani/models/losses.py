@@ -17,8 +17,9 @@ writes the gradient straight in the logits' dtype, ``softmax - target distributi
 bf16 logits over an 8000-word vocabulary that removes four (N, V) fp32 tensors per step (the
 upcast, log-probabilities, and two gradient buffers). On a GPU there is no chunk loop: a
 loop of small kernels is bound by their launches, so :func:`smoothed_cross_entropy`
-computes the same numbers there with PyTorch's fused cross-entropy kernel
-(:func:`fused_smoothed_cross_entropy`, two calls of it and a few gathers). A compiled
+computes the same numbers there in a log-softmax, a row sum and PyTorch's log-softmax
+backward (:func:`fused_smoothed_cross_entropy`: fewer passes over the logits than
+``F.cross_entropy`` with label smoothing makes). A compiled
 training step uses :func:`compiled_smoothed_cross_entropy`, the reference compiled: inductor
 fuses its upcast, log-softmax, sums and gathers into a pass or two over the logits, and the
 backward into one (on a GPU faster than ``F.cross_entropy`` itself: docs/performance.md).
@@ -87,31 +88,59 @@ def _compiled_reference():
 
 def fused_smoothed_cross_entropy(logits: Tensor, target: Tensor, *, smoothing: float = 0.0,
                                  pad_id: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`reference_smoothed_cross_entropy`'s numbers from ``F.cross_entropy``'s fused
-    kernel: the NLL is one call (``ignore_index`` drops padding), and ``label_smoothing=1``
-    gives each row's mean of -log p over all V classes, from which the target's and padding's
-    shares are taken out: sum over the K others of -log p = V * mean - nll - (-log p_pad),
-    with -log p_pad = lse - x_pad and lse = nll + x_y."""
-    import torch.nn.functional as F
-
-    ignore = -100 if pad_id is None else pad_id
-    # bf16 logits upcast, as autocast does for cross_entropy (its per-row losses in bf16
-    # would round each by up to 2^-8)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    nll = F.cross_entropy(logits, target, ignore_index=ignore, reduction="none")  # (N,)
+    """:func:`reference_smoothed_cross_entropy`'s numbers in as few passes over the logits as
+    ``F.cross_entropy`` makes, for a device where a loop of small kernels costs their
+    launches (:class:`_SmoothedCEFromLogSoftmax`). Returns (smoothed loss sum, NLL sum,
+    count)."""
     keep = torch.ones_like(target, dtype=torch.bool) if pad_id is None else target != pad_id
-    if not smoothing:
-        return nll.sum(), nll.sum(), keep.sum()
-    V = logits.size(-1)
-    K = _other_classes(V, pad_id)
-    mean = F.cross_entropy(logits, target, ignore_index=ignore, reduction="none",
-                           label_smoothing=1.0)  # (N,): the mean over classes of -log p
-    rest = V * mean - nll
-    if pad_id is not None:
-        lse = nll + logits.gather(1, target[:, None]).squeeze(1)
-        rest = rest - (lse - logits[:, pad_id]).masked_fill(~keep, 0.0)
-    loss = (1.0 - smoothing) * nll + smoothing / K * rest
-    return loss.sum(), nll.sum(), keep.sum()
+    loss, nll = _SmoothedCEFromLogSoftmax.apply(logits, target, keep, smoothing, pad_id)
+    return loss, nll, keep.sum()
+
+
+class _SmoothedCEFromLogSoftmax(torch.autograd.Function):
+    """Forward: one log-softmax (the logits read once, written once in float32) and, with
+    smoothing, a row sum of it; the rest are (N,) vectors and two gathers. Backward: the
+    gradient with respect to the log-probabilities, G, is a constant per row (-eps / K times
+    the loss's gradient on the K other classes, 0 on padding's column and on padded rows)
+    except in the target's column; G is written once and PyTorch's own log-softmax backward
+    turns it into the logits' gradient in one pass, in their dtype. What ``F.cross_entropy``
+    with label smoothing moves, on logits upcast as autocast upcasts them, is more: the upcast,
+    the log-softmax, the smoothing's sum, and in the backward a dense NLL gradient, the
+    smoothing's, their sum, the log-softmax backward and the downcast
+    (``tests/models/test_losses.py`` counts the bytes)."""
+
+    @staticmethod
+    def forward(ctx, logits, target, keep, smoothing, pad_id):
+        acc = torch.promote_types(logits.dtype, torch.float32)  # bf16 -> fp32, fp64 stays
+        logp = torch.log_softmax(logits, dim=-1, dtype=acc)  # (N, V)
+        logp_y = logp.gather(1, target[:, None]).squeeze(1)  # (N,)
+        nll = (-logp_y).masked_fill(~keep, 0.0)
+        if smoothing:
+            K = _other_classes(logits.size(-1), pad_id)
+            others = logp.sum(dim=-1) - logp_y  # sum of log p over the non-target classes
+            if pad_id is not None:
+                others = others - logp[:, pad_id]
+            loss = ((1.0 - smoothing) * nll - smoothing / K * others.masked_fill(~keep, 0.0))
+        else:
+            loss = nll
+        ctx.save_for_backward(logp, target, keep)
+        ctx.smoothing, ctx.pad_id, ctx.dtype = smoothing, pad_id, logits.dtype
+        return loss.sum(), nll.sum()
+
+    @staticmethod
+    def backward(ctx, g_loss, g_nll):
+        logp, target, keep = ctx.saved_tensors
+        eps, pad_id = ctx.smoothing, ctx.pad_id
+        K = _other_classes(logp.size(-1), pad_id)
+        kept = keep.to(logp.dtype)
+        spread = (g_loss * eps / K).to(logp.dtype) * kept  # (N,): each other class's -G
+        on_target = (g_loss * (1.0 - eps) + g_nll).to(logp.dtype) * kept
+        grad = torch.empty_like(logp).copy_(-spread[:, None])  # G, dL/dlog p: (N, V)
+        if pad_id is not None:
+            grad[:, pad_id] = 0.0  # padding gets no smoothing mass
+        grad.scatter_(1, target[:, None], -on_target[:, None])
+        grad = torch.ops.aten._log_softmax_backward_data(grad, logp, 1, ctx.dtype)
+        return grad, None, None, None, None
 
 
 def _other_classes(V: int, pad_id: int | None) -> int:
