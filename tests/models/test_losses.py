@@ -137,23 +137,32 @@ def test_off_the_cpu_the_loss_is_the_fused_kernels_not_a_chunk_loop(monkeypatch)
     assert loss.device.type == "meta" and loss.shape == ()
 
 
+# (dtype, tolerance of the values, of the gradients): bf16 logits are upcast first
+# (F.cross_entropy's per-row bf16 losses would round each by up to 2^-8)
+PRECISIONS = [(torch.bfloat16, (1e-6, 1e-5), (1e-2, 1e-2)),
+              (torch.float64, (1e-12, 1e-12), (1e-10, 1e-12))]
+
+
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("pad_id", [0, None])
-def test_the_fused_loss_equals_the_reference_in_bf16_value_and_gradient(eps, pad_id):
-    """bf16 logits are upcast first: F.cross_entropy's per-row bf16 losses would round each
-    by up to 2^-8."""
+@pytest.mark.parametrize("dtype, values, grads", PRECISIONS, ids=["bf16", "fp64"])
+def test_the_fused_loss_equals_the_reference_in_value_and_gradient(eps, pad_id, dtype, values,
+                                                                   grads):
     torch.manual_seed(0)
-    x = (torch.randn(64, 41) * 3).bfloat16().requires_grad_()
+    x = (torch.randn(64, 41, dtype=torch.float64) * 3).to(dtype).requires_grad_()
     y = torch.randint(0, 41, (64,))
     if pad_id is not None:
         y[::5] = pad_id
     want = reference_smoothed_cross_entropy(x, y, smoothing=eps, pad_id=pad_id)
     got = fused_smoothed_cross_entropy(x, y, smoothing=eps, pad_id=pad_id)
     for a, b in zip(got, want, strict=True):
-        assert_close(a, b, rtol=1e-6, atol=1e-5)
-    g1, = torch.autograd.grad(got[0] + 0.5 * got[1], x)
-    g2, = torch.autograd.grad(want[0] + 0.5 * want[1], x)
-    assert_close(g1, g2, rtol=1e-2, atol=1e-2)
+        assert_close(a, b, rtol=values[0], atol=values[1])
+    for weights in ((1.0, 0.0), (0.0, 1.0), (0.7, 0.3)):  # through each of the two sums
+        g1, = torch.autograd.grad(weights[0] * got[0] + weights[1] * got[1], x,
+                                  retain_graph=True)
+        g2, = torch.autograd.grad(weights[0] * want[0] + weights[1] * want[1], x,
+                                  retain_graph=True)
+        assert_close(g1, g2, rtol=grads[0], atol=grads[1])
 
 
 def test_the_loss_equals_the_reference_on_the_test_device(device):
@@ -189,26 +198,6 @@ def test_the_compiled_loss_is_the_reference_for_any_number_of_rows(device):
         g1, = torch.autograd.grad(got[0] + 0.5 * got[1], x)
         g2, = torch.autograd.grad(want[0] + 0.5 * want[1], x)
         assert_close(g1, g2, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-4)
-
-
-@pytest.mark.parametrize("eps", [0.0, 0.1])
-@pytest.mark.parametrize("pad_id", [0, None])
-def test_the_fused_loss_equals_the_reference_in_float64_value_and_gradient(eps, pad_id):
-    torch.manual_seed(1)
-    x = (torch.randn(37, 23, dtype=torch.float64) * 3).requires_grad_()
-    y = torch.randint(0, 23, (37,))
-    if pad_id is not None:
-        y[::4] = pad_id
-    want = reference_smoothed_cross_entropy(x, y, smoothing=eps, pad_id=pad_id)
-    got = fused_smoothed_cross_entropy(x, y, smoothing=eps, pad_id=pad_id)
-    for a, b in zip(got, want, strict=True):
-        assert_close(a, b, rtol=1e-12, atol=1e-12)
-    for weights in ((1.0, 0.0), (0.0, 1.0), (0.7, 0.3)):  # through each of the two sums
-        g1, = torch.autograd.grad(weights[0] * got[0] + weights[1] * got[1], x,
-                                  retain_graph=True)
-        g2, = torch.autograd.grad(weights[0] * want[0] + weights[1] * want[1], x,
-                                  retain_graph=True)
-        assert_close(g1, g2, rtol=1e-10, atol=1e-12)
 
 
 VIEWS = {"detach", "select", "slice", "view", "_unsafe_view", "expand", "t", "transpose",

@@ -99,11 +99,11 @@ def test_weights_that_lie_are_refused_by_name(tmp_path, capsys, what, change, sa
     assert says in line, line
 
 
-def logits_equal_transformers(folder, tmp_path):
+def logits_equal_transformers(folder, tmp_path, family="llama", length=20):
     assert main(["import", "hf", str(folder), "--out", str(tmp_path / "run")]) == 0
-    ids = torch.randint(1, 300, (2, 20))
+    ids = torch.randint(1, 300, (2, length))
     with torch.no_grad():
-        expected = reference(folder, "llama").double()(input_ids=ids).logits
+        expected = reference(folder, family).double()(input_ids=ids).logits
         got = vaswani.load(tmp_path / "run").model.double()(
             ids, mask=torch.ones_like(ids, dtype=torch.bool))
     assert_close(got, expected, atol=1e-6, rtol=1e-6)
@@ -126,10 +126,4 @@ def test_an_older_files_rope_scaling_is_taken_whole_as_transformers_takes_it(tmp
     folder = edited(tmp_path, "llama3", {"rope_scaling": {
         "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
         "original_max_position_embeddings": 16}})
-    assert main(["import", "hf", str(folder), "--out", str(tmp_path / "run")]) == 0
-    ids = torch.randint(1, 300, (2, 40))
-    with torch.no_grad():
-        expected = reference(folder, "llama3").double()(input_ids=ids).logits
-        got = vaswani.load(tmp_path / "run").model.double()(
-            ids, mask=torch.ones_like(ids, dtype=torch.bool))
-    assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    logits_equal_transformers(folder, tmp_path, "llama3", length=40)  # past the 16 rescaled
