@@ -1,4 +1,4 @@
-"""Weights and checkpoints in a run directory (layout: rundir.py): safetensors with their own
+"""Weights and checkpoints in a run directory (layout: rundir/): safetensors with their own
 checksums, the ``last/`` state that resumes a run exactly, the kept checkpoints and their
 average.
 

@@ -290,7 +290,7 @@ def _lock(run_dir: Path, dist: Dist, device: torch.device):
         if dist.is_main:
             try:
                 stack.enter_context(rundir.locked(run_dir))
-            except (rundir.RunInUse, rundir.Refused) as e:  # in use, or a .lock not vaswani's
+            except (rundir.RunInUse, rundir.NotOurLock) as e:  # in use, or not vaswani's
                 error = e
         failed = dist.broadcast(torch.tensor([float(error is not None)], device=device))
         if error is not None:

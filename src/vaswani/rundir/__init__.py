@@ -1,7 +1,7 @@
 """Run directories: what ``vaswani train`` and ``vaswani import`` write, and what every other
-command (and ``vaswani.load``) reads. This module knows the layout of ``RUN_DIR``, holds its
-lock and reads and writes its description; the weights and checkpoints in it are
-checkpoint.py's, and every write goes through atomic.py::
+command (and ``vaswani.load``) reads. This package knows the layout of ``RUN_DIR`` and reads
+and writes its description (here) and holds its lock (lock.py); the weights and checkpoints
+in it are checkpoint.py's, and every write goes through atomic.py::
 
     config.toml          the fully resolved config (vocabulary sizes and labels filled in)
     tokenizer/           meta.json + the tokenizer file(s)
@@ -22,9 +22,7 @@ checkpoint.py's, and every write goes through atomic.py::
     vaswani_run.json     the manifest: every path above that vaswani wrote here
 
 ``tokenizer/meta.json`` holds the sha256 of each tokenizer file: a damaged one is an error
-naming it. One process at a time: training and import hold ``RUN_DIR/.lock`` (an OS-level lock
-that the kernel releases when the process ends, however it ends); the file is vaswani's own,
-and a ``.lock`` of anyone else's (or a link) is a refusal that leaves it as it is.
+naming it. One process at a time: training and import hold ``RUN_DIR/.lock`` (lock.py).
 
 Nothing of the user's is ever removed. Each write is listed in the manifest before it is made
 (:func:`record`), and starting over (``--overwrite``, or after a start that saved no weights)
@@ -38,21 +36,20 @@ layout (:data:`LAYOUT`).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import fnmatch
 import json
 import os
 import socket
-import stat
 import sys
 import warnings
 from pathlib import Path
 
-from .atomic import atomic_write_text
-from .config import RunConfig, load_run_config
-from .data.tokenizers import Tokenizer, load_tokenizers, save_tokenizers
+from ..atomic import atomic_write_text
+from ..config import RunConfig, load_run_config
+from ..data.tokenizers import Tokenizer, load_tokenizers, save_tokenizers
+from .lock import LOCK, NotOurLock, RunInUse, locked  # noqa: F401 (rundir.locked, ...)
 
-COMPLETE, LOCK = "COMPLETE", ".lock"
+COMPLETE = "COMPLETE"
 CONFIG, TOKENIZER, BEST, LAST, METRICS, LOSS_PLOT = (
     "config.toml", "tokenizer", "model.safetensors", "last", "metrics.jsonl", "loss.png")
 CHAT_TEMPLATE = "chat_template.jinja"  # an imported chat model's own prompt format
@@ -83,79 +80,8 @@ RUN_NAMES = frozenset({p.split("/")[0] for p in LAYOUT} | {"last.tmp", "last.old
                                                               SHARDED + ".tmp", MANIFEST})
 
 
-class RunInUse(FileExistsError):
-    """Another process holds the run directory's lock."""
-
-
 class Refused(FileExistsError):
     """A run directory cannot be started in; nothing in it was touched."""
-
-
-# --- one process per run directory -----------------------------------------------------------
-
-LOCK_HEADER = "vaswani run lock: "  # how vaswani's lock file begins (a user's never does)
-
-
-def _lock_record(pid: int | None) -> bytes:
-    """The lock file's one line, always one length: written in place, never truncated."""
-    return f"{LOCK_HEADER}{'pid ' + str(pid) if pid else 'free':<16}\n".encode()
-
-
-def _open_lock(path: Path) -> int:
-    """``path`` opened for the lock: created exclusively, or, where it exists, opened without
-    following a link and only if it is vaswani's (a regular file of one name, empty or
-    holding a lock record; older versions wrote a bare pid). Anything else is a
-    :class:`Refused` naming it, and its bytes are neither changed nor shown."""
-    try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    except FileExistsError:
-        pass
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-    except OSError as e:  # a link (ELOOP), a folder, a file this user cannot write
-        kind = "a symbolic link" if path.is_symlink() else f"not usable ({e.strerror})"
-        raise Refused(f"{path} is {kind}, not vaswani's lock file; move it, or choose another "
-                      "--out") from None
-    info, head = os.fstat(fd), os.pread(fd, len(LOCK_HEADER) + 32, 0)
-    ours = not head or head.strip().isdigit() or head.startswith(LOCK_HEADER.encode())
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or not ours:
-        os.close(fd)
-        why = "a file with other names too (a hard link)" if info.st_nlink != 1 else \
-            "a file of someone else's"
-        raise Refused(f"{path} is {why}, not vaswani's lock file, and was left as it is; move "
-                      "it, or choose another --out")
-    return fd
-
-
-@contextlib.contextmanager
-def locked(run_dir: Path):
-    """Hold ``run_dir/.lock`` while the block runs (creating ``run_dir`` if needed).
-
-    The lock is ``flock``: the kernel releases it when the process exits, ``kill -9``
-    included, so a stale lock file never blocks anyone; the pid written in it only lets the
-    next process say whose lock it took over. The file is vaswani's own: a ``.lock`` of
-    anyone else's (or a link) is refused, untouched (:func:`_open_lock`)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = _open_lock(run_dir / LOCK)
-    try:
-        text = os.pread(fd, 64, 0).decode(errors="replace")
-        previous = "".join(c for c in text.removeprefix(LOCK_HEADER) if c.isdigit())
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunInUse(f"{run_dir} is in use by another vaswani process (pid "
-                           f"{previous or '?'}); wait for it to finish, or stop it") from None
-        if previous and previous != str(os.getpid()):
-            print(f"vaswani: {run_dir} was left locked by process {previous}, which is no "
-                  "longer running; taking over", file=sys.stderr, flush=True)
-        os.pwrite(fd, _lock_record(os.getpid()), 0)
-        try:
-            yield
-        finally:
-            os.pwrite(fd, _lock_record(None), 0)  # a clean exit leaves no pid behind
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
 
 
 # --- the run's description: config and tokenizers -------------------------------------------
