@@ -127,3 +127,15 @@ def test_an_older_files_rope_scaling_is_taken_whole_as_transformers_takes_it(tmp
         "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
         "original_max_position_embeddings": 16}})
     logits_equal_transformers(folder, tmp_path, "llama3", length=40)  # past the 16 rescaled
+
+
+def test_a_bert_projection_that_lies_is_refused_by_name(tmp_path, capsys):
+    from tests.reliability.checkpoints import bert_folder
+
+    folder = bert_folder(tmp_path / "bert")
+    name = "encoder.layer.0.attention.self.key.weight"
+    rewrite_weights(folder, lambda t: t.update({name: t[name].reshape(8, 32).contiguous()}))
+    assert main(["import", "bert", str(folder), "--out", str(tmp_path / "run")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{name} has shape (8, 32), but the config's sizes give (16, 16)" in line, line
+    assert not (tmp_path / "run").exists()

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ..config import ModelConfig
+from .llama import sized
 
 
 def config_from_hf(hf: dict, *, n_classes: int = 0) -> ModelConfig:
@@ -56,19 +57,11 @@ def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, 
         for kind in ("weight", "bias"):
             shape = (d, d) if kind == "weight" else (d,)
             out[ours + f"self_attn.in_proj.{kind}"] = torch.cat(
-                [_sized(sd, hf_l + f"attention.self.{n}.{kind}", shape)
-                 for n in ("query", "key", "value")])
+                [sized(sd[name], name, *shape) for name in
+                 (hf_l + f"attention.self.{n}.{kind}" for n in ("query", "key", "value"))])
             out[ours + f"self_attn.out_proj.{kind}"] = sd[hf_l + f"attention.output.dense.{kind}"]
             out[ours + f"attn_block.norm.{kind}"] = sd[hf_l + f"attention.output.LayerNorm.{kind}"]
             out[ours + f"feed_forward.linear1.{kind}"] = sd[hf_l + f"intermediate.dense.{kind}"]
             out[ours + f"feed_forward.linear2.{kind}"] = sd[hf_l + f"output.dense.{kind}"]
             out[ours + f"ff_block.norm.{kind}"] = sd[hf_l + f"output.LayerNorm.{kind}"]
     return {k: v.float().contiguous() for k, v in out.items()}
-
-
-def _sized(sd: dict[str, Tensor], name: str, shape: tuple[int, ...]) -> Tensor:
-    """``sd[name]``, refused by name unless it has ``shape``."""
-    if tuple(sd[name].shape) != shape:
-        raise ValueError(f"the checkpoint's {name} has shape {tuple(sd[name].shape)}, but the "
-                         f"config's sizes give {shape}")
-    return sd[name]

@@ -147,10 +147,14 @@ def as_float(out: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
 
 
 def take(hf: dict[str, Tensor], name: str, *shape: int) -> Tensor:
-    """The tensor ``name`` taken out of ``hf``, refused by name unless it has ``shape`` (a
+    """The tensor ``name`` taken out of ``hf`` (:func:`sized`)."""
+    return sized(hf.pop(name), name, *shape)
+
+
+def sized(tensor: Tensor, name: str, *shape: int) -> Tensor:
+    """``tensor`` (the checkpoint's ``name``), refused by name unless it has ``shape``: a
     transposed or reshaped tensor would otherwise fail in a concatenation, unnamed, or load
-    as wrong weights)."""
-    tensor = hf.pop(name)
+    as wrong weights."""
     if tuple(tensor.shape) != shape:
         raise ValueError(f"the checkpoint's {name} has shape {tuple(tensor.shape)}, but the "
                          f"config's sizes give {shape}")
