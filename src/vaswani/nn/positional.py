@@ -90,8 +90,9 @@ class Embeddings(nn.Module):
         if positions is None:
             last = T - 1
             positions = torch.arange(T, device=ids.device)
-        elif positions.is_cuda and torch.cuda.is_current_stream_capturing():
-            last = -1  # a CUDA graph being captured reads nothing back; its caller checked
+        elif torch.compiler.is_compiling() or (
+                positions.is_cuda and torch.cuda.is_current_stream_capturing()):
+            last = -1  # a graph being captured or compiled reads nothing back; its caller checks
         else:
             last = int(positions.max()) if positions.numel() else -1
         if last >= self.max_len:

@@ -18,6 +18,8 @@ in it are checkpoint.py's, and every write goes through atomic.py::
     metrics.jsonl        one JSON object per log line
     loss.png             the loss curves, drawn when training ends
     launcher.json        under torchrun: the job that started the run (its restarts resume it)
+    compiled/            `vaswani compile`: the decode step compiled for this machine
+        decode-float.pt2, decode-float.json ...   (engine/compiled.py), one per quantization
 
     vaswani_run.json     the manifest: every path above that vaswani wrote here
 
@@ -57,6 +59,7 @@ CHECKPOINTS, AVERAGED = "checkpoints", "averaged.safetensors"
 SHARDED = "sharded"  # in last/: a sharded run's state; sharded.tmp/ in RUN_DIR while written
 LAUNCHER = "launcher.json"  # under torchrun: the job that started the run (its restarts resume)
 TENSORBOARD = "tensorboard"  # [train] tensorboard = true: SummaryWriter's event files
+COMPILED = "compiled"  # `vaswani compile`: AOTInductor packages of the decode step
 MANIFEST = "vaswani_run.json"  # the paths vaswani wrote in the run directory
 # Every path vaswani writes in a run directory, as the manifest lists them ("DIR/*": a folder
 # whose files a library names, written whole). A run from before the manifest is read as this.
@@ -65,7 +68,7 @@ TOKENIZER_FILES = tuple(f"{TOKENIZER}/{name}" for name in (
 LAYOUT = (CONFIG, *TOKENIZER_FILES, CHAT_TEMPLATE, BEST, f"{LAST}/{BEST}", f"{LAST}/trainer.pt",
           f"{LAST}/state.json", f"{LAST}/{COMPLETE}", f"{LAST}/{SHARDED}/*",
           f"{CHECKPOINTS}/step-*.safetensors", AVERAGED, METRICS, LOSS_PLOT, LAUNCHER,
-          f"{TENSORBOARD}/*")
+          f"{TENSORBOARD}/*", f"{COMPILED}/decode-*.pt2", f"{COMPILED}/decode-*.json")
 # What a name with "*" in LAYOUT stands for: file names matched a path segment at a time (a
 # "*" never crosses a "/"), each as narrow as the library that writes them names its files
 # (torch.distributed.checkpoint's shards and metadata; SummaryWriter's event files).
@@ -73,7 +76,9 @@ PATTERNS = {f"{LAST}/{SHARDED}/*": (f"{LAST}/{SHARDED}/.metadata",
                                     f"{LAST}/{SHARDED}/__*_*.distcp",
                                     f"{LAST}/{SHARDED}/__*.metadata"),
             f"{TENSORBOARD}/*": (f"{TENSORBOARD}/events.out.tfevents.*",),
-            f"{CHECKPOINTS}/step-*.safetensors": (f"{CHECKPOINTS}/step-*.safetensors",)}
+            f"{CHECKPOINTS}/step-*.safetensors": (f"{CHECKPOINTS}/step-*.safetensors",),
+            f"{COMPILED}/decode-*.pt2": (f"{COMPILED}/decode-*.pt2",),
+            f"{COMPILED}/decode-*.json": (f"{COMPILED}/decode-*.json",)}
 # The names at the top of a run directory that belong to vaswani: a file of the user's there,
 # or in a folder of that name, is in a run's way.
 RUN_NAMES = frozenset({p.split("/")[0] for p in LAYOUT} | {"last.tmp", "last.old",

@@ -1,0 +1,278 @@
+"""The decode step compiled ahead of time: one AOTInductor package per run, built once
+(``vaswani compile RUN``), loaded by every later process in seconds.
+
+Why: a decode step of a small model on a CPU is a few hundred small operators, and eager
+PyTorch pays a fixed cost for each (dispatch, an allocation, a Python frame): for
+SmolLM2-135M about as much as the matrix products themselves. ``torch.export`` traces the
+step into one graph; Inductor fuses the small operators into a few C++ loops, freezes the
+weights into constants and multiplies with its own GEMM kernels for the step's shapes
+(``max_autotune`` with its C++ templates); AOTInductor writes the result as a package (a
+shared library and the weights) that ``aoti_load_package`` opens without compiling anything.
+
+What is compiled is the engine's own decode step (step.py ``forward_step``), the one
+graphs.py pads for CUDA graphs: every used slot 0 .. R - 1 feeds one token at its position,
+writes its keys and values into its column of the cache, and reads the first ``W`` keys of
+its slot under a mask of its position; a translator's rows also read their source slots'
+``X`` keys, by index. Nothing is reimplemented, so the compiled step computes what the eager
+one does: the cache's tensors are the package's inputs, written in place, and the sizes that
+change from step to step (rows R, keys read W, sources' keys X, the cache's slots and width)
+are dynamic dimensions of one package, not one package per shape. ``W`` and ``X`` come in as
+the lengths of two empty tensors (a traced graph takes sizes from its inputs' shapes).
+
+A package is bound to what it was built from (:func:`identity`): the run's weights (file,
+size, modification time) and config, the quantization, the torch version, the step's
+version here and the CPU (its model and instruction sets: Inductor compiles for the machine
+it runs on, and a package from another CPU may not run at all). Loading one that does not
+match is refused with a warning that names the difference and the command that rebuilds it;
+the run is then used eagerly, as it is without a package (``--eager`` says so outright).
+The package lives in the run: ``RUN_DIR/compiled/decode-{float,int8,int4}.pt2`` beside a
+JSON record of its identity.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from .plan import StepPlan
+from .step import forward_step
+from .views import StepCache
+
+STEP_VERSION = 1  # the exported step's signature and code; a package of another is rebuilt
+# The matrix products' kernels, pinned per quantization from a measurement (docs/
+# performance.md, "A compiled decode step"), not autotuned at build time: timings taken on a
+# loaded machine pick badly (pytorch#148494). Inductor's C++ GEMM templates ("CPP") for float
+# and int8 weights (SmolLM2 on an AVX2 EPYC: 2.6x and 3.9x eager's tokens/s, against 1.6x
+# and 2.4x through ATEN's kernels); ATen's own int4 kernel, which Inductor's int4 template
+# (AVX-512 only) cannot replace on every CPU.
+GEMM = {None: "CPP", "int8": "CPP", "int4": "ATEN"}
+
+
+def inductor_options(quantize: str | None) -> dict:
+    return {"freezing": True,  # the weights as constants, laid out once for the products
+            "max_autotune": True,  # Inductor's own GEMM kernels for the step's shapes ...
+            "max_autotune_gemm_backends": GEMM[quantize]}  # ... or ATen's, as pinned
+
+
+@dataclass
+class CacheTensors:
+    """The engine cache's tensors as the compiled step receives them: what
+    :class:`~vaswani.engine.views.StepCache` reads of a :class:`~vaswani.engine.cache.SlotCache`."""
+
+    k: list[Tensor]
+    v: list[Tensor]
+    ck: list[Tensor]
+    cv: list[Tensor]
+
+    @property
+    def seq2seq(self) -> bool:
+        return bool(self.ck)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.k)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.k[0].size(1), self.k[0].size(3)  # key/value heads, head dim
+
+    @property
+    def width(self) -> int:
+        return self.k[0].size(2)
+
+    def step(self, plan: StepPlan) -> StepCache:
+        return StepCache(self, plan)
+
+
+class DecodeStep(nn.Module):
+    """The decode step as a function of tensors only, which ``torch.export`` traces:
+
+    ids, positions, columns (R, 1); keys (W,) and, for a translator, cross (X,): empty
+    tensors whose lengths are the keys read; k, v: the cache's per-layer tensors (slots, Hkv,
+    width, Dh), written in place; sources, lengths (R,): each row's source slot and its
+    length; ck, cv: the sources' keys and values -> logits (R, V)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: Tensor, positions: Tensor, columns: Tensor, keys: Tensor,
+                k: list[Tensor], v: list[Tensor], sources: Tensor | None = None,
+                lengths: Tensor | None = None, cross: Tensor | None = None,
+                ck: list[Tensor] | None = None, cv: list[Tensor] | None = None) -> Tensor:
+        cache = CacheTensors(k, v, ck or [], cv or [])
+        extra = {}
+        if cache.seq2seq:
+            extra = dict(sources=sources, lengths=lengths, cross=cross.size(0))
+        plan = StepPlan(columns, keys.size(0), **extra)
+        last = torch.zeros(ids.size(0), dtype=torch.long, device=ids.device)
+        return forward_step(self.model, cache, ids, positions, last, plan)
+
+
+# --- what a package is bound to ------------------------------------------------------------
+
+def cpu_identity() -> dict:
+    """The CPU a package is compiled for: its model name and instruction-set flags (Linux's
+    /proc/cpuinfo; elsewhere the platform's name), and the vector width PyTorch uses on it."""
+    name, flags = platform.processor() or platform.machine(), ""
+    try:
+        fields = dict(line.split(":", 1) for line in
+                      Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                      if ":" in line)
+        fields = {key.strip(): value.strip() for key, value in fields.items()}
+        name = fields.get("model name", name)
+        flags = " ".join(sorted(fields.get("flags", fields.get("Features", "")).split()))
+    except OSError:
+        pass
+    return {"cpu": name, "cpu_flags": flags,
+            "capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def identity(weights: Path, config_text: str, quantize: str | None) -> dict:
+    """Everything a package's code and constants depend on (the module's docstring)."""
+    stat = weights.stat()
+    return {"step": STEP_VERSION, "torch": torch.__version__,
+            "weights": weights.name, "weights_bytes": stat.st_size,
+            "weights_mtime_ns": stat.st_mtime_ns, "config": config_text,
+            "quantize": quantize, **cpu_identity()}
+
+
+WHAT = {"step": "vaswani's decode step", "torch": "torch", "weights": "weights file",
+        "weights_bytes": "weights (size)", "weights_mtime_ns": "weights (changed since)",
+        "config": "config.toml", "quantize": "quantization", "cpu": "CPU",
+        "cpu_flags": "CPU instruction sets", "capability": "CPU vector width"}
+
+
+def differences(built: dict, wanted: dict) -> list[str]:
+    """What differs between a package's record and what is loaded now, in words."""
+    out = []
+    for key, what in WHAT.items():
+        if built.get(key) != wanted.get(key):
+            short = key in ("torch", "quantize", "cpu", "capability", "weights", "step")
+            out.append(f"{what} ({built.get(key)!r} -> {wanted.get(key)!r})" if short else what)
+    return out
+
+
+def package_path(run_dir: Path, quantize: str | None) -> Path:
+    return run_dir / "compiled" / f"decode-{quantize or 'float'}.pt2"
+
+
+def record_path(package: Path) -> Path:
+    return package.with_suffix(".json")
+
+
+# --- building and loading -------------------------------------------------------------------
+
+def example_inputs(model: nn.Module, seq2seq: bool) -> tuple[tuple, tuple]:
+    """Inputs to trace the step with, and their dynamic dimensions. Sizes are picked unlike
+    each other (and above 1, which export would fix as a constant) so that no two dynamic
+    sizes are taken for one."""
+    c, param = model.config, next(model.parameters())
+    d = param.device
+    R, slots, width, W, S, X = 3, 5, 48, 19, 40, 11
+    n = c.n_decoder_layers
+
+    def cache(w: int) -> list[Tensor]:
+        return [torch.zeros(slots, c.n_kv_heads, w, c.head_dim, dtype=param.dtype, device=d)
+                for _ in range(n)]
+
+    index = dict(dtype=torch.long, device=d)
+    rows = torch.export.Dim("rows", min=1, max=1 << 14)
+    auto = torch.export.Dim.AUTO
+    layer = [{0: auto, 2: auto}] * n
+    args = (torch.ones(R, 1, **index), torch.arange(R, **index)[:, None],
+            torch.arange(R, **index)[:, None], torch.empty(W, device=d), cache(width),
+            cache(width))
+    shapes = ({0: rows}, {0: rows}, {0: rows}, {0: torch.export.Dim("keys", min=1)},
+              layer, layer)
+    if seq2seq:
+        args += (torch.zeros(R, **index), torch.full((R,), X, **index),
+                 torch.empty(X, device=d), cache(S), cache(S))
+        shapes += ({0: rows}, {0: rows}, {0: torch.export.Dim("cross", min=1)}, layer, layer)
+    return args, shapes
+
+
+def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
+          say: Callable[[str], None] = print, quantize: str | None = None) -> float:
+    """Export ``model``'s decode step, compile it with AOTInductor and write the package to
+    ``out`` (and ``record`` beside it), each written whole (a kill leaves the previous one);
+    ``say`` reports each stage; ``quantize``: the model's (its products' kernels, GEMM).
+    Returns the seconds it took."""
+    from ..atomic import atomic_write, atomic_write_text
+
+    start = time.perf_counter()
+    args, shapes = example_inputs(model, seq2seq)
+    with torch.no_grad():  # Inductor freezes the weights only without autograd
+        say("tracing the decode step (torch.export) ...")
+        program = torch.export.export(DecodeStep(model).eval(), args, dynamic_shapes=shapes)
+        say(f"compiling it (AOTInductor; a few minutes on 2 cores; "
+            f"{time.perf_counter() - start:.0f} s so far) ...")
+        with tempfile.TemporaryDirectory() as tmp:
+            built = torch._inductor.aoti_compile_and_package(
+                program, package_path=str(Path(tmp) / "step.pt2"),
+                inductor_configs=inductor_options(quantize))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(out, lambda path: shutil.copyfile(built, path))
+    seconds = time.perf_counter() - start
+    atomic_write_text(record_path(out), json.dumps({**record, "build_seconds": round(seconds, 1)},
+                                                   indent=1) + "\n")
+    return seconds
+
+
+class CompiledStep:
+    """A loaded package: the engine's decode step over its cache (runner.py)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.run = torch._inductor.aoti_load_package(str(path))
+        self._sizes = torch.empty(0)  # W and X are read as lengths: views of one tensor
+
+    def sizes(self, n: int) -> Tensor:
+        if self._sizes.numel() < n:
+            self._sizes = torch.empty(max(n, 2 * self._sizes.numel()))
+        return self._sizes[:n]
+
+    def __call__(self, cache, ids: Tensor, positions: Tensor, columns: Tensor, width: int,
+                 sources: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
+        """Slots 0 .. R - 1 of ``cache`` (a SlotCache) each feed ``ids`` (R, 1) at
+        ``positions`` into ``columns`` and read ``width`` keys; a translator's rows read
+        source slots ``sources`` of ``lengths`` tokens -> the next-token logits (R, V)."""
+        args = [ids, positions, columns, self.sizes(width), cache.k, cache.v]
+        if cache.seq2seq:
+            args += [sources, lengths, self.sizes(int(lengths.max())), cache.ck, cache.cv]
+        return self.run(*args)
+
+
+def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
+                  warn: Callable[[str], None]) -> CompiledStep | None:
+    """The run's package for ``quantize`` if one was built for exactly ``wanted``
+    (:func:`identity`); None if none was built; None with a warning that names what differs
+    if one was built for something else."""
+    path = package_path(run_dir, quantize)
+    if not path.exists():
+        return None
+    try:
+        built = json.loads(record_path(path).read_text())
+    except (OSError, ValueError):
+        built = {}
+    changed = differences(built, wanted) if isinstance(built, dict) else ["its record"]
+    if changed:
+        warn(f"{path} was built for another {', '.join(changed)}; running eagerly (rebuild "
+             f"it with `vaswani compile {run_dir}" + (f" --quantize {quantize}" if quantize
+                                                     else "") + "`)")
+        return None
+    return CompiledStep(path)
+
+
+def progress(message: str) -> None:
+    print(f"vaswani: {message}", file=sys.stderr, flush=True)

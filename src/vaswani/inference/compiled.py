@@ -1,0 +1,45 @@
+"""A run's decode step compiled ahead of time (engine/compiled.py says what and why):
+``vaswani compile RUN`` builds it into the run directory (:func:`compile_run`), and
+``vaswani.load`` finds it there (base.py :func:`compiled_step`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from .. import checkpoint, rundir
+from ..config.family import family
+from ..engine.compiled import (
+    build,
+    identity,
+    package_path,
+    progress,
+    record_path,
+)
+from ..models import EncoderDecoder
+from .base import load
+
+
+def compile_run(run_dir: str | Path, *, quantize: str | None = None, weights: str = "best",
+                say: Callable[[str], None] = progress) -> tuple[Path, float]:
+    """Build ``run_dir``'s decode step for this machine (and ``quantize``) into
+    ``run_dir/compiled/``, replacing one built before; returns the package and the seconds
+    the build took. The run is locked while it is written (as training locks it)."""
+    run_dir = Path(run_dir)
+    if quantize and family(rundir.read_config(run_dir).model.arch).cross:
+        raise ValueError(f"{run_dir} holds a translator, whose --quantize int8 layers scale "
+                         "their inputs at every call (fbgemm's dynamic kernel), which "
+                         "torch.export cannot trace: compile its float step (no --quantize)")
+    run = load(run_dir, quantize=quantize, weights=weights, compiled=False)
+    if not run.decodes:
+        raise ValueError(f"{run_dir} holds {run.describes}, which decodes nothing: there is "
+                         "no decode step to compile")
+    path = checkpoint.weights_path(run_dir, weights)
+    record = identity(path, (run_dir / rundir.CONFIG).read_text(), quantize)
+    out = package_path(run_dir, quantize)
+    with rundir.locked(run_dir):
+        rundir.record(run_dir, *(p.relative_to(run_dir).as_posix()
+                                 for p in (out, record_path(out))))
+        seconds = build(run.model, isinstance(run.model, EncoderDecoder), out, record, say,
+                        quantize)
+    return out, seconds

@@ -1,0 +1,165 @@
+"""The decode step compiled ahead of time (engine/compiled.py), built once per run with
+``vaswani compile``: it gives each row the eager step's logits and every request the eager
+engine's tokens (greedy, sampled, beam search; rows of unlike lengths; a translator's
+sources by index), and a package built for anything else (another torch, CPU, weights) is
+named and not used. Each build here is a real AOTInductor build (~30 s on 2 cores), one per
+family."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from tests.conftest import DEVICE
+from vaswani import load
+from vaswani.cli import main
+from vaswani.engine import Params, Request
+from vaswani.engine.compiled import differences, package_path, record_path
+from vaswani.inference.compiled import compile_run
+from vaswani.rundir import written
+
+pytestmark = pytest.mark.skipif(DEVICE.type != "cpu", reason="a CPU's compiled step")
+
+
+@pytest.fixture(scope="module")
+def lm_run(small_runs, tmp_path_factory):
+    """The small language model, copied, with its decode step built by `vaswani compile`."""
+    run = tmp_path_factory.mktemp("compiled") / "lm"
+    shutil.copytree(small_runs["decoder"][0], run)
+    assert main(["compile", str(run)]) == 0
+    return run
+
+
+@pytest.fixture(scope="module")
+def mt_run(copy_run, tmp_path_factory):
+    run = tmp_path_factory.mktemp("compiled") / "mt"
+    shutil.copytree(copy_run[0], run)
+    out, seconds = compile_run(run, say=lambda message: None)
+    assert out == package_path(run, None) and seconds > 0
+    return run
+
+
+def test_vaswani_compile_writes_the_package_and_its_record_in_the_run(lm_run, capsys):
+    package = package_path(lm_run, None)
+    record = json.loads(record_path(package).read_text())
+    assert package.stat().st_size > 0
+    assert record["torch"] == torch.__version__ and record["quantize"] is None
+    assert record["capability"] == torch.backends.cpu.get_cpu_capability()
+    # listed in the manifest: `--overwrite` of the run takes them away with it
+    assert {"compiled/decode-float.pt2", "compiled/decode-float.json"} <= set(written(lm_run))
+
+
+def rows_mid_way(run, prompts, **params):
+    """An engine of ``run`` with every request prefilled and decoded a little (rows of
+    unlike contexts), due for a decode step."""
+    engine = run.new_engine(run.engine_for(8).config)
+    requests = [Request(p, Params(max_new_tokens=30, **params)) for p in prompts]
+    for r in requests:
+        engine.submit(r)
+    for _ in range(3):
+        engine.step()
+    return engine, engine.scheduler.plan().decode
+
+
+def test_a_compiled_decode_step_gives_every_row_the_eager_steps_logits(lm_run):
+    run = load(lm_run)
+    assert run.compiled is not None
+    tok = run.source_tokenizer
+    prompts = [tok.encode(t) for t in ["the cat", "a dog ran far away over the hills", "it"]]
+    engine, rows = rows_mid_way(run, prompts)
+    state = [t.clone() for t in engine.cache.k]  # the step writes the cache: run it twice
+    engine.runner.compiled = None
+    want, at = engine.runner.decode(rows)
+    with torch.inference_mode():  # (the cache's tensors are inference tensors)
+        for t, saved in zip(engine.cache.k, state, strict=True):
+            t.copy_(saved)
+    engine.runner.compiled = run.compiled
+    got, at_compiled = engine.runner.decode(rows)
+    assert at == at_compiled
+    assert_close(got[at], want[at], rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_generation_equals_eager_token_for_token(lm_run):
+    compiled, eager = load(lm_run), load(lm_run, compiled=False)
+    assert compiled.compiled is not None and eager.compiled is None
+    prompts = ["the cat sat", "once upon a time there was", "a", "the dog and the cat and"]
+    for options in (dict(temperature=0), dict(temperature=0.9, top_k=20, seed=3)):
+        assert compiled.generate_many(prompts, max_new_tokens=24, **options) == \
+            eager.generate_many(prompts, max_new_tokens=24, **options)
+    streamed = []
+    assert compiled.generate("the cat", max_new_tokens=16, temperature=0,
+                             stream=streamed.append) == eager.generate(
+        "the cat", max_new_tokens=16, temperature=0)
+
+
+def test_a_compiled_translator_decodes_greedy_and_beam_as_eager(mt_run):
+    compiled, eager = load(mt_run), load(mt_run, compiled=False)
+    assert compiled.compiled is not None
+    lines = ["a b c d", "e f", "g h i j k l", "b"]
+    for beam in (1, 4):
+        assert compiled.translate(lines, beam=beam) == eager.translate(lines, beam=beam)
+
+
+def test_int8_weights_compile_to_the_eager_steps_logits_within_bfloat16s_rounding(lm_run):
+    """Inductor's int8 template keeps the products in float32 where ATen's kernel rounds
+    them to bfloat16, so logits differ by bfloat16's steps, not more."""
+    assert main(["compile", str(lm_run), "--quantize", "int8"]) == 0
+    run = load(lm_run, quantize="int8")
+    assert run.compiled is not None and run.compiled.path.name == "decode-int8.pt2"
+    tok = run.source_tokenizer
+    engine, rows = rows_mid_way(run, [tok.encode(t) for t in ["the cat", "a dog ran", "it"]])
+    state = [t.clone() for t in engine.cache.k]
+    got, at = engine.runner.decode(rows)
+    with torch.inference_mode():
+        for t, saved in zip(engine.cache.k, state, strict=True):
+            t.copy_(saved)
+    engine.runner.compiled = None
+    want, _ = engine.runner.decode(rows)
+    assert_close(got[at], want[at], rtol=2 ** -7, atol=0.05)
+
+
+def test_a_translators_int8_step_is_refused_by_name(mt_run):
+    with pytest.raises(ValueError, match="compile its float step"):
+        compile_run(mt_run, quantize="int8")
+
+
+def test_a_package_built_for_something_else_is_named_and_not_used(lm_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(lm_run, run)
+    record = record_path(package_path(run, None))
+    built = json.loads(record.read_text())
+    for key, value, named in [("torch", "2.0.0", "torch ('2.0.0'"),
+                              ("cpu_flags", "sse2", "CPU instruction sets"),
+                              ("weights_mtime_ns", 1, "weights (changed since)")]:
+        record.write_text(json.dumps({**built, key: value}))
+        with pytest.warns(UserWarning, match=r"built for another .*") as caught:
+            assert load(run).compiled is None  # eager, never the package
+        message = str(caught[0].message)
+        assert named in message and f"vaswani compile {run}" in message
+    record.write_text(json.dumps(built))
+    assert load(run).compiled is not None
+
+
+def test_compiled_true_needs_a_package_and_false_ignores_one(lm_run, small_runs):
+    with pytest.raises(FileNotFoundError, match="vaswani compile"):
+        load(small_runs["decoder"][0], compiled=True)
+    assert load(lm_run, compiled=False).compiled is None
+    assert load(lm_run, compiled=True).compiled is not None
+    with pytest.raises(FileNotFoundError, match="--quantize int4"):
+        load(lm_run, quantize="int4", compiled=True)
+
+
+def test_the_differences_are_said_in_words():
+    assert differences({"torch": "2.12.0", "config": "a"},
+                       {"torch": "2.13.0", "config": "b"}) == [
+        "torch ('2.12.0' -> '2.13.0')", "config.toml"]
+
+
+def test_the_cli_says_where_it_built_and_eager_is_a_switch(lm_run, capsys):
+    assert main(["generate", str(lm_run), "--prompt", "the", "--max-new-tokens", "4",
+                 "--eager"]) == 0
+    with pytest.raises(SystemExit):
+        main(["compile", "--help"])
+    assert "AOTInductor" in capsys.readouterr().out
