@@ -1,5 +1,7 @@
 """A trained translator and its exports side by side: test sacreBLEU and sentences/s of
-vaswani fp32, int8 (``--quantize int8``) and bf16 (where this CPU runs bf16 natively),
+vaswani fp32 (eager, and with the decode step ``vaswani compile`` builds: built here first
+if the run has none for this machine, its cold build timed), int8 (``--quantize int8``) and
+bf16 (where this CPU runs bf16 natively),
 CTranslate2 fp32 and int8 (and ONNX Runtime, greedy, with ``--onnx``), greedy and beam 4.
 
     python -m benchmarks.export RUN_DIR [--limit N] [--beams 1,4] [--rounds 2] [--onnx]
@@ -50,6 +52,8 @@ def main() -> None:
     parser.add_argument("--onnx", action="store_true", help="also ONNX Runtime (greedy)")
     parser.add_argument("--step-costs", metavar="ROWS",
                         help="only time a greedy step at these numbers of rows (1,8,64,256)")
+    parser.add_argument("--eager-only", action="store_true",
+                        help="leave vaswani's compiled decode step out")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
 
@@ -76,6 +80,7 @@ def main() -> None:
                          lambda text: len(target.encode(text)) + 1), args.json)
         return
     export(args.run_dir, "ct2", tmp / "int8", quantize="int8")
+    build_s = None if args.eager_only else compiled_step(args.run_dir)
     if args.onnx:
         export(args.run_dir, "onnx", tmp / "onnx")
     bf16 = bf16_is_fast(torch.device("cpu"))
@@ -91,6 +96,8 @@ def main() -> None:
                "max_decoding_length": cap}
         jobs = {"vaswani fp32": {**common, "engine": "vaswani", "model": args.run_dir,
                                  "options": ours}}
+        if build_s is not None:
+            jobs["vaswani fp32 compiled"] = {**jobs["vaswani fp32"], "compiled": True}
         if bf16:
             jobs["vaswani bf16"] = {**jobs["vaswani fp32"], "dtype": "bf16"}
         jobs["vaswani int8"] = {**jobs["vaswani fp32"], "quantize": "int8"}
@@ -139,8 +146,25 @@ def main() -> None:
     summary = {"run_dir": args.run_dir, "sentences": len(sources), "threads": threads,
                "length_penalty": args.length_penalty, "rounds": args.rounds,
                "int8_over_ct2_int8": {str(b): round(r, 2) for b, r in sorted(int8.items())},
+               "compiled_build_s": build_s,
                "engines": results}
     write(summary, args.json)
+
+
+def compiled_step(run_dir: str) -> float:
+    """The run's compiled decode step for this machine, built (cold) unless it is there
+    already: the build's seconds (0.0: it was there)."""
+    import vaswani
+
+    try:
+        vaswani.load(run_dir, compiled=True)
+        return 0.0
+    except FileNotFoundError:
+        from vaswani.inference.compiled import compile_run
+
+        _, seconds = compile_run(run_dir)
+        print(f"built the compiled decode step in {seconds:.0f} s", flush=True)
+        return round(seconds, 1)
 
 
 def write(summary: dict, path: str | None) -> None:

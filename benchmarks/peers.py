@@ -12,7 +12,8 @@ How each engine is called:
 
 - ``vaswani``: ``vaswani.load(RUN).translate(texts, ...)`` / ``generate_many(prompts, ...)``,
   the library's own call, with its defaults (what ``vaswani translate`` runs); ``quantize``
-  as ``vaswani.load`` takes it.
+  and ``compiled`` as ``vaswani.load`` takes them (eager unless ``compiled``: the decode step
+  ``vaswani compile`` built into the run).
 - ``ctranslate2``: one ``translate_batch`` (``generate_batch``) call over every input, with
   CTranslate2's own batching and sorting (``max_batch_size``, ``batch_type``: the settings
   given, default 1,024 tokens as its documentation suggests for throughput; the benchmarks
@@ -184,7 +185,8 @@ def _vaswani(job: dict) -> tuple[list, float, dict]:
     import vaswani
 
     torch.set_num_threads(job["threads"])
-    run = vaswani.load(job["model"], quantize=job.get("quantize"))
+    run = vaswani.load(job["model"], quantize=job.get("quantize"),  # eager unless asked:
+                       compiled=job.get("compiled", False))  # the run may hold a package
     if job.get("dtype") == "bf16":
         run.model.to(torch.bfloat16)
     opts = job["options"]
@@ -196,7 +198,7 @@ def _vaswani(job: dict) -> tuple[list, float, dict]:
             return run.generate_many(texts, **opts)
     out, seconds = _timed(fn, job["inputs"])
     return out, seconds, {"threads": torch.get_num_threads(), "quantize": job.get("quantize"),
-                          **opts}
+                          "compiled": run.compiled is not None, **opts}
 
 
 class _Tokenizer:

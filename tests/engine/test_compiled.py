@@ -15,7 +15,7 @@ from torch.testing import assert_close
 from tests.conftest import DEVICE
 from vaswani import load
 from vaswani.cli import main
-from vaswani.engine import Params, Request
+from vaswani.engine import EngineConfig, Params, Request
 from vaswani.engine.compiled import differences, package_path, record_path
 from vaswani.inference.compiled import compile_run
 from vaswani.rundir import written
@@ -140,6 +140,21 @@ def test_a_package_built_for_something_else_is_named_and_not_used(lm_run, tmp_pa
         assert named in message and f"vaswani compile {run}" in message
     record.write_text(json.dumps(built))
     assert load(run).compiled is not None
+
+
+def test_every_engine_of_the_run_decodes_with_its_package(lm_run):
+    """The server's engines too (serve/ makes them with ``Run.new_engine``)."""
+    run = load(lm_run)
+    assert run.new_engine(EngineConfig(max_rows=4)).runner.compiled is run.compiled
+    assert run.engine_for(3).runner.compiled is run.compiled
+
+
+def test_a_package_of_other_weights_of_the_run_is_not_used(lm_run):
+    """Built for the best weights, a load of the last checkpoint's (another file) decodes
+    eagerly, naming the file."""
+    with pytest.warns(UserWarning, match="weights file .'model.safetensors' -> "
+                                         "'last/model.safetensors'"):
+        assert load(lm_run, weights="last").compiled is None
 
 
 def test_compiled_true_needs_a_package_and_false_ignores_one(lm_run, small_runs):

@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ..rundir import COMPILED, CONFIG
 from .plan import StepPlan
 from .step import forward_step
 from .views import StepCache
@@ -138,12 +139,14 @@ def cpu_identity() -> dict:
             "capability": torch.backends.cpu.get_cpu_capability()}
 
 
-def identity(weights: Path, config_text: str, quantize: str | None) -> dict:
-    """Everything a package's code and constants depend on (the module's docstring)."""
+def identity(run_dir: Path, weights: Path, quantize: str | None) -> dict:
+    """Everything a package of ``run_dir``'s ``weights`` file depends on (the module's
+    docstring)."""
     stat = weights.stat()
     return {"step": STEP_VERSION, "torch": torch.__version__,
-            "weights": weights.name, "weights_bytes": stat.st_size,
-            "weights_mtime_ns": stat.st_mtime_ns, "config": config_text,
+            "weights": weights.relative_to(run_dir).as_posix(), "weights_bytes": stat.st_size,
+            "weights_mtime_ns": stat.st_mtime_ns,
+            "config": (run_dir / CONFIG).read_text(),
             "quantize": quantize, **cpu_identity()}
 
 
@@ -164,7 +167,7 @@ def differences(built: dict, wanted: dict) -> list[str]:
 
 
 def package_path(run_dir: Path, quantize: str | None) -> Path:
-    return run_dir / "compiled" / f"decode-{quantize or 'float'}.pt2"
+    return run_dir / COMPILED / f"decode-{quantize or 'float'}.pt2"
 
 
 def record_path(package: Path) -> Path:

@@ -290,7 +290,7 @@ def compiled_step(run_dir: Path, weights: Path, quantize: str | None, *,
     """The package built for this run, ``weights`` file, quantization and machine, or None
     (a package built for something else is named in a warning). ``required``: None is an
     error that says how to build one."""
-    wanted = identity(weights, (run_dir / rundir.CONFIG).read_text(), quantize)
+    wanted = identity(run_dir, weights, quantize)
     found = load_compiled(run_dir, wanted, quantize,
                           lambda message: warnings.warn(message, stacklevel=4))
     if found is None and required:

@@ -35,7 +35,7 @@ def compile_run(run_dir: str | Path, *, quantize: str | None = None, weights: st
         raise ValueError(f"{run_dir} holds {run.describes}, which decodes nothing: there is "
                          "no decode step to compile")
     path = checkpoint.weights_path(run_dir, weights)
-    record = identity(path, (run_dir / rundir.CONFIG).read_text(), quantize)
+    record = identity(run_dir, path, quantize)
     out = package_path(run_dir, quantize)
     with rundir.locked(run_dir):
         rundir.record(run_dir, *(p.relative_to(run_dir).as_posix()
