@@ -20,9 +20,10 @@ are dynamic dimensions of one package, not one package per shape. ``W`` and ``X`
 the lengths of two empty tensors (a traced graph takes sizes from its inputs' shapes).
 
 A package is bound to what it was built from (:func:`identity`): the run's weights (file,
-size, modification time) and config, the quantization, the torch version, the step's
-version here and the CPU (its model and instruction sets: Inductor compiles for the machine
-it runs on, and a package from another CPU may not run at all). Loading one that does not
+size, modification time) and config, the quantization, the torch version, vaswani's code
+that the step runs (a digest of its source) and the CPU (its model and instruction sets:
+Inductor compiles for the machine it runs on, and a package from another CPU may not run at
+all). Loading one that does not
 match is refused with a warning that names the difference and the command that rebuilds it;
 the run is then used eagerly, as it is without a package (``--eager`` says so outright).
 The package lives in the run: ``RUN_DIR/compiled/decode-{float,int8,int4}.pt2`` beside a
@@ -143,14 +144,29 @@ def identity(run_dir: Path, weights: Path, quantize: str | None) -> dict:
     """Everything a package of ``run_dir``'s ``weights`` file depends on (the module's
     docstring)."""
     stat = weights.stat()
-    return {"step": STEP_VERSION, "torch": torch.__version__,
+    return {"step": STEP_VERSION, "code": code_digest(), "torch": torch.__version__,
             "weights": weights.relative_to(run_dir).as_posix(), "weights_bytes": stat.st_size,
             "weights_mtime_ns": stat.st_mtime_ns,
             "config": (run_dir / CONFIG).read_text(),
             "quantize": quantize, **cpu_identity()}
 
 
-WHAT = {"step": "vaswani's decode step", "torch": "torch", "weights": "weights file",
+def code_digest() -> str:
+    """The sha256 of the source of every package whose code a step runs (nn/, cpu/,
+    models/, engine/): another version of vaswani's modules is another package."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for package in CODE:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+CODE = ("nn", "cpu", "models", "engine")
+WHAT = {"step": "vaswani's decode step", "code": "vaswani's code", "torch": "torch",
+        "weights": "weights file",
         "weights_bytes": "weights (size)", "weights_mtime_ns": "weights (changed since)",
         "config": "config.toml", "quantize": "quantization", "cpu": "CPU",
         "cpu_flags": "CPU instruction sets", "capability": "CPU vector width"}
