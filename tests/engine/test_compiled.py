@@ -81,6 +81,30 @@ def test_a_compiled_decode_step_gives_every_row_the_eager_steps_logits(lm_run):
     assert_close(got[at], want[at], rtol=1e-4, atol=1e-4)
 
 
+def test_a_step_of_more_rows_than_max_rows_runs_eagerly(lm_run, monkeypatch):
+    """Past MAX_ROWS rows a step is bound by its arithmetic, and the eager step's layouts
+    win (compiled.py): such a step does not call the package, a smaller one does."""
+    import vaswani.engine.runner as runner
+
+    run = load(lm_run)
+    calls = []
+    step = run.compiled
+
+    def counted(*args, **kwargs):
+        calls.append(args[1].size(0))
+        return step(*args, **kwargs)
+
+    run.compiled = counted
+    monkeypatch.setattr(runner, "MAX_ROWS", 2)
+    prompts = ["the cat", "a dog", "it was"]
+    assert run.generate_many(prompts, max_new_tokens=6, temperature=0) == \
+        load(lm_run, compiled=False).generate_many(prompts, max_new_tokens=6, temperature=0)
+    assert all(rows <= 2 for rows in calls)  # the steps of 3 rows ran eagerly
+    before = len(calls)
+    run.generate("the cat", max_new_tokens=4, temperature=0)
+    assert len(calls) > before  # a step of one row: compiled
+
+
 def test_compiled_generation_equals_eager_token_for_token(lm_run):
     compiled, eager = load(lm_run), load(lm_run, compiled=False)
     assert compiled.compiled is not None and eager.compiled is None

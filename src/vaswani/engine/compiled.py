@@ -58,6 +58,12 @@ STEP_VERSION = 1  # the exported step's signature and code; a package of another
 # and 2.4x through ATEN's kernels); ATen's own int4 kernel, which Inductor's int4 template
 # (AVX-512 only) cannot replace on every CPU.
 GEMM = {None: "CPP", "int8": "CPP", "int4": "ATEN"}
+# Rows of a decode step from which the eager step is used instead: a step of many rows costs
+# its arithmetic and memory traffic, not its operators' count, and there the eager step's
+# layouts win (a beam's hypotheses reading their source once, attention in parts of like
+# lengths), where the compiled step reads each row's source by index (docs/performance.md, "A
+# compiled decode step": beam 4 over 300 sentences, ~1,200 rows, ran at 0.38x eager).
+MAX_ROWS = 256
 
 
 def inductor_options(quantize: str | None) -> dict:

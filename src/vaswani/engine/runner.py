@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from .cache import SlotCache, parts
-from .compiled import CompiledStep
+from .compiled import MAX_ROWS, CompiledStep
 from .graphs import StaticDecoder
 from .plan import StepPlan
 from .request import Request, Sequence
@@ -65,8 +65,10 @@ class Runner:
         """Each row feeds its one uncached token; returns the next-token logits (N, V) and,
         for each row, which of them are its own (its slot: the logits are not reordered)."""
         n = self.cache.used
-        if 2 * len(rows) < n and self.compiled is None:  # mostly padding: read the few
-            # rows' slots by index instead (a compiled step runs every slot: see compiled.py)
+        # a compiled step for up to MAX_ROWS rows: past it, the eager step's layouts win
+        compiled = self.compiled if n <= MAX_ROWS else None
+        if 2 * len(rows) < n and compiled is None:  # mostly padding: read the few rows'
+            # slots by index instead (a compiled step runs every slot: see compiled.py)
             return self.forward([(r, s, 1) for r, s in rows]), list(range(len(rows)))
         scratch = self.cache.width - 1
         ids, positions, columns = [self.pad_id] * n, [0] * n, [scratch] * n
@@ -85,14 +87,14 @@ class Runner:
             owner.cached <= c for owner in self.cache.owners[:n])) else None
         d = self.device
         ids, positions, columns = (tensor_of(x, d)[:, None] for x in (ids, positions, columns))
-        if self.static is not None or self.compiled is not None:
+        if self.static is not None or compiled is not None:
             sources = lengths = None
             if self.cache.seq2seq:  # each row's source read by index (the graph's shapes)
                 held = self.cache.held(n)
                 sources = tensor_of(held, d)
                 lengths = tensor_of([self.cache.lengths[g] for g in held], d)
-            if self.compiled is not None:  # its padding rows compute at the weights' cost
-                logits = self.compiled(self.cache, ids, positions, columns, width, sources,
+            if compiled is not None:  # its padding rows compute at the weights' cost
+                logits = compiled(self.cache, ids, positions, columns, width, sources,
                                        lengths)
             else:
                 logits = self.static.step(ids, positions, columns, width, sources, lengths)

@@ -292,7 +292,7 @@ def compiled_step(run_dir: Path, weights: Path, quantize: str | None, *,
     error that says how to build one."""
     wanted = identity(run_dir, weights, quantize)
     found = load_compiled(run_dir, wanted, quantize,
-                          lambda message: warnings.warn(message, stacklevel=4))
+                          lambda message: warnings.warn(message, stacklevel=6))
     if found is None and required:
         raise FileNotFoundError(
             f"{run_dir} has no compiled decode step for {quantize or 'float'} weights on this "
