@@ -32,6 +32,8 @@ JSON record of its identity.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import platform
 import shutil
@@ -155,11 +157,10 @@ def identity(run_dir: Path, weights: Path, quantize: str | None) -> dict:
             "quantize": quantize, **cpu_identity()}
 
 
+@functools.cache  # the source does not change while a process runs
 def code_digest() -> str:
     """The sha256 of the source of every package whose code a step runs (nn/, cpu/,
     models/, engine/): another version of vaswani's modules is another package."""
-    import hashlib
-
     root = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
     for package in CODE:

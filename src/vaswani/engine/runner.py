@@ -33,11 +33,11 @@ from .tensors import tensor_of
 
 class Runner:
     def __init__(self, model: torch.nn.Module, cache: SlotCache, *, pad_id: int,
-                 static: StaticDecoder | None = None,
-                 compiled: CompiledStep | None = None) -> None:
+                 static: StaticDecoder | None = None) -> None:
         self.model, self.cache, self.pad_id = model, cache, pad_id
         self.static = static  # decode steps as CUDA graphs (graphs.py), on a GPU
-        self.compiled = compiled  # decode steps compiled ahead of time (compiled.py)
+        # decode steps compiled ahead of time (compiled.py), set by the run that has them
+        self.compiled: CompiledStep | None = None
         self.device = next(model.parameters()).device
 
     @torch.inference_mode()

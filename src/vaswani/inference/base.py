@@ -33,7 +33,7 @@ from ..data.prepare import split_files
 from ..data.tokenizers import Tokenizer
 from ..devices import resolve_device
 from ..engine import Engine, EngineConfig, Params
-from ..engine.compiled import CompiledStep, identity, load_compiled
+from ..engine.compiled import CompiledStep, identity, load_compiled, package_path
 from ..generation import Rules
 from ..models import build_model
 from ..models.common import fill_buffers
@@ -291,9 +291,10 @@ def compiled_step(run_dir: Path, weights: Path, quantize: str | None, *,
     """The package built for this run, ``weights`` file, quantization and machine, or None
     (a package built for something else is named in a warning). ``required``: None is an
     error that says how to build one."""
-    wanted = identity(run_dir, weights, quantize)
-    found = load_compiled(run_dir, wanted, quantize,
-                          lambda message: warnings.warn(message, stacklevel=6))
+    found = None
+    if package_path(run_dir, quantize).exists():  # (no digest of the code for a run without)
+        found = load_compiled(run_dir, identity(run_dir, weights, quantize), quantize,
+                              lambda message: warnings.warn(message, stacklevel=6))
     if found is None and required:
         raise FileNotFoundError(
             f"{run_dir} has no compiled decode step for {quantize or 'float'} weights on this "
