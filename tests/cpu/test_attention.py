@@ -8,6 +8,7 @@ from torch.testing import assert_close
 from vaswani.cpu import fast_paths
 from vaswani.cpu.attention import CPUAttention, decoding_attention
 from vaswani.nn import MultiHeadAttention, masks, scaled_dot_product_attention
+from vaswani.nn.attention import repeat_kv
 
 pytestmark = pytest.mark.usefixtures("on_cpu")  # the CPU's own path
 
@@ -23,6 +24,25 @@ def test_decoding_attention_equals_the_reference_on_rows_that_see_a_key(tq):
     mask = masks.key_padding_mask(_padding([7, 1, 5], 7))  # every row sees a key
     assert_close(decoding_attention(q, k, v, mask), scaled_dot_product_attention(q, k, v, mask)[0])
     assert_close(decoding_attention(q, k, v), scaled_dot_product_attention(q, k, v)[0])
+
+
+@pytest.mark.parametrize("tq", [1, 3])
+@pytest.mark.parametrize("heads", ["shared", "per head"])
+def test_decoding_attention_reads_grouped_keys_without_copying_them(tq, heads):
+    """Grouped-query attention: 6 query heads over 2 key/value heads, as if each key/value
+    head were repeated for its 3 queries, under a mask of each query's position (one for
+    all heads, or one per head)."""
+    q = torch.randn(3, 6, tq, 8, dtype=torch.float64)
+    k, v = torch.randn(2, 3, 2, 9, 8, dtype=torch.float64)
+    positions = torch.tensor([[8], [3], [5]]) - torch.arange(tq).flip(0)  # (3, tq)
+    mask = masks.position_mask(positions, 9)  # (3, 1, tq, 9)
+    if heads == "per head":
+        mask = mask.expand(3, 6, tq, 9).clone()
+        mask[:, 1, :, 0] = False  # one head of each row does not see its first key
+    want = scaled_dot_product_attention(q, repeat_kv(k, 3), repeat_kv(v, 3), mask)[0]
+    assert_close(decoding_attention(q, k, v, mask), want)
+    assert_close(decoding_attention(q, k, v), scaled_dot_product_attention(
+        q, repeat_kv(k, 3), repeat_kv(v, 3))[0])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -15,8 +15,8 @@ from torch.testing import assert_close
 from tests.conftest import DEVICE
 from vaswani import load
 from vaswani.cli import main
-from vaswani.engine import EngineConfig, Params, Request
-from vaswani.engine.compiled import differences, package_path, record_path
+from vaswani.engine import Engine, EngineConfig, Params, Request
+from vaswani.engine.compiled import CompiledStep, build, differences, package_path, record_path
 from vaswani.inference.compiled import compile_run
 from vaswani.rundir import written
 
@@ -126,11 +126,17 @@ def test_a_compiled_translator_decodes_greedy_and_beam_as_eager(mt_run):
         assert compiled.translate(lines, beam=beam) == eager.translate(lines, beam=beam)
 
 
-def test_int8_weights_compile_to_the_eager_steps_logits_within_bfloat16s_rounding(lm_run):
+@pytest.fixture(scope="module")
+def int8_run(lm_run):
+    """The small language model with its int8 decode step built too."""
+    assert main(["compile", str(lm_run), "--quantize", "int8"]) == 0
+    return lm_run
+
+
+def test_int8_weights_compile_to_the_eager_steps_logits_within_bfloat16s_rounding(int8_run):
     """Inductor's int8 template keeps the products in float32 where ATen's kernel rounds
     them to bfloat16, so logits differ by bfloat16's steps, not more."""
-    assert main(["compile", str(lm_run), "--quantize", "int8"]) == 0
-    run = load(lm_run, quantize="int8")
+    run = load(int8_run, quantize="int8")
     assert run.compiled is not None and run.compiled.path.name == "decode-int8.pt2"
     tok = run.source_tokenizer
     engine, rows = rows_mid_way(run, [tok.encode(t) for t in ["the cat", "a dog ran", "it"]])
@@ -142,6 +148,28 @@ def test_int8_weights_compile_to_the_eager_steps_logits_within_bfloat16s_roundin
     engine.runner.compiled = None
     want, _ = engine.runner.decode(rows)
     assert_close(got[at], want[at], rtol=2 ** -7, atol=0.05)
+
+
+def test_an_int8_compiled_rows_logits_are_the_same_bits_alone_and_in_a_batch(tmp_path):
+    """The compiled step computes row by row too, whatever the batch's rows and longest row
+    (the eager engine's own test, on the same model: test_runner.py)."""
+    from tests.engine.test_runner import int8_model, prompts
+
+    model = int8_model()
+    build(model, False, tmp_path / "step.pt2", {}, lambda message: None, "int8")
+    step = CompiledStep(tmp_path / "step.pt2")
+
+    def logprobs(batch):
+        engine = Engine(model, bos_id=1, eos_id=2, config=EngineConfig())
+        engine.runner.compiled = step
+        requests = [Request(p, Params(max_new_tokens=10, logprobs=3)) for p in batch]
+        engine.run(requests)
+        return [(r.output, r.logprobs) for r in requests]
+
+    batch = prompts()
+    together = logprobs(batch)
+    for i in (0, 5, 11, 23):
+        assert logprobs([batch[i]]) == [together[i]]
 
 
 def test_a_translators_int8_step_is_refused_by_name(mt_run):

@@ -9,11 +9,20 @@ length. :class:`CPUAttention` makes that choice for
 :class:`~vaswani.nn.attention.Attention`'s ``"auto"``, and runs a decoding step (under
 inference, at most ``DECODE_QUERIES`` queries per row) through :func:`decoding_attention`.
 On another device ``"auto"`` is SDPA, as in nn/.
+
+The engine's passes (:func:`engine_pass`) choose by neither: a pass's shapes are its
+batch's (the longest row's tokens and keys, the number of rows), and a row's result must not
+depend on what shares its batch. They run SDPA (the written-out products in bfloat16),
+whatever their shape, as a compiled step does; with key widths in multiples of the cache's
+alignment (engine/runner.py), the keys padded past a row's own change none of its bits.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor
@@ -25,19 +34,43 @@ from .dropout import lane_dropout
 REFERENCE_MAX_KEYS = 512
 DECODE_QUERIES = 16  # queries per row of a decoding step (a beam search's grouped queries)
 DECODE_SCORES = 8192  # scores (rows x heads x queries x keys) from which it pays on a CPU
+ENGINE = ContextVar("engine_pass", default=False)
+
+
+@contextmanager
+def engine_pass() -> Iterator[None]:
+    """The attention inside runs one path whatever the shapes (see the module): the engine's
+    forward passes."""
+    token = ENGINE.set(True)
+    try:
+        yield
+    finally:
+        ENGINE.reset(token)
 
 
 def decoding_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
     """:func:`~vaswani.nn.attention.scaled_dot_product_attention` in fewer operations, for a
     decoding step's few queries per row over many rows, where each operation's fixed cost
     counts: the queries scaled rather than the scores (Tq x Dh numbers, not Tq x Tk), the
-    masked scores filled in place, no weights kept. A query that may attend to no key gets
-    the mean of the values rather than zeros (a decoding step's real queries always see their
-    own key; the engine's padding rows are thrown away)."""
-    scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)  # (..., Tq, Tk)
+    masked scores filled in place, no weights kept; with grouped-query attention (``k``, ``v``
+    of fewer heads than ``q``) each key/value head's queries side by side, rather than the
+    keys and values copied for every query head. A query that may attend to no key gets the
+    mean of the values rather than zeros (a decoding step's real queries always see their
+    own key; the engine's padding rows are thrown away).
+
+    q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh), mask broadcast to (B, H, Tq, Tk) or None."""
+    B, H, Tq, Dh = q.shape
+    group = H // k.size(1)
+    if group > 1 and mask is not None and mask.size(1) > 1:  # a mask per query head
+        k, v, group = repeat_kv(k, group), repeat_kv(v, group), 1
+    if group > 1:  # (B, Hkv, group * Tq, Dh): query head h reads key/value head h // group
+        q = q.reshape(B, H // group, group * Tq, Dh)
+        if mask is not None and mask.size(-2) > 1:
+            mask = mask.repeat(1, 1, group, 1)  # each query row's mask, for every group
+    scores = (q * (1.0 / math.sqrt(Dh))) @ k.transpose(-2, -1)  # (..., group * Tq, Tk)
     if mask is not None:
         scores.masked_fill_(mask.logical_not(), torch.finfo(scores.dtype).min)
-    return scores.softmax(dim=-1) @ v
+    return (scores.softmax(dim=-1) @ v).view(B, H, Tq, Dh)
 
 
 class CPUAttention(Attention):
@@ -51,13 +84,18 @@ class CPUAttention(Attention):
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         p = self.dropout if self.training else 0.0
+        if (ENGINE.get() and self.backend == "auto" and not need_weights and p == 0.0
+                and q.device.type == "cpu" and not torch.compiler.is_compiling()):
+            if q.dtype == torch.bfloat16:  # (SDPA's bf16 kernel loses on a CPU: above)
+                return decoding_attention(q, k, v, masks.dense(mask, q.device)), None
+            return self.fused(q, k, v, mask, p), None
         if not need_weights and self.use_sdpa(q, k, p):
             return self.fused(q, k, v, mask, p), None
-        k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)
         mask = masks.dense(mask, q.device)  # the written-out paths take a tensor
         if (not need_weights and p == 0.0 and q.size(-2) <= DECODE_QUERIES
                 and not torch.is_grad_enabled()):  # inference's decoding steps
             return decoding_attention(q, k, v, mask), None
+        k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)
         weights = lane_dropout(attention_weights(q, k, mask), p)
         return weights @ v, weights if need_weights else None
 

@@ -9,6 +9,13 @@ slot's first ``Tk`` columns: a (R, 1, T, Tk) mask from the queries' positions (n
 always sees one real key and computes nothing that is not finite) and writes to the slot's
 scratch column, which nothing reads.
 
+Every row reads its keys in a multiple of the cache's alignment (``aligned``), masked past
+its own, and the attention runs one path whatever the pass's shapes (cpu/attention.py
+``engine_pass``), so that the keys read past a row's own for its batch's longest, or the
+number of rows, change
+none of its bits: a row's logits are the same alone and in any batch where the layers
+compute row by row (as the weight-only int8 and int4 ones do; float32's BLAS may not).
+
 A decode step runs over every used slot, 0 .. R - 1, in slot order, so that its keys are a
 view of the cache (cache.py); a slot whose row is not decoded this step (it is being
 prefilled) rides along as padding. A prefill reads its rows' slots by index (a copy; a
@@ -22,7 +29,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .cache import SlotCache, parts
+from ..cpu.attention import engine_pass
+from .cache import SlotCache, aligned, parts
 from .compiled import MAX_ROWS, CompiledStep
 from .graphs import StaticDecoder
 from .plan import StepPlan
@@ -50,7 +58,8 @@ class Runner:
         for i, r in enumerate(requests):
             src[i, :len(r.prompt)] = torch.tensor(r.prompt, device=self.device)
         keep = torch.arange(S, device=self.device)[None, :] < lengths[:, None]  # (B, S)
-        memory = self.model.encode(src, src_mask=keep)  # (B, S, D)
+        with engine_pass():
+            memory = self.model.encode(src, src_mask=keep)  # (B, S, D)
         slots = [r.source_slot for r in requests]
         # slots taken one after another, as they mostly are: a slice's copy, not an index_put
         in_order = slots == list(range(slots[0], slots[0] + len(slots)))
@@ -75,11 +84,12 @@ class Runner:
         for _, seq in rows:
             ids[seq.slot] = seq.tokens[-1]  # its one uncached token
             positions[seq.slot] = columns[seq.slot] = seq.cached
-        width = max(positions) + 1
+        keys = [self.keys(p + 1) for p in positions]
+        width = max(keys)
         # rows of unlike contexts (admitted at different times, or prompts of unlike
         # lengths): each part of the self-attention reads its own rows' keys (a CUDA graph
         # reads one padded width for all)
-        self_parts = None if self.static is not None else parts([p + 1 for p in positions])
+        self_parts = None if self.static is not None else parts(keys)
         # rows in step (an offline batch) write one column c: a slice, not an index_put,
         # where no slot riding along as padding holds keys at c (a beam's spare does not)
         c = rows[0][1].cached
@@ -107,8 +117,9 @@ class Runner:
                              lengths=None if min(lengths) == longest  # all alike: no mask
                              else tensor_of(lengths, d))
             plan = StepPlan(columns, width, column=column, self_parts=self_parts, **cross)
-            logits = forward_step(self.model, self.cache, ids, positions,
-                                  torch.zeros(n, dtype=torch.long, device=d), plan)
+            with engine_pass():
+                logits = forward_step(self.model, self.cache, ids, positions,
+                                      torch.zeros(n, dtype=torch.long, device=d), plan)
         return logits, [seq.slot for _, seq in rows]
 
     @torch.inference_mode()
@@ -127,7 +138,7 @@ class Runner:
         real = steps < lengths[:, None]  # (R, T)
         positions = torch.where(real, start[:, None] + steps, 0)  # padding: position 0
         columns = torch.where(real, positions, self.cache.width - 1)  # padding: scratch
-        width = max(seq.cached + n for _, seq, n in rows)
+        width = self.keys(max(seq.cached + n for _, seq, n in rows))
         slots = tensor_of([seq.slot for _, seq, _ in rows], device)
         cross = {}
         if self.cache.seq2seq:  # each row's source, read by index
@@ -136,5 +147,11 @@ class Runner:
                 lengths=tensor_of([len(r.prompt) for r, _, _ in rows], device),
                 cross=max(len(r.prompt) for r, _, _ in rows))
         plan = StepPlan(columns, width, slots=slots, **cross)
-        return forward_step(self.model, self.cache, ids.to(device), positions, lengths - 1,
-                            plan)
+        with engine_pass():
+            return forward_step(self.model, self.cache, ids.to(device), positions,
+                                lengths - 1, plan)
+
+    def keys(self, n: int) -> int:
+        """The keys a row of ``n`` reads: up to a multiple of the alignment (see the
+        module), within its slot."""
+        return min(aligned(n), self.cache.width)
