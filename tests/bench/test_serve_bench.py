@@ -117,6 +117,20 @@ def test_the_llm_benchmark_measures_one_precision_of_a_language_model(small_runs
         assert 0 < len(out["greedy_ids"]) <= 32
 
 
+def test_the_speculate_benchmark_times_plain_and_guessing_decoding_alike(small_runs):
+    """benchmarks/speculate.py's measurement on a tiny LM (int8, eager): the same tokens
+    with and without guesses, and the guesses counted."""
+    from benchmarks.speculate import measure
+
+    lm, _ = small_runs["decoder"]
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    plain = measure(str(lm), False, prompt, 16, 0)
+    fast = measure(str(lm), False, prompt, 16, 4)
+    assert plain["ids"] == fast["ids"] and len(plain["ids"]) == plain["generated"] > 0
+    assert plain["guessed"] == 0 and fast["passes"] > 0 and fast["guessed"] > 0
+    assert fast["generation_tokens_per_s"] > 0 and not fast["compiled"]
+
+
 FAKE_LLAMA_CPP = """
 class Llama:
     def __init__(self, model_path, n_threads, n_threads_batch, n_batch, verbose):

@@ -3,6 +3,7 @@
 tokenizers vaswani trains and the kinds a pretrained checkpoint brings."""
 
 import random
+import re
 
 import pytest
 
@@ -165,3 +166,19 @@ def test_generating_one_text_makes_an_engine_of_one_row(small_runs):
     assert run.generate_many(["to be", "a", "the king"], max_new_tokens=4,
                              temperature=0)[0] == alone
     assert run.engine_for(1).config.max_rows == 4
+
+
+def test_generate_speculate_gives_the_same_text_and_says_how_many_guesses_held(small_runs,
+                                                                               capsys):
+    from vaswani.cli import main
+
+    run = str(small_runs["decoder"][0])
+    prompt = ["--prompt", "to be or not to be, to be or not to be, to be or", "--temperature",
+              "0", "--max-new-tokens", "24"]
+    assert main(["generate", run, *prompt]) == 0
+    plain = capsys.readouterr()
+    assert main(["generate", run, *prompt, "--speculate", "4"]) == 0
+    fast = capsys.readouterr()
+    assert fast.out == plain.out and "speculation" not in plain.err
+    assert re.search(r"speculation: \d+ of \d+ guessed tokens held \(\d+%\), in [1-9]\d* "
+                     r"passes", fast.err)

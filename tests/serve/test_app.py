@@ -431,3 +431,39 @@ def test_vaswani_serve_on_a_port_in_use_says_so_before_it_announces_anything(cop
     err = capsys.readouterr().err
     assert f"127.0.0.1:{port} is in use (another server?)" in err
     assert "vaswani serve:" not in err  # nothing announced
+
+
+def test_vaswani_serve_speculate_is_every_language_models_default(served, monkeypatch):
+    """--speculate reaches the language models' [decode] (not a translator's), and a
+    completion served with it is the one served without (engine/speculate.py)."""
+    import socket
+
+    from fastapi.testclient import TestClient
+
+    import vaswani.cli.serve
+    import vaswani.inference
+    from vaswani.cli import main
+    from vaswani.serve import create_app
+
+    lm = vaswani.load(served["lm"].run_dir, device=str(conftest.DEVICE))
+    runs = {"lm": lm, "copy": served["copy"]}
+    monkeypatch.setattr(vaswani.inference, "load", lambda d, **kw: runs[d])
+    seen = {}
+    monkeypatch.setattr(vaswani.cli.serve, "_serve",
+                        lambda args, sock, loaded, threads: seen.update(loaded) or 0)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    assert main(["serve", "lm", "copy", "--speculate", "3", "--port", str(port)]) == 0
+    assert seen["lm"].config.decode.speculate == 3
+    assert seen["copy"].config.decode.speculate == 0
+    body = {"model": "lm", "prompt": "to be or not to be, to be or not", "max_tokens": 16,
+            "temperature": 0}
+    with TestClient(create_app({"lm": lm}), base_url="http://127.0.0.1") as c:
+        fast = c.post("/v1/completions", json=body).json()["choices"][0]["text"]
+        assert sum(e.speculation.passes for e in c.app.state.server.engines.values()) > 0
+    with TestClient(create_app({"lm": served["lm"]}), base_url="http://127.0.0.1") as c:
+        plain = c.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    assert fast == plain
+    with pytest.raises(ValueError, match="speculate"):
+        lm.set_decode(speculate=99)

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from .common import EAGER_HELP, QUANTIZE, QUANTIZE_HELP, eager, nonnegative
+from .common import EAGER_HELP, QUANTIZE, QUANTIZE_HELP, SPECULATE_HELP, eager, nonnegative
 
 
 def add_commands(sub, cache: argparse.ArgumentParser) -> None:
@@ -51,6 +51,7 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument("--quantize", choices=QUANTIZE, help=QUANTIZE_HELP)
     p.add_argument("--eager", action="store_true", help=EAGER_HELP)
+    p.add_argument("--speculate", type=nonnegative, metavar="N", help=SPECULATE_HELP)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="uvicorn's log level")
     p.set_defaults(func=serve)
@@ -94,6 +95,9 @@ def serve(args: argparse.Namespace) -> int:
     try:
         runs = {name: load(d, device=args.device, quantize=args.quantize, **eager(args))
                 for name, d in name_runs(args.run_dirs, args.name).items()}
+        for run in runs.values():
+            if args.speculate is not None and run.decodes and not run.family.cross:
+                run.set_decode(speculate=args.speculate)
         return _serve(args, sock, runs, threads)
     finally:  # a failed load, or the server stopped: the count as the caller had it
         torch.set_num_threads(threads)

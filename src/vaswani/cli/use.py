@@ -11,6 +11,7 @@ from .common import (
     EAGER_HELP,
     QUANTIZE,
     QUANTIZE_HELP,
+    SPECULATE_HELP,
     cache_dir,
     load_run,
     one_line,
@@ -73,6 +74,7 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                    help="OpenAI's: lower a generated token's score once, by X (-2..2)")
     p.add_argument("--frequency-penalty", type=float, metavar="X",
                    help="OpenAI's: lower a token's score by X per occurrence so far (-2..2)")
+    p.add_argument("--speculate", type=int, metavar="N", help=SPECULATE_HELP)
     controls(p)
     p.set_defaults(func=generate)
 
@@ -154,9 +156,14 @@ def generate(args: argparse.Namespace) -> int:
     run.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, stream=stream,
                  stop=args.stop, presence_penalty=args.presence_penalty,
-                 frequency_penalty=args.frequency_penalty, **_controls(args))
+                 frequency_penalty=args.frequency_penalty, speculate=args.speculate,
+                 **_controls(args))
     stream("")  # the prompt, if nothing new came
     sys.stdout.write("\n")
+    said = run.engine_for(1).speculation
+    if said.passes:
+        print(f"speculation: {said.accepted} of {said.guessed} guessed tokens held "
+              f"({said.rate:.0%}), in {said.passes} passes", file=sys.stderr)
     return 0
 
 

@@ -12,6 +12,7 @@ from typing import Literal
 
 from .base import ConfigBase
 
+MAX_SPECULATE = 32  # tokens guessed per pass at most: past it, a pass costs its tokens
 MAX_BEAM = 128  # wider beams cost memory and time and rarely help
 MAX_NEW_TOKENS = 100_000
 MAX_SEED = 2**63 - 1  # the largest seed a torch.Generator takes
@@ -305,6 +306,10 @@ class DecodeConfig(ConfigBase):
     stop: list[str] = dataclasses.field(default_factory=list)
     """Language models: end the output where one of these strings appears (it is not
     included)."""
+    speculate: int = 0
+    """Language models: tokens guessed from the context (prompt lookup) after each token
+    and checked in its forward pass; the same output, in fewer passes where the text repeats
+    its context. 0 = off."""
 
     def validate(self) -> None:
         if self.max_len_a < 0 or self.max_len_b < 0:
@@ -325,6 +330,8 @@ class DecodeConfig(ConfigBase):
         if self.no_repeat_ngram_size < 0 or self.min_length < 0:
             raise ValueError(f"no_repeat_ngram_size ({self.no_repeat_ngram_size}) and "
                              f"min_length ({self.min_length}) must be >= 0")
+        if not 0 <= self.speculate <= MAX_SPECULATE:
+            raise ValueError(f"speculate ({self.speculate}) must be in [0, {MAX_SPECULATE}]")
         if any(not s for s in self.stop) or len(self.stop) > 8:
             raise ValueError(f"stop ({list(self.stop)}) must be at most 8 non-empty strings")
 

@@ -27,6 +27,24 @@ from .sampler import Row, Sampler, rows_of
 from .tensors import tensor_of
 
 
+def search_rows(rows: list[Row], logits: Tensor, at: list[int], sampler: Sampler,
+                cache: SlotCache) -> tuple[list[Request], int]:
+    """:func:`search` for the beam searches among a step's due ``rows`` (row i's logits
+    ``logits[at[i]]``), their copies made; returns the searches done and the rows searched."""
+    searches: dict[int, list[int]] = {}  # a beam search's rows, in its hypotheses' order
+    for i, (r, _) in enumerate(rows):
+        if r.beam is not None:
+            searches.setdefault(r.id, []).append(i)
+    if not searches:
+        return [], 0
+    order = [i for index in searches.values() for i in index]
+    done, forks = search([[rows[i] for i in index] for index in searches.values()], logits,
+                         [at[i] for i in order], sampler, cache)
+    if forks:  # every search's copies at once
+        cache.fork(forks)
+    return done, len(order)
+
+
 def search(searches: list[list[Row]], logits: Tensor, at: list[int], sampler: Sampler,
            cache: SlotCache) -> tuple[list[Request], list[tuple[int, int, int, int]]]:
     """A step of every beam search due (their rows search after search, row i's logits

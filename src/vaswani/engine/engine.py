@@ -25,11 +25,11 @@ import torch
 from torch import Tensor
 
 from ..models import EncoderDecoder
-from . import beam
+from . import beam, speculate
 from .config import EngineConfig
 from .graphs import StaticDecoder
 from .memory import collector_paused
-from .request import Params, Request, Sequence, Status
+from .request import Acceptance, Params, Request, Sequence, Status
 from .runner import Runner
 from .sampler import Sampler, rows_of
 from .scheduler import GATHER, Scheduler, length_groups, prefill_groups
@@ -56,6 +56,7 @@ class Engine:
         self.sampler = Sampler(pad_id=self.pad_id, bos_id=bos_id, eos_id=eos_id,
                                device=self.device)
         self.tokens_out = self.steps = 0  # tokens generated and steps run so far (throughput)
+        self.speculation = Acceptance()  # every request's guesses (speculate.py)
 
     # --- requests in ----------------------------------------------------------------------
     def submit(self, request: Request) -> Request:
@@ -125,10 +126,16 @@ class Engine:
                 self._advance([group[i][:2] for i in due], logits, due, finished)
         if plan.decode:
             self.cache.compact()  # rows that finished in the prefill left holes
-            logits, at = self.runner.decode(plan.decode)
-            for _, seq in plan.decode:
-                self.scheduler.fed(seq, 1)
-            self._advance(plan.decode, logits, at, finished)
+            plain, guessed = speculate.split(plan.decode, self.cache.width, self.max_len)
+            if plain:
+                logits, at = self.runner.decode(plain)
+                for _, seq in plain:
+                    self.scheduler.fed(seq, 1)
+                self._advance(plain, logits, at, finished)
+            if guessed:  # rows that feed guesses after their token (speculate.py)
+                speculate.verify(self.runner, self.sampler, guessed, self.scheduler.fed,
+                                 lambda r, s, token: self._extend(r, s, token, finished),
+                                 self.speculation)
         self.scheduler.took(plan)  # the step's time, counted to its turn
         return finished
 
@@ -161,19 +168,10 @@ class Engine:
             tokens = self.sampler.choose(chosen, rows_of(logits, [at[i] for i in singles]))
             for (request, seq), token in zip(chosen, tokens.tolist(), strict=True):
                 self._extend(request, seq, token, finished)
-        searches: dict[int, list[int]] = {}  # a beam search's rows, in its hypotheses' order
-        for i, (r, _) in enumerate(rows):
-            if r.beam is not None:
-                searches.setdefault(r.id, []).append(i)
-        if searches:
-            order = [i for index in searches.values() for i in index]
-            done, forks = beam.search([[rows[i] for i in index] for index in searches.values()],
-                                      logits, [at[i] for i in order], self.sampler, self.cache)
-            self.tokens_out += len(order)
-            for request in done:
-                self._finish(request, "stop", finished)
-            if forks:  # every search's copies at once
-                self.cache.fork(forks)
+        done, searched = beam.search_rows(rows, logits, at, self.sampler, self.cache)
+        self.tokens_out += searched
+        for request in done:
+            self._finish(request, "stop", finished)
 
     def _extend(self, request: Request, seq: Sequence, token: int, finished: list) -> None:
         """A one-row request's new token: the end at <eos>, at its limit, or when its

@@ -39,6 +39,9 @@ class StepPlan:
     """Rows that share a source read it once (cache.py ``SlotCache.groups``)."""
     parts: Parts | None = None
     """The leading source slots read in parts of like lengths (``SlotCache.parts``)."""
+    apart: bool = False
+    """Each row's queries attend as rows of their own, one query each, as decoding steps
+    would (views.py :func:`one_query_a_row`): a speculative pass's (speculate.py)."""
 
     @property
     def in_step(self) -> bool:

@@ -40,6 +40,31 @@ class Params:
     logprobs: int | None = None  # one-row requests: keep each chosen token's log-probability
     # (the model's own, before temperature, top-k/top-p and rules) and this many of the most
     # likely tokens' (Request.logprobs)
+    speculate: int = 0  # one-row requests: tokens guessed from the context and verified in
+    # one pass with the request's own (speculate.py); 0 = off
+
+
+@dataclass
+class Acceptance:
+    """Tokens guessed for a request and how many of them held (speculate.py)."""
+
+    guessed: int = 0
+    accepted: int = 0
+    passes: int = 0  # forward passes that verified guesses
+
+    def add(self, guessed: int, accepted: int) -> None:
+        self.guessed += guessed
+        self.accepted += accepted
+        self.passes += 1
+
+    @property
+    def rate(self) -> float:
+        """The share of guessed tokens that held (0 before any guess)."""
+        return self.accepted / self.guessed if self.guessed else 0.0
+
+    def as_dict(self) -> dict:
+        return {"guessed": self.guessed, "accepted": self.accepted, "passes": self.passes,
+                "acceptance": round(self.rate, 4)}
 
 
 class Status(Enum):
@@ -113,6 +138,7 @@ class Request:
         # with params.logprobs: per chosen token (<eos> included), (its log-probability,
         # [(token, log-probability) of the params.logprobs most likely])
         self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []
+        self.speculation = Acceptance()  # its guesses and how many held (speculate.py)
         self.arrived = time.perf_counter()
         self.first_token: float | None = None  # when its first token came
         self.finished: float | None = None

@@ -123,9 +123,12 @@ class Runner:
         return logits, [seq.slot for _, seq in rows]
 
     @torch.inference_mode()
-    def forward(self, rows: list[tuple[Request, Sequence, int]]) -> Tensor:
+    def forward(self, rows: list[tuple[Request, Sequence, int]], verify: bool = False
+                ) -> Tensor:
         """Each row feeds its next ``n`` uncached tokens; returns the logits (R, V) after the
-        last of them."""
+        last of them. With ``verify`` (a row's token and the tokens guessed after it:
+        speculate.py), after each of them (R, T, V; a row's first ``n``), each computed as a
+        decoding step computes it (plan.py ``apart``)."""
         device = self.device
         fed = [seq.uncached()[:n] for _, seq, n in rows]
         lengths = tensor_of([len(f) for f in fed], device)
@@ -146,10 +149,10 @@ class Runner:
                 sources=tensor_of([r.source_slot for r, _, _ in rows], device),
                 lengths=tensor_of([len(r.prompt) for r, _, _ in rows], device),
                 cross=max(len(r.prompt) for r, _, _ in rows))
-        plan = StepPlan(columns, width, slots=slots, **cross)
+        plan = StepPlan(columns, width, slots=slots, apart=verify, **cross)
         with engine_pass():
             return forward_step(self.model, self.cache, ids.to(device), positions,
-                                lengths - 1, plan)
+                                None if verify else lengths - 1, plan)
 
     def keys(self, n: int) -> int:
         """The keys a row of ``n`` reads: up to a multiple of the alignment (see the

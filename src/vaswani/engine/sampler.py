@@ -37,15 +37,22 @@ def log_probabilities(rows: list[Row], logits: Tensor) -> dict:
     if not wanted:
         return {}
     log_p = logits[wanted].float().log_softmax(-1)  # (W, V): a copy
-    most = max(rows[k][0].params.logprobs for k in wanted)
-    top = log_p.topk(most, dim=-1) if most else None
 
     def entry(w: int, k: int):
         n = rows[k][0].params.logprobs
-        alternatives = [] if not n else list(zip(top.indices[w, :n].tolist(),
-                                                 top.values[w, :n].tolist(), strict=True))
+        alternatives = likeliest(log_p[w], n) if n else []
         return lambda token: (float(log_p[w, token]), alternatives)
     return {k: entry(w, k) for w, k in enumerate(wanted)}
+
+
+def likeliest(log_p: Tensor, n: int) -> list[tuple[int, float]]:
+    """The ``n`` likeliest tokens of ``log_p`` (V,) and their values, the likeliest first and
+    equal values in the order of their tokens (``topk``'s order among equals depends on the
+    shape it runs over, and bfloat16-rounded logits tie often)."""
+    floor = log_p.topk(n).values[-1]
+    tokens = (log_p >= floor).nonzero()[:, 0]  # in token order: the n, and any tied with them
+    values, order = log_p[tokens].sort(descending=True, stable=True)
+    return list(zip(tokens[order[:n]].tolist(), values[:n].tolist(), strict=True))
 
 
 class Sampler:

@@ -12,11 +12,11 @@ from .plan import StepPlan
 
 
 def forward_step(model: torch.nn.Module, cache: SlotCache, ids: Tensor, positions: Tensor,
-                 last: Tensor, plan: StepPlan) -> Tensor:
+                 last: Tensor | None, plan: StepPlan) -> Tensor:
     """``model.decode_step`` over the cache as ``plan`` lays it out: ids and positions (R, T)
-    -> the logits at ``last`` (R, V). A row in step (``plan.in_step``) attends to all its
-    keys, so no self-attention mask is made (a padding row riding along reads its slot's
-    keys too; its output is thrown away)."""
+    -> the logits at ``last`` (R, V; None: at every position, (R, T, V)). A row in step
+    (``plan.in_step``) attends to all its keys, so no self-attention mask is made (a padding
+    row riding along reads its slot's keys too; its output is thrown away)."""
     kwargs = {}
     if cache.seq2seq:
         kwargs["memory_mask"] = None if plan.lengths is None else \

@@ -21,6 +21,23 @@ def flat_index(slots: Tensor, columns: Tensor, heads: int, width: int) -> Tensor
     return (slots[:, None, None] * heads + head) * width + columns[:, None, :]
 
 
+def one_query_a_row(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, attend) -> Tensor:
+    """``attend`` with each of a row's T queries as a row of its own over the row's keys, as
+    a decoding step's one query a row reads them: the same arithmetic, bit for bit, where T
+    queries side by side would multiply in one product of T rows (whose kernel depends on
+    T). q (R, H, T, Dh), k and v (R, Hkv, Tk, Dh) (copied T times), mask (R, 1, T, Tk) ->
+    (R, H, T, Dh)."""
+    R, H, T, Dh = q.shape
+
+    def rows(t: Tensor) -> Tensor:  # (R, ...) -> (R * T, ...), each row T times
+        return t[:, None].expand(R, T, *t.shape[1:]).reshape(R * T, *t.shape[1:])
+
+    if mask is not None:  # (R, 1, T, Tk) -> (R * T, 1, 1, Tk)
+        mask = mask.expand(R, 1, T, mask.size(-1)).transpose(1, 2).reshape(R * T, 1, 1, -1)
+    out = attend(q.transpose(1, 2).reshape(R * T, H, 1, Dh), rows(k), rows(v), mask)
+    return out.view(R, T, H, Dh).transpose(1, 2)
+
+
 class SlotKV:
     """One attention's view of the cache in one forward pass, an nn/kv_cache.py
     ``AttentionCache``: ``append`` writes the new keys and values into their slots and
@@ -35,11 +52,13 @@ class SlotKV:
     def __init__(self, k: Tensor, v: Tensor, rows: Tensor | None, n: int, width: int,
                  write: Tensor | int | None = None,
                  groups: tuple[Tensor, Tensor] | None = None,
-                 parts: list[tuple[int, int, int]] | None = None) -> None:
+                 parts: list[tuple[int, int, int]] | None = None, apart: bool = False
+                 ) -> None:
         self.k_all, self.v_all = k, v
         self.rows, self.n, self.width, self.write = rows, n, width, write
         self.groups = groups
         self.parts = parts  # an attention in parts of rows (:func:`parts`)
+        self.apart = apart  # each query a row of its own (:func:`one_query_a_row`)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """k, v (R, Hkv, T, Dh) into their places ``write`` -> the keys and values to attend
@@ -61,7 +80,9 @@ class SlotKV:
         keys are laid out (:meth:`queries`), in ``parts`` of rows each over its own keys
         (cache.py :func:`parts`) or in one pass, the output back in the rows' order."""
         q = self.queries(q)
-        if self.parts is None:
+        if self.apart and q.size(2) > 1:
+            out = one_query_a_row(q, k, v, mask, attend)
+        elif self.parts is None:
             out = attend(q, k, v, mask)
         else:
             out = torch.cat([attend(q[a:b], k[a:b, :, :w], v[a:b, :, :w],
@@ -118,7 +139,7 @@ class StepCache:
             raise ValueError("rows read by index read their sources by index too")
         G = n if p.groups is None else p.groups[0].size(0)
         self.layers = [(SlotKV(cache.k[i], cache.v[i], p.slots, n, p.width, write,
-                               parts=p.self_parts),
+                               parts=p.self_parts, apart=p.apart),
                         SlotKV(cache.ck[i], cache.cv[i], p.sources, G, p.cross,
                                groups=p.groups, parts=p.parts)
                         if cache.seq2seq else None)

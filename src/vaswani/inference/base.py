@@ -17,6 +17,7 @@ needs.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 from typing import ClassVar
@@ -163,11 +164,16 @@ class Run:
                           length_penalty=decode.length_penalty)
         return Params(max_new_tokens=decode.max_new_tokens, temperature=decode.temperature,
                       top_k=decode.top_k, top_p=decode.top_p, seed=seed,
-                      rules=Rules.of(decode))
+                      rules=Rules.of(decode), speculate=decode.speculate)
 
     def decode_options(self, **given) -> DecodeConfig:
         """The run's ``[decode]`` with the options given (None = keep), checked."""
         return self.config.decode.replace(**{k: v for k, v in given.items() if v is not None})
+
+    def set_decode(self, **given) -> None:
+        """The run's ``[decode]`` defaults changed for as long as it is loaded (a command's
+        flags for all its requests: ``vaswani serve --speculate``), checked."""
+        self.config = dataclasses.replace(self.config, decode=self.decode_options(**given))
 
     # --- what every run does -------------------------------------------------------------
     def evaluate(self, paths: list[str], *, beam: int | None = None,

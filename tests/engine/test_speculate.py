@@ -1,0 +1,111 @@
+"""Speculative decoding (engine/speculate.py): a request that guesses tokens from its context
+gets the tokens, log-probabilities and seeded samples it gets without guessing, in fewer
+forward passes where its text repeats itself; guesses never pass its limit, its slot or the
+model's max_len."""
+
+import pytest
+import torch
+
+from tests.conftest import DEVICE
+from tests.engine.test_runner import int8_model
+from vaswani import ModelConfig, build_model
+from vaswani.engine import Engine, EngineConfig, Params, Request
+from vaswani.engine.speculate import prompt_lookup
+from vaswani.generation import Rules
+
+BOS, EOS = 1, 2
+
+
+def test_prompt_lookup_continues_the_latest_earlier_occurrence_of_the_longest_suffix():
+    context = [5, 6, 7, 8, 9, 6, 7, 3, 4, 5, 6, 7]
+    assert prompt_lookup(context, 3) == [8, 9, 6]  # the longest suffix, "5 6 7", at 0..2
+    assert prompt_lookup(context, 2, ngram=2) == [3, 4]  # "6 7": the latest, 5..6, not 1..2
+    assert prompt_lookup(context, 5, ngram=1) == [3, 4, 5, 6, 7]  # "7" at 6
+    assert prompt_lookup([1, 2, 3], 4) == []  # nothing occurs before
+    # an occurrence near the end: the guess goes on as the stretch repeats
+    assert prompt_lookup([4, 4], 4) == [4, 4, 4, 4]
+    assert prompt_lookup([1, 2, 3, 1, 2, 3, 1, 2], 5) == [3, 1, 2, 3, 1]
+    assert prompt_lookup([9], 4) == [] and prompt_lookup([1, 2, 1], 0) == []
+
+
+@pytest.fixture(scope="module")
+def lm():
+    if DEVICE.type != "cpu":  # int8 weights run on a CPU; a float model elsewhere
+        torch.manual_seed(0)
+        return build_model(ModelConfig(arch="decoder", vocab_size=300, d_model=128,
+                                       n_heads=2, d_ff=256, n_layers=2, dropout=0.0,
+                                       max_len=96, pad_id=0)).to(DEVICE).eval()
+    return int8_model()
+
+
+def repeating(n):
+    """Prompts that repeat a stretch of themselves: something for the lookup to find."""
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for i in range(n):
+        part = torch.randint(3, 300, (4 + i % 5,), generator=g).tolist()
+        out.append(part * (2 + i % 3) + part[:2])
+    return out
+
+
+def decode(model, prompts, params, **config):
+    engine = Engine(model, bos_id=BOS, eos_id=EOS, config=EngineConfig(**config))
+    requests = [Request(p, params[i % len(params)]) for i, p in enumerate(prompts)]
+    engine.run(requests)
+    return [(r.output, r.logprobs, r.reason) for r in requests], engine
+
+
+def test_guessing_gives_every_request_the_tokens_and_log_probabilities_it_gets_without(lm):
+    """Greedy, seeded sampling and decoding rules, alone and batched with requests that do
+    not guess; limits from 1 token up, and contexts that slide past max_len (96)."""
+    params = [Params(max_new_tokens=30, logprobs=3),
+              Params(max_new_tokens=25, temperature=0.9, top_p=0.9, seed=7, logprobs=2),
+              Params(max_new_tokens=1),
+              Params(max_new_tokens=20, rules=Rules(repetition_penalty=1.3), logprobs=1),
+              Params(max_new_tokens=60, temperature=0.7, seed=3)]
+    prompts = repeating(10)
+    plain, _ = decode(lm, prompts, params)
+    fast = [Params(**{**p.__dict__, "speculate": 4}) for p in params]
+    guessed, engine = decode(lm, prompts, fast)
+    assert guessed == plain
+    said = engine.speculation
+    assert said.passes and 0 < said.accepted <= said.guessed  # guesses were made, some held
+    # guessing and plain requests side by side, each as alone
+    mixed, _ = decode(lm, prompts, [fast[0], params[1], fast[2], params[3], fast[4]])
+    assert mixed == plain
+    alone, _ = decode(lm, prompts[:1], fast[:1])
+    assert alone == plain[:1]
+
+
+def test_a_guess_that_holds_saves_forward_passes(lm):
+    """A prompt the model continues by repeating it: most guesses hold, and the request
+    takes far fewer passes than tokens."""
+    prompt = repeating(1)[0]
+    engine = Engine(lm, bos_id=BOS, eos_id=EOS, config=EngineConfig())
+    request = Request(prompt, Params(max_new_tokens=40, speculate=6))
+    engine.run([request])
+    plain = Request(prompt, Params(max_new_tokens=40))
+    Engine(lm, bos_id=BOS, eos_id=EOS, config=EngineConfig()).run([plain])
+    assert request.output == plain.output and len(plain.output) == 40
+    s = request.speculation
+    assert s.rate > 0.5 and s.guessed <= 6 * s.passes
+    # a pass makes the tokens that held and one more: the steps are the prefill and the
+    # passes, each making 1 + the guesses that held, plus the plain steps between them
+    plain_steps = 40 - 1 - s.passes - s.accepted  # (the prefill makes the first token)
+    assert engine.steps == 1 + s.passes + plain_steps < 20
+
+
+def test_guesses_stay_within_the_slot_the_limit_and_max_len(lm, monkeypatch):
+    from vaswani.engine import speculate
+
+    seen = []
+    verify = speculate.verify
+    monkeypatch.setattr(speculate, "verify", lambda runner, sampler, rows, *a: seen.extend(
+        (s.cached, s.context, r.limit - r.generated, len(g)) for r, s, g in rows)
+        or verify(runner, sampler, rows, *a))
+    prompt = repeating(3)[2] * 8  # 90 tokens: the context reaches max_len (96) and slides
+    plain, _ = decode(lm, [prompt[:90]], [Params(max_new_tokens=40)])
+    got, engine = decode(lm, [prompt[:90]], [Params(max_new_tokens=40, speculate=16)])
+    assert got == plain and seen
+    for cached, context, left, k in seen:
+        assert k <= left - 1 and context + k <= 96 and cached + 1 + k <= engine.cache.width - 1
