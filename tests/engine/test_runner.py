@@ -18,11 +18,12 @@ pytestmark = pytest.mark.skipif(DEVICE.type != "cpu", reason="int8 weights run o
 BOS, EOS = 1, 2
 
 
-def int8_model():
+def int8_model(**kw):
     """Heads of 64 numbers, as real checkpoints have (the attention kernels' own paths)."""
     torch.manual_seed(0)
-    config = ModelConfig(arch="decoder", vocab_size=300, d_model=128, n_heads=2, d_ff=256,
-                         n_layers=2, dropout=0.0, max_len=96, pad_id=0)
+    config = ModelConfig(**{**dict(arch="decoder", vocab_size=300, d_model=128, n_heads=2,
+                                   d_ff=256, n_layers=2, dropout=0.0, max_len=96, pad_id=0),
+                            **kw})
     return quantize_linears(build_model(config).eval(), "int8", weight_only=True)
 
 
@@ -55,13 +56,13 @@ def test_an_int8_rows_logits_are_the_same_bits_alone_and_in_any_batch(int8_lm):
     assert logprobs(int8_lm, batch, shared_chunk=8) == together
 
 
-def test_the_engines_passes_run_one_attention_path_at_every_batch_size(int8_lm, monkeypatch):
-    """Prefills and decoding steps run SDPA whatever their rows and keys; outside the engine
-    a call still chooses by its shape (cpu/attention.py)."""
+def test_the_engines_passes_choose_their_attention_by_kind_not_by_shape(int8_lm, monkeypatch):
+    """A prefill runs SDPA and a decoding step the written-out products, whatever their rows
+    and keys; outside the engine a call still chooses by its shape (cpu/attention.py)."""
     seen = []
 
     def spy(path, name):
-        return lambda *args: seen.append(name) or path(*args)
+        return lambda *args: seen.append((name, attention.PASS.get())) or path(*args)
 
     monkeypatch.setattr(attention.CPUAttention, "fused",
                         spy(attention.CPUAttention.fused, "fused"))
@@ -70,10 +71,10 @@ def test_the_engines_passes_run_one_attention_path_at_every_batch_size(int8_lm, 
     for batch in ([prompts()[3]], prompts()):
         seen.clear()
         logprobs(int8_lm, batch)
-        assert set(seen) == {"fused"}
+        assert set(seen) == {("fused", "prefill"), ("decoding", "decode")}
     seen.clear()
     layer = int8_lm.decoder.layers[0].self_attn.attention
-    q, k = torch.randn(128, 2, 1, 64), torch.randn(128, 2, 40, 64)
+    q, k = torch.randn(2, 2, 1, 64), torch.randn(2, 2, 40, 64)
     with torch.inference_mode():
-        layer(q, k, k)  # 128 rows of one query over 40 keys: the lean path pays
-    assert seen == ["decoding"]
+        layer(q, k, k)  # 2 rows of one query over 40 keys: SDPA pays
+    assert seen == [("fused", None)]

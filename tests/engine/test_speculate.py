@@ -28,14 +28,20 @@ def test_prompt_lookup_continues_the_latest_earlier_occurrence_of_the_longest_su
     assert prompt_lookup([9], 4) == [] and prompt_lookup([1, 2, 1], 0) == []
 
 
-@pytest.fixture(scope="module")
-def lm():
+# heads of 64 numbers; SmolLM2's kind too: grouped-query attention, rotary positions, RMSNorm
+KINDS = {"paper": {}, "llama": dict(d_model=384, n_heads=6, n_kv_heads=2, positional="rope",
+                                    norm="rmsnorm", activation="swiglu", bias=False)}
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def lm(request):
     if DEVICE.type != "cpu":  # int8 weights run on a CPU; a float model elsewhere
         torch.manual_seed(0)
         return build_model(ModelConfig(arch="decoder", vocab_size=300, d_model=128,
                                        n_heads=2, d_ff=256, n_layers=2, dropout=0.0,
-                                       max_len=96, pad_id=0)).to(DEVICE).eval()
-    return int8_model()
+                                       max_len=96, pad_id=0, **KINDS[request.param])
+                           ).to(DEVICE).eval()
+    return int8_model(**KINDS[request.param])
 
 
 def repeating(n):
@@ -109,3 +115,28 @@ def test_guesses_stay_within_the_slot_the_limit_and_max_len(lm, monkeypatch):
     assert got == plain and seen
     for cached, context, left, k in seen:
         assert k <= left - 1 and context + k <= 96 and cached + 1 + k <= engine.cache.width - 1
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("heads", [(9, 3), (2, 2)])
+def test_each_guessed_place_attends_with_a_decoding_steps_bits(heads, rows):
+    """views.py one_query_a_row: the T queries of a pass that checks guesses, each attended
+    as a decoding step attends its one query (its keys a view of a wider slot), bit for bit.
+    (Attended side by side, as T rows of one call, they differ in the last bits; int8 layers
+    round most of that away, and a deep model's logits keep some.)"""
+    from vaswani.cpu.attention import decoding_attention
+    from vaswani.engine.views import one_query_a_row
+
+    torch.manual_seed(0)
+    H, Hkv = heads
+    R, T, Dh, W = rows, 5, 64, 32
+    q = torch.randn(R, T, H, Dh).transpose(1, 2)  # as the projections lay queries out
+    slot_k, slot_v = torch.randn(2, R, Hkv, 64, Dh)  # slots wider than the keys read
+    positions = torch.tensor([[20], [9], [15]][:R]) + torch.arange(T)
+    mask = torch.arange(W)[None, None, None, :] <= positions[:, None, :, None]
+    got = one_query_a_row(q, slot_k[:, :, :W].contiguous(), slot_v[:, :, :W].contiguous(),
+                          mask, decoding_attention)
+    for t in range(T):  # a decoding step's query: (R, 1, H, Dh) of its own, transposed
+        one = q[:, :, t:t + 1].transpose(1, 2).contiguous().transpose(1, 2)
+        want = decoding_attention(one, slot_k[:, :, :W], slot_v[:, :, :W], mask[:, :, t:t + 1])
+        assert torch.equal(got[:, :, t:t + 1], want)

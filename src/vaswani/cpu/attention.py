@@ -10,11 +10,13 @@ length. :class:`CPUAttention` makes that choice for
 inference, at most ``DECODE_QUERIES`` queries per row) through :func:`decoding_attention`.
 On another device ``"auto"`` is SDPA, as in nn/.
 
-The engine's passes (:func:`engine_pass`) choose by neither: a pass's shapes are its
-batch's (the longest row's tokens and keys, the number of rows), and a row's result must not
-depend on what shares its batch. They run SDPA (the written-out products in bfloat16),
-whatever their shape, as a compiled step does; with key widths in multiples of the cache's
-alignment (engine/runner.py), the keys padded past a row's own change none of its bits.
+The engine's passes (:func:`engine_pass`) choose by their kind instead: a pass's shapes are
+its batch's (the longest row's tokens and keys, the number of rows), and a row's result must
+not depend on what shares its batch. A prefill runs SDPA; a decoding step runs the written-out
+products (:func:`decoding_attention`), whose batched products give each row the same bits
+whatever the number of rows, where SDPA's kernel for one query a row does not. With key widths
+in multiples of the cache's alignment (engine/runner.py), the keys padded past a row's own
+change none of its bits either.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -34,18 +37,18 @@ from .dropout import lane_dropout
 REFERENCE_MAX_KEYS = 512
 DECODE_QUERIES = 16  # queries per row of a decoding step (a beam search's grouped queries)
 DECODE_SCORES = 8192  # scores (rows x heads x queries x keys) from which it pays on a CPU
-ENGINE = ContextVar("engine_pass", default=False)
+PASS: ContextVar[str | None] = ContextVar("engine_pass", default=None)
 
 
 @contextmanager
-def engine_pass() -> Iterator[None]:
-    """The attention inside runs one path whatever the shapes (see the module): the engine's
-    forward passes."""
-    token = ENGINE.set(True)
+def engine_pass(kind: Literal["prefill", "decode"]) -> Iterator[None]:
+    """The attention inside runs by ``kind``, whatever the shapes (see the module): an
+    engine's prefill through SDPA, its decoding step through :func:`decoding_attention`."""
+    token = PASS.set(kind)
     try:
         yield
     finally:
-        ENGINE.reset(token)
+        PASS.reset(token)
 
 
 def decoding_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -84,10 +87,12 @@ class CPUAttention(Attention):
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         p = self.dropout if self.training else 0.0
-        if (ENGINE.get() and self.backend == "auto" and not need_weights and p == 0.0
-                and q.device.type == "cpu" and not torch.compiler.is_compiling()):
-            if q.dtype == torch.bfloat16:  # (SDPA's bf16 kernel loses on a CPU: above)
-                return decoding_attention(q, k, v, masks.dense(mask, q.device)), None
+        kind = PASS.get() if (self.backend == "auto" and not need_weights and p == 0.0
+                              and q.device.type == "cpu"
+                              and not torch.compiler.is_compiling()) else None
+        if kind == "decode" or (kind == "prefill" and q.dtype == torch.bfloat16):
+            return decoding_attention(q, k, v, masks.dense(mask, q.device)), None
+        if kind == "prefill":
             return self.fused(q, k, v, mask, p), None
         if not need_weights and self.use_sdpa(q, k, p):
             return self.fused(q, k, v, mask, p), None

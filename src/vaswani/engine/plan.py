@@ -24,8 +24,7 @@ class StepPlan:
     slots: Tensor | None = None
     """(R,): the rows' slots, read by index; None: slots 0 .. R-1, read in place."""
     column: int | None = None
-    """Every row's one new token goes to this column (rows in step): one slice written, and
-    no self-attention mask (each row sees all ``width`` = ``column + 1`` keys)."""
+    """Every row's one new token goes to this column (rows in step): one slice written."""
     self_parts: Parts | None = None
     """The leading slots' own keys read in parts of like contexts; None: one pass."""
     cross: int = 0
@@ -42,9 +41,3 @@ class StepPlan:
     apart: bool = False
     """Each row's queries attend as rows of their own, one query each, as decoding steps
     would (views.py :func:`one_query_a_row`): a speculative pass's (speculate.py)."""
-
-    @property
-    def in_step(self) -> bool:
-        """Every row feeds one token to the same column and reads all keys up to it."""
-        return (self.column is not None and self.width == self.column + 1
-                and self.columns.size(1) == 1)

@@ -10,7 +10,7 @@ always sees one real key and computes nothing that is not finite) and writes to 
 scratch column, which nothing reads.
 
 Every row reads its keys in a multiple of the cache's alignment (``aligned``), masked past
-its own, and the attention runs one path whatever the pass's shapes (cpu/attention.py
+its own, and the attention runs by the kind of pass, not by its shapes (cpu/attention.py
 ``engine_pass``), so that the keys read past a row's own for its batch's longest, or the
 number of rows, change
 none of its bits: a row's logits are the same alone and in any batch where the layers
@@ -58,7 +58,7 @@ class Runner:
         for i, r in enumerate(requests):
             src[i, :len(r.prompt)] = torch.tensor(r.prompt, device=self.device)
         keep = torch.arange(S, device=self.device)[None, :] < lengths[:, None]  # (B, S)
-        with engine_pass():
+        with engine_pass("prefill"):
             memory = self.model.encode(src, src_mask=keep)  # (B, S, D)
         slots = [r.source_slot for r in requests]
         # slots taken one after another, as they mostly are: a slice's copy, not an index_put
@@ -78,7 +78,7 @@ class Runner:
         compiled = self.compiled if n <= MAX_ROWS else None
         if 2 * len(rows) < n and compiled is None:  # mostly padding: read the few rows'
             # slots by index instead (a compiled step runs every slot: see compiled.py)
-            return self.forward([(r, s, 1) for r, s in rows]), list(range(len(rows)))
+            return self.forward([(r, s, 1) for r, s in rows], decode=True), list(range(len(rows)))
         scratch = self.cache.width - 1
         ids, positions, columns = [self.pad_id] * n, [0] * n, [scratch] * n
         for _, seq in rows:
@@ -117,18 +117,19 @@ class Runner:
                              lengths=None if min(lengths) == longest  # all alike: no mask
                              else tensor_of(lengths, d))
             plan = StepPlan(columns, width, column=column, self_parts=self_parts, **cross)
-            with engine_pass():
+            with engine_pass("decode"):
                 logits = forward_step(self.model, self.cache, ids, positions,
                                       torch.zeros(n, dtype=torch.long, device=d), plan)
         return logits, [seq.slot for _, seq in rows]
 
     @torch.inference_mode()
-    def forward(self, rows: list[tuple[Request, Sequence, int]], verify: bool = False
-                ) -> Tensor:
+    def forward(self, rows: list[tuple[Request, Sequence, int]], verify: bool = False,
+                decode: bool = False) -> Tensor:
         """Each row feeds its next ``n`` uncached tokens; returns the logits (R, V) after the
         last of them. With ``verify`` (a row's token and the tokens guessed after it:
         speculate.py), after each of them (R, T, V; a row's first ``n``), each computed as a
-        decoding step computes it (plan.py ``apart``)."""
+        decoding step computes it (plan.py ``apart``). ``decode``: a decoding step's few rows,
+        read by index (the attention of a decoding step: cpu/attention.py ``engine_pass``)."""
         device = self.device
         fed = [seq.uncached()[:n] for _, seq, n in rows]
         lengths = tensor_of([len(f) for f in fed], device)
@@ -150,7 +151,7 @@ class Runner:
                 lengths=tensor_of([len(r.prompt) for r, _, _ in rows], device),
                 cross=max(len(r.prompt) for r, _, _ in rows))
         plan = StepPlan(columns, width, slots=slots, apart=verify, **cross)
-        with engine_pass():
+        with engine_pass("decode" if verify or decode else "prefill"):
             return forward_step(self.model, self.cache, ids.to(device), positions,
                                 None if verify else lengths - 1, plan)
 

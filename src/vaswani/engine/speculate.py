@@ -51,15 +51,18 @@ def prompt_lookup(context: list[int], tokens: int, ngram: int = NGRAM) -> list[i
     return []
 
 
-def split(rows: list[Row], width: int, max_len: int) -> tuple[list[Row], list[Guessed]]:
+def split(rows: list[Row], width: int, max_len: int, compiled: bool = False
+          ) -> tuple[list[Row], list[Guessed]]:
     """A decode step's rows: those that decode plainly, and those that feed a guess (a
     one-row request with ``Params.speculate``, whose context guesses something): as many
     tokens as it asks for, within its slot's ``width`` (the last column is the scratch's),
-    the model's ``max_len`` and the tokens its request may still make."""
+    the model's ``max_len`` and the tokens its request may still make. None guesses where
+    the decode steps are ``compiled`` (compiled.py): the pass that checks guesses runs
+    eagerly, and costs more than the compiled steps it would save."""
     plain: list[Row] = []
     guessed: list[Guessed] = []
     for request, seq in rows:
-        k = request.params.speculate if request.beam is None else 0
+        k = request.params.speculate if request.beam is None and not compiled else 0
         if k:
             k = min(k, width - 2 - seq.cached, max_len - seq.context,
                     request.limit - request.generated - 1)

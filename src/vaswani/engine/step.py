@@ -14,13 +14,13 @@ from .plan import StepPlan
 def forward_step(model: torch.nn.Module, cache: SlotCache, ids: Tensor, positions: Tensor,
                  last: Tensor | None, plan: StepPlan) -> Tensor:
     """``model.decode_step`` over the cache as ``plan`` lays it out: ids and positions (R, T)
-    -> the logits at ``last`` (R, V; None: at every position, (R, T, V)). A row in step
-    (``plan.in_step``) attends to all its keys, so no self-attention mask is made (a padding
-    row riding along reads its slot's keys too; its output is thrown away)."""
+    -> the logits at ``last`` (R, V; None: at every position, (R, T, V)). Every pass has a
+    self-attention mask, even where it hides nothing: a row's bits must not depend on
+    whether the rows beside it are in step with it (the kernels differ with and without)."""
     kwargs = {}
     if cache.seq2seq:
         kwargs["memory_mask"] = None if plan.lengths is None else \
             masks.length_mask(plan.lengths, plan.cross)
-    mask = None if plan.in_step else masks.position_mask(positions, plan.width)
+    mask = masks.position_mask(positions, plan.width)
     return model.decode_step(ids, positions=positions, mask=mask, cache=cache.step(plan),
                              last=last, **kwargs)

@@ -22,20 +22,16 @@ def flat_index(slots: Tensor, columns: Tensor, heads: int, width: int) -> Tensor
 
 
 def one_query_a_row(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, attend) -> Tensor:
-    """``attend`` with each of a row's T queries as a row of its own over the row's keys, as
-    a decoding step's one query a row reads them: the same arithmetic, bit for bit, where T
-    queries side by side would multiply in one product of T rows (whose kernel depends on
-    T). q (R, H, T, Dh), k and v (R, Hkv, Tk, Dh) (copied T times), mask (R, 1, T, Tk) ->
-    (R, H, T, Dh)."""
-    R, H, T, Dh = q.shape
+    """``attend`` for each of a row's T queries apart, one query a row over the row's keys,
+    laid out as a decoding step's query is (R, 1, H, Dh seen as R, H, 1, Dh): the same
+    arithmetic, bit for bit. Side by side, or as R * T rows of one call, they would multiply
+    in products whose kernels follow the shapes and strides, and differ in the last bits.
+    q (R, H, T, Dh), k and v (R, Hkv, Tk, Dh), mask (R, 1, T, Tk) -> (R, H, T, Dh)."""
+    def query(t: int) -> Tensor:
+        return q[:, :, t:t + 1].transpose(1, 2).contiguous().transpose(1, 2)
 
-    def rows(t: Tensor) -> Tensor:  # (R, ...) -> (R * T, ...), each row T times
-        return t[:, None].expand(R, T, *t.shape[1:]).reshape(R * T, *t.shape[1:])
-
-    if mask is not None:  # (R, 1, T, Tk) -> (R * T, 1, 1, Tk)
-        mask = mask.expand(R, 1, T, mask.size(-1)).transpose(1, 2).reshape(R * T, 1, 1, -1)
-    out = attend(q.transpose(1, 2).reshape(R * T, H, 1, Dh), rows(k), rows(v), mask)
-    return out.view(R, T, H, Dh).transpose(1, 2)
+    return torch.cat([attend(query(t), k, v, None if mask is None else mask[:, :, t:t + 1])
+                      for t in range(q.size(2))], dim=2)
 
 
 class SlotKV:
