@@ -8,8 +8,8 @@ against llama.cpp's default decoding (no speculation) on the Q8_0 copy of the sa
 
 Contenders, each in a process of its own, in alternating rounds (the best round kept):
 vaswani eager, plain and speculating (``Params.speculate``, prompt lookup); with the decode
-step ``vaswani compile --quantize int8`` builds (built first if missing or stale), plain and
-speculating; llama.cpp (``llama-cpp-python`` in the venv ``benchmarks.llm`` makes,
+step ``vaswani compile --quantize int8`` builds (built first if missing or stale; it makes no
+guesses, its steps being faster than an eager pass that checks them); llama.cpp (``llama-cpp-python`` in the venv ``benchmarks.llm`` makes,
 benchmarks/llama_cpp_child.py). Each: generation tokens/s, the time from the first new token
 to the last over the tokens after the first (best of 3 in its process), as llama_cpp_child.py
 times its stream. Apart from the timing: each speculating row's tokens against its plain
@@ -142,8 +142,8 @@ def main() -> None:
     tok = vaswani.load(run_dir).source_tokenizer
     built = None if args.no_compiled else ready_package(run_dir)
     rows = [("eager", False, 0), ("eager, speculating", False, args.guesses)]
-    if not args.no_compiled:
-        rows += [("compiled", True, 0), ("compiled, speculating", True, args.guesses)]
+    if not args.no_compiled:  # (no guesses under a compiled step: engine/speculate.py)
+        rows += [("compiled", True, 0)]
     python = gguf = None
     if not args.no_llama_cpp:
         python = peer_venv("llama-cpp-python-0.3.36", LLAMA_CPP, with_torch=False)

@@ -140,3 +140,17 @@ def test_each_guessed_place_attends_with_a_decoding_steps_bits(heads, rows):
         one = q[:, :, t:t + 1].transpose(1, 2).contiguous().transpose(1, 2)
         want = decoding_attention(one, slot_k[:, :, :W], slot_v[:, :, :W], mask[:, :, t:t + 1])
         assert torch.equal(got[:, :, t:t + 1], want)
+
+
+def test_the_guess_grows_while_guesses_hold_and_shrinks_when_they_fail():
+    from vaswani.engine.request import Acceptance
+
+    a = Acceptance()
+    assert a.window == 0  # as many as asked, at first
+    a.add(4, 4)
+    assert a.window == 6
+    a.add(6, 2)
+    assert a.window == 5
+    a.add(1, 0)
+    assert a.window == 1 and (a.guessed, a.accepted, a.passes) == (11, 6, 3)
+    assert a.as_dict()["acceptance"] == round(6 / 11, 4)

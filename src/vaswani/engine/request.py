@@ -51,11 +51,15 @@ class Acceptance:
     guessed: int = 0
     accepted: int = 0
     passes: int = 0  # forward passes that verified guesses
+    window: int = 0  # tokens to guess next (0: as many as asked), as guesses fare
 
     def add(self, guessed: int, accepted: int) -> None:
         self.guessed += guessed
         self.accepted += accepted
         self.passes += 1
+        # a guess that held whole: guess two more next time; else one fewer (Hugging Face's
+        # schedule for assisted generation): a pass costs more for each place it checks
+        self.window = guessed + 2 if accepted == guessed else max(1, guessed - 1)
 
     @property
     def rate(self) -> float:

@@ -56,7 +56,8 @@ def split(rows: list[Row], width: int, max_len: int, compiled: bool = False
     """A decode step's rows: those that decode plainly, and those that feed a guess (a
     one-row request with ``Params.speculate``, whose context guesses something): as many
     tokens as it asks for, within its slot's ``width`` (the last column is the scratch's),
-    the model's ``max_len`` and the tokens its request may still make. None guesses where
+    the model's ``max_len`` and the tokens its request may still make, and as far as its
+    guesses so far have held (``Acceptance.window``). None guesses where
     the decode steps are ``compiled`` (compiled.py): the pass that checks guesses runs
     eagerly, and costs more than the compiled steps it would save."""
     plain: list[Row] = []
@@ -64,7 +65,8 @@ def split(rows: list[Row], width: int, max_len: int, compiled: bool = False
     for request, seq in rows:
         k = request.params.speculate if request.beam is None and not compiled else 0
         if k:
-            k = min(k, width - 2 - seq.cached, max_len - seq.context,
+            k = min(k, request.speculation.window or k, width - 2 - seq.cached,
+                    max_len - seq.context,
                     request.limit - request.generated - 1)
         guess = prompt_lookup(seq.tokens[seq.offset:], k) if k > 0 else []
         if guess:
