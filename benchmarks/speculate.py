@@ -12,9 +12,10 @@ step ``vaswani compile --quantize int8`` builds (built first if missing or stale
 guesses, its steps being faster than an eager pass that checks them); llama.cpp
 (``llama-cpp-python`` in the venv ``benchmarks.llm`` makes, benchmarks/llama_cpp_child.py).
 Each: generation tokens/s, the time from the first new token to the last over the tokens
-after the first (best of 3 in its process), as llama_cpp_child.py times its stream. Apart from the timing: each speculating row's tokens against its plain
-row's (equal: speculation changes no output), the acceptance (guessed tokens that held), and
-llama.cpp's first difference from vaswani's plain eager tokens.
+after the first (best of 3 in its process), as llama_cpp_child.py times its stream. Apart
+from the timing: each speculating row's tokens against its plain row's (equal: speculation
+changes no output), the acceptance (guessed tokens that held), and llama.cpp's first
+difference from vaswani's plain eager tokens.
 """
 
 from __future__ import annotations
