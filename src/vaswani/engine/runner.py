@@ -11,10 +11,10 @@ scratch column, which nothing reads.
 
 Every row reads its keys in a multiple of the cache's alignment (``aligned``), masked past
 its own, and the attention runs by the kind of pass, not by its shapes (cpu/attention.py
-``engine_pass``), so that the keys read past a row's own for its batch's longest, or the
-number of rows, change
-none of its bits: a row's logits are the same alone and in any batch where the layers
-compute row by row (as the weight-only int8 and int4 ones do; float32's BLAS may not).
+``engine_pass``), so that neither the keys read past a row's own for its batch's longest nor
+the number of rows change any of its bits: a row's logits are the same alone and in any
+batch where the layers compute row by row (as the weight-only int8 and int4 ones do;
+float32's BLAS may not).
 
 A decode step runs over every used slot, 0 .. R - 1, in slot order, so that its keys are a
 view of the cache (cache.py); a slot whose row is not decoded this step (it is being
