@@ -7,9 +7,9 @@ against llama.cpp's default decoding (no speculation) on the Q8_0 copy of the sa
                                    [--guesses 8] [--rounds 2] [--no-compiled] [--no-llama-cpp]
 
 Contenders, each in a process of its own, in alternating rounds (the best round kept):
-vaswani eager, plain and speculating (``Params.speculate``, prompt lookup); with the decode
-step ``vaswani compile --quantize int8`` builds (built first if missing or stale; it makes no
-guesses, its steps being faster than an eager pass that checks them); llama.cpp
+vaswani eager and with the decode step ``vaswani compile --quantize int8`` builds (built
+first if missing or stale), each plain and speculating (``Params.speculate``, prompt
+lookup; compiled, each guessed place is a row of the compiled step); llama.cpp
 (``llama-cpp-python`` in the venv ``benchmarks.llm`` makes, benchmarks/llama_cpp_child.py).
 Each: generation tokens/s, the time from the first new token to the last over the tokens
 after the first (best of 3 in its process), as llama_cpp_child.py times its stream. Apart
@@ -143,8 +143,8 @@ def main() -> None:
     tok = vaswani.load(run_dir).source_tokenizer
     built = None if args.no_compiled else ready_package(run_dir)
     rows = [("eager", False, 0), ("eager, speculating", False, args.guesses)]
-    if not args.no_compiled:  # (no guesses under a compiled step: engine/speculate.py)
-        rows += [("compiled", True, 0)]
+    if not args.no_compiled:
+        rows += [("compiled", True, 0), ("compiled, speculating", True, args.guesses)]
     python = gguf = None
     if not args.no_llama_cpp:
         python = peer_venv("llama-cpp-python-0.3.36", LLAMA_CPP, with_torch=False)

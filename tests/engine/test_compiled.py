@@ -170,13 +170,22 @@ def test_an_int8_compiled_rows_logits_are_the_same_bits_alone_and_in_a_batch(tmp
     together = logprobs(batch)
     for i in (0, 5, 11, 23):
         assert logprobs([batch[i]]) == [together[i]]
-    # no guesses under a compiled step (speculate.py): its steps are faster than their pass
-    engine = Engine(model, bos_id=1, eos_id=2, config=EngineConfig())
-    engine.runner.compiled = step
-    guessing = Request(batch[0] * 3, Params(max_new_tokens=10, speculate=4, logprobs=3))
-    engine.run([guessing])
-    assert engine.speculation.passes == 0 and engine.steps == 10
-    assert (guessing.output, guessing.logprobs) == logprobs([batch[0] * 3])[0][:2]
+    # guesses checked by the compiled step, a row of it for each place: each place's logits
+    # are its plain step's bits, so every token and log-probability is plain decoding's
+    from tests.engine.test_speculate import repeating
+
+    def decode(speculate):
+        engine = Engine(model, bos_id=1, eos_id=2, config=EngineConfig())
+        engine.runner.compiled = step
+        requests = [Request(p, Params(max_new_tokens=30, speculate=speculate, logprobs=3,
+                                      **({"temperature": 0.9, "seed": i} if i % 2 else {})))
+                    for i, p in enumerate(repeating(6))]
+        engine.run(requests)
+        return [(r.output, r.logprobs) for r in requests], engine
+
+    (plain, _), (guessed, engine) = decode(0), decode(6)
+    assert guessed == plain
+    assert engine.speculation.accepted > 10  # tokens taken from places past a row's own
 
 
 def test_a_translators_int8_step_is_refused_by_name(mt_run):

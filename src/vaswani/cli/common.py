@@ -74,8 +74,8 @@ def load_run(args: argparse.Namespace):
 
 SPECULATE_HELP = ("guess up to N tokens from the context after each one (prompt lookup) and "
                   "check them in its forward pass: the same output, in fewer passes where "
-                  "the text repeats its context (language models decoding eagerly: a "
-                  "compiled step is faster; 0 = off, the default from [decode] speculate)")
+                  "the text repeats its context (language models; eager or compiled; 0 = "
+                  "off, the default from [decode] speculate)")
 EAGER_HELP = ("decode eagerly, without the step `vaswani compile` built for the run (the "
               "reference; default: use it where it was built for this machine)")
 

@@ -161,10 +161,7 @@ def generate(args: argparse.Namespace) -> int:
     stream("")  # the prompt, if nothing new came
     sys.stdout.write("\n")
     said = run.engine_for(1).speculation
-    if args.speculate and getattr(run, "compiled", None) is not None:
-        print("speculation: off: the run decodes with its compiled step, faster than an "
-              "eager pass that checks guesses (--eager to guess)", file=sys.stderr)
-    elif said.passes:
+    if said.passes:
         print(f"speculation: {said.accepted} of {said.guessed} guessed tokens held "
               f"({said.rate:.0%}), in {said.passes} passes", file=sys.stderr)
     return 0

@@ -9,15 +9,19 @@ weights into constants and multiplies with its own GEMM kernels for the step's s
 (``max_autotune`` with its C++ templates); AOTInductor writes the result as a package (a
 shared library and the weights) that ``aoti_load_package`` opens without compiling anything.
 
-What is compiled is the engine's own decode step (step.py ``forward_step``), the one
-graphs.py pads for CUDA graphs: every used slot 0 .. R - 1 feeds one token at its position,
-writes its keys and values into its column of the cache, and reads the first ``W`` keys of
-its slot under a mask of its position; a translator's rows also read their source slots'
-``X`` keys, by index. Nothing is reimplemented, so the compiled step computes what the eager
-one does: the cache's tensors are the package's inputs, written in place, and the sizes that
-change from step to step (rows R, keys read W, sources' keys X, the cache's slots and width)
-are dynamic dimensions of one package, not one package per shape. ``W`` and ``X`` come in as
-the lengths of two empty tensors (a traced graph takes sizes from its inputs' shapes).
+What is compiled is the engine's own decode step (step.py ``forward_step``): each of R rows
+feeds one token at its position into the slot it names, writes its keys and values into
+its column there, and reads the first ``W`` keys of that slot, by index, under a mask of its
+position; a translator's rows also read their source slots' ``X`` keys, by index. Rows may
+name one slot: the places of a speculative pass (speculate.py), a row's token and the
+tokens guessed after it, are rows of their own in the row's slot, each writing its keys
+before any reads them, and each computes what the decoding step at its place would, bit
+for bit (the same graph, one token a row). Nothing is reimplemented, so the compiled step
+computes what the eager one does: the cache's tensors are the package's inputs, written in
+place, and the sizes that change from step to step (rows R, keys read W, sources' keys X,
+the cache's slots and width) are dynamic dimensions of one package, not one package per
+shape. ``W`` and ``X`` come in as the lengths of two empty tensors (a traced graph takes
+sizes from its inputs' shapes).
 
 A package is bound to what it was built from (:func:`identity`): the run's weights (file,
 size, modification time) and config, the quantization, the torch version, vaswani's code
@@ -52,7 +56,7 @@ from .plan import StepPlan
 from .step import forward_step
 from .views import StepCache
 
-STEP_VERSION = 1  # the exported step's signature and code; a package of another is rebuilt
+STEP_VERSION = 2  # the exported step's signature and code; a package of another is rebuilt
 # The matrix products' kernels, pinned per quantization, not autotuned at build time:
 # timings taken on a loaded machine pick badly (pytorch#148494). Inductor's C++ GEMM
 # templates ("CPP") for float and int8 weights, faster than ATen's on the CPUs tried; ATen's
@@ -61,8 +65,8 @@ GEMM = {None: "CPP", "int8": "CPP", "int4": "ATEN"}
 # Rows of a decode step from which the eager step is used instead: a step of many rows costs
 # its arithmetic and memory traffic, not its operators' count, and there the eager step's
 # layouts win (a beam's hypotheses reading their source once, attention in parts of like
-# lengths), where the compiled step reads each row's source by index (the figures:
-# docs/performance.md, "A compiled decode step").
+# lengths), where the compiled step reads each row's keys and source by index (the
+# figures: docs/performance.md, "A compiled decode step").
 MAX_ROWS = 256
 
 
@@ -105,24 +109,25 @@ class CacheTensors:
 class DecodeStep(nn.Module):
     """The decode step as a function of tensors only, which ``torch.export`` traces:
 
-    ids, positions, columns (R, 1); keys (W,) and, for a translator, cross (X,): empty
-    tensors whose lengths are the keys read; k, v: the cache's per-layer tensors (slots, Hkv,
-    width, Dh), written in place; sources, lengths (R,): each row's source slot and its
-    length; ck, cv: the sources' keys and values -> logits (R, V)."""
+    ids, positions, columns (R, 1); slots (R,): the slot each row writes and reads; keys
+    (W,) and, for a translator, cross (X,): empty tensors whose lengths are the keys read;
+    k, v: the cache's per-layer tensors (slots, Hkv, width, Dh), written in place; sources,
+    lengths (R,): each row's source slot and its length; ck, cv: the sources' keys and
+    values -> logits (R, V)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, ids: Tensor, positions: Tensor, columns: Tensor, keys: Tensor,
-                k: list[Tensor], v: list[Tensor], sources: Tensor | None = None,
+    def forward(self, ids: Tensor, positions: Tensor, columns: Tensor, slots: Tensor,
+                keys: Tensor, k: list[Tensor], v: list[Tensor], sources: Tensor | None = None,
                 lengths: Tensor | None = None, cross: Tensor | None = None,
                 ck: list[Tensor] | None = None, cv: list[Tensor] | None = None) -> Tensor:
         cache = CacheTensors(k, v, ck or [], cv or [])
         extra = {}
         if cache.seq2seq:
             extra = dict(sources=sources, lengths=lengths, cross=cross.size(0))
-        plan = StepPlan(columns, keys.size(0), **extra)
+        plan = StepPlan(columns, keys.size(0), slots=slots, **extra)
         last = torch.zeros(ids.size(0), dtype=torch.long, device=ids.device)
         return forward_step(self.model, cache, ids, positions, last, plan)
 
@@ -215,9 +220,9 @@ def example_inputs(model: nn.Module, seq2seq: bool) -> tuple[tuple, tuple]:
     auto = torch.export.Dim.AUTO
     layer = [{0: auto, 2: auto}] * n
     args = (torch.ones(R, 1, **index), torch.arange(R, **index)[:, None],
-            torch.arange(R, **index)[:, None], torch.empty(W, device=d), cache(width),
-            cache(width))
-    shapes = ({0: rows}, {0: rows}, {0: rows}, {0: torch.export.Dim("keys", min=1)},
+            torch.arange(R, **index)[:, None], torch.tensor([0, 2, 1], **index),
+            torch.empty(W, device=d), cache(width), cache(width))
+    shapes = ({0: rows}, {0: rows}, {0: rows}, {0: rows}, {0: torch.export.Dim("keys", min=1)},
               layer, layer)
     if seq2seq:
         args += (torch.zeros(R, **index), torch.full((R,), X, **index),
@@ -266,12 +271,14 @@ class CompiledStep:
             self._sizes = torch.empty(max(n, 2 * self._sizes.numel()))
         return self._sizes[:n]
 
-    def __call__(self, cache, ids: Tensor, positions: Tensor, columns: Tensor, width: int,
-                 sources: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
-        """Slots 0 .. R - 1 of ``cache`` (a SlotCache) each feed ``ids`` (R, 1) at
-        ``positions`` into ``columns`` and read ``width`` keys; a translator's rows read
-        source slots ``sources`` of ``lengths`` tokens -> the next-token logits (R, V)."""
-        args = [ids, positions, columns, self.sizes(width), cache.k, cache.v]
+    def __call__(self, cache, ids: Tensor, positions: Tensor, columns: Tensor, slots: Tensor,
+                 width: int, sources: Tensor | None = None, lengths: Tensor | None = None
+                 ) -> Tensor:
+        """Rows that each feed ``ids`` (R, 1) at ``positions`` into ``columns`` of their
+        ``slots`` (R,) of ``cache`` (a SlotCache) and read ``width`` keys of it; a
+        translator's rows read source slots ``sources`` of ``lengths`` tokens -> the
+        next-token logits (R, V)."""
+        args = [ids, positions, columns, slots, self.sizes(width), cache.k, cache.v]
         if cache.seq2seq:
             args += [sources, lengths, self.sizes(int(lengths.max())), cache.ck, cache.cv]
         return self.run(*args)

@@ -126,8 +126,7 @@ class Engine:
                 self._advance([group[i][:2] for i in due], logits, due, finished)
         if plan.decode:
             self.cache.compact()  # rows that finished in the prefill left holes
-            plain, guessed = speculate.split(plan.decode, self.cache.width, self.max_len,
-                                             self.runner.compiled is not None)
+            plain, guessed = speculate.split(plan.decode, self.cache.width, self.max_len)
             if plain:
                 logits, at = self.runner.decode(plain)
                 for _, seq in plain:

@@ -19,7 +19,8 @@ float32's BLAS may not).
 A decode step runs over every used slot, 0 .. R - 1, in slot order, so that its keys are a
 view of the cache (cache.py); a slot whose row is not decoded this step (it is being
 prefilled) rides along as padding. A prefill reads its rows' slots by index (a copy; a
-prompt's many new tokens pay for it).
+prompt's many new tokens pay for it), and so does the compiled step (compiled.py), which
+runs the decoded rows only.
 
 Shapes: R rows, T new tokens (the longest row's), Tk keys, S source tokens, V vocabulary.
 """
@@ -73,12 +74,11 @@ class Runner:
     def decode(self, rows: list[tuple[Request, Sequence]]) -> tuple[Tensor, list[int]]:
         """Each row feeds its one uncached token; returns the next-token logits (N, V) and,
         for each row, which of them are its own (its slot: the logits are not reordered)."""
+        if self.compiled is not None and len(rows) <= MAX_ROWS:  # past it the eager step's
+            return self.compiled_rows([(r, s, 1) for r, s in rows]), list(range(len(rows)))
         n = self.cache.used
-        # a compiled step for up to MAX_ROWS rows: past it, the eager step's layouts win
-        compiled = self.compiled if n <= MAX_ROWS else None
-        if 2 * len(rows) < n and compiled is None:  # mostly padding: read the few rows'
-            # slots by index instead (a compiled step runs every slot: see compiled.py)
-            return self.forward([(r, s, 1) for r, s in rows], decode=True), list(range(len(rows)))
+        if 2 * len(rows) < n:  # mostly padding: read the few rows' slots by index instead
+            return self.forward([(r, s, 1) for r, s in rows], "decode"), list(range(len(rows)))
         scratch = self.cache.width - 1
         ids, positions, columns = [self.pad_id] * n, [0] * n, [scratch] * n
         for _, seq in rows:
@@ -86,50 +86,75 @@ class Runner:
             positions[seq.slot] = columns[seq.slot] = seq.cached
         keys = [self.keys(p + 1) for p in positions]
         width = max(keys)
-        # rows of unlike contexts (admitted at different times, or prompts of unlike
-        # lengths): each part of the self-attention reads its own rows' keys (a CUDA graph
-        # reads one padded width for all)
-        self_parts = None if self.static is not None else parts(keys)
-        # rows in step (an offline batch) write one column c: a slice, not an index_put,
-        # where no slot riding along as padding holds keys at c (a beam's spare does not)
-        c = rows[0][1].cached
-        column = c if (all(seq.cached == c for _, seq in rows) and all(
-            owner.cached <= c for owner in self.cache.owners[:n])) else None
         d = self.device
         ids, positions, columns = (tensor_of(x, d)[:, None] for x in (ids, positions, columns))
-        if self.static is not None or compiled is not None:
+        if self.static is not None:  # a CUDA graph reads one padded width for all rows
             sources = lengths = None
             if self.cache.seq2seq:  # each row's source read by index (the graph's shapes)
                 held = self.cache.held(n)
                 sources = tensor_of(held, d)
                 lengths = tensor_of([self.cache.lengths[g] for g in held], d)
-            if compiled is not None:  # its padding rows compute at the weights' cost
-                logits = compiled(self.cache, ids, positions, columns, width, sources,
-                                       lengths)
-            else:
-                logits = self.static.step(ids, positions, columns, width, sources, lengths)
-        else:
-            cross = {}
-            if self.cache.seq2seq:  # the leading source slots, read in place
-                lengths = self.cache.lengths[:self.cache.sources_used]
-                longest = max(lengths)
-                cross = dict(cross=longest, groups=self.cache.groups(n), parts=self.cache.parts(),
-                             lengths=None if min(lengths) == longest  # all alike: no mask
-                             else tensor_of(lengths, d))
-            plan = StepPlan(columns, width, column=column, self_parts=self_parts, **cross)
-            with engine_pass("decode"):
-                logits = forward_step(self.model, self.cache, ids, positions,
-                                      torch.zeros(n, dtype=torch.long, device=d), plan)
+            return self.static.step(ids, positions, columns, width, sources, lengths), \
+                [seq.slot for _, seq in rows]
+        # rows of unlike contexts (admitted at different times, or prompts of unlike
+        # lengths): each part of the self-attention reads its own rows' keys
+        self_parts = parts(keys)
+        # rows in step (an offline batch) write one column c: a slice, not an index_put,
+        # where no slot riding along as padding holds keys at c (a beam's spare does not)
+        c = rows[0][1].cached
+        column = c if (all(seq.cached == c for _, seq in rows) and all(
+            owner.cached <= c for owner in self.cache.owners[:n])) else None
+        cross = {}
+        if self.cache.seq2seq:  # the leading source slots, read in place
+            lengths = self.cache.lengths[:self.cache.sources_used]
+            longest = max(lengths)
+            cross = dict(cross=longest, groups=self.cache.groups(n), parts=self.cache.parts(),
+                         lengths=None if min(lengths) == longest  # all alike: no mask
+                         else tensor_of(lengths, d))
+        plan = StepPlan(columns, width, column=column, self_parts=self_parts, **cross)
+        with engine_pass("decode"):
+            logits = forward_step(self.model, self.cache, ids, positions,
+                                  torch.zeros(n, dtype=torch.long, device=d), plan)
         return logits, [seq.slot for _, seq in rows]
 
     @torch.inference_mode()
-    def forward(self, rows: list[tuple[Request, Sequence, int]], verify: bool = False,
-                decode: bool = False) -> Tensor:
+    def compiled_rows(self, rows: list[tuple[Request, Sequence, int]]) -> Tensor:
+        """The compiled step (compiled.py) over ``rows``, each feeding its next ``n``
+        uncached tokens as ``n`` rows of the step, one token each in the row's slot (a
+        speculative pass's places: speculate.py) -> the logits after each, (sum of n, V)."""
+        ids, positions, slots, sources, lengths = [], [], [], [], []
+        for request, seq, n in rows:
+            ids += seq.uncached()[:n]
+            positions += range(seq.cached, seq.cached + n)
+            slots += [seq.slot] * n
+            if self.cache.seq2seq:
+                sources += [request.source_slot] * n
+                lengths += [self.cache.lengths[request.source_slot]] * n
+        d = self.device
+        width = self.keys(max(positions) + 1)
+        at = tensor_of(positions, d)[:, None]  # a row's keys go to the column of its place
+        cross = [tensor_of(sources, d), tensor_of(lengths, d)] if sources else []
+        return self.compiled(self.cache, tensor_of(ids, d)[:, None], at, at,
+                             tensor_of(slots, d), width, *cross)
+
+    def verify(self, rows: list[tuple[Request, Sequence, int]]) -> list[Tensor]:
+        """The logits after each of a row's next ``n`` uncached tokens (its token and the
+        tokens guessed after it: speculate.py), (n, V) each, as decoding steps compute
+        them: by the compiled step, a row of it for each place, or eagerly (plan.py
+        ``apart``)."""
+        if self.compiled is not None and sum(n for *_, n in rows) <= MAX_ROWS:
+            return list(self.compiled_rows(rows).split([n for *_, n in rows]))
+        return list(self.forward(rows, "verify"))
+
+    @torch.inference_mode()
+    def forward(self, rows: list[tuple[Request, Sequence, int]], kind: str = "prefill"
+                ) -> Tensor:
         """Each row feeds its next ``n`` uncached tokens; returns the logits (R, V) after the
-        last of them. With ``verify`` (a row's token and the tokens guessed after it:
-        speculate.py), after each of them (R, T, V; a row's first ``n``), each computed as a
-        decoding step computes it (plan.py ``apart``). ``decode``: a decoding step's few rows,
-        read by index (the attention of a decoding step: cpu/attention.py ``engine_pass``)."""
+        last of them. ``kind``: "prefill"; "decode", a decoding step's few rows, read by
+        index (the attention of a decoding step: cpu/attention.py ``engine_pass``); or
+        "verify", a row's token and the tokens guessed after it (speculate.py), the logits
+        after each of them (R, T, V; a row's first ``n``), each computed as a decoding step
+        computes it (plan.py ``apart``)."""
         device = self.device
         fed = [seq.uncached()[:n] for _, seq, n in rows]
         lengths = tensor_of([len(f) for f in fed], device)
@@ -150,8 +175,9 @@ class Runner:
                 sources=tensor_of([r.source_slot for r, _, _ in rows], device),
                 lengths=tensor_of([len(r.prompt) for r, _, _ in rows], device),
                 cross=max(len(r.prompt) for r, _, _ in rows))
+        verify = kind == "verify"
         plan = StepPlan(columns, width, slots=slots, apart=verify, **cross)
-        with engine_pass("decode" if verify or decode else "prefill"):
+        with engine_pass("prefill" if kind == "prefill" else "decode"):
             return forward_step(self.model, self.cache, ids.to(device), positions,
                                 None if verify else lengths - 1, plan)
 

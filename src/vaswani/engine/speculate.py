@@ -51,19 +51,16 @@ def prompt_lookup(context: list[int], tokens: int, ngram: int = NGRAM) -> list[i
     return []
 
 
-def split(rows: list[Row], width: int, max_len: int, compiled: bool = False
-          ) -> tuple[list[Row], list[Guessed]]:
+def split(rows: list[Row], width: int, max_len: int) -> tuple[list[Row], list[Guessed]]:
     """A decode step's rows: those that decode plainly, and those that feed a guess (a
     one-row request with ``Params.speculate``, whose context guesses something): as many
     tokens as it asks for, within its slot's ``width`` (the last column is the scratch's),
     the model's ``max_len`` and the tokens its request may still make, and as far as its
-    guesses so far have held (``Acceptance.window``). None guesses where
-    the decode steps are ``compiled`` (compiled.py): the pass that checks guesses runs
-    eagerly, and costs more than the compiled steps it would save."""
+    guesses so far have held (``Acceptance.window``)."""
     plain: list[Row] = []
     guessed: list[Guessed] = []
     for request, seq in rows:
-        k = request.params.speculate if request.beam is None and not compiled else 0
+        k = request.params.speculate if request.beam is None else 0
         if k:
             k = min(k, request.speculation.window or k, width - 2 - seq.cached,
                     max_len - seq.context,
@@ -86,7 +83,7 @@ def verify(runner, sampler, rows: list[Guessed], fed: Callable[[Sequence, int], 
     for _, seq, guess in rows:  # fed as the row's own, then taken back
         seq.tokens.extend(guess)
     try:
-        logits = runner.forward([(r, s, 1 + len(g)) for r, s, g in rows], verify=True)
+        logits = runner.verify([(r, s, 1 + len(g)) for r, s, g in rows])
     finally:
         for _, seq, guess in rows:
             del seq.tokens[len(seq.tokens) - len(guess):]
@@ -94,7 +91,7 @@ def verify(runner, sampler, rows: list[Guessed], fed: Callable[[Sequence, int], 
         held = 0
         for j in range(len(guess) + 1):
             fed(seq, 1)  # the j-th token fed is the row's: its own, or a guess that held
-            token = int(sampler.choose([(request, seq)], logits[i, j:j + 1])[0])
+            token = int(sampler.choose([(request, seq)], logits[i][j:j + 1])[0])
             extend(request, seq, token)
             if request.status is Status.FINISHED or j == len(guess) or token != guess[j]:
                 break
