@@ -20,12 +20,15 @@ def test_prompt_lookup_continues_the_latest_earlier_occurrence_of_the_longest_su
     context = [5, 6, 7, 8, 9, 6, 7, 3, 4, 5, 6, 7]
     assert prompt_lookup(context, 3) == [8, 9, 6]  # the longest suffix, "5 6 7", at 0..2
     assert prompt_lookup(context, 2, ngram=2) == [3, 4]  # "6 7": the latest, 5..6, not 1..2
-    assert prompt_lookup(context, 5, ngram=1) == [3, 4, 5, 6, 7]  # "7" at 6
+    assert prompt_lookup(context, 5, ngram=1, shortest=1) == [3, 4, 5, 6, 7]  # "7" at 6
     assert prompt_lookup([1, 2, 3], 4) == []  # nothing occurs before
+    # one token seen before is no match (two at least), unless asked
+    assert prompt_lookup([1, 2, 3, 1], 2) == []
+    assert prompt_lookup([1, 2, 3, 1], 2, shortest=1) == [2, 3]
     # an occurrence near the end: the guess goes on as the stretch repeats
-    assert prompt_lookup([4, 4], 4) == [4, 4, 4, 4]
+    assert prompt_lookup([4, 4, 4], 4) == [4, 4, 4, 4]
     assert prompt_lookup([1, 2, 3, 1, 2, 3, 1, 2], 5) == [3, 1, 2, 3, 1]
-    assert prompt_lookup([9], 4) == [] and prompt_lookup([1, 2, 1], 0) == []
+    assert prompt_lookup([9], 4) == [] and prompt_lookup([1, 2, 1, 2], 0) == []
 
 
 # heads of 64 numbers; SmolLM2's kind too: grouped-query attention, rotary positions, RMSNorm

@@ -386,6 +386,7 @@ def test_metrics_are_prometheus_text_with_the_engines_state(client):
                for family in text_string_to_metric_families(response.text)
                for s in family.samples}
     assert samples[("vaswani_generated_tokens_total", "lm")] >= 5
+    assert samples[("vaswani_spec_decode_drafts_total", "lm")] == 0  # nothing guessed
     assert samples[("vaswani_requests_running", "copy")] == 0
     assert samples[("vaswani_cache_slots", "copy")] > samples[("vaswani_cache_slots_used",
                                                                 "copy")] == 0
@@ -461,7 +462,15 @@ def test_vaswani_serve_speculate_is_every_language_models_default(served, monkey
             "temperature": 0}
     with TestClient(create_app({"lm": lm}), base_url="http://127.0.0.1") as c:
         fast = c.post("/v1/completions", json=body).json()["choices"][0]["text"]
-        assert sum(e.speculation.passes for e in c.app.state.server.engines.values()) > 0
+        from prometheus_client.parser import text_string_to_metric_families
+
+        said = {s.name: s.value for f in text_string_to_metric_families(c.get("/metrics").text)
+                for s in f.samples if s.name.startswith("vaswani_spec_decode")}
+        guesses = c.app.state.server.engines["lm"].speculation
+        assert said == {"vaswani_spec_decode_drafts_total": guesses.passes,
+                        "vaswani_spec_decode_draft_tokens_total": guesses.guessed,
+                        "vaswani_spec_decode_accepted_tokens_total": guesses.accepted}
+        assert guesses.passes > 0 and guesses.accepted <= guesses.guessed
     with TestClient(create_app({"lm": served["lm"]}), base_url="http://127.0.0.1") as c:
         plain = c.post("/v1/completions", json=body).json()["choices"][0]["text"]
     assert fast == plain

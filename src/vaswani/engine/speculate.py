@@ -16,10 +16,11 @@ logits of a place are the same bits as plain decoding's, and so is every token; 
 may differ in their last bits, and a token where two are tied.
 
 The guesses come from the context itself (prompt lookup decoding, Saxena 2023): the last
-``ngram`` tokens (down to 1) are looked for earlier in the context, and the tokens that
-followed them there are the guess. Text that repeats its context (code edited, a summary
-quoting its source, a list continued) is guessed well; other text makes no guess and
-decodes plainly.
+``ngram`` tokens (down to ``shortest``) are looked for earlier in the context, and the
+tokens that followed them there are the guess. Text that repeats its context (code edited,
+a summary quoting its source, a list continued) is guessed well; other text makes no guess
+and decodes plainly. One token seen before guesses badly (a pass costs more for each place
+it checks, and most of those guesses fail), so a match is two tokens at least.
 """
 
 from __future__ import annotations
@@ -30,16 +31,18 @@ from .request import Acceptance, Request, Sequence, Status
 
 Row = tuple[Request, Sequence]
 Guessed = tuple[Request, Sequence, list[int]]  # a row and the tokens guessed after its own
-NGRAM = 3  # the longest suffix of the context looked for earlier in it
+NGRAM = 3  # the longest suffix of the context looked for earlier in it ...
+SHORTEST = 2  # ... and the shortest (the module's docstring)
 
 
-def prompt_lookup(context: list[int], tokens: int, ngram: int = NGRAM) -> list[int]:
+def prompt_lookup(context: list[int], tokens: int, ngram: int = NGRAM,
+                  shortest: int = SHORTEST) -> list[int]:
     """Up to ``tokens`` tokens guessed to follow ``context``: those that followed the latest
-    earlier occurrence of its last ``ngram`` tokens (or fewer, down to 1), copied on past the
-    end of the context from the guess itself where the occurrence is that recent (a
-    repeating stretch goes on repeating); none if no suffix occurs before."""
+    earlier occurrence of its last ``ngram`` tokens (or fewer, down to ``shortest``), copied
+    on past the end of the context from the guess itself where the occurrence is that recent
+    (a repeating stretch goes on repeating); none if no such suffix occurs before."""
     end = len(context)
-    for n in range(min(ngram, end - 1), 0, -1):
+    for n in range(min(ngram, end - 1), shortest - 1, -1):
         suffix = context[end - n:]
         last = suffix[-1]
         for start in range(end - n - 1, -1, -1):  # the latest first; a token must follow

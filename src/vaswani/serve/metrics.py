@@ -6,6 +6,9 @@ model (label ``model``):
                                                            key/value cache
     vaswani_generated_tokens_total                         tokens made (rate() gives tokens/s)
     vaswani_requests_total                                 requests taken
+    vaswani_spec_decode_draft_tokens_total,                tokens guessed, and those that
+    vaswani_spec_decode_accepted_tokens_total              held (--speculate; as vLLM's
+    vaswani_spec_decode_drafts_total                       spec_decode metrics), in passes
     vaswani_time_to_first_token_seconds                    histogram, from arrival
     vaswani_time_per_output_token_seconds                  histogram, after the first token
 
@@ -62,6 +65,12 @@ class Metrics(Collector):
                                               labels=["model"]),
             "requests": CounterMetricFamily("vaswani_requests", "Requests taken",
                                             labels=["model"]),
+            "guessed": CounterMetricFamily("vaswani_spec_decode_draft_tokens", "Tokens "
+                                           "guessed (speculative decoding)", labels=["model"]),
+            "accepted": CounterMetricFamily("vaswani_spec_decode_accepted_tokens", "Guessed "
+                                            "tokens that held", labels=["model"]),
+            "guess_passes": CounterMetricFamily("vaswani_spec_decode_drafts", "Forward passes "
+                                                "that checked guesses", labels=["model"]),
         }
         for name in self.server.runs:
             served = self.server.served(name)

@@ -97,14 +97,18 @@ class Server:
 
     def served(self, name: str) -> dict:
         """What /health says of one model: requests, batches (engine steps), cancelled,
-        waiting (and, for an engine, what it runs and how full its cache is)."""
+        waiting (and, for an engine, what it runs, how full its cache is and how its
+        guesses fared: engine/speculate.py)."""
         if name in self.batchers:
             b = self.batchers[name]
             return {"batches": b.batches, "requests": b.jobs, "cancelled": b.cancelled,
                     "waiting": b.waiting}
-        stats = self.engines[name].stats()
-        return {"batches": stats["steps"], "requests": self.submitted[name],
-                "cancelled": self.cancelled[name], **stats}
+        engine = self.engines[name]
+        guesses = engine.speculation
+        return {"batches": engine.steps, "requests": self.submitted[name],
+                "cancelled": self.cancelled[name], **engine.stats(),
+                "guessed": guesses.guessed, "accepted": guesses.accepted,
+                "guess_passes": guesses.passes}
 
     # --- work for a run that decodes (in the engines' thread) ------------------------------
     def _watch(self, name: str, requests: list[Request],
