@@ -31,8 +31,8 @@ from pathlib import Path
 
 from .common import ROOT
 
-ORDER = ("train_step", "generation", "scaling", "serve", "offline", "llm", "speculate", "memory",
-         "export", "distributed", "nanogpt", "data", "gpu")
+ORDER = ("train_step", "generation", "scaling", "serve", "offline", "llm", "speculate", "streams",
+         "memory", "export", "distributed", "nanogpt", "data", "gpu")
 
 
 def plan(name: str, out: Path, work: Path, quick: bool, nanogpt: str | None
@@ -52,6 +52,8 @@ def plan(name: str, out: Path, work: Path, quick: bool, nanogpt: str | None
         return [["--work", str(work), "--json", f"{out}/bench-llm.json"]]  # one length
     if name == "speculate":  # the run llm imported (or imports now), its int8 package
         return [["--work", str(work), "--json", f"{out}/bench-speculate.json"]]
+    if name == "streams":  # the run llm imported (or imports now), its int8 package
+        return [["--work", str(work), "--json", f"{out}/bench-streams.json"]]
     if name == "memory":  # the run llm imported (or imports now)
         return [[*([f"--quantize={k}"] if k != "fp32" else []), "--work", str(work),
                  "--json", f"{out}/bench-memory-{k}.json"] for k in ("fp32", "int8", "int4")]

@@ -5,6 +5,7 @@ against llama.cpp's default decoding (no speculation) on the Q8_0 copy of the sa
 
     python -m benchmarks.speculate [--json OUT.json] [--work DIR] [--tokens 128]
                                    [--guesses 8] [--rounds 2] [--no-compiled] [--no-llama-cpp]
+    python -m benchmarks.speculate --pass-costs [--no-compiled] [--json OUT.json]
 
 Contenders, each in a process of its own, in alternating rounds (the best round kept):
 vaswani eager and with the decode step ``vaswani compile --quantize int8`` builds (built
@@ -16,6 +17,10 @@ after the first (best of 3 in its process), as llama_cpp_child.py times its stre
 from the timing: each speculating row's tokens against its plain row's (equal: speculation
 changes no output), the acceptance (guessed tokens that held), and llama.cpp's first
 difference from vaswani's plain eager tokens.
+
+``--pass-costs`` instead times one pass that checks T places (T = 1 .. 9: a row's token and
+T - 1 guesses) after the code prompt, with the compiled step (or eager, ``--no-compiled``):
+what a guessed place costs beside a plain step, which decides when a guess pays.
 """
 
 from __future__ import annotations
@@ -86,6 +91,42 @@ def measure(run_dir: str, compiled: bool, prompt: list[int], tokens: int, guesse
             "ids": request.output, "compiled": run.compiled is not None, **s.as_dict()}
 
 
+def pass_costs(run_dir: str, compiled: bool, prompt: list[int], places: int = 9,
+               repeats: int = 20) -> dict:
+    """In this process: the milliseconds of one pass that checks T places (a row's token and
+    T - 1 guesses after it), T = 1 .. ``places``, after ``prompt`` (int8; the best of 3
+    rounds of ``repeats`` passes each), and each against T = 1's: what a guessed place
+    costs. The guesses' keys go past the row's length, where the next pass writes anyway."""
+    import torch
+
+    import vaswani
+    from vaswani.engine import EngineConfig, Params, Request
+
+    torch.set_num_threads(2)
+    run = vaswani.load(run_dir, quantize="int8", compiled=compiled)
+    engine = run.new_engine(EngineConfig(max_rows=1))
+    engine.submit(Request(list(prompt), Params(max_new_tokens=2)))
+    engine.step()  # the prompt prefilled: one token made, its keys not yet in the cache
+    (row,) = engine.scheduler.plan().decode
+
+    def timed(t: int) -> float:
+        seq = row[1]
+        seq.tokens.extend(prompt[:t - 1])  # as speculate.verify feeds a guess
+        try:
+            engine.runner.verify([(*row, t)])
+            start = time.perf_counter()
+            for _ in range(repeats):
+                engine.runner.verify([(*row, t)])
+            return (time.perf_counter() - start) / repeats * 1e3
+        finally:
+            del seq.tokens[len(seq.tokens) - (t - 1):]
+
+    best = {t: min(timed(t) for _ in range(3)) for t in range(1, places + 1)}
+    return {"context": len(prompt), "compiled": run.compiled is not None,
+            "ms": {t: round(ms, 2) for t, ms in best.items()},
+            "steps": {t: round(ms / best[1], 2) for t, ms in best.items()}}
+
+
 def child(job: dict) -> dict:
     done = subprocess.run([*VASWANI[:1], "-m", "benchmarks.speculate", "--one", json.dumps(job)],
                           cwd=ROOT, check=True, capture_output=True, text=True, timeout=1800)
@@ -126,6 +167,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
     parser.add_argument("--no-compiled", action="store_true", help="eager rows only")
     parser.add_argument("--no-llama-cpp", action="store_true", help="leave llama.cpp out")
+    parser.add_argument("--pass-costs", action="store_true",
+                        help="instead: what a pass that checks 1 .. 9 places costs (compiled, "
+                             "and eager with --no-compiled), after the code prompt")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child process's measurement
     args = parser.parse_args()
     if args.one:
@@ -142,6 +186,12 @@ def main() -> None:
 
     tok = vaswani.load(run_dir).source_tokenizer
     built = None if args.no_compiled else ready_package(run_dir)
+    if args.pass_costs:
+        costs = pass_costs(str(run_dir), not args.no_compiled, tok.encode_prompt(PROMPTS["code"]))
+        report("A pass that checks T places (SmolLM2-135M int8, batch 1)",
+               [(f"T = {t}", f"{ms} ms, {costs['steps'][t]}x T = 1")
+                for t, ms in costs["ms"].items()], costs, args.json)
+        return
     rows = [("eager", False, 0), ("eager, speculating", False, args.guesses)]
     if not args.no_compiled:
         rows += [("compiled", True, 0), ("compiled, speculating", True, args.guesses)]

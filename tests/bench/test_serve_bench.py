@@ -178,3 +178,17 @@ def test_the_llama_cpp_child_times_prompt_and_generation_and_reads_greedy_ids(tm
     assert result["prompt_tokens_per_s"] > 0 and result["generation_tokens_per_s"] > 0
     assert first_difference([7, 8, 9, 2], [7, 8, 1]) == 2
     assert first_difference([7, 8], [7, 8, 9]) == 2
+
+
+def test_the_streams_benchmarks_clients_each_read_their_stream_to_the_end(small_runs,
+                                                                         monkeypatch):
+    """benchmarks/streams.py's clients (llama-server's side needs its build: not here)."""
+    import benchmarks.streams as streams
+    from benchmarks.common import ServeProcess
+
+    monkeypatch.setattr(streams, "TOKENS", 6)
+    run_dir, _ = small_runs["decoder"]
+    with ServeProcess([str(run_dir), "--name", "lm"]) as server:
+        out = streams.clients(server.url, "to be or not", 3, "lm")
+    assert out["clients"] == 3 and out["tokens"] == 18 and out["first_token_s"] > 0
+    assert out["text"] and out["tokens_per_s"] > 0

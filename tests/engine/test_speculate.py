@@ -57,8 +57,9 @@ def repeating(n):
     return out
 
 
-def decode(model, prompts, params, **config):
+def decode(model, prompts, params, guesser=None, **config):
     engine = Engine(model, bos_id=BOS, eos_id=EOS, config=EngineConfig(**config))
+    engine.guesser = guesser or engine.guesser  # a draft model's (test_draft.py)
     requests = [Request(p, params[i % len(params)]) for i, p in enumerate(prompts)]
     engine.run(requests)
     return [(r.output, r.logprobs, r.reason) for r in requests], engine

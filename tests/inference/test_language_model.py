@@ -182,3 +182,31 @@ def test_generate_speculate_gives_the_same_text_and_says_how_many_guesses_held(s
     assert fast.out == plain.out and "speculation" not in plain.err
     assert re.search(r"speculation: \d+ of \d+ guessed tokens held \(\d+%\), in [1-9]\d* "
                      r"passes", fast.err)
+
+
+def test_generate_draft_guesses_with_another_run_and_refuses_one_of_another_kind(small_runs,
+                                                                                capsys):
+    """`--draft RUN_DIR` (engine/draft.py): the run as its own draft gives the plain text in
+    fewer passes; a classifier, or a language model of another vocabulary, is refused."""
+    from vaswani import load
+    from vaswani.cli import main
+
+    run, classifier = str(small_runs["decoder"][0]), str(small_runs["encoder"][0])
+    prompt = ["--prompt", "to be or not to be", "--temperature", "0", "--max-new-tokens", "24"]
+    assert main(["generate", run, *prompt]) == 0
+    plain = capsys.readouterr()
+    assert main(["generate", run, *prompt, "--draft", run]) == 0  # 4 tokens a guess
+    drafted = capsys.readouterr()
+    assert drafted.out == plain.out
+    held = re.search(r"speculation: (\d+) of (\d+) guessed tokens held", drafted.err)
+    assert held and int(held[2]) > 0 and int(held[1]) > int(held[2]) // 2  # its own guesses
+    assert main(["generate", run, *prompt, "--draft", classifier]) == 2
+    assert "a draft is a language model" in capsys.readouterr().err
+    lm, other = load(run), load(run)
+    other.source_tokenizer = load(classifier).source_tokenizer  # another BPE of 300 tokens
+    with pytest.raises(ValueError, match="vocabulary is not"):
+        lm.set_draft(other)
+    lm.set_draft(load(run))
+    assert lm.generate("to be or not to be", max_new_tokens=24, temperature=0,
+                       speculate=3) + "\n" == plain.out.removeprefix("to be or not to be")
+    assert lm.engine_for(1).speculation.passes > 0

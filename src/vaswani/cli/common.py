@@ -72,10 +72,32 @@ def load_run(args: argparse.Namespace):
                 quantize=getattr(args, "quantize", None), **eager(args))
 
 
-SPECULATE_HELP = ("guess up to N tokens from the context after each one (prompt lookup) and "
-                  "check them in its forward pass: the same output, in fewer passes where "
-                  "the text repeats its context (language models; eager or compiled; 0 = "
-                  "off, the default from [decode] speculate)")
+SPECULATE_HELP = ("guess up to N tokens after each one, from the context (prompt lookup) or "
+                  "a --draft model, and check them in its forward pass: the same output, in "
+                  "fewer passes where the guesses hold (language models; eager or compiled; "
+                  "0 = off, the default from [decode] speculate)")
+DRAFT_HELP = ("guess with a draft model: a smaller language-model run of the same vocabulary "
+              "decodes N tokens after each one (--speculate N; default 4), instead of "
+              "looking them up in the context (the same --device, --quantize, --eager)")
+DRAFT_GUESSES = 4  # --draft's tokens per guess where --speculate and [decode] name none
+
+
+def set_draft(args: argparse.Namespace, runs) -> None:
+    """--draft RUN_DIR loaded as every language model's in ``runs`` (engine/draft.py), which
+    then speculate ``DRAFT_GUESSES`` tokens where --speculate and [decode] say nothing."""
+    if not getattr(args, "draft", None):
+        return
+    from ..inference import load
+
+    draft = load(args.draft, device=args.device, quantize=getattr(args, "quantize", None),
+                 **eager(args))
+    for run in runs:
+        if run.decodes and not run.family.cross:
+            run.set_draft(draft)
+            if args.speculate is None and not run.config.decode.speculate:
+                run.set_decode(speculate=DRAFT_GUESSES)
+
+
 EAGER_HELP = ("decode eagerly, without the step `vaswani compile` built for the run (the "
               "reference; default: use it where it was built for this machine)")
 

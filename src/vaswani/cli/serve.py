@@ -6,7 +6,16 @@ import argparse
 import os
 import sys
 
-from .common import EAGER_HELP, QUANTIZE, QUANTIZE_HELP, SPECULATE_HELP, eager, nonnegative
+from .common import (
+    DRAFT_HELP,
+    EAGER_HELP,
+    QUANTIZE,
+    QUANTIZE_HELP,
+    SPECULATE_HELP,
+    eager,
+    nonnegative,
+    set_draft,
+)
 
 
 def add_commands(sub, cache: argparse.ArgumentParser) -> None:
@@ -52,6 +61,7 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", choices=QUANTIZE, help=QUANTIZE_HELP)
     p.add_argument("--eager", action="store_true", help=EAGER_HELP)
     p.add_argument("--speculate", type=nonnegative, metavar="N", help=SPECULATE_HELP)
+    p.add_argument("--draft", metavar="RUN_DIR", help=DRAFT_HELP)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="uvicorn's log level")
     p.set_defaults(func=serve)
@@ -98,6 +108,7 @@ def serve(args: argparse.Namespace) -> int:
         for run in runs.values():
             if args.speculate is not None and run.decodes and not run.family.cross:
                 run.set_decode(speculate=args.speculate)
+        set_draft(args, runs.values())
         return _serve(args, sock, runs, threads)
     finally:  # a failed load, or the server stopped: the count as the caller had it
         torch.set_num_threads(threads)

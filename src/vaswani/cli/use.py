@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .common import (
+    DRAFT_HELP,
     EAGER_HELP,
     QUANTIZE,
     QUANTIZE_HELP,
@@ -17,6 +18,7 @@ from .common import (
     one_line,
     positive,
     read_lines,
+    set_draft,
 )
 
 
@@ -75,6 +77,7 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p.add_argument("--frequency-penalty", type=float, metavar="X",
                    help="OpenAI's: lower a token's score by X per occurrence so far (-2..2)")
     p.add_argument("--speculate", type=int, metavar="N", help=SPECULATE_HELP)
+    p.add_argument("--draft", metavar="RUN_DIR", help=DRAFT_HELP)
     controls(p)
     p.set_defaults(func=generate)
 
@@ -143,6 +146,7 @@ def translate(args: argparse.Namespace) -> int:
 
 def generate(args: argparse.Namespace) -> int:
     run = load_run(args)
+    set_draft(args, [run])
     echoed = False  # the prompt is echoed with the first new text: a refused request prints none
 
     def stream(text: str) -> None:

@@ -57,6 +57,7 @@ class Engine:
                                device=self.device)
         self.tokens_out = self.steps = 0  # tokens generated and steps run so far (throughput)
         self.speculation = Acceptance()  # every request's guesses (speculate.py)
+        self.guesser = speculate.lookup  # how rows guess: speculate.py, or draft.py's
 
     # --- requests in ----------------------------------------------------------------------
     def submit(self, request: Request) -> Request:
@@ -126,7 +127,8 @@ class Engine:
                 self._advance([group[i][:2] for i in due], logits, due, finished)
         if plan.decode:
             self.cache.compact()  # rows that finished in the prefill left holes
-            plain, guessed = speculate.split(plan.decode, self.cache.width, self.max_len)
+            plain, guessed = speculate.split(plan.decode, self.cache.width, self.max_len,
+                                             self.guesser)
             if plain:
                 logits, at = self.runner.decode(plain)
                 for _, seq in plain:

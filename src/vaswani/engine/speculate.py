@@ -20,7 +20,8 @@ The guesses come from the context itself (prompt lookup decoding, Saxena 2023): 
 tokens that followed them there are the guess. Text that repeats its context (code edited,
 a summary quoting its source, a list continued) is guessed well; other text makes no guess
 and decodes plainly. One token seen before guesses badly (a pass costs more for each place
-it checks, and most of those guesses fail), so a match is two tokens at least.
+it checks, and most of those guesses fail), so a match is two tokens at least. The guesses
+may come from a draft model instead (draft.py); the check is the same.
 """
 
 from __future__ import annotations
@@ -54,12 +55,20 @@ def prompt_lookup(context: list[int], tokens: int, ngram: int = NGRAM,
     return []
 
 
-def split(rows: list[Row], width: int, max_len: int) -> tuple[list[Row], list[Guessed]]:
+def lookup(seq: Sequence, tokens: int) -> list[int]:
+    """A guesser: :func:`prompt_lookup` in ``seq``'s context."""
+    return prompt_lookup(seq.tokens[seq.offset:], tokens)
+
+
+def split(rows: list[Row], width: int, max_len: int,
+          guesser: Callable[[Sequence, int], list[int]] = lookup
+          ) -> tuple[list[Row], list[Guessed]]:
     """A decode step's rows: those that decode plainly, and those that feed a guess (a
     one-row request with ``Params.speculate``, whose context guesses something): as many
     tokens as it asks for, within its slot's ``width`` (the last column is the scratch's),
     the model's ``max_len`` and the tokens its request may still make, and as far as its
-    guesses so far have held (``Acceptance.window``)."""
+    guesses so far have held (``Acceptance.window``); ``guesser(seq, n)`` guesses up to n
+    tokens (:func:`lookup`, or a draft model: draft.py)."""
     plain: list[Row] = []
     guessed: list[Guessed] = []
     for request, seq in rows:
@@ -68,7 +77,7 @@ def split(rows: list[Row], width: int, max_len: int) -> tuple[list[Row], list[Gu
             k = min(k, request.speculation.window or k, width - 2 - seq.cached,
                     max_len - seq.context,
                     request.limit - request.generated - 1)
-        guess = prompt_lookup(seq.tokens[seq.offset:], k) if k > 0 else []
+        guess = guesser(seq, k) if k > 0 else []
         if guess:
             guessed.append((request, seq, guess))
         else:

