@@ -436,7 +436,8 @@ def test_vaswani_serve_on_a_port_in_use_says_so_before_it_announces_anything(cop
 
 def test_vaswani_serve_speculate_is_every_language_models_default(served, monkeypatch):
     """--speculate reaches the language models' [decode] (not a translator's), and a
-    completion served with it is the one served without (engine/speculate.py)."""
+    completion served with it (guessed by a --draft) is the one served without
+    (engine/speculate.py, engine/draft.py)."""
     import socket
 
     from fastapi.testclient import TestClient
@@ -458,6 +459,9 @@ def test_vaswani_serve_speculate_is_every_language_models_default(served, monkey
     assert main(["serve", "lm", "copy", "--speculate", "3", "--port", str(port)]) == 0
     assert seen["lm"].config.decode.speculate == 3
     assert seen["copy"].config.decode.speculate == 0
+    # --draft: every language model's guesses from that run (engine/draft.py), no other's
+    assert main(["serve", "lm", "copy", "--draft", "lm", "--port", str(port)]) == 0
+    assert seen["lm"].draft is lm and getattr(seen["copy"], "draft", None) is None
     body = {"model": "lm", "prompt": "to be or not to be, to be or not", "max_tokens": 16,
             "temperature": 0}
     with TestClient(create_app({"lm": lm}), base_url="http://127.0.0.1") as c:
