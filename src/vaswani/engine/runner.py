@@ -74,7 +74,7 @@ class Runner:
     def decode(self, rows: list[tuple[Request, Sequence]]) -> tuple[Tensor, list[int]]:
         """Each row feeds its one uncached token; returns the next-token logits (N, V) and,
         for each row, which of them are its own (its slot: the logits are not reordered)."""
-        if self.compiled is not None and len(rows) <= MAX_ROWS:  # past it the eager step's
+        if self.compiled is not None and len(rows) <= MAX_ROWS:  # past it, eager layouts win
             return self.compiled_rows([(r, s, 1) for r, s in rows]), list(range(len(rows)))
         n = self.cache.used
         if 2 * len(rows) < n:  # mostly padding: read the few rows' slots by index instead
