@@ -92,6 +92,19 @@ def test_cache_reorder_keeps_chosen_rows():
     assert_close(step(m, new, cache)[:, 0], expected)
 
 
+def test_cache_keep_takes_back_the_last_tokens_keys():
+    """KVCache.keep(n): as if only the first n tokens had been fed (a draft model's guesses
+    that did not hold are taken back so: engine/draft.py)."""
+    m = model("decoder", norm_first=True)
+    ids = torch.randint(3, 13, (2, 9))
+    cache = m.new_cache()
+    step(m, ids, cache)
+    cache.keep(5)
+    assert cache.length == 5
+    other = torch.randint(3, 13, (2, 3))  # a different continuation after the kept five
+    assert_close(step(m, other, cache), m(torch.cat([ids[:, :5], other], 1))[:, 5:])
+
+
 def test_greedy_cached_equals_uncached():
     m = model("encoder-decoder")
     src = padded_sources([6, 3, 8])

@@ -98,7 +98,7 @@ class KVCache:
 
     def keep(self, n: int) -> None:
         """Keep the first ``n`` tokens' keys and values of every self-attention entry, e.g.
-        a draft model's, past the guesses that did not hold (engine/draft.py)."""
+        a draft model's, past the guesses that did not hold (speculative decoding)."""
         for layer in self.layers:
             kv = layer.self_attn
             if kv.k is not None:
