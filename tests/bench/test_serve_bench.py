@@ -131,6 +131,18 @@ def test_the_speculate_benchmark_times_plain_and_guessing_decoding_alike(small_r
     assert fast["generation_tokens_per_s"] > 0 and not fast["compiled"]
 
 
+def test_the_speculate_benchmark_times_a_pass_of_each_number_of_places(small_runs):
+    """``--pass-costs`` on a tiny LM (int8, eager): one timing per number of places, and
+    each relative to one place's."""
+    from benchmarks.speculate import pass_costs
+
+    lm, _ = small_runs["decoder"]
+    got = pass_costs(str(lm), False, [5, 6, 7, 8, 5, 6, 7, 8], places=4, repeats=2)
+    assert set(got["ms"]) == {1, 2, 3, 4} and got["steps"][1] == 1.0
+    assert all(ms > 0 for ms in got["ms"].values()) and not got["compiled"]
+    assert got["context"] == 8
+
+
 FAKE_LLAMA_CPP = """
 class Llama:
     def __init__(self, model_path, n_threads, n_threads_batch, n_batch, verbose):
