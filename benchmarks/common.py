@@ -187,6 +187,41 @@ class ServeProcess:
         self.process.wait(timeout=60)
 
 
+def stream_completions(url: str, texts: list[str], model: str | None = None,
+                       tokens: int = 128) -> dict:
+    """Concurrent streaming completions of ``tokens`` greedy tokens, one after each of
+    ``texts`` but the last (a warm-up's first): their tokens together over the wall time,
+    the slowest one's time to its first token, the first one's text."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    def one(prompt: str, new: int = tokens) -> tuple[int, float, str]:
+        body = {"prompt": prompt, "max_tokens": new, "temperature": 0.0, "stream": True,
+                **({"model": model} if model else {})}
+        pieces, text, first, start = 0, [], None, time.perf_counter()
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=900) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    piece = json.loads(line[6:])["choices"][0].get("text")
+                    if piece:
+                        first = first or time.perf_counter() - start
+                        pieces += 1
+                        text.append(piece)
+        return pieces, first or 0.0, "".join(text)
+
+    *texts, warm = texts
+    one(warm, 4)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(len(texts)) as pool:
+        done = list(pool.map(one, texts))
+    wall = time.perf_counter() - start
+    return {"clients": len(texts), "tokens": sum(d[0] for d in done), "seconds": round(wall, 2),
+            "tokens_per_s": round(sum(d[0] for d in done) / wall, 1),
+            "first_token_s": round(max(d[1] for d in done), 3), "text": done[0][2]}
+
+
 def wait_until_answers(url: str, process: subprocess.Popen, start_s: float, what: str) -> None:
     """Poll ``url`` until it answers 200; a RuntimeError with the end of ``process``'s
     stderr if it exits first or ``start_s`` seconds pass."""

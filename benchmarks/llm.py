@@ -39,7 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .common import (
@@ -52,6 +51,7 @@ from .common import (
     q8_0_copy,
     report,
     smollm2,
+    stream_completions,
     wait_until_answers,
 )
 
@@ -177,31 +177,6 @@ def llama_cpp(vaswani_fp32: dict, work: Path) -> dict:
     return out
 
 
-def stream_clients(url: str, prompt: str, clients: int, model: str | None = None) -> dict:
-    """``clients`` concurrent streaming completions of :data:`STREAM_TOKENS` greedy tokens
-    each, through /v1/completions (after a one-client warm-up): their tokens/s together."""
-    import httpx
-
-    def one(tokens: int) -> int:
-        body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0.0, "stream": True,
-                **({"model": model} if model else {})}
-        pieces = 0
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=900) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    pieces += bool(json.loads(line[6:])["choices"][0].get("text"))
-        return pieces
-
-    one(4)
-    start = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
-        pieces = list(pool.map(one, [STREAM_TOKENS] * clients))
-    wall = time.perf_counter() - start
-    return {"clients": clients, "pieces": sum(pieces), "seconds": round(wall, 2),
-            "tokens_per_s": round(sum(pieces) / wall, 1)}
-
-
 def llama_cpp_server(python: Path, gguf: Path, start_s: float = 300):
     """``python -m llama_cpp.server`` (llama-cpp-python's own OpenAI server, 2 threads) on a
     free port of 127.0.0.1, as a context manager giving its URL."""
@@ -236,10 +211,12 @@ def streams(run_dir: Path, python: Path) -> dict:
     out = {}
     for name, extra in (("vaswani_fp32", []), ("vaswani_int4", ["--quantize", "int4"])):
         with ServeProcess([str(run_dir), "--name", "lm", *extra]) as server:
-            out[name] = {n: stream_clients(server.url, prompt, n, "lm") for n in (1, STREAMS)}
+            out[name] = {n: stream_completions(server.url, [prompt] * (n + 1), "lm",
+                                                STREAM_TOKENS) for n in (1, STREAMS)}
         print(f"llm: streams {name}: {out[name]}", flush=True)
     with llama_cpp_server(python, gguf_file()) as url:
-        out["llama_cpp_q4_1"] = {n: stream_clients(url, prompt, n) for n in (1, STREAMS)}
+        out["llama_cpp_q4_1"] = {n: stream_completions(url, [prompt] * (n + 1), None,
+                                                         STREAM_TOKENS) for n in (1, STREAMS)}
     print(f"llm: streams llama.cpp: {out['llama_cpp_q4_1']}", flush=True)
     return out
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from .common import (
     q8_0_copy,
     report,
     smollm2,
+    stream_completions,
     wait_until_answers,
 )
 
@@ -87,40 +87,6 @@ def prompts(n: int, same: bool = False, chars: int = 300) -> list[str]:
     return [out[0]] * n + [out[0]] if same else out
 
 
-def clients(url: str, texts: list[str], model: str | None = None) -> dict:
-    """Concurrent streaming completions of :data:`TOKENS` greedy tokens, one after each of
-    ``texts`` but the last (a warm-up's first): their tokens together over the wall time,
-    the slowest one's time to its first token, the first one's text."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import httpx
-
-    def one(prompt: str, tokens: int = TOKENS) -> tuple[int, float, str]:
-        body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0.0, "stream": True,
-                **({"model": model} if model else {})}
-        pieces, text, first, start = 0, [], None, time.perf_counter()
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=900) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    piece = json.loads(line[6:])["choices"][0].get("text")
-                    if piece:
-                        first = first or time.perf_counter() - start
-                        pieces += 1
-                        text.append(piece)
-        return pieces, first or 0.0, "".join(text)
-
-    *texts, warm = texts
-    one(warm, 4)
-    start = time.perf_counter()
-    with ThreadPoolExecutor(len(texts)) as pool:
-        done = list(pool.map(one, texts))
-    wall = time.perf_counter() - start
-    return {"clients": len(texts), "tokens": sum(d[0] for d in done), "seconds": round(wall, 2),
-            "tokens_per_s": round(sum(d[0] for d in done) / wall, 1),
-            "first_token_s": round(max(d[1] for d in done), 3), "text": done[0][2]}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="OUT.json")
@@ -152,11 +118,12 @@ def main() -> None:
         for name in best:
             if name.startswith("vaswani"):
                 with ServeProcess([str(run_dir), "--name", "lm", "--quantize", "int8"]) as s:
-                    got = {n: clients(s.url, prompts(n, args.same_prompt), "lm")
-                           for n in counts}
+                    got = {n: stream_completions(s.url, prompts(n, args.same_prompt), "lm",
+                                                TOKENS) for n in counts}
             else:
                 with llama_server(binary, gguf) as url:
-                    got = {n: clients(url, prompts(n, args.same_prompt)) for n in counts}
+                    got = {n: stream_completions(url, prompts(n, args.same_prompt), None, TOKENS)
+                           for n in counts}
             for n, row in got.items():
                 print(f"streams {name}: {n} clients {row['tokens_per_s']} tokens/s, first "
                       f"token within {row['first_token_s']} s", flush=True)

@@ -192,16 +192,14 @@ def test_the_llama_cpp_child_times_prompt_and_generation_and_reads_greedy_ids(tm
     assert first_difference([7, 8], [7, 8, 9]) == 2
 
 
-def test_the_streams_benchmarks_clients_each_read_their_stream_to_the_end(small_runs,
-                                                                         monkeypatch):
+def test_the_streams_benchmarks_clients_each_read_their_stream_to_the_end(small_runs):
     """benchmarks/streams.py's clients (llama-server's side needs its build: not here)."""
     import benchmarks.streams as streams
-    from benchmarks.common import ServeProcess
+    from benchmarks.common import ServeProcess, stream_completions
 
-    monkeypatch.setattr(streams, "TOKENS", 6)
     run_dir, _ = small_runs["decoder"]
-    with ServeProcess([str(run_dir), "--name", "lm"]) as server:
-        out = streams.clients(server.url, streams.prompts(3, chars=20), "lm")  # max_len 64
+    with ServeProcess([str(run_dir), "--name", "lm"]) as server:  # max_len 64: short prompts
+        out = stream_completions(server.url, streams.prompts(3, chars=20), "lm", tokens=6)
     assert out["clients"] == 3 and out["tokens"] == 18 and out["first_token_s"] > 0
     assert out["text"] and out["tokens_per_s"] > 0
     texts = streams.prompts(8)  # each client's own, and the warm-up's
