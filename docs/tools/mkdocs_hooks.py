@@ -42,10 +42,10 @@ def field_docs(cls: type) -> dict[str, str]:
 
 def undocumented_keys() -> list[str]:
     """``section.key`` for every config key without a docstring (should be none)."""
-    from vaswani.config import DataConfig, DecodeConfig, ModelConfig, TrainConfig
+    from vaswani.config import SECTIONS
 
     missing = []
-    for cls in (ModelConfig, DataConfig, TrainConfig, DecodeConfig):
+    for cls in SECTIONS.values():
         docs = field_docs(cls)
         missing += [f"{cls.SECTION}.{f.name}" for f in dataclasses.fields(cls)
                     if not docs.get(f.name)]
@@ -78,7 +78,7 @@ def _cell(text: str) -> str:
 
 
 def config_reference() -> str:
-    from vaswani.config import DataConfig, DecodeConfig, ModelConfig, TrainConfig
+    from vaswani.config import SECTIONS
 
     missing = undocumented_keys()
     if missing:
@@ -88,7 +88,7 @@ def config_reference() -> str:
            "`src/vaswani/config/` (the docstring under each field). Any key can be "
            "set on the command line: `vaswani train CONFIG.toml --set section.key=value`; a "
            "misspelt key is an error naming the closest one.", ""]
-    for cls in (ModelConfig, DataConfig, TrainConfig, DecodeConfig):
+    for cls in SECTIONS.values():
         hints = typing.get_type_hints(cls, include_extras=False)
         docs = field_docs(cls)
         out += [f"## [{cls.SECTION}]", "", inspect.cleandoc(cls.__doc__ or ""), "",

@@ -27,6 +27,7 @@ from torch import nn
 
 from .atomic import atomic_write, atomic_write_text, file_sha256, fsync_dir
 from .models.common import assign
+from .models.finetune import saved_names
 from .rundir import AVERAGED, BEST, CHECKPOINTS, COMPLETE, LAST, SHARDED, record
 
 WEIGHTS = ("best", "last", "averaged")
@@ -44,12 +45,14 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """State dict with each shared (tied) tensor stored once, under its first name."""
+    """State dict with each shared (tied) tensor stored once, under its first name (a model
+    with LoRA adapters: its trainable parameters only, models/finetune.py)."""
     seen: dict[int, str] = {}
     out = {}
+    kept = saved_names(unwrap(model))
     for name, t in unwrap(model).state_dict().items():
         key = t.untyped_storage().data_ptr()
-        if key in seen:
+        if key in seen or (kept is not None and name not in kept):
             continue
         seen[key] = name
         out[name] = t.detach().contiguous().cpu()
@@ -225,7 +228,9 @@ def load_tensors(model: nn.Module,
                  where: Path | str, *, fresh: tuple[str, ...] = ()) -> None:
     """:func:`load_weights` of tensors in memory, or of (name, tensor) pairs as they are read
     (``where`` names them in errors)."""
-    slots = unwrap(model).state_dict(keep_vars=True)  # the tensors themselves: tied = same
+    kept = saved_names(unwrap(model))  # adapters: the frozen weights were loaded before
+    slots = {k: v for k, v in unwrap(model).state_dict(keep_vars=True).items()  # tied = same
+             if kept is None or k in kept}
     loaded: set[int] = set()
     wrong, unexpected = [], []
     with torch.no_grad():
@@ -346,8 +351,7 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     folder = run_dir / CHECKPOINTS
     if not folder.is_dir():
         return []
-    return sorted(folder.glob("step-*.safetensors"),
-                  key=lambda p: int(p.stem.split("-")[1]))
+    return sorted(folder.glob("step-*.safetensors"), key=lambda p: int(p.stem.split("-")[1]))
 
 
 def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:

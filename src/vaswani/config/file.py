@@ -1,4 +1,5 @@
-"""A whole config file ([model], [data], [train], [decode]) and ``--set`` overrides."""
+"""A whole config file ([model], [data], [train], [decode], [finetune]) and ``--set``
+overrides."""
 
 from __future__ import annotations
 
@@ -9,22 +10,28 @@ from pathlib import Path
 from typing import Any
 
 from .base import ConfigBase, dump_toml, load_toml, parse_text, unknown_key_error
+from .finetune import FinetuneConfig
 from .model import ModelConfig
 from .sections import DataConfig, DecodeConfig, TrainConfig
 
 SECTIONS: dict[str, type[ConfigBase]] = {
     "model": ModelConfig, "data": DataConfig, "train": TrainConfig, "decode": DecodeConfig,
+    "finetune": FinetuneConfig,
 }
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """All four sections of a config file."""
+    """All the sections of a config file."""
 
     model: ModelConfig
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
+    finetune: FinetuneConfig = dataclasses.field(default_factory=FinetuneConfig)
+
+    def __post_init__(self) -> None:
+        self.finetune.check_with(self.train)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:

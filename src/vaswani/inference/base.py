@@ -28,7 +28,7 @@ from torch import Tensor
 from .. import checkpoint, rundir
 from ..config import DecodeConfig, RunConfig
 from ..config.family import FAMILIES, Family, family
-from ..cpu.quantized import QUANTIZE
+from ..cpu.quantized import QUANTIZE, quantize_linears
 from ..data.files import ReadReport
 from ..data.prepare import split_files
 from ..data.tokenizers import Tokenizer
@@ -39,6 +39,7 @@ from ..generation import Rules
 from ..models import build_model
 from ..models.common import fill_buffers
 from ..tasks import Task, task_for
+from .finetuned import adapted
 from .quantized import load_quantized
 
 
@@ -271,7 +272,11 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     if weights == "best" and path.parent != run_dir:
         warnings.warn(f"{run_dir} has no best weights ({rundir.BEST}: no evaluation kept "
                       f"one); using its latest checkpoint, {path.parent.name}/", stacklevel=2)
-    if quantize:  # each linear layer quantized as it is read: no whole float model in memory
+    if config.finetune.lora:  # adapters: merged into their base's weights, then as any run
+        model = adapted(run_dir, config, path, fast=dev.type == "cpu").eval()
+        model = quantize_linears(model, quantize, weight_only=language_model) if quantize \
+            else model.to(dev)
+    elif quantize:  # each linear layer quantized as it is read: no whole float model in memory
         model = build_model(config.model, device="meta")
         # a language model's outputs must not depend on their batch: float inputs
         load_quantized(model, path, quantize, weight_only=language_model)

@@ -37,6 +37,7 @@ from ..config import RunConfig
 from ..config.family import family
 from ..data.batching import Batch
 from ..evaluation.metrics import perplexity
+from ..models.finetune import add_adapters
 from ..nn.layers import Stack
 from ..tasks import Task, TaskData
 from . import parallel
@@ -74,8 +75,11 @@ class Trainer:
         for module in self.model.modules():  # [train] checkpoint_activations: every stack
             if isinstance(module, Stack):
                 module.checkpoint_activations = t.checkpoint_activations
-        if t.init_from and not resume:  # fine-tuning from pretrained weights (into the slices)
+        lora = cfg.finetune.lora  # frozen weights read from init_from, resumed or not
+        if t.init_from and (lora or not resume):  # from pretrained weights (into the slices)
             checkpoint.load_weights(self.model, Path(t.init_from) / rundir.BEST, fresh=fresh)
+        if lora:  # adapters on the frozen weights: all that is trained and saved
+            add_adapters(self.model, cfg.finetune, trainable=fresh)
         self.optimizer = make_optimizer(self.model, t)
         self.batches = task.batches(data, dist.rank, dist.world)
         self.feed = Feed(self.batches, device, t.grad_accum)

@@ -172,6 +172,8 @@ def configure(config: str, overrides: list[str]) -> tuple[RunConfig, Tokenizers 
     if not cfg.train.init_from:
         return cfg, None
     base_dir = Path(cfg.train.init_from)
+    if cfg.finetune.lora:  # the run reads its frozen weights there for as long as it lives
+        cfg = cfg.replace(train=cfg.train.replace(init_from=str(base_dir.resolve())))
     if not (base_dir / rundir.CONFIG).exists():
         raise FileNotFoundError(f"[train] init_from ({base_dir}) is not a run directory "
                                 "(no config.toml); make one with vaswani import or train")
@@ -223,7 +225,7 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
         raise ValueError(f"{run_dir / rundir.CONFIG}: {e}") from None
     changed = [f"{section}.{f.name} ({getattr(getattr(recorded, section), f.name)!r} -> "
                f"{getattr(getattr(cfg, section), f.name)!r})"
-               for section in ("model", "data", "train", "decode")
+               for section in ("model", "data", "train", "decode", "finetune")
                for f in dataclasses.fields(getattr(cfg, section))
                if f.name not in RESUMABLE.get(section, ()) and
                getattr(getattr(cfg, section), f.name) != getattr(getattr(recorded, section),

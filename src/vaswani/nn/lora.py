@@ -1,0 +1,155 @@
+"""LoRA (Hu et al. 2021): a frozen linear layer plus a trainable low-rank update.
+
+Shapes: x (..., in) -> (..., out), as the layer it wraps.
+
+Fine-tuning every weight of a pretrained model stores a gradient and two optimizer moments
+per weight. LoRA freezes W and learns its change as a product of two thin matrices:
+
+    y = x W^T + b + (alpha / r) * dropout(x) A^T B^T,     A: (r, in), B: (out, r)
+
+with r (the rank) much smaller than in and out. A starts random and B at zero, so the
+model starts as the pretrained one; only A and B are trained and saved.
+
+vaswani's attention keeps W_q, W_k and W_v stacked in one matrix (``in_proj``) and a gated
+feed-forward its gate and up projections (``linear1``): a LoRA layer may adapt *parts* of
+its output rows, each part with an A and a B of its own, so that q, k and v (or gate and
+up) each learn their own update, as they do where they are separate layers. ``merged``
+folds the update into W: the same function, at the frozen layer's cost.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import MultiHeadAttention
+from .dropout import Dropout
+from .feedforward import FeedForward
+
+TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # what a LoRA may adapt, by name
+
+
+class LoRA(nn.Module):
+    """``base`` (a linear layer: ``forward`` and ``rows(x, start, stop)``, kept frozen) plus
+    a rank-``rank`` update on each named part (``parts``: name -> (start, stop) output
+    rows), scaled by ``alpha / rank``, with dropout on its input."""
+
+    def __init__(self, base: nn.Module, parts: dict[str, tuple[int, int]], *, rank: int,
+                 alpha: float, dropout: float = 0.0) -> None:
+        super().__init__()
+        if rank < 1:
+            raise ValueError(f"rank ({rank}) must be >= 1")
+        self.base = base.requires_grad_(False)
+        self.parts = dict(parts)
+        self.rank, self.alpha, self.scale = rank, alpha, alpha / rank
+        weight = base.weight
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        make = dict(device=weight.device, dtype=weight.dtype if weight.is_floating_point()
+                    else torch.float32)
+        self.lora_A = nn.ParameterDict({name: nn.Parameter(torch.empty(rank, self.in_features,
+                                                                       **make))
+                                        for name in self.parts})
+        self.lora_B = nn.ParameterDict({name: nn.Parameter(torch.zeros(stop - start, rank,
+                                                                       **make))
+                                        for name, (start, stop) in self.parts.items()})
+        self.dropout = Dropout(dropout)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """A as ``nn.Linear`` draws its weight (Kaiming-uniform, as peft does); B zero."""
+        for a in self.lora_A.values():
+            nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+        for b in self.lora_B.values():
+            nn.init.zeros_(b)
+
+    def update(self, x: Tensor, name: str) -> Tensor:
+        """Part ``name``'s update: (alpha / r) * dropout(x) A^T B^T, (..., its rows)."""
+        a, b = self.lora_A[name], self.lora_B[name]
+        return F.linear(F.linear(self.dropout(x).to(a.dtype), a), b) * self.scale
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.rows(x, 0, self.out_features)
+
+    def rows(self, x: Tensor, start: int, stop: int) -> Tensor:
+        """Output rows ``start:stop`` (cross-attention projects its queries and its memory
+        apart), each adapted part that falls inside them with its update added."""
+        whole = (start, stop) == (0, self.out_features)
+        y = self.base(x) if whole else self.base.rows(x, start, stop)
+        pieces, at = [], start  # y's columns, with each part's update added where it falls
+        for name, (lo, hi) in sorted(self.parts.items(), key=lambda item: item[1]):
+            lo, hi = max(lo, start), min(hi, stop)
+            if lo >= hi:
+                continue
+            skip = lo - self.parts[name][0]  # rows of the part before ``start``
+            update = self.update(x, name)[..., skip:skip + hi - lo]
+            pieces += [y[..., at - start:lo - start], y[..., lo - start:hi - start] + update]
+            at = hi
+        return torch.cat([*pieces, y[..., at - start:]], dim=-1) if pieces else y
+
+    @torch.no_grad()
+    def merged(self) -> nn.Module:
+        """The base layer with every part's update folded into its weight (W += (alpha / r)
+        B A): the same function without the adapters (dropout aside)."""
+        for name, (start, stop) in self.parts.items():
+            delta = (self.lora_B[name] @ self.lora_A[name]) * self.scale
+            self.base.weight[start:stop] += delta.to(self.base.weight.dtype)
+        return self.base
+
+    def extra_repr(self) -> str:
+        return f"parts={list(self.parts)}, rank={self.rank}, alpha={self.alpha:g}"
+
+
+def parts_of(module: nn.Module) -> dict[str, dict[str, tuple[int, int]]]:
+    """For an attention or feed-forward module, each of its linear layers' adaptable parts:
+    {layer attribute: {target: (start, stop) rows}}; {} for any other module."""
+    if isinstance(module, MultiHeadAttention):
+        q, kv = module.q_dim, module.kv_dim
+        return {"in_proj": {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)},
+                "out_proj": {"o": (0, module.out_proj.weight.shape[0])}}
+    if isinstance(module, FeedForward):
+        d_ff = module.linear2.weight.shape[1]
+        first = {"gate": (0, d_ff), "up": (d_ff, 2 * d_ff)} if module.gated else \
+            {"up": (0, d_ff)}
+        return {"linear1": first, "linear2": {"down": (0, module.linear2.weight.shape[0])}}
+    return {}
+
+
+def add_lora(model: nn.Module, targets: tuple[str, ...], *, rank: int, alpha: float,
+             dropout: float = 0.0) -> list[str]:
+    """Freeze every parameter of ``model`` and wrap its attention and feed-forward linear
+    layers whose parts are named in ``targets`` (:data:`TARGETS`) in :class:`LoRA`, in
+    place; returns the names of the wrapped layers. Only the adapters are left trainable."""
+    unknown = sorted(set(targets) - set(TARGETS))
+    if unknown or not targets:
+        raise ValueError(f"LoRA targets ({list(targets)}) must be some of {list(TARGETS)}")
+    model.requires_grad_(False)
+    wrapped = []
+    for prefix, module in list(model.named_modules()):
+        for attribute, parts in parts_of(module).items():
+            chosen = {name: rows for name, rows in parts.items() if name in targets}
+            if chosen:
+                setattr(module, attribute, LoRA(getattr(module, attribute), chosen, rank=rank,
+                                                alpha=alpha, dropout=dropout))
+                wrapped.append(f"{prefix}.{attribute}" if prefix else attribute)
+    if not wrapped:
+        raise ValueError(f"LoRA targets ({list(targets)}) match no layer of this model")
+    return wrapped
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """Every :class:`LoRA` layer of ``model`` replaced by its merged base layer, in place;
+    returns ``model``."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, LoRA):
+                setattr(module, name, child.merged())
+    return model
+
+
+def adapters(model: nn.Module) -> dict[str, Tensor]:
+    """The LoRA parameters of ``model`` by name (``...in_proj.lora_A.q``)."""
+    return {name: p for name, p in model.named_parameters()
+            if ".lora_A." in name or ".lora_B." in name}
