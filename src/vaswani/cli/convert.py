@@ -49,6 +49,10 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="DIR",
                    help="the folder to write (built aside and moved into place)")
     p.add_argument("--quantize", choices=["int8"], help="store int8 weights (ct2)")
+    p.add_argument("--merge", action="store_true",
+                   help="a LoRA run: write the model with its adapters merged into the "
+                        "weights (without it, hf writes the base model and the adapters in "
+                        "peft's format in DIR/adapter/; onnx and ct2 always merge)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty DIR")
     p.set_defaults(func=export)
 
@@ -85,7 +89,7 @@ def export(args: argparse.Namespace) -> int:
     from ..export import export, how_to_use
 
     out = export(args.run_dir, args.format, args.out, quantize=args.quantize,
-                 overwrite=args.overwrite)
+                 overwrite=args.overwrite, merge=args.merge)
     print(f"exported {args.run_dir} to {out} ({args.format}"
           f"{', ' + args.quantize if args.quantize else ''}); use it with: "
           f"{how_to_use(args.format, out)}")

@@ -24,7 +24,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .. import rundir
+from .. import checkpoint, rundir
 from ..atomic import atomic_write_text, private_dir
 
 FORMATS = ("hf", "onnx", "ct2")
@@ -53,14 +53,18 @@ MANIFEST = "vaswani_export.json"  # the names an export wrote in its folder
 
 
 def export(run_dir: str | Path, fmt: str, out: str | Path, *, quantize: str | None = None,
-           overwrite: bool = False) -> Path:
+           overwrite: bool = False, merge: bool = False) -> Path:
     """Export the run at ``run_dir`` to ``out`` in format ``fmt``; returns ``out``.
 
     Everything is checked and built in a temporary folder next to ``out`` before ``out`` is
     touched: a refused or failed export leaves ``out`` as it was. ``out`` may not be the run,
     lie inside it or contain it. The export lists what it wrote in ``out/vaswani_export.json``;
     ``overwrite`` replaces a previous export there, removing only those names, and never a file
-    of someone else's."""
+    of someone else's.
+
+    A LoRA run (``[finetune] method = "lora"``) exports as hf its base model with the
+    adapters in peft's format in ``out/adapter/`` (peft.py); with ``merge``, and in the other
+    formats, the model with the adapters merged into its weights."""
     from ..inference import load
 
     if fmt not in FORMATS:
@@ -79,12 +83,25 @@ def export(run_dir: str | Path, fmt: str, out: str | Path, *, quantize: str | No
     if (previous or others) and not overwrite:
         raise FileExistsError(f"{out} exists and is not empty; pass --overwrite to replace "
                               "the export in it (files vaswani did not write are kept)")
-    run = load(run_dir)
-    from . import ct2, hf, onnx
+    config = rundir.read_config(run_dir)
+    if merge and not config.finetune.lora:
+        raise ExportError(f"--merge folds a LoRA run's adapters into its weights; {run_dir} "
+                          f"holds none ([finetune] method = {config.finetune.method!r})")
+    from . import ct2, hf, onnx, peft
 
-    writer = {"ct2": lambda dest: ct2.write(run, dest, quantize=quantize),
-              "hf": lambda dest: hf.write(run, dest),
-              "onnx": lambda dest: onnx.write(run, dest)}[fmt]
+    if config.finetune.lora and fmt == "hf" and not merge:  # the base, and the adapters
+        run = load(config.train.init_from)
+
+        def writer(dest: Path) -> None:
+            family = hf.check(run.config.model)
+            peft.write(config.finetune, checkpoint.weights_path(run_dir), family,
+                       dest / peft.ADAPTER, out)  # first: a refusal writes nothing
+            hf.write(run, dest)
+    else:
+        run = load(run_dir)
+        writer = {"ct2": lambda dest: ct2.write(run, dest, quantize=quantize),
+                  "hf": lambda dest: hf.write(run, dest),
+                  "onnx": lambda dest: onnx.write(run, dest)}[fmt]
     tmp = private_dir(out.parent, out.name)
     try:
         writer(tmp / "export")

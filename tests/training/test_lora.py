@@ -1,0 +1,172 @@
+"""[finetune] method = "lora": a run that trains adapters on its init_from run's frozen
+weights, keeps only them, resumes exactly, loads merged, and exports for peft."""
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.testing import assert_close
+
+import vaswani
+from tests.training.fixtures import config, text_file
+from vaswani import rundir
+from vaswani.training.train import Launch, train
+
+LLAMA = {"positional": "rope", "norm": "rmsnorm", "activation": "swiglu", "bias": False,
+         "norm_first": True, "n_kv_heads": 2}
+LORA = {"method": "lora", "rank": 4, "alpha": 8.0,
+        "targets": ["q", "k", "v", "o", "gate", "up", "down"]}
+
+
+def _config(path, data, base_dir=None, *, finetune=None, **train_options):
+    cfg = config(path, "decoder", data, model=LLAMA,
+                 data={"tokenizer": "bpe", "vocab_size": 300},
+                 train={"max_steps": 6, "device": "cpu", "schedule": "constant", "warmup": 0,
+                        "eval_every": 3, "save_every": 3, "lr": 1e-2,
+                        **({"init_from": str(base_dir)} if base_dir else {}),
+                        **train_options})
+    if finetune:
+        from vaswani.config import dump_toml
+        cfg.write_text(cfg.read_text() + "\n" + dump_toml({"finetune": finetune}))
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A small LLaMA-shaped language model, trained a few steps: the frozen base."""
+    folder = tmp_path_factory.mktemp("lora")
+    data = text_file(folder / "text.txt")
+    cfg = _config(folder / "base.toml", data, max_steps=8, lr=1e-3)
+    train(str(cfg), [], out=str(folder / "base"), launch=Launch(progress=False))
+    return folder / "base", data
+
+
+@pytest.fixture(scope="module")
+def lora_run(base, tmp_path_factory):
+    base_dir, data = base
+    folder = tmp_path_factory.mktemp("lora-run")
+    cfg = _config(folder / "ft.toml", data, base_dir, finetune=LORA)
+    train(str(cfg), [], out=str(folder / "ft"), launch=Launch(progress=False))
+    return folder / "ft"
+
+
+def test_a_lora_run_keeps_only_its_adapters_and_loads_merged_into_its_base(base, lora_run):
+    base_dir = base[0]
+    before = (base_dir / rundir.BEST).read_bytes()
+    for path in (lora_run / rundir.BEST, lora_run / "last" / rundir.BEST):
+        saved = load_file(str(path))
+        assert saved and all(".lora_A." in n or ".lora_B." in n for n in saved), list(saved)
+        assert len(saved) == 2 * 2 * 7  # A and B of 7 parts in each of 2 layers
+    assert (base_dir / rundir.BEST).read_bytes() == before  # the base is read, never written
+    run, plain = vaswani.load(lora_run), vaswani.load(base_dir)
+    from vaswani.inference.finetuned import adapted
+
+    unmerged = adapted(lora_run, run.config, lora_run / rundir.BEST, fast=False,
+                       merge=False).eval()
+    ids = torch.randint(0, 200, (2, 12))
+    with torch.no_grad():
+        ours, reference, base_logits = run.model(ids), unmerged(ids), plain.model(ids)
+    assert_close(ours, reference, rtol=1e-5, atol=1e-5)  # merged = base + adapters
+    assert (ours - base_logits).abs().max() > 1e-2  # and the adapters learned something
+    assert run.generate("the", max_new_tokens=4, temperature=0) is not None
+
+
+def test_a_lora_run_resumes_exactly(base, tmp_path):
+    base_dir, data = base
+    straight = _config(tmp_path / "a.toml", data, base_dir, finetune=LORA)
+    train(str(straight), [], out=str(tmp_path / "a"), launch=Launch(progress=False))
+    half = _config(tmp_path / "b.toml", data, base_dir, finetune=LORA, max_steps=3,
+                   schedule_steps=6)
+    train(str(half), [], out=str(tmp_path / "b"), launch=Launch(progress=False))
+    train(None, ["train.max_steps=6"], resume=str(tmp_path / "b"), launch=Launch(progress=False))
+    a = load_file(str(tmp_path / "a" / "last" / rundir.BEST))
+    b = load_file(str(tmp_path / "b" / "last" / rundir.BEST))
+    assert a.keys() == b.keys()
+    for name in a:
+        assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
+    with pytest.raises(ValueError, match=r"finetune\.rank \(4 -> 2\)"):
+        train(None, ["train.max_steps=9", "finetune.rank=2"], resume=str(tmp_path / "b"),
+              launch=Launch(progress=False))
+
+
+def test_lora_settings_that_cannot_work_are_refused_by_name(base, tmp_path):
+    base_dir, data = base
+    with pytest.raises(ValueError, match="set \\[train\\] init_from"):
+        train(str(_config(tmp_path / "a.toml", data, finetune=LORA)), [],
+              out=str(tmp_path / "a"), launch=Launch(progress=False))
+    with pytest.raises(ValueError, match='parallel = "fsdp" is for full training'):
+        train(str(_config(tmp_path / "b.toml", data, base_dir, finetune=LORA,
+                          parallel="fsdp")), [], out=str(tmp_path / "b"),
+              launch=Launch(progress=False))
+    with pytest.raises(ValueError, match="targets"):
+        train(str(_config(tmp_path / "c.toml", data, base_dir,
+                          finetune={**LORA, "targets": ["query"]})), [],
+              out=str(tmp_path / "c"), launch=Launch(progress=False))
+    assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()
+
+
+def test_a_moved_base_is_named_when_the_run_loads(base, lora_run, tmp_path):
+    moved = tmp_path / "ft"
+    shutil.copytree(lora_run, moved)
+    run = vaswani.load(moved)  # the base is found where init_from says (an absolute path)
+    assert run.config.train.init_from == str(base[0].resolve())
+    config_text = (moved / rundir.CONFIG).read_text()
+    (moved / rundir.CONFIG).write_text(config_text.replace(str(base[0].resolve()),
+                                                           str(tmp_path / "gone")))
+    with pytest.raises(FileNotFoundError, match="put that run back"):
+        vaswani.load(moved)
+
+
+def test_peft_loads_the_exported_adapters_with_vaswanis_logits_and_gradients(base, lora_run,
+                                                                            tmp_path):
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from vaswani.export import ExportError, export
+    from vaswani.export.peft import peft_name
+    from vaswani.inference.finetuned import adapted
+
+    out = export(lora_run, "hf", tmp_path / "hf")
+    theirs = peft.PeftModel.from_pretrained(
+        transformers.AutoModelForCausalLM.from_pretrained(out), out / "adapter",
+        is_trainable=True).eval()
+    run = vaswani.load(lora_run)
+    ids = torch.randint(0, 200, (2, 12))
+    with torch.no_grad(), theirs.disable_adapter():  # the base alone differs
+        assert (theirs(ids).logits - run.model(ids)).abs().max() > 1e-2
+    with torch.no_grad():
+        assert_close(theirs(ids).logits, run.model(ids), rtol=1e-4, atol=1e-4)
+    # gradients by each adapter, in float64: vaswani's (unmerged) and peft's
+    ours = adapted(lora_run, run.config, lora_run / rundir.BEST, fast=False,
+                   merge=False).double()
+    theirs = theirs.double()
+    weight = torch.randn(2, 12, ours.config.vocab_size, dtype=torch.float64)
+    (ours(ids) * weight).sum().backward()
+    (theirs(ids).logits * weight).sum().backward()
+    named = dict(theirs.named_parameters())
+    grads = {peft_name(n).replace(".weight", ".default.weight"): p.grad
+             for n, p in ours.named_parameters() if p.requires_grad}
+    assert len(grads) == 28 and set(grads) <= set(named)
+    for name, grad in grads.items():  # HF's rotary angles are float32 even in a float64
+        scale = grad.abs().max()  # model (LlamaRotaryEmbedding): equal within 1e-6 of the
+        assert scale > 0, name  # largest element, not to float64's last digits
+        assert (grad - named[name].grad).abs().max() <= 1e-6 * scale, name
+    # --merge: the merged model, which transformers runs alone
+    merged = export(lora_run, "hf", tmp_path / "merged", merge=True)
+    assert not (merged / "adapter").exists()
+    alone = transformers.AutoModelForCausalLM.from_pretrained(merged).eval()
+    with torch.no_grad():
+        assert_close(alone(ids).logits, run.model(ids), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ExportError, match="holds none"):
+        export(base[0], "hf", tmp_path / "x", merge=True)
+
+
+def test_a_quantized_lora_run_carries_its_adapters(base, lora_run):
+    ids = torch.randint(0, 200, (2, 12))
+    with torch.no_grad():
+        int8 = vaswani.load(lora_run, quantize="int8").model(ids)
+        adapted_float = vaswani.load(lora_run).model(ids)
+        base_float = vaswani.load(base[0]).model(ids)
+    # int8 rounding moves the logits a little; without the adapters they would move as far
+    # as the base model's are from the adapted ones
+    assert (int8 - adapted_float).abs().max() < (base_float - adapted_float).abs().max() / 4
