@@ -237,3 +237,35 @@ def test_generate_and_serve_quantized_answer_for_odd_widths(kind, tmp_path):
         r = client.post("/v1/completions", json={"model": "odd", "prompt": "ab",
                                                  "max_tokens": 4})
         assert r.status_code == 200, r.text
+
+
+# --- QLoRA: a gradient through the frozen quantized weights -----------------------------------
+
+@pytest.mark.parametrize("out_features", [16, 48, 96, 4096 + 48])
+def test_int4_levels_unpack_from_the_kernels_own_packing(out_features):
+    from vaswani.cpu.quantized import int4_groups, int4_packed, int4_unpacked
+
+    weight = torch.randn(out_features, 64)
+    packed, _ = int4_packed(weight)  # torch's _convert_weight_to_int4pack_for_cpu
+    assert torch.equal(int4_unpacked(packed, out_features, 64), int4_groups(weight)[0])
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_weight_only_layer_passes_its_input_the_gradient_of_its_dequantized_weight(bits):
+    from vaswani.cpu.quantized import WeightOnlyLinear, reference_weight_only
+
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48)
+    layer = WeightOnlyLinear.of(linear, bits)
+    x = torch.randn(2, 5, 64).bfloat16().float().requires_grad_(True)  # bf16: no rounding
+    y = layer(x)
+    with torch.no_grad():  # the forward pass is the kernel's, unchanged
+        assert torch.equal(y, layer(x))
+        assert_close(y, reference_weight_only(x, layer, linear.weight), rtol=1e-2, atol=1e-2)
+    weight = layer.dequantized()
+    expected = reference_weight_only(torch.eye(64), layer, linear.weight) - linear.bias
+    assert_close(weight.T, expected, rtol=0, atol=0)  # the weight the kernel multiplies by
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    assert_close(x.grad, grad @ weight, rtol=0, atol=0)
+    assert y.dtype == x.grad.dtype == torch.float32  # the gradient is not rounded to bf16

@@ -170,3 +170,31 @@ def test_a_quantized_lora_run_carries_its_adapters(base, lora_run):
     # int8 rounding moves the logits a little; without the adapters they would move as far
     # as the base model's are from the adapted ones
     assert (int8 - adapted_float).abs().max() < (base_float - adapted_float).abs().max() / 4
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_qlora_trains_adapters_over_quantized_frozen_weights(base, tmp_path, quantize,
+                                                             monkeypatch):
+    from vaswani.cpu import quantized
+    from vaswani.nn.lora import LoRA
+
+    seen = []  # the layers the adapters were added over
+    real = quantized.quantize_linears
+    monkeypatch.setattr("vaswani.models.finetune.quantize_linears",
+                        lambda model, *a, **k: seen.append(model) or real(model, *a, **k))
+    base_dir, data = base
+    cfg = _config(tmp_path / "q.toml", data, base_dir, finetune={**LORA, "quantize": quantize})
+    train(str(cfg), [], out=str(tmp_path / "q"), launch=Launch(progress=False))
+    bases = [m.base for m in seen[0].modules() if isinstance(m, LoRA)]
+    assert bases and all(isinstance(b, quantized.WeightOnlyLinear) for b in bases)
+    assert {b.bits for b in bases} == {8 if quantize == "int8" else 4}
+    saved = load_file(str(tmp_path / "q" / rundir.BEST))
+    assert len(saved) == 28 and all(t.abs().max() > 0 for t in saved.values())  # B moved too
+    run, plain = vaswani.load(tmp_path / "q"), vaswani.load(base_dir)
+    ids = torch.randint(0, 200, (2, 12))
+    with torch.no_grad():
+        assert (run.model(ids) - plain.model(ids)).abs().max() > 1e-2
+    with pytest.raises(ValueError, match="QLoRA's: it needs method"):
+        train(str(_config(tmp_path / "x.toml", data, base_dir,
+                          finetune={"quantize": quantize})), [], out=str(tmp_path / "x"),
+              launch=Launch(progress=False))

@@ -36,6 +36,9 @@ class FinetuneConfig(ConfigBase):
     targets: list[str] = dataclasses.field(default_factory=lambda: ["q", "v"])
     """LoRA: the projections adapted, among q, k, v, o (attention's) and gate, up, down (the
     feed-forward's; a plain feed-forward has up and down)."""
+    quantize: Literal["", "int8", "int4"] = ""
+    """QLoRA: the frozen weights kept in int8 or int4 while the adapters train (language
+    models, on a CPU); "" = float."""
 
     @property
     def lora(self) -> bool:
@@ -48,6 +51,9 @@ class FinetuneConfig(ConfigBase):
             raise ValueError(f"alpha ({self.alpha}) must be positive")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout ({self.dropout}) must be in [0, 1)")
+        if self.quantize and not self.lora:
+            raise ValueError(f'quantize ({self.quantize!r}) is QLoRA\'s: it needs method = '
+                             '"lora" (the weights it quantizes are frozen)')
         unknown = [t for t in self.targets if t not in TARGETS]
         if unknown or not self.targets or len(set(self.targets)) != len(self.targets):
             raise ValueError(f"targets ({list(self.targets)}) must be some of "

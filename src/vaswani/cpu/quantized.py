@@ -24,8 +24,10 @@ Two ways, for two kinds of work:
   rows of a call, so a row's result can change with the rows beside it.
   :func:`reference_int8_linear` writes the arithmetic out, and a test checks they agree.
 
-Not for training (no gradients) and not on a GPU (these kernels are CPU-only). What each costs
-in quality and buys in speed: docs/performance.md.
+Not on a GPU (these kernels are CPU-only). Not for training their weights either: a
+:class:`WeightOnlyLinear` passes a gradient to its input only (:class:`FrozenProduct`), so
+that LoRA adapters can be trained over it (QLoRA). What each costs in quality and buys in
+speed: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -204,20 +206,76 @@ class WeightOnlyLinear(nn.Module):
         return layer
 
     def forward(self, x: Tensor) -> Tensor:
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, in)
-        if self.bits == 8:
-            y = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
+        flat = x.reshape(-1, self.in_features)  # (N, in)
+        if torch.is_grad_enabled() and flat.requires_grad:  # adapters train beneath (QLoRA)
+            y = FrozenProduct.apply(flat, self)
         else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.qweight, GROUP,
-                                                           self.scales)
+            y = self.product(flat)
         y = y.to(x.dtype if x.is_floating_point() else torch.float32)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
 
+    def product(self, flat: Tensor) -> Tensor:
+        """(N, in) -> (N, out) in bfloat16: the kernel's product, without the bias."""
+        flat = flat.to(torch.bfloat16)
+        if self.bits == 8:
+            return torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.qweight, GROUP,
+                                                          self.scales)
+
+    def dequantized(self) -> Tensor:
+        """The (out, in) float32 weight the kernel multiplies by (what
+        :func:`reference_weight_only` computes from the float weight)."""
+        if self.bits == 8:
+            return self.qweight.float() * self.scales.float()[:, None]
+        scales, offsets = self.scales.float().unbind(-1)  # (in / GROUP, out) each
+        levels = int4_unpacked(self.qweight, self.out_features, self.in_features)
+        w = (levels.view(self.out_features, -1, GROUP).float() - 8) * scales.T[..., None]
+        return (w + offsets.T[..., None]).view(self.out_features, self.in_features)
+
     def rows(self, x: Tensor, start: int, stop: int) -> Tensor:
         """Output rows ``start:stop`` (cross-attention's parts; a language model has none)."""
         return self.forward(x)[..., start:stop]
+
+
+class FrozenProduct(torch.autograd.Function):
+    """A :class:`WeightOnlyLinear`'s product with a gradient for its input alone (the weight
+    is frozen): backward multiplies by the dequantized weight, one layer's at a time, so no
+    float copy of the model is kept. The input's rounding to bfloat16 passes the gradient
+    through unchanged, as QLoRA's does."""
+
+    @staticmethod
+    def forward(ctx, flat: Tensor, layer: WeightOnlyLinear) -> Tensor:
+        ctx.layer = layer
+        return layer.product(flat).to(flat.dtype)  # the gradient comes back in this dtype
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        return (grad.float() @ ctx.layer.dequantized()).to(grad.dtype), None
+
+
+def int4_unpacked(packed: Tensor, out_features: int, in_features: int) -> Tensor:
+    """The (out, in) levels 0..15 of a weight :func:`int4_packed` packed: the kernel's CPU
+    layout, each ``ROWS`` rows apart, holds blocks of 32 rows as [in][16] bytes (rows j and
+    j + 16 of the block in the low and high half of byte j) and the last out % 32 rows as
+    [in][rows / 2] (rows 2j and 2j + 1). Checked against the kernel's packing in the tests."""
+    blocks, at = [], 0
+    for first in range(0, out_features, ROWS):
+        rows = min(ROWS, out_features - first)
+        for size, half in ((rows // 32 * 32, 16), (rows % 32, None)):
+            if not size:
+                continue
+            part = packed.reshape(-1)[at:at + size * in_features // 2]
+            at += part.numel()
+            if half:  # (blocks, in, 16): rows j | j + 16
+                b = part.view(size // 32, in_features, 16)
+                levels = torch.cat([b & 0xF, b >> 4], -1).permute(0, 2, 1)
+            else:  # (in, rows / 2): rows 2j | 2j + 1
+                b = part.view(in_features, size // 2)
+                levels = torch.stack([b & 0xF, b >> 4], -1).reshape(in_features, size).T
+            blocks.append(levels.reshape(size, in_features))
+    return torch.cat(blocks).to(torch.int32)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

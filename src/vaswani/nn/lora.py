@@ -45,10 +45,11 @@ class LoRA(nn.Module):
         self.base = base.requires_grad_(False)
         self.parts = dict(parts)
         self.rank, self.alpha, self.scale = rank, alpha, alpha / rank
-        weight = base.weight
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        make = dict(device=weight.device, dtype=weight.dtype if weight.is_floating_point()
-                    else torch.float32)
+        self.in_features, self.out_features = base.in_features, base.out_features
+        weight = getattr(base, "weight", None)  # none where it is quantized (QLoRA)
+        float_weight = weight is not None and weight.is_floating_point()
+        make = dict(device=weight.device if weight is not None else None,
+                    dtype=weight.dtype if float_weight else torch.float32)
         self.lora_A = nn.ParameterDict({name: nn.Parameter(torch.empty(rank, self.in_features,
                                                                        **make))
                                         for name in self.parts})
@@ -93,6 +94,9 @@ class LoRA(nn.Module):
     def merged(self) -> nn.Module:
         """The base layer with every part's update folded into its weight (W += (alpha / r)
         B A): the same function without the adapters (dropout aside)."""
+        if not isinstance(getattr(self.base, "weight", None), Tensor):
+            raise ValueError("LoRA adapters merge into a float weight; this layer's is "
+                             "quantized: merge into the float model they were trained on")
         for name, (start, stop) in self.parts.items():
             delta = (self.lora_B[name] @ self.lora_A[name]) * self.scale
             self.base.weight[start:stop] += delta.to(self.base.weight.dtype)
@@ -108,12 +112,12 @@ def parts_of(module: nn.Module) -> dict[str, dict[str, tuple[int, int]]]:
     if isinstance(module, MultiHeadAttention):
         q, kv = module.q_dim, module.kv_dim
         return {"in_proj": {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)},
-                "out_proj": {"o": (0, module.out_proj.weight.shape[0])}}
+                "out_proj": {"o": (0, module.out_proj.out_features)}}
     if isinstance(module, FeedForward):
-        d_ff = module.linear2.weight.shape[1]
+        d_ff = module.linear2.in_features
         first = {"gate": (0, d_ff), "up": (d_ff, 2 * d_ff)} if module.gated else \
             {"up": (0, d_ff)}
-        return {"linear1": first, "linear2": {"down": (0, module.linear2.weight.shape[0])}}
+        return {"linear1": first, "linear2": {"down": (0, module.linear2.out_features)}}
     return {}
 
 

@@ -37,7 +37,7 @@ from ..config import RunConfig
 from ..config.family import family
 from ..data.batching import Batch
 from ..evaluation.metrics import perplexity
-from ..models.finetune import add_adapters
+from ..models.finetune import add_adapters, quantize_frozen
 from ..nn.layers import Stack
 from ..tasks import Task, TaskData
 from . import parallel
@@ -78,6 +78,8 @@ class Trainer:
         lora = cfg.finetune.lora  # frozen weights read from init_from, resumed or not
         if t.init_from and (lora or not resume):  # from pretrained weights (into the slices)
             checkpoint.load_weights(self.model, Path(t.init_from) / rundir.BEST, fresh=fresh)
+        if cfg.finetune.quantize:  # QLoRA: the frozen weights in int8 / int4
+            quantize_frozen(self.model, cfg.finetune.quantize, device, cfg.model.arch)
         if lora:  # adapters on the frozen weights: all that is trained and saved
             add_adapters(self.model, cfg.finetune, trainable=fresh)
         self.optimizer = make_optimizer(self.model, t)
