@@ -76,6 +76,21 @@ def interleaved_best(fns: list, repeats: int) -> list[float]:
     return best
 
 
+def matmul_peak_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
+    """This machine's speed at one large matrix product, GFLOP/s (best of 3): the ceiling an
+    MFU is measured against, taken in the same run as the figure."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 * repeats / best / 1e9
+
+
 def hardware() -> dict:
     """What a result was measured on. The CPU machines differ between sessions (AVX2 only,
     or AVX-512 with bf16), and PyTorch's and CTranslate2's kernels with them, so figures are

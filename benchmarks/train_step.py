@@ -40,7 +40,7 @@ from vaswani.models.losses import smoothed_cross_entropy
 from vaswani.training.optimizers import make_optimizer
 
 from .baselines import NaiveTransformer, TorchTransformer
-from .common import report
+from .common import matmul_peak_gflops, report
 
 D, HEADS, D_FF, LAYERS, VOCAB, DROPOUT = 512, 8, 2048, 3, 8000, 0.1
 BATCH, SRC_LEN, TGT_LEN = 32, 64, 64
@@ -122,19 +122,6 @@ def time_steps(steps: dict, data, warmup: int, rounds: int, per_round: int
                 if i > 0:
                     times[name].append(time.perf_counter() - start)
     return {name: statistics.median(t) for name, t in times.items()}
-
-
-def matmul_peak_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 * repeats / best / 1e9
 
 
 def step_flops() -> float:

@@ -251,15 +251,15 @@ def test_the_server_reads_a_prompt_as_the_folders_tokenizer_starts_it(imported):
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_quantized_as_read_equals_quantized_after_a_float_load(imported, kind, monkeypatch):
     """vaswani.load(..., quantize=...) quantizes each linear layer and the token table as
-    their weights are read (inference/quantized.py: no whole float model in memory; the
+    their weights are read (checkpoint/quantized.py: no whole float model in memory; the
     table in blocks of rows, 7 here so that there are many); the model is the one that
     quantizing a float-loaded model gives, the tied head quantized as a layer of its own,
     biases and norms included, the same logits to the bit."""
-    import vaswani.inference.quantized
+    import vaswani.checkpoint.quantized
     from vaswani.cpu.quantized import Int8Embedding, WeightOnlyLinear, quantize_linears
 
     _, _, run_dir = imported
-    monkeypatch.setattr(vaswani.inference.quantized, "TABLE_ROWS", 7)
+    monkeypatch.setattr(vaswani.checkpoint.quantized, "TABLE_ROWS", 7)
     streamed = vaswani.load(run_dir, quantize=kind).model
     whole = quantize_linears(vaswani.load(run_dir).model, kind, weight_only=True)
     layers = [(n, m) for n, m in streamed.named_modules() if isinstance(m, WeightOnlyLinear)]

@@ -175,13 +175,14 @@ def test_a_quantized_lora_run_carries_its_adapters(base, lora_run):
 @pytest.mark.parametrize("quantize", ["int8", "int4"])
 def test_qlora_trains_adapters_over_quantized_frozen_weights(base, tmp_path, quantize,
                                                              monkeypatch):
+    from vaswani.checkpoint import quantized as quantized_load
     from vaswani.cpu import quantized
     from vaswani.nn.lora import LoRA
 
-    seen = []  # the layers the adapters were added over
-    real = quantized.quantize_linears
-    monkeypatch.setattr("vaswani.models.finetune.quantize_linears",
-                        lambda model, *a, **k: seen.append(model) or real(model, *a, **k))
+    seen = []  # the model the adapters were added to
+    real = quantized_load.load_frozen
+    monkeypatch.setattr("vaswani.training.loop.load_frozen",
+                        lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
     base_dir, data = base
     cfg = _config(tmp_path / "q.toml", data, base_dir, finetune={**LORA, "quantize": quantize})
     train(str(cfg), [], out=str(tmp_path / "q"), launch=Launch(progress=False))

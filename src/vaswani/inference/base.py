@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from .. import checkpoint, rundir
+from ..checkpoint.quantized import load_quantized
 from ..config import DecodeConfig, RunConfig
 from ..config.family import FAMILIES, Family, family
 from ..cpu.quantized import QUANTIZE, quantize_linears
@@ -40,7 +41,6 @@ from ..models import build_model
 from ..models.common import fill_buffers
 from ..tasks import Task, task_for
 from .finetuned import adapted
-from .quantized import load_quantized
 
 
 def check_batch_size(batch_size: int) -> None:

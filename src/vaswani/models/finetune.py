@@ -8,12 +8,9 @@ init_from`` run's, read from there whenever the run is built again.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from ..config import FinetuneConfig
-from ..config.family import family
-from ..cpu.quantized import quantize_linears
 from ..nn.lora import LoRA, add_lora
 
 
@@ -28,17 +25,6 @@ def add_adapters(model: nn.Module, finetune: FinetuneConfig, *,
         if trainable and name.startswith(trainable):
             p.requires_grad_(True)
     return wrapped
-
-
-def quantize_frozen(model: nn.Module, kind: str, device: torch.device, arch: str) -> None:
-    """QLoRA's base: ``model``'s linear layers and token table in int8 or int4 (the
-    inference kernels of cpu/quantized.py, which pass a gradient to their inputs), in
-    place, before the adapters are added."""
-    if device.type != "cpu" or not family(arch).language_model:
-        raise ValueError(f'[finetune] quantize = "{kind}" (QLoRA) trains a language model on '
-                         f"a CPU (PyTorch's int8/int4 kernels are CPU ones); this run is "
-                         f"{family(arch).describes} on {device}")
-    quantize_linears(model, kind, weight_only=True)
 
 
 def has_adapters(model: nn.Module) -> bool:

@@ -1,7 +1,7 @@
 """Run directories: what ``vaswani train`` and ``vaswani import`` write, and what every other
 command (and ``vaswani.load``) reads. This package knows the layout of ``RUN_DIR`` and reads
 and writes its description (here) and holds its lock (lock.py); the weights and checkpoints
-in it are checkpoint.py's, and every write goes through atomic.py::
+in it are checkpoint/'s, and every write goes through atomic.py::
 
     config.toml          the fully resolved config (vocabulary sizes and labels filled in)
     tokenizer/           meta.json + the tokenizer file(s)

@@ -33,11 +33,12 @@ import torch
 from torch import Tensor, nn
 
 from .. import checkpoint, devices, rundir
+from ..checkpoint.quantized import load_frozen
 from ..config import RunConfig
 from ..config.family import family
 from ..data.batching import Batch
 from ..evaluation.metrics import perplexity
-from ..models.finetune import add_adapters, quantize_frozen
+from ..models.finetune import add_adapters
 from ..nn.layers import Stack
 from ..tasks import Task, TaskData
 from . import parallel
@@ -71,15 +72,16 @@ class Trainer:
         fresh = ("head.",) if family(cfg.model.arch).classes else ()  # a classifier's new head
         # resumed, or fine-tuned with no new head, every weight is loaded: none drawn first
         loaded = resume or bool(t.init_from and not fresh)
-        self.model = self.parallel.build(cfg.model, device, t.precision, initialise=not loaded)
+        qlora = cfg.finetune.quantize  # QLoRA: the frozen weights read into int8/int4 layers
+        self.model = load_frozen(cfg.model, Path(t.init_from) / rundir.BEST, qlora, device) \
+            if qlora else self.parallel.build(cfg.model, device, t.precision,
+                                              initialise=not loaded)
         for module in self.model.modules():  # [train] checkpoint_activations: every stack
             if isinstance(module, Stack):
                 module.checkpoint_activations = t.checkpoint_activations
         lora = cfg.finetune.lora  # frozen weights read from init_from, resumed or not
-        if t.init_from and (lora or not resume):  # from pretrained weights (into the slices)
+        if t.init_from and (lora or not resume) and not qlora:  # pretrained (into the slices)
             checkpoint.load_weights(self.model, Path(t.init_from) / rundir.BEST, fresh=fresh)
-        if cfg.finetune.quantize:  # QLoRA: the frozen weights in int8 / int4
-            quantize_frozen(self.model, cfg.finetune.quantize, device, cfg.model.arch)
         if lora:  # adapters on the frozen weights: all that is trained and saved
             add_adapters(self.model, cfg.finetune, trainable=fresh)
         self.optimizer = make_optimizer(self.model, t)

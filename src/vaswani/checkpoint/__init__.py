@@ -25,10 +25,10 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from .atomic import atomic_write, atomic_write_text, file_sha256, fsync_dir
-from .models.common import assign
-from .models.finetune import saved_names
-from .rundir import AVERAGED, BEST, CHECKPOINTS, COMPLETE, LAST, SHARDED, record
+from ..atomic import atomic_write, atomic_write_text, file_sha256, fsync_dir
+from ..models.common import assign
+from ..models.finetune import saved_names
+from ..rundir import AVERAGED, BEST, CHECKPOINTS, COMPLETE, LAST, SHARDED, record
 
 WEIGHTS = ("best", "last", "averaged")
 

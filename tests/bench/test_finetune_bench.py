@@ -1,0 +1,37 @@
+"""benchmarks/finetune.py on a tiny LLaMA-shaped run: every contender trains in a process
+of its own from the same adapters, and vaswani's and peft's loss curves agree."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.training.fixtures import text_file
+from tests.training.test_lora import _config
+from vaswani.training.train import Launch, train
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_the_finetune_benchmark_races_vaswani_and_peft_on_the_same_steps(tmp_path):
+    pytest.importorskip("peft")
+    data = text_file(tmp_path / "text.txt")
+    train(str(_config(tmp_path / "base.toml", data, max_steps=2)), [],
+          out=str(tmp_path / "base"), launch=Launch(progress=False))
+    out = tmp_path / "finetune.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.finetune", "--run",
+                           str(tmp_path / "base"), "--work", str(tmp_path / "work"),
+                           "--steps", "2", "--rounds", "1", "--length", "16", "--rank", "4",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["results"]) == {"vaswani LoRA", "peft LoRA", "vaswani QLoRA int8",
+                                      "vaswani QLoRA int4"}
+    for name, r in result["results"].items():
+        assert len(r["losses"]) == 4 and r["tokens_per_s"] > 0, name
+        assert 100 < r["training_peak_rss_mb"] <= r["peak_rss_mb"], name
+        assert 0 < r["mfu"] < 1.5, name
+    assert result["loss_gap"] < 1e-3  # the same model, adapters and batches: the same losses
+    assert result["step_flops"] > 0 and "vaswani LoRA / peft LoRA" in done.stdout
