@@ -206,11 +206,14 @@ def test_every_tutorial_is_an_example_script_that_its_page_includes():
     ("char_lm.sh", ['"bits_per_char"', "ROMEO:"]),
     ("classifier.sh", ['"accuracy"', '"confusion"']),
     ("finetune_smollm2.sh", ["Q: What is the capital of Spain?", '"valid_loss"']),
+    ("instruct_smollm2.sh", ["question: Translate into Spanish:", "smollm2-bible:",
+                             '"valid_loss"']),
     ("run_pretrained.sh", ["The capital of France is Paris.", "imported smollm2-hf",
                            "chat: "]),
 ])
 def test_a_tutorial_script_runs(tmp_path, script, says):
-    out = run_example(["bash", str(ROOT / "examples" / script)], tmp_path, STEPS="3")
+    out = run_example(["bash", str(ROOT / "examples" / script)], tmp_path, STEPS="3",
+                      EVAL_BATCHES="2")
     for text in says:
         assert text in out, out[-3000:]
 

@@ -19,8 +19,8 @@ LORA = {"method": "lora", "rank": 4, "alpha": 8.0,
         "targets": ["q", "k", "v", "o", "gate", "up", "down"]}
 
 
-def _config(path, data, base_dir=None, *, finetune=None, **train_options):
-    cfg = config(path, "decoder", data, model=LLAMA,
+def _config(path, data, base_dir=None, *, finetune=None, model=None, **train_options):
+    cfg = config(path, "decoder", data, model={**LLAMA, **(model or {})},
                  data={"tokenizer": "bpe", "vocab_size": 300},
                  train={"max_steps": 6, "device": "cpu", "schedule": "constant", "warmup": 0,
                         "eval_every": 3, "save_every": 3, "lr": 1e-2,

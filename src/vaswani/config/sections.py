@@ -32,8 +32,9 @@ class DataConfig(ConfigBase):
     SECTION = "data"
 
     task: str | None = None
-    """What the data is for: a task's name ("translation", "lm", "classification", or one
-    of your own); None = the task of the [model] arch."""
+    """What the data is for: a task's name ("translation", "lm", "classification", "chat"
+    (conversations, the loss on the answers), or one of your own); None = the task of the
+    [model] arch."""
     dataset: str = ""
     """A built-in or prepared dataset (`vaswani data list`); empty = the files in
     `train`."""

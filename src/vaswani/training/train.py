@@ -346,8 +346,10 @@ def _start_main(task: Task, cfg: RunConfig, run_dir: Path, *, resume: bool, over
         rundir.record_launcher(run_dir)  # a torchrun restart of this job continues the run
     data = task.load(cache, tokenizers, labels, progress=progress)
     if not resume:
+        base = Path(cfg.train.init_from) if cfg.train.init_from else None
         rundir.write_run(run_dir, resolve_model(cfg, task, data), data.source_tokenizer,
-                         data.target_tokenizer, data.labels)
+                         data.target_tokenizer, data.labels,  # a chat model stays one
+                         chat_template=base and rundir.read_chat_template(base))
     return data
 
 def resolve_model(cfg: RunConfig, task: Task, data: TaskData) -> RunConfig:
