@@ -1,5 +1,5 @@
 """A LoRA run loaded for use: its ``[train] init_from`` run's weights with its adapters
-merged in (nn/lora.py ``merged``), so that it decodes, quantizes and compiles as any run."""
+merged in (nn/lora.py ``merged``), so that it decodes and quantizes as any run."""
 
 from __future__ import annotations
 
