@@ -199,3 +199,26 @@ def test_qlora_trains_adapters_over_quantized_frozen_weights(base, tmp_path, qua
         train(str(_config(tmp_path / "x.toml", data, base_dir,
                           finetune={"quantize": quantize})), [], out=str(tmp_path / "x"),
               launch=Launch(progress=False))
+
+
+def test_a_base_whose_weights_changed_is_refused(base, lora_run, tmp_path):
+    """The adapters were trained on one model: another model at the same path (retrained,
+    replaced) is refused by name when the run loads or resumes, not silently adapted."""
+    from vaswani.checkpoint import read_weights, save_weights
+
+    base_copy = tmp_path / "base"
+    shutil.copytree(base[0], base_copy)
+    run = tmp_path / "ft"
+    shutil.copytree(lora_run, run)
+    config = (run / rundir.CONFIG).read_text()
+    (run / rundir.CONFIG).write_text(config.replace(str(base[0].resolve()), str(base_copy)))
+    assert 'base_sha256 = "' in config
+    vaswani.load(run)  # the same weights in another place: accepted
+    tensors = read_weights(base_copy / rundir.BEST)
+    name = next(iter(tensors))
+    tensors[name] = tensors[name] + 1  # another model now
+    save_weights(tensors, base_copy / rundir.BEST)
+    with pytest.raises(ValueError, match="have changed since"):
+        vaswani.load(run)
+    with pytest.raises(ValueError, match="have changed since"):
+        train(None, ["train.max_steps=9"], resume=str(run), launch=Launch(progress=False))

@@ -39,6 +39,9 @@ class FinetuneConfig(ConfigBase):
     quantize: Literal["", "int8", "int4"] = ""
     """QLoRA: the frozen weights kept in int8 or int4 while the adapters train (language
     models, on a CPU); "" = float."""
+    base_sha256: str = ""
+    """LoRA: filled in when the run starts, the checksum of the init_from weights the
+    adapters are trained on; a base whose weights have changed since is refused."""
 
     @property
     def lora(self) -> bool:

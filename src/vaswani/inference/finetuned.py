@@ -11,18 +11,8 @@ from .. import checkpoint, rundir
 from ..config import RunConfig
 from ..config.family import family
 from ..models import build_model
-from ..models.finetune import add_adapters
+from ..models.finetune import add_adapters, check_base
 from ..nn.lora import merge_lora
-
-
-def base_weights(run_dir: Path, config: RunConfig) -> Path:
-    """The weights a LoRA run's adapters were trained on: its ``init_from`` run's best."""
-    base = Path(config.train.init_from)
-    if not (base / rundir.BEST).exists():
-        raise FileNotFoundError(f"{run_dir} holds LoRA adapters trained on {base} "
-                                f"([train] init_from), whose weights ({base / rundir.BEST}) "
-                                "are not there: put that run back where it was")
-    return base / rundir.BEST
 
 
 def adapted(run_dir: Path, config: RunConfig, adapters: Path, *, fast: bool,
@@ -31,7 +21,8 @@ def adapted(run_dir: Path, config: RunConfig, adapters: Path, *, fast: bool,
     weights file of the run), merged into them unless ``merge`` is False."""
     fresh = ("head.",) if family(config.model.arch).classes else ()  # the run's own head
     model = build_model(config.model, initialise=False, fast=fast)
-    checkpoint.load_weights(model, base_weights(run_dir, config), fresh=fresh)
+    base = check_base(Path(config.train.init_from) / rundir.BEST, config.finetune, run_dir)
+    checkpoint.load_weights(model, base, fresh=fresh)
     add_adapters(model, config.finetune, trainable=fresh)
     checkpoint.load_weights(model, adapters)
     return merge_lora(model) if merge else model

@@ -8,6 +8,8 @@ init_from`` run's, read from there whenever the run is built again.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from torch import nn
 
 from ..config import FinetuneConfig
@@ -25,6 +27,31 @@ def add_adapters(model: nn.Module, finetune: FinetuneConfig, *,
         if trainable and name.startswith(trainable):
             p.requires_grad_(True)
     return wrapped
+
+
+def base_sha256(path: Path) -> str:
+    """The sha256 a weights file (checkpoint.write_tensors) records of its tensors, read from
+    its header alone ("" for a file written before checksums)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return (f.metadata() or {}).get("sha256", "")
+
+
+def check_base(path: Path, finetune: FinetuneConfig, run: Path | str) -> Path:
+    """``path``, the weights a LoRA run starts from, if they are those its adapters were
+    trained on; otherwise an error naming both."""
+    if not path.exists():
+        raise FileNotFoundError(f"{run} holds LoRA adapters trained on {path.parent} ([train] "
+                                f"init_from), whose weights ({path}) are not there: put that "
+                                "run back where it was")
+    found = base_sha256(path)
+    if finetune.base_sha256 and found != finetune.base_sha256:
+        raise ValueError(f"{run} holds LoRA adapters trained on the weights in {path}, which "
+                         f"have changed since (sha256 {finetune.base_sha256[:12]}..., now "
+                         f"{found[:12]}...): the adapters would adapt another model; restore "
+                         "that run's weights, or train new adapters")
+    return path
 
 
 def has_adapters(model: nn.Module) -> bool:

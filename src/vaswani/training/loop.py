@@ -38,7 +38,7 @@ from ..config import RunConfig
 from ..config.family import family
 from ..data.batching import Batch
 from ..evaluation.metrics import perplexity
-from ..models.finetune import add_adapters
+from ..models.finetune import add_adapters, check_base
 from ..nn.layers import Stack
 from ..tasks import Task, TaskData
 from . import parallel
@@ -72,16 +72,17 @@ class Trainer:
         fresh = ("head.",) if family(cfg.model.arch).classes else ()  # a classifier's new head
         # resumed, or fine-tuned with no new head, every weight is loaded: none drawn first
         loaded = resume or bool(t.init_from and not fresh)
+        base = Path(t.init_from) / rundir.BEST
+        if lora := cfg.finetune.lora:  # the weights its adapters were trained on, still
+            check_base(base, cfg.finetune, run_dir)
         qlora = cfg.finetune.quantize  # QLoRA: the frozen weights read into int8/int4 layers
-        self.model = load_frozen(cfg.model, Path(t.init_from) / rundir.BEST, qlora, device) \
-            if qlora else self.parallel.build(cfg.model, device, t.precision,
-                                              initialise=not loaded)
+        self.model = load_frozen(cfg.model, base, qlora, device) if qlora else \
+            self.parallel.build(cfg.model, device, t.precision, initialise=not loaded)
         for module in self.model.modules():  # [train] checkpoint_activations: every stack
             if isinstance(module, Stack):
                 module.checkpoint_activations = t.checkpoint_activations
-        lora = cfg.finetune.lora  # frozen weights read from init_from, resumed or not
         if t.init_from and (lora or not resume) and not qlora:  # pretrained (into the slices)
-            checkpoint.load_weights(self.model, Path(t.init_from) / rundir.BEST, fresh=fresh)
+            checkpoint.load_weights(self.model, base, fresh=fresh)  # (LoRA: on resume too)
         if lora:  # adapters on the frozen weights: all that is trained and saved
             add_adapters(self.model, cfg.finetune, trainable=fresh)
         self.optimizer = make_optimizer(self.model, t)

@@ -36,6 +36,7 @@ from ..config.family import family
 from ..data.registry import default_cache
 from ..data.tokenizers import Tokenizer
 from ..models import check_fits
+from ..models.finetune import base_sha256
 from ..tasks import Task, TaskData, task_for
 from ..viz.curves import plot_loss
 from .distributed import Dist, RankZeroFailed, init, rank0_decides, shutdown
@@ -173,7 +174,12 @@ def configure(config: str, overrides: list[str]) -> tuple[RunConfig, Tokenizers 
         return cfg, None
     base_dir = Path(cfg.train.init_from)
     if cfg.finetune.lora:  # the run reads its frozen weights there for as long as it lives
-        cfg = cfg.replace(train=cfg.train.replace(init_from=str(base_dir.resolve())))
+        weights = base_dir / rundir.BEST
+        if not weights.exists():
+            raise FileNotFoundError(f"[train] init_from ({base_dir}) has no weights "
+                                    f"({rundir.BEST}) for LoRA adapters to adapt")
+        cfg = cfg.replace(train=cfg.train.replace(init_from=str(base_dir.resolve())),
+                          finetune=cfg.finetune.replace(base_sha256=base_sha256(weights)))
     if not (base_dir / rundir.CONFIG).exists():
         raise FileNotFoundError(f"[train] init_from ({base_dir}) is not a run directory "
                                 "(no config.toml); make one with vaswani import or train")
