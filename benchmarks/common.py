@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -89,6 +90,12 @@ def matmul_peak_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> 
             a @ b
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 * repeats / best / 1e9
+
+
+def status_mb(*keys: str) -> dict[str, int]:
+    """Fields of /proc/self/status, in MB."""
+    text = Path("/proc/self/status").read_text()
+    return {k: int(re.search(rf"^{k}:\s+(\d+) kB", text, re.M)[1]) // 1024 for k in keys}
 
 
 def hardware() -> dict:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -43,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from .common import ROOT, VASWANI, matmul_peak_gflops, report, smollm2
+from .common import ROOT, VASWANI, matmul_peak_gflops, report, smollm2, status_mb
 
 TARGETS = ["q", "k", "v", "o"]
 LR = 1e-3
@@ -64,23 +63,11 @@ def batches(run_dir: Path, count: int, batch: int, length: int) -> list[list[lis
     return [windows[b * batch:(b + 1) * batch] for b in range(count)]
 
 
-def _rss_peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _reset_peak() -> None:
-    """Linux: the process's peak resident size starts again from its present size."""
-    Path("/proc/self/clear_refs").write_text("5")
-
-
-def _hwm_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def _timed(step, data) -> dict:
+    """Run ``step`` on each batch: tokens/s past the first two, the losses, and the peak
+    resident memory of the whole process (loading included) and of the steps alone."""
+    loaded = status_mb("VmHWM")["VmHWM"]
+    Path("/proc/self/clear_refs").write_text("5")  # Linux: the peak starts again from now
     losses, times = [], []
     for inputs in data:
         start = time.perf_counter()
@@ -88,8 +75,10 @@ def _timed(step, data) -> dict:
         times.append(time.perf_counter() - start)
     timed = times[2:]
     tokens = sum(len(x) * (len(x[0]) - 1) for x in data[2:])
+    steps_peak = status_mb("VmHWM")["VmHWM"]
     return {"tokens_per_s": tokens / sum(timed), "step_s": sum(timed) / len(timed),
-            "losses": losses}
+            "losses": losses, "peak_rss_mb": max(loaded, steps_peak),
+            "training_peak_rss_mb": steps_peak}
 
 
 def vaswani_child(job: dict) -> dict:
@@ -120,9 +109,6 @@ def vaswani_child(job: dict) -> dict:
     checkpoint.load_weights(model, initial)
     model.train()
     optimizer = make_optimizer(model, TrainConfig(lr=LR, weight_decay=0.0))
-    loaded = _rss_peak_mb()
-    _reset_peak()
-
     def step(inputs) -> float:
         ids = torch.tensor(inputs)
         logits = model(ids[:, :-1], mask=True)
@@ -134,7 +120,6 @@ def vaswani_child(job: dict) -> dict:
         return loss.item()
 
     out = _timed(step, job["batches"])
-    out.update(peak_rss_mb=max(loaded, _hwm_mb()), training_peak_rss_mb=_hwm_mb())
     if not job["quantize"]:  # the FLOPs of one step (the kernels of QLoRA are not counted)
         from torch.utils.flop_counter import FlopCounterMode
 
@@ -167,9 +152,6 @@ def peft_child(job: dict) -> dict:
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
                                   weight_decay=0.0)
-    loaded = _rss_peak_mb()
-    _reset_peak()
-
     def step(inputs) -> float:
         ids = torch.tensor(inputs)
         logits = model(input_ids=ids[:, :-1]).logits  # the next token of each input token,
@@ -179,8 +161,7 @@ def peft_child(job: dict) -> dict:
         optimizer.zero_grad(set_to_none=True)
         return loss.item()
 
-    out = _timed(step, job["batches"])
-    return {**out, "peak_rss_mb": max(loaded, _hwm_mb()), "training_peak_rss_mb": _hwm_mb()}
+    return _timed(step, job["batches"])
 
 
 def child(job: dict) -> dict:

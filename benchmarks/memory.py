@@ -12,17 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from pathlib import Path
 
-from .common import hardware, smollm2
-
-
-def status_mb(*keys: str) -> dict[str, int]:
-    """Fields of /proc/self/status, in MB."""
-    text = Path("/proc/self/status").read_text()
-    return {k: int(re.search(rf"^{k}:\s+(\d+) kB", text, re.M)[1]) // 1024 for k in keys}
+from .common import hardware, smollm2, status_mb
 
 
 def main(argv: list[str] | None = None) -> dict:
