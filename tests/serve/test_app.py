@@ -397,21 +397,21 @@ def test_metrics_are_prometheus_text_with_the_engines_state(client):
 
 
 def test_vaswani_serve_quantize_reaches_every_runs_load(monkeypatch, capsys):
-    import vaswani.inference
+    import vaswani.inference.shared
     from vaswani.cli import main
 
     loaded = []
 
-    def load(run_dir, **kwargs):
-        loaded.append((run_dir, kwargs))
+    def load_runs(run_dirs, **kwargs):
+        loaded.append((run_dirs, {k: v for k, v in kwargs.items() if k != "say"}))
         raise ValueError("stop before the server starts")
 
-    monkeypatch.setattr(vaswani.inference, "load", load)
+    monkeypatch.setattr(vaswani.inference.shared, "load_runs", load_runs)
     threads = torch.get_num_threads()
     assert main(["serve", "some-run", "--quantize", "int8"]) != 0
     assert "stop before the server starts" in capsys.readouterr().err
     assert torch.get_num_threads() == threads  # loading sets 1; a failure set it back
-    assert loaded == [("some-run", {"device": "cpu", "quantize": "int8"})]
+    assert loaded == [({"some-run": "some-run"}, {"device": "cpu", "quantize": "int8"})]
     with pytest.raises(SystemExit):
         main(["serve", "some-run", "--quantize", "int2"])
     assert "invalid choice: 'int2'" in capsys.readouterr().err
@@ -443,13 +443,15 @@ def test_vaswani_serve_speculate_is_every_language_models_default(served, monkey
     from fastapi.testclient import TestClient
 
     import vaswani.cli.serve
-    import vaswani.inference
+    import vaswani.inference.shared
     from vaswani.cli import main
     from vaswani.serve import create_app
 
     lm = vaswani.load(served["lm"].run_dir, device=str(conftest.DEVICE))
     runs = {"lm": lm, "copy": served["copy"]}
-    monkeypatch.setattr(vaswani.inference, "load", lambda d, **kw: runs[d])
+    monkeypatch.setattr(vaswani.inference, "load", lambda d, **kw: runs[d])  # (--draft's)
+    monkeypatch.setattr(vaswani.inference.shared, "load_runs",
+                        lambda dirs, **kw: {name: runs[d] for name, d in dirs.items()})
     seen = {}
     monkeypatch.setattr(vaswani.cli.serve, "_serve",
                         lambda args, sock, loaded, threads: seen.update(loaded) or 0)

@@ -32,7 +32,9 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
         "otherwise; with --api-key (or $VASWANI_API_KEY) every /v1 route needs "
         "'Authorization: Bearer KEY'.")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
-                   help="runs to serve, each under its folder's name (or --name)")
+                   help="runs to serve, each under its folder's name (or --name). LoRA "
+                        "runs of one base (two or more, or beside the base run) share one "
+                        "copy of its weights, each request computed with its run's adapters")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8000, help="port to listen on, 1-65535 "
                    "(default 8000)")
@@ -91,7 +93,7 @@ def serve(args: argparse.Namespace) -> int:
                          "pip install 'vaswani[serve]'") from None
     import torch
 
-    from ..inference import load
+    from ..inference.shared import load_runs
     from ..serve import name_runs
 
     sock = listening_socket(args.host, args.port)  # before loading: a port in use fails fast
@@ -103,8 +105,11 @@ def serve(args: argparse.Namespace) -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        runs = {name: load(d, device=args.device, quantize=args.quantize, **eager(args))
-                for name, d in name_runs(args.run_dirs, args.name).items()}
+        # LoRA runs of one base (or beside it) share one copy of it (inference/shared.py)
+        runs = load_runs(name_runs(args.run_dirs, args.name), device=args.device,
+                         quantize=args.quantize, say=lambda line: print(
+                             f"vaswani serve: {line}", file=sys.stderr, flush=True),
+                         **eager(args))
         for run in runs.values():
             if args.speculate is not None and run.decodes and not run.family.cross:
                 run.set_decode(speculate=args.speculate)

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..models import EncoderDecoder
 from . import beam, speculate
+from .adapters import choice_of
 from .config import EngineConfig
 from .graphs import StaticDecoder
 from .memory import collector_paused
@@ -50,7 +51,8 @@ class Engine:
                                    max_len=self.max_len, fast_lane=config.lane(self.device),
                                    shared_chunk=config.shared_chunk)
         static = None
-        if config.cuda_graphs and self.device.type == "cuda":
+        if config.cuda_graphs and self.device.type == "cuda" and choice_of(model) is None:
+            # (a graph replays one choice of adapters: a model serving several runs eagerly)
             static = StaticDecoder(model, self.cache, pad_id=self.pad_id, capture=True)
         self.runner = Runner(model, self.cache, pad_id=self.pad_id, static=static)
         self.sampler = Sampler(pad_id=self.pad_id, bos_id=bos_id, eos_id=eos_id,

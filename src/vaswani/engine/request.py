@@ -113,14 +113,16 @@ class Request:
     def __init__(self, prompt: list[int], params: Params, *, start: list[int] | None = None,
                  history_start: int = 0, limit: int | None = None,
                  on_token: Callable[[Request, int], bool] | None = None,
-                 on_finish: Callable[[Request], None] | None = None) -> None:
+                 on_finish: Callable[[Request], None] | None = None,
+                 adapter: int = 0) -> None:
         """``prompt``: a language model's prompt, or a translation's source ids (then
         ``start`` is the target's first tokens, ``[<bos>]``). ``history_start``: where in a
         row's tokens the text that repetition rules look at begins (a translation's output
         after ``<bos>``). ``limit``: tokens to generate at most (default
-        ``params.max_new_tokens``)."""
+        ``params.max_new_tokens``). ``adapter``: which of the model's LoRA adapters its rows
+        use, where it serves several (adapters.py; 0: the base alone)."""
         self.id = next(_ids)
-        self.prompt, self.params = prompt, params
+        self.prompt, self.params, self.adapter = prompt, params, adapter
         self.seq2seq = start is not None
         self.start = list(start if start is not None else prompt)
         self.history_start = history_start

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from ..cpu.attention import engine_pass
+from .adapters import choose
 from .cache import SlotCache, aligned, parts
 from .compiled import MAX_ROWS, CompiledStep
 from .graphs import StaticDecoder
@@ -49,6 +50,11 @@ class Runner:
         self.compiled: CompiledStep | None = None
         self.device = next(model.parameters()).device
 
+    def adapters(self, adapters: list[int]):
+        """A context in which each row of the pass uses its request's LoRA adapter, where
+        the model serves several (adapters.py)."""
+        return choose(self.model, adapters, self.device)
+
     @torch.inference_mode()
     def encode(self, requests: list[Request]) -> None:
         """Encode the requests' sources and store each decoder layer's cross-attention keys
@@ -59,14 +65,15 @@ class Runner:
         for i, r in enumerate(requests):
             src[i, :len(r.prompt)] = torch.tensor(r.prompt, device=self.device)
         keep = torch.arange(S, device=self.device)[None, :] < lengths[:, None]  # (B, S)
-        with engine_pass("prefill"):
+        with engine_pass("prefill"), self.adapters([r.adapter for r in requests]):
             memory = self.model.encode(src, src_mask=keep)  # (B, S, D)
+            cross = self.model.cross_keys_values(memory)
         slots = [r.source_slot for r in requests]
         # slots taken one after another, as they mostly are: a slice's copy, not an index_put
         in_order = slots == list(range(slots[0], slots[0] + len(slots)))
         to = (slice(slots[0], slots[0] + len(slots)) if in_order
               else tensor_of(slots, self.device))
-        for i, (k, v) in enumerate(self.model.cross_keys_values(memory)):  # (B, Hkv, S, Dh)
+        for i, (k, v) in enumerate(cross):  # (B, Hkv, S, Dh)
             self.cache.ck[i][to, :, :S] = k.to(self.cache.dtype)  # (under autocast: bf16)
             self.cache.cv[i][to, :, :S] = v.to(self.cache.dtype)
 
@@ -112,7 +119,10 @@ class Runner:
                          lengths=None if min(lengths) == longest  # all alike: no mask
                          else tensor_of(lengths, d))
         plan = StepPlan(columns, width, column=column, self_parts=self_parts, **cross)
-        with engine_pass("decode"):
+        adapters = [0] * n  # a slot riding along as padding: the base alone
+        for request, seq in rows:
+            adapters[seq.slot] = request.adapter
+        with engine_pass("decode"), self.adapters(adapters):
             logits = forward_step(self.model, self.cache, ids, positions,
                                   torch.zeros(n, dtype=torch.long, device=d), plan)
         return logits, [seq.slot for _, seq in rows]
@@ -177,7 +187,8 @@ class Runner:
                 cross=max(len(r.prompt) for r, _, _ in rows))
         verify = kind == "verify"
         plan = StepPlan(columns, width, slots=slots, apart=verify, **cross)
-        with engine_pass("prefill" if kind == "prefill" else "decode"):
+        with engine_pass("prefill" if kind == "prefill" else "decode"), \
+                self.adapters([request.adapter for request, _, _ in rows]):
             return forward_step(self.model, self.cache, ids.to(device), positions,
                                 None if verify else lengths - 1, plan)
 

@@ -35,6 +35,7 @@ from ..data.prepare import split_files
 from ..data.tokenizers import Tokenizer
 from ..devices import resolve_device
 from ..engine import Engine, EngineConfig, Params
+from ..engine.adapters import choose
 from ..engine.compiled import CompiledStep, identity, load_compiled, package_path
 from ..generation import Rules
 from ..models import build_model
@@ -65,6 +66,7 @@ class Run:
     takes_target: ClassVar[bool] = False  # the attention explorer can be given an output
     decodes: ClassVar[bool] = False  # it generates tokens, on the inference engine
     produces_outputs: ClassVar[bool] = True  # evaluation yields an output per example
+    adapter: int = 0  # which LoRA adapter of a model serving several it uses (shared.py)
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -81,6 +83,11 @@ class Run:
         self.chat_template: str | None = rundir.read_chat_template(run_dir)
         self.compiled = None  # the decode step compiled ahead of time (engine/compiled.py)
         self._engine = None
+
+    def adapted(self):
+        """A context in which the model computes with this run's adapter, where it serves
+        several runs' (engine/adapters.py); the engine chooses its rows' itself."""
+        return choose(self.model, self.adapter)
 
     @property
     def family(self) -> Family:

@@ -116,7 +116,7 @@ class LanguageModel(Run):
         params = self.params(decode, seed=seed)
         if logprobs is not None:
             params = dataclasses.replace(params, logprobs=logprobs)
-        request = Request(ids, params, on_token=on_token)
+        request = Request(ids, params, on_token=on_token, adapter=self.adapter)
         return Completion(request, text, emit)
 
     @torch.no_grad()
@@ -132,7 +132,8 @@ class LanguageModel(Run):
         if len(ids) < 2:
             return []
         x = as_batch(ids, self.device)
-        log_p = self.model(x, mask=torch.ones_like(x, dtype=torch.bool))[0, :-1].float()
+        with self.adapted():
+            log_p = self.model(x, mask=torch.ones_like(x, dtype=torch.bool))[0, :-1].float()
         log_p = log_p.log_softmax(-1)  # (T - 1, V): position t predicts token t + 1
         chosen = log_p.gather(1, x[0, 1:, None])[:, 0].tolist()
         if not top:
@@ -155,7 +156,8 @@ class LanguageModel(Run):
         for x, y in lm_eval_windows(ids, max_len):
             windows += 1
             x, y = x.to(self.device), y.to(self.device)
-            logits = self.model(x, mask=torch.ones_like(x, dtype=torch.bool))
+            with self.adapted():
+                logits = self.model(x, mask=torch.ones_like(x, dtype=torch.bool))
             _, batch_nll, n = smoothed_cross_entropy(logits.flatten(0, 1), y.flatten())
             nll += float(batch_nll)
             count += int(n)
@@ -177,7 +179,8 @@ class LanguageModel(Run):
     @torch.no_grad()
     def attention(self, text, target=None):
         ids = self._ids(text)
-        _, weights = self.model.forward_with_attention(as_batch(ids, self.device))
+        with self.adapted():
+            _, weights = self.model.forward_with_attention(as_batch(ids, self.device))
         labels = token_labels(self.source_tokenizer, ids)
         return {"self-attention": attention_map(weights["decoder"][:, 0], labels, labels)}
 
@@ -185,7 +188,8 @@ class LanguageModel(Run):
     def output_probabilities(self, text, target=None):
         """Each token's probability given the tokens before it (the first has none)."""
         ids = self._ids(text)
-        logits = self.model(as_batch(ids, self.device))
+        with self.adapted():
+            logits = self.model(as_batch(ids, self.device))
         labels = token_labels(self.source_tokenizer, ids)
         return [{"token": labels[0], "p": None}, *next_token_probabilities(logits, ids, labels)]
 

@@ -78,7 +78,12 @@ class LoRA(nn.Module):
         """Output rows ``start:stop`` (cross-attention projects its queries and its memory
         apart), each adapted part that falls inside them with its update added."""
         whole = (start, stop) == (0, self.out_features)
-        y = self.base(x) if whole else self.base.rows(x, start, stop)
+        return self.added(x, self.base(x) if whole else self.base.rows(x, start, stop),
+                          start, stop)
+
+    def added(self, x: Tensor, y: Tensor, start: int, stop: int) -> Tensor:
+        """``y``, the base layer's output rows ``start:stop`` for ``x``, with the update of
+        each adapted part that falls inside them added."""
         pieces, at = [], start  # y's columns, with each part's update added where it falls
         for name, (lo, hi) in sorted(self.parts.items(), key=lambda item: item[1]):
             lo, hi = max(lo, start), min(hi, stop)
@@ -151,6 +156,19 @@ def merge_lora(model: nn.Module) -> nn.Module:
             if isinstance(child, LoRA):
                 setattr(module, name, child.merged())
     return model
+
+
+def remove_lora(model: nn.Module) -> dict[str, LoRA]:
+    """Every :class:`LoRA` layer of ``model`` replaced by its base layer, unchanged, in
+    place; returns the LoRA layers by name (``layers.0.self_attn.in_proj``), their bases
+    still inside them."""
+    removed = {}
+    for prefix, module in list(model.named_modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, LoRA):
+                setattr(module, name, child.base)
+                removed[f"{prefix}.{name}" if prefix else name] = child
+    return removed
 
 
 def adapters(model: nn.Module) -> dict[str, Tensor]:

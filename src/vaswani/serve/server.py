@@ -71,13 +71,19 @@ class Server:
         self.runs, self.limits, self.max_queue = runs, limits, max_queue
         config = EngineConfig(max_rows=max_batch, fast_lane=fast_lane,
                               max_step_tokens=SERVER_STEP_TOKENS)
-        self.engines = {name: run.new_engine(config)
-                        for name, run in runs.items() if run.decodes}
+        # one engine per model: runs that share one (LoRA adapters over one base:
+        # inference/shared.py) share its batches, stepped under the first one's name
+        self.engines, self.stepped_as, made = {}, {}, {}  # made: model -> (name, engine)
+        for name, run in runs.items():
+            if run.decodes:
+                if id(run.model) not in made:
+                    made[id(run.model)] = name, run.new_engine(config)
+                self.stepped_as[name], self.engines[name] = made[id(run.model)]
         self.batchers = {name: Batcher(name, self._handlers(run), max_batch=max_batch,
                                        max_wait_ms=max_wait_ms, max_queue=max_queue)
                          for name, run in runs.items() if not run.decodes}
-        self.loop = EngineLoop(self.engines, batchers=self.batchers, max_queue=max_queue,
-                               threads=threads)
+        self.loop = EngineLoop(dict(made.values()), batchers=self.batchers,
+                               max_queue=max_queue, threads=threads)
         self.submitted = dict.fromkeys(runs, 0)
         self.cancelled = dict.fromkeys(runs, 0)
         self.started = int(time.time())
@@ -135,7 +141,7 @@ class Server:
 
     def _queue(self, name: str, requests: list[Request]) -> None:
         """Hand requests to the engine, all or none (Busy: none of them)."""
-        self.loop.submit(name, requests)
+        self.loop.submit(self.stepped_as[name], requests)
         self.submitted[name] += len(requests)
 
     async def translate(self, name: str, texts: list[str], decode: DecodeConfig,
