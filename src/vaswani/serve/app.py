@@ -33,7 +33,8 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from ..inference import Run
 from . import routes, schemas
 from .batcher import Busy
-from .routes import ApiError, error_body
+from .bodies import ApiError
+from .routes import error_body
 from .server import ClientGone, Limits, Refused, Server, UnknownModel
 
 # --- the application ------------------------------------------------------------------------

@@ -20,17 +20,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from ..inference import Run
-from . import chat, openai, schemas
-from .server import Generation, Limits, Server, until
-
-
-class ApiError(Exception):
-    """An answer other than 2xx: its HTTP status, message, type and the field at fault."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
+from . import bodies, chat, openai, schemas
+from .bodies import ApiError
+from .server import Generation, Server, until
 
 
 async def the_server(request: Request) -> Server:
@@ -90,11 +82,11 @@ async def models(server: TheServer):
 
 @api.post("/translate")
 async def translate(body: schemas.TranslateRequest, request: Request, server: TheServer):
-    _implemented(body)
+    bodies.implemented(body)
     run = server.run_for(body.model, "translate")
-    texts = _texts(body.input, server.limits)
-    _fits(run, body.model, texts, body.input)
-    decode = _decode(run, beam=body.beam, n_best=body.n_best,
+    texts = bodies.texts(body.input, server.limits)
+    bodies.fits(run, body.model, texts, body.input)
+    decode = bodies.decode(run, beam=body.beam, n_best=body.n_best,
                      length_penalty=body.length_penalty,
                      no_repeat_ngram_size=body.no_repeat_ngram_size,
                      repetition_penalty=body.repetition_penalty,
@@ -107,13 +99,13 @@ async def translate(body: schemas.TranslateRequest, request: Request, server: Th
 
 @api.post("/classify")
 async def classify(body: schemas.ClassifyRequest, request: Request, server: TheServer):
-    _implemented(body)
+    bodies.implemented(body)
     run = server.run_for(body.model, "classify")
     if not run.labels:
         raise ApiError(400, f"model {body.model!r} has no classification head (an "
                        "imported encoder): use /v1/embeddings", "model")
-    texts = _texts(body.input, server.limits)
-    _fits(run, body.model, texts, body.input)
+    texts = bodies.texts(body.input, server.limits)
+    bodies.fits(run, body.model, texts, body.input)
     results = await server.encode(body.model, "classify", texts, request.is_disconnected)
     return {"object": "list", "model": body.model, "data": [
         {"index": i, "label": max(p, key=p.get), "probability": max(p.values()),
@@ -122,10 +114,10 @@ async def classify(body: schemas.ClassifyRequest, request: Request, server: TheS
 
 @api.post("/embeddings")
 async def embeddings(body: schemas.EmbeddingRequest, request: Request, server: TheServer):
-    _implemented(body)
+    bodies.implemented(body)
     run = server.run_for(body.model, "embeddings")
-    texts = _texts(body.input, server.limits)
-    _fits(run, body.model, texts, body.input)
+    texts = bodies.texts(body.input, server.limits)
+    bodies.fits(run, body.model, texts, body.input)
     vectors = await server.encode(body.model, "embed", texts, request.is_disconnected)
     n_tokens = sum(len(run.source_tokenizer.encode(t)) for t in texts)
     return {"object": "list", "model": body.model, "data": [
@@ -136,9 +128,9 @@ async def embeddings(body: schemas.EmbeddingRequest, request: Request, server: T
 
 @api.post("/completions")
 async def completions(body: schemas.CompletionRequest, request: Request, server: TheServer):
-    _implemented(body)
+    bodies.implemented(body)
     run = server.run_for(body.model, "completions")
-    prompts = _prompts(server, run, body.prompt)
+    prompts = bodies.prompts(server, run, body.prompt)
     if body.stream and len(prompts) > 1:
         raise ApiError(400, "stream with a list of prompts is not supported; send one "
                        "prompt per request", "prompt")
@@ -159,13 +151,13 @@ async def completions(body: schemas.CompletionRequest, request: Request, server:
         choices, usage = openai.choices(results, body.n, chat_mode=False, tokenizer=tok,
                                         logprobs=keep, echo=echo)
         return _completion_answer(body.model, choices, usage)
-    decode = _decoding(server, run, body, body.max_tokens, len(prompts))
+    decode = bodies.decoding(server, run, body, body.max_tokens, len(prompts))
     generations = server.generate(body.model, prompts, decode, n=body.n, seed=body.seed,
                                   stream=body.stream, logprobs=body.logprobs)
     if body.stream:
         return openai.sse(generations[0], request, body.model, "text_completion",
                           chat_mode=False, tokenizer=tok, logprobs=keep,
-                          echo=echo[0] if echo else None, usage=_usage(body))
+                          echo=echo[0] if echo else None, usage=bodies.usage(body))
     results = [await _result(g, request) for g in generations]
     choices, usage = openai.choices(results, body.n, chat_mode=False, tokenizer=tok,
                                     logprobs=keep, echo=echo)
@@ -179,7 +171,7 @@ def _completion_answer(model: str, choices: list, usage: dict) -> dict:
 
 @api.post("/chat/completions")
 async def chat_completions(body: schemas.ChatRequest, request: Request, server: TheServer):
-    _implemented(body)
+    bodies.implemented(body)
     run = server.run_for(body.model, "chat")
     if run.chat_template is None:
         raise ApiError(400, f"model {body.model!r} has no chat template (a model trained "
@@ -193,16 +185,17 @@ async def chat_completions(body: schemas.ChatRequest, request: Request, server: 
                              bos_token=tok.token(tok.bos_id), eos_token=tok.token(tok.eos_id))
     except chat.TemplateError as e:
         raise ApiError(400, str(e), "messages") from None
-    _check_length(prompt, server.limits, "messages")
-    decode = _decoding(server, run, body, body.max_completion_tokens or body.max_tokens, 1)
+    bodies.check_length(prompt, server.limits, "messages")
+    decode = bodies.decoding(server, run, body, body.max_completion_tokens or body.max_tokens,
+                             1)
     top = (body.top_logprobs or 0) if body.logprobs else None
-    [generation] = server.generate(body.model, [(prompt, _prompt_ids(server, run, prompt))],
-                                   decode, n=body.n, seed=body.seed, stream=body.stream,
-                                   logprobs=top)
+    ids = bodies.prompt_ids(server, run, prompt)
+    [generation] = server.generate(body.model, [(prompt, ids)], decode, n=body.n,
+                                   seed=body.seed, stream=body.stream, logprobs=top)
     if body.stream:
         return openai.sse(generation, request, body.model, "chat.completion.chunk",
                           chat_mode=True, tokenizer=tok, logprobs=body.logprobs,
-                          usage=_usage(body))
+                          usage=bodies.usage(body))
     choices, usage = openai.choices([await _result(generation, request)], body.n,
                                     chat_mode=True, tokenizer=tok, logprobs=body.logprobs)
     return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
@@ -212,12 +205,12 @@ async def chat_completions(body: schemas.ChatRequest, request: Request, server: 
 
 @api.post("/attention")
 async def attention(body: schemas.AttentionRequest, server: TheServer):
-    _implemented(body)
+    bodies.implemented(body)
     run = server.run_for(body.model, "attention")
     for name, text in (("input", body.input), ("target", body.target)):
         if text is None:
             continue
-        _check_length(text, server.limits, name)
+        bodies.check_length(text, server.limits, name)
         n = len(run.source_tokenizer.encode(text))
         if n > server.limits.max_attention_tokens:
             raise ApiError(400, f"{name} is {n} tokens; /v1/attention takes at most "
@@ -253,119 +246,6 @@ def _page_file(name: str) -> str:
     return resources.files("vaswani.serve").joinpath("page", name).read_text(encoding="utf-8")
 
 
-# --- request helpers -----------------------------------------------------------------------
-
-def _check_length(text: str, limits: Limits, param: str) -> None:
-    if len(text) > limits.max_input_chars:
-        raise ApiError(400, f"{param} is {len(text):,} characters; the limit is "
-                       f"{limits.max_input_chars:,}", param)
-
-
-def _texts(value: str | list[str], limits: Limits, *, allow_empty: bool = False) -> list[str]:
-    texts = [value] if isinstance(value, str) else list(value)
-    if not texts:
-        raise ApiError(400, "input is an empty list", "input")
-    if len(texts) > limits.max_items:
-        raise ApiError(400, f"input has {len(texts)} items; the limit is {limits.max_items}",
-                       "input")
-    for text in texts:
-        _check_length(text, limits, "input")
-        if not allow_empty and not text.strip():
-            raise ApiError(400, "input holds an empty text", "input")
-    return texts
-
-
-def _fits(run: Run, name: str, texts: list[str], given: str | list[str]) -> None:
-    """A 400 for a text the model would have to cut (its ``max_len``): nothing is answered
-    about a text the model did not read whole."""
-    counts = run.input_tokens(texts)
-    if not counts:
-        return
-    i = max(range(len(counts)), key=counts.__getitem__)
-    limit = run.config.model.max_len
-    if counts[i] > limit:
-        where = "input" if isinstance(given, str) else f"input[{i}]"
-        raise ApiError(400, f"{where} is {counts[i]:,} tokens (special tokens included); model "
-                       f"{name!r} reads at most {limit:,} (its max_len): shorten it or split "
-                       "it", "input")
-
-
-def _decode(run: Run, **given):
-    try:
-        return run.decode_options(**given)
-    except ValueError as e:
-        raise ApiError(400, str(e)) from None
-
-
-def _decoding(server: Server, run: Run, body, max_tokens: int | None, prompts: int):
-    """The decoding settings of a completion or chat request, checked against the limits
-    (``prompts`` prompts, ``body.n`` completions each)."""
-    limits = server.limits
-    if body.stream_options is not None and not body.stream:  # as OpenAI answers
-        raise ApiError(400, "stream_options is only allowed when stream is true",
-                       "stream_options")
-    if body.n > limits.max_n:
-        raise ApiError(400, f"n ({body.n}) is over the limit of {limits.max_n}", "n")
-    if prompts * body.n > server.max_queue:
-        raise ApiError(400, f"{prompts} prompt(s) x n ({body.n}) is {prompts * body.n} "
-                       f"completions; the server queues at most {server.max_queue} for a "
-                       "model: send fewer at a time", "n")
-    if max_tokens is not None and max_tokens > limits.max_tokens:
-        raise ApiError(400, f"max_tokens ({max_tokens}) is over the limit of "
-                       f"{limits.max_tokens}", "max_tokens")
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    return _decode(run, max_new_tokens=max_tokens, temperature=body.temperature,
-                   top_p=body.top_p, top_k=body.top_k, stop=stop,
-                   presence_penalty=body.presence_penalty,
-                   frequency_penalty=body.frequency_penalty,
-                   repetition_penalty=body.repetition_penalty,
-                   no_repeat_ngram_size=body.no_repeat_ngram_size, min_length=body.min_tokens)
-
-
-def _implemented(body) -> None:
-    """A 400 for a field the server does not implement (schemas.py says which are no-ops),
-    naming it and what the server does instead: no field is ignored silently."""
-    refused = schemas.unimplemented(body.model_extra or {}, body)
-    if len(refused) == 1:
-        name, instead = refused[0]
-        raise ApiError(400, f"{name} is not implemented by this server: {instead}", name)
-    if refused:
-        raise ApiError(400, f"{', '.join(n for n, _ in refused)} are not implemented by this "
-                       f"server: {'; '.join(f'{n}: {why}' for n, why in refused)}",
-                       refused[0][0])
-
-
-
-def _usage(body) -> bool:
-    return body.stream_options is not None and body.stream_options.include_usage
-
-
-def _prompts(server: Server, run: Run, prompt) -> list[tuple[str, list[int]]]:
-    """A completion's prompts, each (text, tokens): texts are encoded, token ids (a list, or
-    a list of lists, as OpenAI and vLLM take them) checked against the vocabulary and
-    decoded for the answer's text; every one within the limits."""
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-        prompt = [prompt]
-    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], str)):
-        return [(p, _prompt_ids(server, run, p))
-                for p in _texts(prompt, server.limits, allow_empty=True)]
-    if not prompt:
-        raise ApiError(400, "prompt is an empty list", "prompt")
-    if len(prompt) > server.limits.max_items:
-        raise ApiError(400, f"prompt has {len(prompt)} items; the limit is "
-                       f"{server.limits.max_items}", "prompt")
-    tok, out = run.source_tokenizer, []
-    for i, ids in enumerate(prompt):
-        if not ids:
-            raise ApiError(400, f"prompt[{i}] is an empty list of tokens", "prompt")
-        if max(ids) >= tok.vocab_size:
-            raise ApiError(400, f"prompt[{i}] holds token {max(ids)}; the vocabulary has "
-                           f"{tok.vocab_size} (0 .. {tok.vocab_size - 1})", "prompt")
-        _check_prompt(server, run, len(ids), f"prompt[{i}]")
-        out.append((tok.decode(list(ids)), list(ids)))
-    return out
-
-
 async def _scored(server: Server, name: str, run: Run, ids: list[int], top: int | None
                   ) -> list:
     """Echo's log-probabilities of a prompt's tokens (the first has none), computed in the
@@ -373,25 +253,6 @@ async def _scored(server: Server, name: str, run: Run, ids: list[int], top: int 
     if top is None:
         return [(None, None)] * len(ids)
     return [(None, None), *await server.call(name, lambda: run.token_logprobs(ids, top))]
-
-
-def _prompt_ids(server: Server, run: Run, prompt: str) -> list[int]:
-    """A prompt's tokens (counted here, and not made again), within the limits."""
-    ids = run.source_tokenizer.encode_prompt(prompt)
-    _check_prompt(server, run, len(ids), "the prompt")
-    return ids
-
-
-def _check_prompt(server: Server, run: Run, n: int, what: str) -> None:
-    """A 400 for a prompt over the server's limit, or longer than the model reads (the
-    library would continue from its last half window: a server answers nothing about a
-    prompt it did not read whole)."""
-    if n > server.limits.max_prompt_tokens:
-        raise ApiError(400, f"{what} is {n:,} tokens; the limit is "
-                       f"{server.limits.max_prompt_tokens:,}", "prompt")
-    if n > run.config.model.max_len:
-        raise ApiError(400, f"{what} is {n:,} tokens; the model reads at most "
-                       f"{run.config.model.max_len:,} (its max_len)", "prompt")
 
 
 async def _result(generation: Generation, request: Request) -> dict:
