@@ -210,3 +210,35 @@ def test_generate_draft_guesses_with_another_run_and_refuses_one_of_another_kind
     assert lm.generate("to be or not to be", max_new_tokens=24, temperature=0,
                        speculate=3) + "\n" == plain.out.removeprefix("to be or not to be")
     assert lm.engine_for(1).speculation.passes > 0
+
+
+def test_generate_json_schema_writes_json_the_schema_accepts(small_runs, capsys, tmp_path):
+    """`--json-schema FILE` and `--json` (generation/grammar.py); a file that is not a JSON
+    schema is named with the line of the fault."""
+    import json
+
+    import jsonschema_rs
+
+    from vaswani.cli import main
+
+    run = str(small_runs["decoder"][0])
+    schema = {"type": "object", "properties": {"to": {"enum": ["be", "not"]},
+                                               "n": {"type": "integer", "maximum": 9}},
+              "required": ["to", "n"], "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    prompt = ["--prompt", "to be", "--max-new-tokens", "80"]
+    assert main(["generate", run, *prompt, "--json-schema", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("to be")
+    jsonschema_rs.validate(schema, json.loads(out[len("to be"):]))
+    assert main(["generate", run, *prompt, "--json"]) == 0  # any object (it may not end)
+    assert capsys.readouterr().out.startswith("to be{")
+    assert main(["generate", run, *prompt, "--json", "--json-schema", str(path)]) == 2
+    assert "give one" in capsys.readouterr().err
+    path.write_text('{"type": "object",\n "properties": {')
+    assert main(["generate", run, *prompt, "--json-schema", str(path)]) == 2
+    assert f"{path}, line 2, column" in capsys.readouterr().err
+    path.write_text('["not", "a schema"]')
+    assert main(["generate", run, *prompt, "--json-schema", str(path)]) == 2
+    assert "a JSON schema is an object" in capsys.readouterr().err

@@ -22,10 +22,14 @@ def api_schema(served):
 def whole_numbers_as_integers(case):
     """JSON Schema counts 10.0 as an integer; the server, as OpenAI's API, takes a whole
     number only as written without a fraction (``max_tokens: 10.0``, a token id ``504.0``
-    are refused: tests/serve/test_app.py): the generated bodies write them as clients do."""
+    are refused: tests/serve/test_app.py): the generated bodies write them as clients do.
+    The largest integer a field takes (a seed's 2**63 - 1) is a float to the generator, and
+    comes out as that float's 16 digits (9223372036854776000): it is written back as the
+    integer it stands for."""
     def fix(value):
-        if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
-            return int(value)
+        if isinstance(value, float | int) and not isinstance(value, bool) and \
+                float(value).is_integer() and abs(value) < 2**63 + 2**10:
+            return max(-(2**63 - 1), min(2**63 - 1, int(value)))
         if isinstance(value, dict):
             return {k: fix(v) for k, v in value.items()}
         return [fix(v) for v in value] if isinstance(value, list) else value

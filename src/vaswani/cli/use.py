@@ -78,6 +78,10 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                    help="OpenAI's: lower a token's score by X per occurrence so far (-2..2)")
     p.add_argument("--speculate", type=int, metavar="N", help=SPECULATE_HELP)
     p.add_argument("--draft", metavar="RUN_DIR", help=DRAFT_HELP)
+    p.add_argument("--json-schema", metavar="FILE", help="write JSON that the JSON schema in "
+                   "FILE accepts, and end where it ends: every token is chosen among those "
+                   "that keep the text inside the schema (structured output)")
+    p.add_argument("--json", action="store_true", help="write one JSON object (any keys)")
     controls(p)
     p.set_defaults(func=generate)
 
@@ -144,6 +148,28 @@ def translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def json_schema(args: argparse.Namespace) -> dict | None:
+    """--json-schema FILE read (an error names the file, line and column of bad JSON), or
+    --json's any object; None for free text."""
+    if args.json_schema and args.json:
+        raise ValueError("--json-schema and --json each ask for a format: give one")
+    if args.json:
+        return {"type": "object"}
+    if not args.json_schema:
+        return None
+    path = Path(args.json_schema)
+    if not path.is_file():
+        raise FileNotFoundError(f"--json-schema {path}: no such file")
+    try:
+        schema = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}, line {e.lineno}, column {e.colno}: not JSON ({e.msg})") \
+            from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"{path} holds {type(schema).__name__}; a JSON schema is an object")
+    return schema
+
+
 def generate(args: argparse.Namespace) -> int:
     run = load_run(args)
     set_draft(args, [run])
@@ -161,7 +187,7 @@ def generate(args: argparse.Namespace) -> int:
                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, stream=stream,
                  stop=args.stop, presence_penalty=args.presence_penalty,
                  frequency_penalty=args.frequency_penalty, speculate=args.speculate,
-                 **_controls(args))
+                 json_schema=json_schema(args), **_controls(args))
     stream("")  # the prompt, if nothing new came
     sys.stdout.write("\n")
     said = run.engine_for(1).speculation

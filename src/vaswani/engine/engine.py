@@ -187,6 +187,9 @@ class Engine:
         seq.tokens.append(token)
         request.generated += 1
         stop = request.on_token is not None and request.on_token(request, token)
+        if request.constraint is not None:  # its grammar follows the token; a complete
+            request.constraint.consume(token)  # text ends here (<eos> is all that may come)
+            stop = stop or request.constraint.finished
         if stop or request.generated >= request.limit:
             self._finish(request, "stop" if stop else "length", finished)
 

@@ -18,6 +18,7 @@ from enum import Enum
 import torch
 
 from ..config.sections import MAX_SEED
+from ..generation.grammar import Constraint
 from ..generation.rules import Rules
 from ..generation.search import Beam
 
@@ -114,15 +115,19 @@ class Request:
                  history_start: int = 0, limit: int | None = None,
                  on_token: Callable[[Request, int], bool] | None = None,
                  on_finish: Callable[[Request], None] | None = None,
-                 adapter: int = 0) -> None:
+                 adapter: int = 0, constraint: Constraint | None = None) -> None:
         """``prompt``: a language model's prompt, or a translation's source ids (then
         ``start`` is the target's first tokens, ``[<bos>]``). ``history_start``: where in a
         row's tokens the text that repetition rules look at begins (a translation's output
         after ``<bos>``). ``limit``: tokens to generate at most (default
         ``params.max_new_tokens``). ``adapter``: which of the model's LoRA adapters its rows
-        use, where it serves several (adapters.py; 0: the base alone)."""
+        use, where it serves several (adapters.py; 0: the base alone). ``constraint``: the
+        grammar its output keeps to (generation/grammar.py; one-row requests)."""
+        if constraint is not None and params.beam:
+            raise ValueError("a beam search's output cannot be held to a grammar")
         self.id = next(_ids)
         self.prompt, self.params, self.adapter = prompt, params, adapter
+        self.constraint = constraint
         self.seq2seq = start is not None
         self.start = list(start if start is not None else prompt)
         self.history_start = history_start

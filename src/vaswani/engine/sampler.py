@@ -1,6 +1,7 @@
 """Choosing the next token of the engine's rows: each row's scores from its logits, changed
 as its reference decoder (generation/) changes them (``<pad>`` and ``<bos>`` never chosen,
-its request's decoding rules applied to the history that decoder gives them), then its token
+only the tokens its request's grammar allows (generation/grammar.py), its request's
+decoding rules applied to the history that decoder gives them), then its token
 from those scores: greedy, or sampled with its request's settings and its own generator
 (generation/sampling.py ``sample_rows``). Beam searches rank the log-probabilities these
 scores give (beam.py).
@@ -88,6 +89,12 @@ class Sampler:
         scores = logits.to(torch.promote_types(logits.dtype, torch.float32))
         for never in (self.pad_id, self.bos_id):  # a column each: indexing by a list of
             scores[:, never] = float("-inf")  # them would be a scatter, slower
+        held = [i for i, (request, _) in enumerate(rows) if request.constraint is not None]
+        if held:  # a grammar's rows: only the tokens it allows (generation/grammar.py)
+            where = held if at is None else [at[i] for i in held]
+            allowed = torch.stack([rows[i][0].constraint.allowed(scores.shape[-1])
+                                   for i in held]).to(self.device)
+            scores[where] = scores[where].masked_fill(~allowed, float("-inf"))
         if log:
             scores = scores.log_softmax(-1)
         groups: dict[Rules, list[int]] = {}

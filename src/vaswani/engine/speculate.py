@@ -72,7 +72,9 @@ def split(rows: list[Row], width: int, max_len: int,
     plain: list[Row] = []
     guessed: list[Guessed] = []
     for request, seq in rows:
-        k = request.params.speculate if request.beam is None else 0
+        # (a grammar's mask follows the tokens chosen: a guess would need one per place)
+        k = request.params.speculate if request.beam is None and \
+            request.constraint is None else 0
         if k:
             k = min(k, request.speculation.window or k, width - 2 - seq.cached,
                     max_len - seq.context,

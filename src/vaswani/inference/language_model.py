@@ -18,6 +18,7 @@ from ..data.files import DataError
 from ..engine import Engine, EngineConfig, Request
 from ..engine.draft import DraftModel
 from ..engine.speculate import lookup
+from ..generation.grammar import Constraint, grammars
 from ..models.losses import smoothed_cross_entropy
 from .base import Run, as_batch, attention_map, next_token_probabilities, token_labels
 
@@ -52,20 +53,35 @@ class LanguageModel(Run):
         engine.guesser = self._guesser()
         return engine
 
+    def constraint(self, json_schema: dict | None) -> Constraint | None:
+        """A new request's grammar: JSON that ``json_schema`` accepts (generation/grammar.py;
+        None: no grammar). Raises GrammarError (a ValueError) for a schema that cannot be
+        compiled."""
+        if json_schema is None:
+            return None
+        if not isinstance(json_schema, dict):
+            raise ValueError(f"json_schema must be a JSON schema (an object), not "
+                             f"{type(json_schema).__name__}")
+        return grammars(self.source_tokenizer).constraint(json_schema)
+
     def _guesser(self):
         return lookup if self.draft is None else DraftModel(self.draft.model)
 
     def generate(self, prompt: str, *, max_new_tokens: int | None = None,
                  temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None,
-                 stream: Callable[[str], None] | None = None, **controls) -> str:
+                 stream: Callable[[str], None] | None = None, json_schema: dict | None = None,
+                 **controls) -> str:
         """Continue ``prompt``; ``stream(text)`` receives the new text as it is produced. The
-        text ends at ``<eos>``, ``max_new_tokens`` or the first of ``stop``. ``controls``: any
-        ``[decode]`` option (``stop``, ``repetition_penalty``, ``no_repeat_ngram_size``,
-        ``min_length``, ``presence_penalty``, ...)."""
+        text ends at ``<eos>``, ``max_new_tokens`` or the first of ``stop``. ``json_schema``:
+        the text is JSON that this schema accepts (``{"type": "object"}``: any object;
+        generation/grammar.py), ending where the JSON does. ``controls``: any ``[decode]``
+        option (``stop``, ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_length``,
+        ``presence_penalty``, ...)."""
         decode = self.decode_options(max_new_tokens=max_new_tokens, temperature=temperature,
                                      top_k=top_k, top_p=top_p, **controls)
-        return self.continuation(prompt, decode, seed=seed, stream=stream)
+        return self.continuation(prompt, decode, seed=seed, stream=stream,
+                                 constraint=self.constraint(json_schema))
 
     def generate_many(self, prompts: list[str], *, seed: int | None = None,
                       **options) -> list[str]:
@@ -80,21 +96,25 @@ class LanguageModel(Run):
         return [c.result() for c in completions]
 
     def continuation(self, prompt: str, decode: DecodeConfig, *, seed: int | None = None,
-                     stream: Callable[[str], None] | None = None) -> str:
+                     stream: Callable[[str], None] | None = None,
+                     constraint: Constraint | None = None) -> str:
         """:meth:`generate` with its options already checked."""
-        completion = self.completion(prompt, decode, seed=seed, emit=stream)
+        completion = self.completion(prompt, decode, seed=seed, emit=stream,
+                                     constraint=constraint)
         self.engine_for(1).run([completion.request])
         return completion.result()
 
     def completion(self, prompt: str, decode: DecodeConfig, *, seed: int | None = None,
                    emit: Callable[[str], None] | None = None,
-                   ids: list[int] | None = None, logprobs: int | None = None) -> Completion:
+                   ids: list[int] | None = None, logprobs: int | None = None,
+                   constraint: Constraint | None = None) -> Completion:
         """An engine request to continue ``prompt``, with the text it produces: ``emit``
         receives each new piece of it as it comes. A prompt longer than ``max_len`` keeps
         its last half window (as a model trained on windows expects), with a warning.
         ``ids``: the prompt's tokens, when the caller has them already (the server counts
         them first). ``logprobs``: keep each new token's log-probability and this many
-        alternatives' (``request.logprobs``; the model's own, before any decoding setting)."""
+        alternatives' (``request.logprobs``; the model's own, before any decoding setting).
+        ``constraint``: the grammar the output keeps to (:meth:`constraint`)."""
         tok = self.source_tokenizer
         ids = (tok.encode_prompt(prompt) if ids is None else list(ids)) or [tok.bos_id]
         max_len = self.config.model.max_len
@@ -116,7 +136,8 @@ class LanguageModel(Run):
         params = self.params(decode, seed=seed)
         if logprobs is not None:
             params = dataclasses.replace(params, logprobs=logprobs)
-        request = Request(ids, params, on_token=on_token, adapter=self.adapter)
+        request = Request(ids, params, on_token=on_token, adapter=self.adapter,
+                          constraint=constraint)
         return Completion(request, text, emit)
 
     @torch.no_grad()

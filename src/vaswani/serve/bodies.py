@@ -5,6 +5,9 @@ routes call these; app.py answers the errors)."""
 
 from __future__ import annotations
 
+import asyncio
+
+from ..generation.grammar import ANY_OBJECT, GrammarError
 from ..inference import Run
 from . import schemas
 from .server import Limits, Server
@@ -147,3 +150,20 @@ def check_prompt(server: Server, run: Run, n: int, what: str) -> None:
     if n > run.config.model.max_len:
         raise ApiError(400, f"{what} is {n:,} tokens; the model reads at most "
                        f"{run.config.model.max_len:,} (its max_len)", "prompt")
+
+
+async def output_schema(run: Run, body) -> dict | None:
+    """The JSON schema a completion's output keeps to (``response_format``; None: free
+    text), compiled for the run's tokenizer before any request is queued (the first time in
+    a worker thread: reading a large vocabulary takes a moment); a 400 for one that cannot
+    be compiled."""
+    given = body.response_format
+    if given is None or given.type == "text":
+        return None
+    schema = dict(ANY_OBJECT) if given.type == "json_object" else \
+        (given.json_schema.schema_ or {})  # no schema: any JSON value
+    try:
+        await asyncio.to_thread(run.constraint, schema)
+    except GrammarError as e:
+        raise ApiError(400, str(e), "response_format") from None
+    return schema

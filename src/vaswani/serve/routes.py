@@ -152,8 +152,9 @@ async def completions(body: schemas.CompletionRequest, request: Request, server:
                                         logprobs=keep, echo=echo)
         return _completion_answer(body.model, choices, usage)
     decode = bodies.decoding(server, run, body, body.max_tokens, len(prompts))
+    schema = await bodies.output_schema(run, body)
     generations = server.generate(body.model, prompts, decode, n=body.n, seed=body.seed,
-                                  stream=body.stream, logprobs=body.logprobs)
+                                  stream=body.stream, logprobs=body.logprobs, schema=schema)
     if body.stream:
         return openai.sse(generations[0], request, body.model, "text_completion",
                           chat_mode=False, tokenizer=tok, logprobs=keep,
@@ -190,8 +191,10 @@ async def chat_completions(body: schemas.ChatRequest, request: Request, server: 
                              1)
     top = (body.top_logprobs or 0) if body.logprobs else None
     ids = bodies.prompt_ids(server, run, prompt)
+    schema = await bodies.output_schema(run, body)
     [generation] = server.generate(body.model, [(prompt, ids)], decode, n=body.n,
-                                   seed=body.seed, stream=body.stream, logprobs=top)
+                                   seed=body.seed, stream=body.stream, logprobs=top,
+                                   schema=schema)
     if body.stream:
         return openai.sse(generation, request, body.model, "chat.completion.chunk",
                           chat_mode=True, tokenizer=tok, logprobs=body.logprobs,

@@ -9,8 +9,7 @@ implements (declared below); one of OpenAI's that changes nothing on a local ser
 (:data:`NO_OPS`: accepted, and listed in docs/reference/http.md); or refused with a 400 that
 names it and says what the server does instead (:data:`REFUSED`, and any other name:
 :func:`unimplemented`). A refused field given its default value (``logit_bias: {}``,
-``response_format: {"type": "text"}``, ``best_of`` equal to ``n``) asks for nothing and
-is accepted.
+``best_of`` equal to ``n``) asks for nothing and is accepted.
 
 Every field is bounded here, before any model sees it: numbers have a range (NaN and infinity
 are refused), a seed fits in 63 bits, and a text must be encodable (JSON can spell a lone
@@ -38,6 +37,7 @@ from ..config.sections import MAX_BEAM, MAX_NEW_TOKENS, MAX_SEED
 
 MAX_ITEMS = 64  # texts or prompts in one request
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's chat allows 20; vLLM's legacy too)
+MAX_SCHEMA_CHARS = 65_536  # a response_format's JSON schema, as JSON text
 
 # OpenAI's fields that change nothing on a local server: accepted, never acted on
 NO_OPS = {"user": "an end-user id for abuse monitoring", "store": "storing outputs for "
@@ -47,7 +47,6 @@ NO_OPS = {"user": "an end-user id for abuse monitoring", "store": "storing outpu
           "parallel_tool_calls": "tool calls (there are none)"}
 # OpenAI's fields the server does not implement: what it does instead
 REFUSED = {
-    "response_format": "the output is free text; ask for a format in the prompt",
     "tools": "no tool calling: the model writes text only",
     "tool_choice": "no tool calling: the model writes text only",
     "functions": "no function calling: the model writes text only",
@@ -63,8 +62,7 @@ REFUSED = {
     "web_search_options": "no web search", "logprobs_bias": "no biases",
 }
 # the value of a refused field that asks for nothing (its default)
-HARMLESS = {"response_format": lambda v: v in ({"type": "text"}, None),
-            "logit_bias": lambda v: not v, "tools": lambda v: not v,
+HARMLESS = {"logit_bias": lambda v: not v, "tools": lambda v: not v,
             "functions": lambda v: not v, "tool_choice": lambda v: v in ("none", None),
             "modalities": lambda v: v in (["text"], None)}
 
@@ -90,6 +88,12 @@ def encodable(text: str) -> str:
         raise ValueError(f"holds a character that is not valid Unicode text "
                          f"(U+{ord(text[e.start]):04X}, a lone surrogate, at {e.start})") from None
     return text
+
+
+def bounded(schema: dict) -> dict:
+    if len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
+        raise ValueError(f"a JSON schema of at most {MAX_SCHEMA_CHARS:,} characters")
+    return schema
 
 
 Text = Annotated[str, AfterValidator(encodable)]
@@ -127,6 +131,48 @@ class Controls(BaseModel):
     min_tokens: Count | None = None
 
 
+class JSONSchemaFormat(BaseModel):
+    """``response_format.json_schema``: a named JSON schema (OpenAI's fields)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: Text | None = None
+    schema_: Annotated[dict, AfterValidator(bounded)] | None = Field(default=None,
+                                                                     alias="schema")
+    strict: StrictBool | None = None  # the output keeps to the schema either way
+
+
+class TextFormat(BaseModel):
+    """``response_format: {"type": "text"}``: free text (the default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+
+
+class JSONObjectFormat(BaseModel):
+    """``{"type": "json_object"}``: one JSON object, any keys."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["json_object"]
+
+
+class JSONSchemaResponse(BaseModel):
+    """``{"type": "json_schema", "json_schema": {...}}``: JSON that the schema accepts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["json_schema"]
+    json_schema: JSONSchemaFormat
+
+
+# response_format: free text, any JSON object, or JSON that a schema accepts (OpenAI's)
+ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaResponse,
+                           Field(discriminator="type")]
+
+
 class GenerationBody(Body, Controls):
     """The fields completions and chat share (OpenAI's)."""
 
@@ -139,6 +185,7 @@ class GenerationBody(Body, Controls):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     stream: StrictBool = False
+    response_format: ResponseFormat | None = None
 
 
 class StreamOptions(BaseModel):

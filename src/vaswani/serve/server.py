@@ -157,21 +157,22 @@ class Server:
         return _answer(lambda: run.results(texts, requests, decode))
 
     def generate(self, name: str, prompts: list[tuple[str, list[int]]], decode: DecodeConfig,
-                 *, n: int, seed: int | None, stream: bool, logprobs: int | None = None
-                 ) -> list[Generation]:
+                 *, n: int, seed: int | None, stream: bool, logprobs: int | None = None,
+                 schema: dict | None = None) -> list[Generation]:
         """``n`` completions of each prompt (text, its tokens), seeds ``seed``, ``seed + 1``,
         ..., queued all together or (Busy) not at all; streaming, each new piece of text goes
         to its generation's events as ("text", (index, piece, tokens so far)). ``logprobs``:
-        keep each token's log-probability and this many alternatives'."""
+        keep each token's log-probability and this many alternatives'. ``schema``: each
+        output is JSON that this schema accepts (generation/grammar.py)."""
         generations = [self._generation(name, prompt, ids, decode, n=n, seed=seed,
-                                        stream=stream, logprobs=logprobs)
+                                        stream=stream, logprobs=logprobs, schema=schema)
                        for prompt, ids in prompts]
         self._queue(name, [c.request for g in generations for c in g.completions])
         return generations
 
     def _generation(self, name: str, prompt: str, ids: list[int], decode: DecodeConfig, *,
-                    n: int, seed: int | None, stream: bool, logprobs: int | None
-                    ) -> Generation:
+                    n: int, seed: int | None, stream: bool, logprobs: int | None,
+                    schema: dict | None) -> Generation:
         run, loop = self.runs[name], asyncio.get_running_loop()
         events = asyncio.Queue() if stream else None
 
@@ -192,7 +193,7 @@ class Server:
 
         completions += [run.completion(prompt, decode, emit=emitter(k), ids=ids,
                                        seed=None if seed is None else seed + k,
-                                       logprobs=logprobs)
+                                       logprobs=logprobs, constraint=run.constraint(schema))
                         for k in range(n)]
         done = self._watch(name, [c.request for c in completions], events)
         return Generation(completions, done, events, run.source_tokenizer.eos_id, prompt)

@@ -1,0 +1,130 @@
+"""Output held to a JSON schema, token by token (structured output).
+
+A language model may follow any token with any other; a grammar says which tokens can
+continue the text so far into text it accepts. Before each token is chosen, every token
+that cannot is masked out (its score set to -inf), so whatever is chosen, greedily or by
+sampling, the text stays inside the grammar, and ``<eos>`` is allowed only where the text is
+complete. Where the grammar leaves one token, that one is chosen; where it leaves many, the
+model's own scores choose among them.
+
+The grammar engine is llguidance (PyPI ``llguidance``; also the one of vLLM, SGLang and
+llama.cpp): it compiles a JSON schema to a grammar over the tokenizer's bytes and computes a
+token mask in tens of microseconds, over any vocabulary (it reads the tokenizer's own
+``tokenizer.json``, or the bytes of each token), and has no dependency of its own.
+Each tokenizer is read once, and each schema compiled once per tokenizer (the last
+:data:`KEPT` kept); a request gets a copy of the compiled matcher, which follows its tokens.
+
+The JSON is written with ``", "`` between items and ``": "`` after keys, as Python's
+``json.dumps`` writes it, and no other whitespace: a model's tokens go to the content.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import weakref
+
+import numpy as np
+import torch
+from torch import Tensor
+
+KEPT = 128  # compiled schemas kept per tokenizer
+LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+ANY_OBJECT = {"type": "object"}  # OpenAI's response_format json_object: any JSON object
+
+
+class GrammarError(ValueError):
+    """A schema the grammar engine cannot compile; the message says why."""
+
+
+class Constraint:
+    """One request's grammar, following its tokens: which tokens may come next
+    (:meth:`allowed`), and whether the text is complete (:attr:`finished`)."""
+
+    def __init__(self, matcher, vocab_size: int) -> None:
+        self.matcher, self.vocab_size = matcher, vocab_size
+
+    def allowed(self, width: int) -> Tensor:
+        """(width,) bool: the tokens that may come next (False past the tokenizer's
+        vocabulary, where a model's output is wider)."""
+        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        allowed = np.unpackbits(bits, bitorder="little")[:min(width, self.vocab_size)]
+        mask = torch.zeros(width, dtype=torch.bool)
+        mask[:len(allowed)] = torch.from_numpy(allowed.astype(bool))
+        return mask
+
+    def consume(self, token: int) -> None:
+        """Follow ``token`` (one :meth:`allowed` allowed)."""
+        if not self.matcher.consume_token(token):
+            raise RuntimeError(f"token {token} breaks the grammar: "
+                               f"{self.matcher.get_error()}")
+
+    @property
+    def finished(self) -> bool:
+        """Whether the text is complete and nothing may follow it (but ``<eos>``)."""
+        return self.matcher.is_stopped()
+
+
+class Grammars:
+    """A tokenizer as the grammar engine reads it, and the JSON schemas compiled for it."""
+
+    def __init__(self, tokenizer) -> None:
+        try:
+            import llguidance
+        except ImportError:
+            raise ImportError("structured output needs llguidance: pip install "
+                              "llguidance (it comes with vaswani)") from None
+        self.llguidance = llguidance
+        self.vocab_size = tokenizer.vocab_size
+        hf = getattr(tokenizer, "hf", None)  # a Hugging Face tokenizer: its own JSON
+        source = hf.to_str() if hf is not None else \
+            llguidance.TokenizerWrapper(ByteTokens(tokenizer))
+        self.tokenizer = llguidance.LLTokenizer(source, n_vocab=tokenizer.vocab_size,
+                                                eos_token=tokenizer.eos_id)
+        self.compiled = functools.lru_cache(maxsize=KEPT)(self._compile)
+
+    def constraint(self, schema: dict | None = None) -> Constraint:
+        """A new request's :class:`Constraint` for JSON that ``schema`` (a JSON schema;
+        None: any JSON object) accepts. Raises :class:`GrammarError` for a schema that
+        cannot be compiled."""
+        text = json.dumps(ANY_OBJECT if schema is None else schema)  # (its order: the keys')
+        return Constraint(self.compiled(text).deep_copy(), self.vocab_size)
+
+    def _compile(self, schema: str):
+        LLMatcher = self.llguidance.LLMatcher
+        try:
+            grammar = LLMatcher.grammar_from_json_schema(schema, defaults=LAYOUT)
+        except ValueError as e:
+            raise GrammarError(f"the JSON schema cannot be read: {e}") from None
+        matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"the JSON schema cannot be compiled: {matcher.get_error()}")
+        return matcher
+
+
+class ByteTokens:
+    """A tokenizer without a Hugging Face JSON (vaswani's character tokenizer) as llguidance
+    reads one: each token's bytes, and which tokens are special."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokens = [tokenizer.token(i).encode() for i in range(tokenizer.vocab_size)]
+        self.special_token_ids = sorted({tokenizer.pad_id, tokenizer.bos_id,
+                                         tokenizer.eos_id, tokenizer.unk_id})
+        self.eos_token_id, self.bos_token_id = tokenizer.eos_id, tokenizer.bos_id
+        self.encode = tokenizer.encode
+
+    def __call__(self, text: str) -> list[int]:
+        if not isinstance(text, str):  # (llguidance then hands it text, not bytes)
+            raise TypeError("a text is tokenized, not bytes")
+        return self.encode(text)
+
+
+_grammars: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def grammars(tokenizer) -> Grammars:
+    """``tokenizer``'s :class:`Grammars`, made once (reading a vocabulary of 50,000 tokens
+    takes a moment)."""
+    if tokenizer not in _grammars:
+        _grammars[tokenizer] = Grammars(tokenizer)
+    return _grammars[tokenizer]
