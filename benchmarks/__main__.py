@@ -10,6 +10,7 @@ and writes DIR/bench-NAME.json (DIR defaults to docs/results) and prints its tab
     llm                                SmolLM2 against llama.cpp (a peer venv, built once)
     memory                             SmolLM2's peak memory, float32, int8 and int4
     finetune                           SmolLM2's LoRA step against peft + transformers, QLoRA
+    structured                         SmolLM2's time per token, free and held to a JSON schema
     export                             a trained translator's exports: needs ``make demo``'s run
     distributed                        sharded against data-parallel training, two processes
     nanogpt                            against nanoGPT's CPU recipe: needs ``--nanogpt CHECKOUT``
@@ -33,7 +34,7 @@ from pathlib import Path
 from .common import ROOT
 
 ORDER = ("train_step", "generation", "scaling", "serve", "offline", "llm", "speculate", "streams",
-         "memory", "finetune", "export", "distributed", "nanogpt", "data", "gpu")
+         "memory", "finetune", "structured", "export", "distributed", "nanogpt", "data", "gpu")
 
 
 def plan(name: str, out: Path, work: Path, quick: bool, nanogpt: str | None
@@ -58,6 +59,9 @@ def plan(name: str, out: Path, work: Path, quick: bool, nanogpt: str | None
     if name == "finetune":  # the run llm imported (or imports now), and its hf export
         return [["--work", str(work), *(["--steps", "3", "--rounds", "1"] if quick else []),
                  "--json", f"{out}/bench-finetune.json"]]
+    if name == "structured":  # the run llm imported (or imports now), its int8 package
+        return [["--work", str(work), "--quantize", "int8",
+                 *(["--rounds", "1"] if quick else []), "--json", f"{out}/bench-structured.json"]]
     if name == "memory":  # the run llm imported (or imports now)
         return [[*([f"--quantize={k}"] if k != "fp32" else []), "--work", str(work),
                  "--json", f"{out}/bench-memory-{k}.json"] for k in ("fp32", "int8", "int4")]
