@@ -24,17 +24,31 @@ class TemplateError(ValueError):
 
 
 def render(template: str, messages: list[dict], *, bos_token: str, eos_token: str,
-           add_generation_prompt: bool = True) -> str:
+           add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
     """``messages`` as the template writes them; ``add_generation_prompt``: followed by the
-    start of the assistant's next turn (a prompt to answer)."""
+    start of the assistant's next turn (a prompt to answer). ``tools``: the functions the
+    model may call (OpenAI's ``tools``, as Hugging Face's templates take them)."""
     from jinja2 import TemplateError as JinjaError
 
     try:
         return _compiled(template).render(messages=messages,
                                           add_generation_prompt=add_generation_prompt,
-                                          bos_token=bos_token, eos_token=eos_token)
+                                          bos_token=bos_token, eos_token=eos_token,
+                                          **({"tools": tools} if tools else {}))
     except JinjaError as e:
         raise TemplateError(f"the chat template failed: {e}") from None
+
+
+def takes_tools(template: str) -> bool:
+    """Whether the template writes the tools a model may call (it reads ``tools``)."""
+    from jinja2 import meta
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        parsed = ImmutableSandboxedEnvironment().parse(template)
+    except Exception:  # a template that does not parse takes nothing (render says why)
+        return False
+    return "tools" in meta.find_undeclared_variables(parsed)
 
 
 @functools.lru_cache(maxsize=8)

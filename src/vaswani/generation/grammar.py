@@ -16,6 +16,12 @@ Each tokenizer is read once, and each schema compiled once per tokenizer (the la
 
 The JSON is written with ``", "`` between items and ``": "`` after keys, as Python's
 ``json.dumps`` writes it, and no other whitespace: a model's tokens go to the content.
+
+Tool calls are held the same way (:meth:`Grammars.tool_calls`), in the format of Hermes'
+templates that Qwen2, Qwen2.5 and SmolLM3 use: ``<tool_call>``, a newline, the call as JSON
+(``{"name": ..., "arguments": ...}``, the arguments as the tool's parameters schema says), a
+newline, ``</tool_call>``. Where the tokenizer has the two markers as tokens of their own
+(those models' do), the grammar asks for those tokens, as the model learnt to write them.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from torch import Tensor
 KEPT = 128  # compiled schemas kept per tokenizer
 LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT = {"type": "object"}  # OpenAI's response_format json_object: any JSON object
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"  # Hermes' markers around a call
 
 
 class GrammarError(ValueError):
@@ -81,6 +88,7 @@ class Grammars:
             llguidance.TokenizerWrapper(ByteTokens(tokenizer))
         self.tokenizer = llguidance.LLTokenizer(source, n_vocab=tokenizer.vocab_size,
                                                 eos_token=tokenizer.eos_id)
+        self.token_id = hf.token_to_id if hf is not None else lambda text: None
         self.compiled = functools.lru_cache(maxsize=KEPT)(self._compile)
 
     def constraint(self, schema: dict | None = None) -> Constraint:
@@ -88,17 +96,44 @@ class Grammars:
         None: any JSON object) accepts. Raises :class:`GrammarError` for a schema that
         cannot be compiled."""
         text = json.dumps(ANY_OBJECT if schema is None else schema)  # (its order: the keys')
-        return Constraint(self.compiled(text).deep_copy(), self.vocab_size)
+        return Constraint(self.compiled("json", text).deep_copy(), self.vocab_size)
 
-    def _compile(self, schema: str):
+    def tool_calls(self, tools: list[dict], choice: str) -> Constraint:
+        """A new request's :class:`Constraint` for calls of ``tools`` (each OpenAI's
+        ``function``: ``name``, ``parameters``): ``choice`` "auto" (text, in which each call
+        keeps to its tool's schema), "required" (one call or more, nothing else) or a tool's
+        name (one call of it)."""
+        def marker(text: str) -> str:
+            i = self.token_id(text)
+            return f"<[{i}]>" if i is not None else json.dumps(text)
+
+        chosen = [t for t in tools if choice in ("auto", "required", t["name"])]
+        calls = {"anyOf": [{"type": "object", "properties": {
+            "name": {"const": t["name"]}, "arguments": t.get("parameters") or ANY_OBJECT},
+            "required": ["name", "arguments"], "additionalProperties": False}
+            for t in chosen], "x-guidance": LAYOUT}
+        call = f'{marker(TOOL_OPEN)} "\\n" %json {json.dumps(calls)} "\\n" {marker(TOOL_CLOSE)}'
+        if choice == "auto":  # text, with calls in it
+            lark = f"start: (tagged)* TEXT\ntagged: TEXT call\nTEXT: /(.|\\n)*/\ncall: {call}\n"
+        elif choice == "required":
+            lark = f'start: call ("\\n" call)*\ncall: {call}\n'
+        else:
+            lark = f"start: {call}\n"
+        return Constraint(self.compiled("lark", "%llguidance {}\n" + lark).deep_copy(),
+                          self.vocab_size)
+
+    def _compile(self, kind: str, text: str):
+        """A grammar's matcher: ``kind`` "json" (``text`` a JSON schema) or "lark"."""
         LLMatcher = self.llguidance.LLMatcher
         try:
-            grammar = LLMatcher.grammar_from_json_schema(schema, defaults=LAYOUT)
+            grammar = LLMatcher.grammar_from_json_schema(text, defaults=LAYOUT) \
+                if kind == "json" else LLMatcher.grammar_from_lark(text)
         except ValueError as e:
             raise GrammarError(f"the JSON schema cannot be read: {e}") from None
         matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise GrammarError(f"the JSON schema cannot be compiled: {matcher.get_error()}")
+            what = "JSON schema" if kind == "json" else "tools' grammar"
+            raise GrammarError(f"the {what} cannot be compiled: {matcher.get_error()}")
         return matcher
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
-from ..generation.grammar import ANY_OBJECT, GrammarError
+from ..generation.grammar import ANY_OBJECT, TOOL_CLOSE, TOOL_OPEN, GrammarError
 from ..inference import Run
-from . import schemas
+from . import chat, schemas
 from .server import Limits, Server
 
 
@@ -152,18 +152,45 @@ def check_prompt(server: Server, run: Run, n: int, what: str) -> None:
                        f"{run.config.model.max_len:,} (its max_len)", "prompt")
 
 
-async def output_schema(run: Run, body) -> dict | None:
-    """The JSON schema a completion's output keeps to (``response_format``; None: free
-    text), compiled for the run's tokenizer before any request is queued (the first time in
-    a worker thread: reading a large vocabulary takes a moment); a 400 for one that cannot
-    be compiled."""
-    given = body.response_format
-    if given is None or given.type == "text":
+async def constraint(run: Run, body, tool_choice: str | None = None,
+                     functions: list[dict] = ()):
+    """What a completion's output keeps to, as a maker of each request's constraint (None:
+    free text): the JSON schema of ``response_format``, or calls of ``functions`` as
+    ``tool_choice`` allows them (tools.py). Compiled here, before any request is queued (the
+    first time in a worker thread: reading a large vocabulary takes a moment); a 400 naming
+    the field when it cannot be."""
+    given = getattr(body, "response_format", None)
+    wants_json = given is not None and given.type != "text"
+    if tool_choice is not None:
+        if wants_json:
+            raise ApiError(400, "response_format holds the answer to JSON and tools to calls: "
+                           "ask for one", "response_format")
+        make, param = (lambda: run.tool_constraint(functions, tool_choice)), "tools"
+    elif wants_json:
+        schema = dict(ANY_OBJECT) if given.type == "json_object" else \
+            (given.json_schema.schema_ or {})  # no schema: any JSON value
+        make, param = (lambda: run.constraint(schema)), "response_format"
+    else:
         return None
-    schema = dict(ANY_OBJECT) if given.type == "json_object" else \
-        (given.json_schema.schema_ or {})  # no schema: any JSON value
     try:
-        await asyncio.to_thread(run.constraint, schema)
+        await asyncio.to_thread(make)
     except GrammarError as e:
-        raise ApiError(400, str(e), "response_format") from None
-    return schema
+        raise ApiError(400, str(e), param) from None
+    return make
+
+
+def check_tools(run: Run, name: str, tool_choice: str, functions: list[dict]) -> None:
+    """A 400 for tools this model cannot be asked to call: its template writes no tools, or
+    not in the format the server reads calls in; or a tool_choice naming none of them."""
+    if not chat.takes_tools(run.chat_template):
+        raise ApiError(400, f"model {name!r}'s chat template takes no tools: it cannot be "
+                       "told of them; leave tools out, or serve a model whose template "
+                       "takes them", "tools")
+    if TOOL_OPEN not in run.chat_template:
+        raise ApiError(400, f"model {name!r}'s chat template does not write calls as "
+                       f"{TOOL_OPEN} ... {TOOL_CLOSE}, the format this server reads them in",
+                       "tools")
+    names = [f["name"] for f in functions]
+    if tool_choice not in ("auto", "required", *names):
+        raise ApiError(400, f"tool_choice names {tool_choice!r}, which is none of the tools "
+                       f"({', '.join(names)})", "tool_choice")

@@ -4,6 +4,6 @@ no template, and the chat route says so."""
 
 from __future__ import annotations
 
-from ..data.chat import TemplateError, render
+from ..data.chat import TemplateError, render, takes_tools
 
-__all__ = ["TemplateError", "render"]
+__all__ = ["TemplateError", "render", "takes_tools"]

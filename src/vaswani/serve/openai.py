@@ -202,3 +202,34 @@ def sse(generation, request: Request, model: str, kind: str, *, chat_mode: bool,
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
+
+
+def sse_of(answer: dict, *, usage: bool = False) -> StreamingResponse:
+    """A finished chat answer as the server-sent events of a stream (an answer with tool
+    calls goes out whole: the calls in one chunk each, as OpenAI's deltas add up to them)."""
+    def data(body: dict) -> str:
+        return "data: " + json.dumps({"id": answer["id"], "object": "chat.completion.chunk",
+                                      "created": answer["created"], "model": answer["model"],
+                                      **body}) + "\n\n"
+
+    def events():
+        for choice in answer["choices"]:
+            i, message = choice["index"], choice["message"]
+            yield data({"choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                     "finish_reason": None, "logprobs": None}]})
+            if message.get("content"):
+                yield data({"choices": [{"index": i, "delta": {"content": message["content"]},
+                                         "finish_reason": None,
+                                         "logprobs": choice.get("logprobs")}]})
+            for k, call in enumerate(message.get("tool_calls") or []):
+                yield data({"choices": [{"index": i, "delta": {"tool_calls": [
+                    {"index": k, **call}]}, "finish_reason": None, "logprobs": None}]})
+            yield data({"choices": [{"index": i, "delta": {},
+                                     "finish_reason": choice["finish_reason"],
+                                     "logprobs": None}]})
+        if usage:
+            yield data({"choices": [], "usage": answer["usage"]})
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})

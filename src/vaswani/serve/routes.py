@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from ..inference import Run
-from . import bodies, chat, openai, schemas
+from . import bodies, chat, openai, schemas, tools
 from .bodies import ApiError
 from .server import Generation, Server, until
 
@@ -152,9 +152,10 @@ async def completions(body: schemas.CompletionRequest, request: Request, server:
                                         logprobs=keep, echo=echo)
         return _completion_answer(body.model, choices, usage)
     decode = bodies.decoding(server, run, body, body.max_tokens, len(prompts))
-    schema = await bodies.output_schema(run, body)
+    constrain = await bodies.constraint(run, body)
     generations = server.generate(body.model, prompts, decode, n=body.n, seed=body.seed,
-                                  stream=body.stream, logprobs=body.logprobs, schema=schema)
+                                  stream=body.stream, logprobs=body.logprobs,
+                                  constrain=constrain)
     if body.stream:
         return openai.sse(generations[0], request, body.model, "text_completion",
                           chat_mode=False, tokenizer=tok, logprobs=keep,
@@ -181,9 +182,14 @@ async def chat_completions(body: schemas.ChatRequest, request: Request, server: 
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     tok = run.source_tokenizer
+    choice = tools.choice_of(body)  # None: text only
+    functions = [t.function.model_dump(exclude_none=True) for t in body.tools or []]
+    if choice is not None:
+        bodies.check_tools(run, body.model, choice, functions)
     try:
-        prompt = chat.render(run.chat_template, [m.model_dump() for m in body.messages],
-                             bos_token=tok.token(tok.bos_id), eos_token=tok.token(tok.eos_id))
+        prompt = chat.render(run.chat_template, tools.turns(body.messages),
+                             bos_token=tok.token(tok.bos_id), eos_token=tok.token(tok.eos_id),
+                             tools=[t.model_dump(exclude_none=True) for t in body.tools or []])
     except chat.TemplateError as e:
         raise ApiError(400, str(e), "messages") from None
     bodies.check_length(prompt, server.limits, "messages")
@@ -191,19 +197,30 @@ async def chat_completions(body: schemas.ChatRequest, request: Request, server: 
                              1)
     top = (body.top_logprobs or 0) if body.logprobs else None
     ids = bodies.prompt_ids(server, run, prompt)
-    schema = await bodies.output_schema(run, body)
+    constrain = await bodies.constraint(run, body, choice, functions)
+    streamed = body.stream and choice is None  # calls go out whole, when they are complete
     [generation] = server.generate(body.model, [(prompt, ids)], decode, n=body.n,
-                                   seed=body.seed, stream=body.stream, logprobs=top,
-                                   schema=schema)
-    if body.stream:
+                                   seed=body.seed, stream=streamed, logprobs=top,
+                                   constrain=constrain)
+    if streamed:
         return openai.sse(generation, request, body.model, "chat.completion.chunk",
                           chat_mode=True, tokenizer=tok, logprobs=body.logprobs,
                           usage=bodies.usage(body))
-    choices, usage = openai.choices([await _result(generation, request)], body.n,
-                                    chat_mode=True, tokenizer=tok, logprobs=body.logprobs)
-    return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
-            "created": int(time.time()), "model": body.model, "choices": choices,
-            "usage": usage}
+    result = await _result(generation, request)
+    choices, usage = openai.choices([result], body.n, chat_mode=True, tokenizer=tok,
+                                    logprobs=body.logprobs)
+    if choice is not None:  # the calls read out of each answer's text
+        for answer, made in zip(choices, result["choices"], strict=True):
+            content, calls = tools.split(tools.marked_text(tok, made["ids"]))
+            if calls:
+                answer["message"].update(content=content, tool_calls=calls)
+                answer["finish_reason"] = "tool_calls"
+    answer = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
+              "created": int(time.time()), "model": body.model, "choices": choices,
+              "usage": usage}
+    if body.stream:  # (with tools) the whole answer as the chunks of a stream
+        return openai.sse_of(answer, usage=bodies.usage(body))
+    return answer
 
 
 @api.post("/attention")

@@ -47,10 +47,10 @@ NO_OPS = {"user": "an end-user id for abuse monitoring", "store": "storing outpu
           "parallel_tool_calls": "tool calls (there are none)"}
 # OpenAI's fields the server does not implement: what it does instead
 REFUSED = {
-    "tools": "no tool calling: the model writes text only",
-    "tool_choice": "no tool calling: the model writes text only",
-    "functions": "no function calling: the model writes text only",
-    "function_call": "no function calling: the model writes text only",
+    "tools": "tool calling is /v1/chat/completions's",
+    "tool_choice": "tool calling is /v1/chat/completions's",
+    "functions": "the deprecated functions: use tools",
+    "function_call": "the deprecated function_call: use tool_choice",
     "logit_bias": "no biases; repetition_penalty, presence_penalty and frequency_penalty "
                   "are the controls there are",
     "suffix": "no insertion: the prompt is continued at its end",
@@ -62,8 +62,8 @@ REFUSED = {
     "web_search_options": "no web search", "logprobs_bias": "no biases",
 }
 # the value of a refused field that asks for nothing (its default)
-HARMLESS = {"logit_bias": lambda v: not v, "tools": lambda v: not v,
-            "functions": lambda v: not v, "tool_choice": lambda v: v in ("none", None),
+HARMLESS = {"logit_bias": lambda v: not v, "functions": lambda v: not v,
+            "tools": lambda v: not v, "tool_choice": lambda v: v in ("none", None),
             "modalities": lambda v: v in (["text"], None)}
 
 
@@ -217,14 +217,91 @@ class CompletionRequest(GenerationBody):
 
 
 class Message(BaseModel):
+    """A system's or user's message."""
+
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")  # a field never ignored
 
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user"]
     content: Text
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Text
+    arguments: Text  # JSON text, as OpenAI writes it
+
+
+class ToolCall(BaseModel):
+    """A call an assistant's message made (sent back in the conversation)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: Text
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class AssistantMessage(BaseModel):
+    """The assistant's earlier answer: its text, or the tools it called."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+
+    role: Literal["assistant"]
+    content: Text | None = None
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=MAX_ITEMS)
+
+
+class ToolMessage(BaseModel):
+    """What a tool answered to a call."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+
+    role: Literal["tool"]
+    content: Text
+    tool_call_id: Text
+
+
+Turn = Annotated[Message | AssistantMessage | ToolMessage, Field(discriminator="role")]
+
+
+class Function(BaseModel):
+    """A tool: a function the model may call (OpenAI's fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: Text | None = None
+    parameters: Annotated[dict, AfterValidator(bounded)] | None = None  # a JSON schema
+    strict: StrictBool | None = None  # the arguments keep to the schema either way
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: Function
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Text
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice`` naming the one function to call."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatRequest(GenerationBody):
-    messages: list[Message] = Field(min_length=1, max_length=1024)
+    messages: list[Turn] = Field(min_length=1, max_length=1024)
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_ITEMS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)

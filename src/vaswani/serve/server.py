@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ..config import DecodeConfig
 from ..config.family import serving
 from ..engine import EngineConfig, Request
+from ..generation.grammar import Constraint
 from ..inference import Run
 from ..inference.language_model import Completion
 from . import schemas
@@ -158,21 +159,21 @@ class Server:
 
     def generate(self, name: str, prompts: list[tuple[str, list[int]]], decode: DecodeConfig,
                  *, n: int, seed: int | None, stream: bool, logprobs: int | None = None,
-                 schema: dict | None = None) -> list[Generation]:
+                 constrain: Callable[[], Constraint] | None = None) -> list[Generation]:
         """``n`` completions of each prompt (text, its tokens), seeds ``seed``, ``seed + 1``,
         ..., queued all together or (Busy) not at all; streaming, each new piece of text goes
         to its generation's events as ("text", (index, piece, tokens so far)). ``logprobs``:
-        keep each token's log-probability and this many alternatives'. ``schema``: each
-        output is JSON that this schema accepts (generation/grammar.py)."""
+        keep each token's log-probability and this many alternatives'. ``constrain``:
+        makes each completion's grammar (generation/grammar.py; bodies.py ``constraint``)."""
         generations = [self._generation(name, prompt, ids, decode, n=n, seed=seed,
-                                        stream=stream, logprobs=logprobs, schema=schema)
+                                        stream=stream, logprobs=logprobs, constrain=constrain)
                        for prompt, ids in prompts]
         self._queue(name, [c.request for g in generations for c in g.completions])
         return generations
 
     def _generation(self, name: str, prompt: str, ids: list[int], decode: DecodeConfig, *,
                     n: int, seed: int | None, stream: bool, logprobs: int | None,
-                    schema: dict | None) -> Generation:
+                    constrain: Callable[[], Constraint] | None) -> Generation:
         run, loop = self.runs[name], asyncio.get_running_loop()
         events = asyncio.Queue() if stream else None
 
@@ -193,7 +194,8 @@ class Server:
 
         completions += [run.completion(prompt, decode, emit=emitter(k), ids=ids,
                                        seed=None if seed is None else seed + k,
-                                       logprobs=logprobs, constraint=run.constraint(schema))
+                                       logprobs=logprobs,
+                                       constraint=constrain() if constrain else None)
                         for k in range(n)]
         done = self._watch(name, [c.request for c in completions], events)
         return Generation(completions, done, events, run.source_tokenizer.eos_id, prompt)
