@@ -172,12 +172,11 @@ class Timed:
     waiting = 0
 
     def __init__(self, seconds: float, long: bool = False) -> None:
-        from types import SimpleNamespace
-
         self.seconds, self.left, self.log = seconds, 0, None
-        # its steps are a long prefill's chunks, or not
-        self.scheduler = SimpleNamespace(last_long=long)
-        self.model = __import__("torch").nn.Sequential()  # no layers: no yield points
+        self.long_step = long  # its steps are a long prefill's chunks, or not
+
+    def between_layers(self, fn) -> list:
+        return []  # no layers: no yield points
 
     @property
     def busy(self) -> bool:

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..models import EncoderDecoder
+from ..nn.layers import DecoderLayer, EncoderLayer
 from . import beam, speculate
 from .adapters import choice_of
 from .config import EngineConfig
@@ -60,6 +61,21 @@ class Engine:
         self.tokens_out = self.steps = 0  # tokens generated and steps run so far (throughput)
         self.speculation = Acceptance()  # every request's guesses (speculate.py)
         self.guesser = speculate.lookup  # how rows guess: speculate.py, or draft.py's
+
+    # --- what a server sees of a step -----------------------------------------------------
+    @property
+    def long_step(self) -> bool:
+        """Whether the step under way (or the last one) prefills a long prompt's chunk: one a
+        server lets other models step in the middle of (serve/loop.py)."""
+        return self.scheduler.last_long
+
+    def between_layers(self, fn) -> list:
+        """Have ``fn()`` called after each encoder or decoder layer of every pass over the
+        model (a server steps other models there: serve/loop.py); returns the hooks'
+        handles, each to ``remove()``."""
+        return [module.register_forward_hook(lambda *_: fn())
+                for module in self.model.modules()
+                if isinstance(module, (EncoderLayer, DecoderLayer))]
 
     # --- requests in ----------------------------------------------------------------------
     def submit(self, request: Request) -> Request:

@@ -10,7 +10,7 @@ import time
 import uuid
 
 import torch
-from fastapi import Request
+from fastapi import Request as HTTPRequest
 from fastapi.responses import StreamingResponse
 
 from .server import chosen_ids
@@ -106,7 +106,7 @@ def choices(results: list[dict], n: int, *, chat_mode: bool, tokenizer=None,
                      "total_tokens": prompt_tokens + completion_tokens}
 
 
-def sse(generation, request: Request, model: str, kind: str, *, chat_mode: bool,
+def sse(generation, http: HTTPRequest, model: str, kind: str, *, chat_mode: bool,
         tokenizer=None, logprobs: bool = False, echo: tuple[str, list[int], list] | None = None,
         usage: bool = False):
     """Server-sent events of a server.Generation: one chunk per piece of text (with
@@ -167,7 +167,7 @@ def sse(generation, request: Request, model: str, kind: str, *, chat_mode: bool,
                         async with asyncio.timeout(1.0):
                             kind_, value = await generation.events.get()
                     except TimeoutError:
-                        if await request.is_disconnected():
+                        if await http.is_disconnected():
                             generation.cancel()
                             return
                         continue

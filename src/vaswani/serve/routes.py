@@ -16,7 +16,8 @@ import uuid
 from importlib import resources
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
+from fastapi import Request as HTTPRequest
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from ..inference import Run
@@ -25,13 +26,13 @@ from .bodies import ApiError
 from .server import Generation, Server, until
 
 
-async def the_server(request: Request) -> Server:
-    return request.app.state.server
+async def the_server(http: HTTPRequest) -> Server:
+    return http.app.state.server
 
 
-async def authorised(request: Request) -> None:
-    key = request.app.state.api_key
-    if key and request.headers.get("authorization") != f"Bearer {key}":
+async def authorised(http: HTTPRequest) -> None:
+    key = http.app.state.api_key
+    if key and http.headers.get("authorization") != f"Bearer {key}":
         raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY",
                        kind="authentication_error")
 
@@ -56,9 +57,9 @@ pages = APIRouter(include_in_schema=False)  # the page and its files: not the AP
 
 
 @info.get("/health")
-async def health(request: Request, server: TheServer):
+async def health(http: HTTPRequest, server: TheServer):
     return {"status": "ok", "models": list(server.runs),
-            "auth": bool(request.app.state.api_key),
+            "auth": bool(http.app.state.api_key),
             "served": {name: server.served(name) for name in server.runs}}
 
 
@@ -81,7 +82,7 @@ async def models(server: TheServer):
 
 
 @api.post("/translate")
-async def translate(body: schemas.TranslateRequest, request: Request, server: TheServer):
+async def translate(body: schemas.TranslateRequest, http: HTTPRequest, server: TheServer):
     bodies.implemented(body)
     run = server.run_for(body.model, "translate")
     texts = bodies.texts(body.input, server.limits)
@@ -91,14 +92,14 @@ async def translate(body: schemas.TranslateRequest, request: Request, server: Th
                      no_repeat_ngram_size=body.no_repeat_ngram_size,
                      repetition_penalty=body.repetition_penalty,
                      min_length=body.min_length)
-    results = await server.translate(body.model, texts, decode, request.is_disconnected)
+    results = await server.translate(body.model, texts, decode, http.is_disconnected)
     return {"object": "list", "model": body.model, "data": [
         {"index": i, "translations": [{"text": t, "score": s} for t, s in hyps]}
         for i, hyps in enumerate(results)]}
 
 
 @api.post("/classify")
-async def classify(body: schemas.ClassifyRequest, request: Request, server: TheServer):
+async def classify(body: schemas.ClassifyRequest, http: HTTPRequest, server: TheServer):
     bodies.implemented(body)
     run = server.run_for(body.model, "classify")
     if not run.labels:
@@ -106,19 +107,19 @@ async def classify(body: schemas.ClassifyRequest, request: Request, server: TheS
                        "imported encoder): use /v1/embeddings", "model")
     texts = bodies.texts(body.input, server.limits)
     bodies.fits(run, body.model, texts, body.input)
-    results = await server.encode(body.model, "classify", texts, request.is_disconnected)
+    results = await server.encode(body.model, "classify", texts, http.is_disconnected)
     return {"object": "list", "model": body.model, "data": [
         {"index": i, "label": max(p, key=p.get), "probability": max(p.values()),
          "probabilities": p} for i, p in enumerate(results)]}
 
 
 @api.post("/embeddings")
-async def embeddings(body: schemas.EmbeddingRequest, request: Request, server: TheServer):
+async def embeddings(body: schemas.EmbeddingRequest, http: HTTPRequest, server: TheServer):
     bodies.implemented(body)
     run = server.run_for(body.model, "embeddings")
     texts = bodies.texts(body.input, server.limits)
     bodies.fits(run, body.model, texts, body.input)
-    vectors = await server.encode(body.model, "embed", texts, request.is_disconnected)
+    vectors = await server.encode(body.model, "embed", texts, http.is_disconnected)
     n_tokens = sum(len(run.source_tokenizer.encode(t)) for t in texts)
     return {"object": "list", "model": body.model, "data": [
         {"object": "embedding", "index": i, "embedding": openai.vector(v, body.encoding_format)}
@@ -127,7 +128,7 @@ async def embeddings(body: schemas.EmbeddingRequest, request: Request, server: T
 
 
 @api.post("/completions")
-async def completions(body: schemas.CompletionRequest, request: Request, server: TheServer):
+async def completions(body: schemas.CompletionRequest, http: HTTPRequest, server: TheServer):
     bodies.implemented(body)
     run = server.run_for(body.model, "completions")
     prompts = bodies.prompts(server, run, body.prompt)
@@ -157,10 +158,10 @@ async def completions(body: schemas.CompletionRequest, request: Request, server:
                                   stream=body.stream, logprobs=body.logprobs,
                                   constrain=constrain)
     if body.stream:
-        return openai.sse(generations[0], request, body.model, "text_completion",
+        return openai.sse(generations[0], http, body.model, "text_completion",
                           chat_mode=False, tokenizer=tok, logprobs=keep,
                           echo=echo[0] if echo else None, usage=bodies.usage(body))
-    results = [await _result(g, request) for g in generations]
+    results = [await _result(g, http) for g in generations]
     choices, usage = openai.choices(results, body.n, chat_mode=False, tokenizer=tok,
                                     logprobs=keep, echo=echo)
     return _completion_answer(body.model, choices, usage)
@@ -172,7 +173,7 @@ def _completion_answer(model: str, choices: list, usage: dict) -> dict:
 
 
 @api.post("/chat/completions")
-async def chat_completions(body: schemas.ChatRequest, request: Request, server: TheServer):
+async def chat_completions(body: schemas.ChatRequest, http: HTTPRequest, server: TheServer):
     bodies.implemented(body)
     run = server.run_for(body.model, "chat")
     if run.chat_template is None:
@@ -203,10 +204,10 @@ async def chat_completions(body: schemas.ChatRequest, request: Request, server: 
                                    seed=body.seed, stream=streamed, logprobs=top,
                                    constrain=constrain)
     if streamed:
-        return openai.sse(generation, request, body.model, "chat.completion.chunk",
+        return openai.sse(generation, http, body.model, "chat.completion.chunk",
                           chat_mode=True, tokenizer=tok, logprobs=body.logprobs,
                           usage=bodies.usage(body))
-    result = await _result(generation, request)
+    result = await _result(generation, http)
     choices, usage = openai.choices([result], body.n, chat_mode=True, tokenizer=tok,
                                     logprobs=body.logprobs)
     if choice is not None:  # the calls read out of each answer's text
@@ -275,6 +276,6 @@ async def _scored(server: Server, name: str, run: Run, ids: list[int], top: int 
     return [(None, None), *await server.call(name, lambda: run.token_logprobs(ids, top))]
 
 
-async def _result(generation: Generation, request: Request) -> dict:
-    await until(generation.done, request.is_disconnected, generation.cancel)
+async def _result(generation: Generation, http: HTTPRequest) -> dict:
+    await until(generation.done, http.is_disconnected, generation.cancel)
     return generation.result()
