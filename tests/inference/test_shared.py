@@ -22,8 +22,8 @@ def second(base, tmp_path_factory):  # noqa: F811
     return folder / "b"
 
 
-def test_lora_runs_of_one_base_share_it_and_each_answers_as_merged(base, lora_run,  # noqa: F811
-                                                                   second):
+def test_lora_runs_of_one_base_share_it_and_each_answers_as_merged(  # noqa: F811
+        base, lora_run, second):  # noqa: F811
     said = []
     dirs = {"base": base[0], "a": lora_run, "b": second}
     runs = load_runs(dirs, say=said.append)
@@ -50,8 +50,8 @@ def test_lora_runs_of_one_base_share_it_and_each_answers_as_merged(base, lora_ru
         answers["b"]
 
 
-def test_a_lone_lora_run_loads_merged_and_a_shared_base_decodes_eagerly(base, lora_run,  # noqa: F811
-                                                                        second):
+def test_a_lone_lora_run_loads_merged_and_a_shared_base_decodes_eagerly(  # noqa: F811
+        base, lora_run, second):  # noqa: F811
     alone = load_runs({"a": lora_run})["a"]
     assert choice_of(alone.model) is None
     params = sum(p.numel() for p in alone.model.parameters())

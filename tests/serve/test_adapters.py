@@ -14,8 +14,8 @@ from vaswani.inference.shared import load_runs
 pytest.importorskip("fastapi", reason="vaswani[serve] is not installed")
 
 
-def test_a_served_base_answers_each_adapter_by_name_as_its_merged_model(base, lora_run,  # noqa: F811
-                                                                        second):  # noqa: F811
+def test_a_served_base_answers_each_adapter_by_name_as_its_merged_model(  # noqa: F811
+        base, lora_run, second):  # noqa: F811
     import httpx
 
     from vaswani.serve import create_app

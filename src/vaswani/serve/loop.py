@@ -19,10 +19,10 @@ of the others), and a step of a long prompt's prefill counts three times its tim
 model working through a long prompt gets a quarter of the thread while another model has
 short work: a short translation on the other model is not held to one step per long one.
 Nor does it wait for the long step in flight when it arrives: between two layers of a long
-prefill's pass (the engine's ``between_layers`` hook, :meth:`EngineLoop._yield_point`) the loop takes
-what has arrived and steps the other models that are owed time, then the pass goes on. A
-model's own requests wait for its pass (its cache is mid-write); another model's share
-nothing with it.
+prefill's pass (the engine's ``between_layers`` hook, :meth:`EngineLoop._yield_point`) the
+loop takes what has arrived and steps the other models that are owed time, then the pass
+goes on. A model's own requests wait for its pass (its cache is mid-write); another model's
+share nothing with it.
 
 A step that fails does not fail the requests in it: each of them is run again alone, and only
 a request that fails alone gets the error; the others finish as if nothing happened.
