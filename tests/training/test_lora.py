@@ -222,3 +222,37 @@ def test_a_base_whose_weights_changed_is_refused(base, lora_run, tmp_path):
         vaswani.load(run)
     with pytest.raises(ValueError, match="have changed since"):
         train(None, ["train.max_steps=9"], resume=str(run), launch=Launch(progress=False))
+
+
+def test_two_ddp_processes_train_the_adapters_as_one_process_on_the_combined_batch(base,
+                                                                                   tmp_path):
+    """DDP over a LoRA run: only the adapters are in the reducer (the frozen base has no
+    gradients to reduce), and two processes equal one on the combined batch."""
+    import os
+    import subprocess
+    import sys
+
+    from tests import processes
+    from tests.training.test_trainer import losses
+
+    base_dir, data = base
+    cfg = _config(tmp_path / "ft.toml", data, base_dir, finetune=LORA, lr=1e-3,
+                  eval_every=6, save_every=6)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "vaswani", "train", str(cfg), "--out",
+                          str(tmp_path / "one"), "--no-progress"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = processes.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                         "--master_addr=127.0.0.1", f"--master_port={processes.free_port()}",
+                         "-m", "vaswani", "train", str(cfg), "--out", str(tmp_path / "two"),
+                         "--no-progress"], env=env, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert a and a.keys() == b.keys()
+    for step in a:
+        assert abs(a[step] - b[step]) <= 1e-5, (step, a[step], b[step])
+    wa, wb = (load_file(str(tmp_path / d / rundir.BEST)) for d in ("one", "two"))
+    assert wa.keys() == wb.keys() and all(".lora_" in n for n in wa)
+    for name in wa:
+        assert_close(wa[name], wb[name], rtol=0, atol=1e-5, msg=name)
