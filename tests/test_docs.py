@@ -216,6 +216,25 @@ def test_a_tutorial_script_runs(tmp_path, script, says):
                       EVAL_BATCHES="2")
     for text in says:
         assert text in out, out[-3000:]
+    if script == "instruct_smollm2.sh":  # part 2: lm-eval before and after, on its runs
+        lm_eval_after_instruction_tuning(tmp_path)
+
+
+def lm_eval_after_instruction_tuning(folder: Path) -> None:
+    import subprocess
+
+    from tests.peer_venvs import peer_venv
+    from tests.serve.test_lm_eval import LM_EVAL
+
+    try:
+        python = peer_venv("lm-eval-0.4.13", LM_EVAL)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"lm-eval could not be installed from the package index: {e}")
+    out = run_example(["bash", str(ROOT / "examples" / "instruct_smollm2_lm_eval.sh")], folder,
+                      ITEMS="4", LM_EVAL=str(python.parent / "lm_eval"),
+                      PORT=str(processes.free_port()))
+    tables = [line for line in out.splitlines() if line.startswith("|verses_es")]
+    assert len(tables) == 2 and all("acc" in line for line in tables), out[-3000:]
 
 
 def test_the_serving_tutorial_talks_to_the_server_with_the_openai_client(small_runs,
