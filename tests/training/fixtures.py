@@ -62,3 +62,25 @@ def cpu_config(*args, **kwargs) -> Path:
     """:func:`config` on the CPU whatever `pytest --device` says: for jobs of several
     processes (gloo), which on CUDA would need a GPU each."""
     return config(*args, device="cpu", **kwargs)
+
+
+def train_in_one_and_two_processes(cfg: Path, folder: Path) -> tuple[Path, Path]:
+    """``vaswani train cfg`` in one process (into ``folder/one``) and under torchrun's two
+    DDP processes (``folder/two``), one thread each; returns the two run directories."""
+    import os
+    import subprocess
+    import sys
+
+    from tests import processes
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "vaswani", "train", str(cfg), "--out",
+                          str(folder / "one"), "--no-progress"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = processes.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                         "--master_addr=127.0.0.1", f"--master_port={processes.free_port()}",
+                         "-m", "vaswani", "train", str(cfg), "--out", str(folder / "two"),
+                         "--no-progress"], env=env, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    return folder / "one", folder / "two"

@@ -228,26 +228,13 @@ def test_two_ddp_processes_train_the_adapters_as_one_process_on_the_combined_bat
                                                                                    tmp_path):
     """DDP over a LoRA run: only the adapters are in the reducer (the frozen base has no
     gradients to reduce), and two processes equal one on the combined batch."""
-    import os
-    import subprocess
-    import sys
-
-    from tests import processes
+    from tests.training.fixtures import train_in_one_and_two_processes
     from tests.training.test_trainer import losses
 
     base_dir, data = base
     cfg = _config(tmp_path / "ft.toml", data, base_dir, finetune=LORA, lr=1e-3,
                   eval_every=6, save_every=6)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "vaswani", "train", str(cfg), "--out",
-                          str(tmp_path / "one"), "--no-progress"], env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = processes.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                         "--master_addr=127.0.0.1", f"--master_port={processes.free_port()}",
-                         "-m", "vaswani", "train", str(cfg), "--out", str(tmp_path / "two"),
-                         "--no-progress"], env=env, timeout=300)
-    assert two.returncode == 0, two.stderr[-3000:]
+    train_in_one_and_two_processes(cfg, tmp_path)
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert a and a.keys() == b.keys()
     for step in a:

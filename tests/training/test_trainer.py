@@ -1,9 +1,6 @@
 """The training loop: gradient accumulation, exact resume, DDP, crash-safe checkpoints."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,8 +8,15 @@ import torch
 from safetensors.torch import load_file
 from torch.testing import assert_close
 
-from tests import conftest, processes
-from tests.training.fixtures import classification_file, config, cpu_config, reverse_task, text_file
+from tests import conftest
+from tests.training.fixtures import (
+    classification_file,
+    config,
+    cpu_config,
+    reverse_task,
+    text_file,
+    train_in_one_and_two_processes,
+)
 from vaswani.config import load_run_config
 from vaswani.tasks import task_for
 from vaswani.training.loop import Trainer
@@ -146,16 +150,7 @@ def test_two_ddp_processes_equal_one_process_on_the_combined_batch(tmp_path):
     data = reverse_task(tmp_path / "pairs.tsv")
     cfg = cpu_config(tmp_path / "c.toml", "encoder-decoder", data,
                  train={"max_steps": 6, "eval_every": 6, "save_every": 6})
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    single = subprocess.run([sys.executable, "-m", "vaswani", "train", str(cfg), "--out",
-                             str(tmp_path / "one"), "--no-progress"], env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stderr
-    ddp = processes.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                         "--master_addr=127.0.0.1", f"--master_port={processes.free_port()}",
-                         "-m", "vaswani", "train", str(cfg), "--out", str(tmp_path / "two"),
-                         "--no-progress"], env=env, timeout=300)
-    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    train_in_one_and_two_processes(cfg, tmp_path)
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
     for step in a:
         assert abs(a[step] - b[step]) <= 1e-5
