@@ -172,11 +172,12 @@ class Timed:
     waiting = 0
 
     def __init__(self, seconds: float, long: bool = False) -> None:
-        self.seconds, self.left, self.log = seconds, 0, None
-        self.long_step = long  # its steps are a long prefill's chunks, or not
+        from types import SimpleNamespace
 
-    def between_layers(self, fn) -> list:
-        return []  # no layers: no yield points
+        self.seconds, self.left, self.log = seconds, 0, None
+        # its steps are a long prefill's chunks, or not
+        self.scheduler = SimpleNamespace(last_long=long)
+        self.model = __import__("torch").nn.Sequential()  # no layers: no yield points
 
     @property
     def busy(self) -> bool:

@@ -25,11 +25,9 @@ import torch
 from torch import Tensor
 
 from ..models import EncoderDecoder
-from ..nn.layers import DecoderLayer, EncoderLayer
 from . import beam, speculate
-from .adapters import choice_of
 from .config import EngineConfig
-from .graphs import StaticDecoder
+from .graphs import captured
 from .memory import collector_paused
 from .request import Acceptance, Params, Request, Sequence, Status
 from .runner import Runner
@@ -51,31 +49,13 @@ class Engine:
                                    max_step_tokens=config.max_step_tokens,
                                    max_len=self.max_len, fast_lane=config.lane(self.device),
                                    shared_chunk=config.shared_chunk)
-        static = None
-        if config.cuda_graphs and self.device.type == "cuda" and choice_of(model) is None:
-            # (a graph replays one choice of adapters: a model serving several runs eagerly)
-            static = StaticDecoder(model, self.cache, pad_id=self.pad_id, capture=True)
+        static = captured(model, self.cache, config, self.device, pad_id=self.pad_id)
         self.runner = Runner(model, self.cache, pad_id=self.pad_id, static=static)
         self.sampler = Sampler(pad_id=self.pad_id, bos_id=bos_id, eos_id=eos_id,
                                device=self.device)
         self.tokens_out = self.steps = 0  # tokens generated and steps run so far (throughput)
         self.speculation = Acceptance()  # every request's guesses (speculate.py)
         self.guesser = speculate.lookup  # how rows guess: speculate.py, or draft.py's
-
-    # --- what a server sees of a step -----------------------------------------------------
-    @property
-    def long_step(self) -> bool:
-        """Whether the step under way (or the last one) prefills a long prompt's chunk: one a
-        server lets other models step in the middle of (serve/loop.py)."""
-        return self.scheduler.last_long
-
-    def between_layers(self, fn) -> list:
-        """Have ``fn()`` called after each encoder or decoder layer of every pass over the
-        model (a server steps other models there: serve/loop.py); returns the hooks'
-        handles, each to ``remove()``."""
-        return [module.register_forward_hook(lambda *_: fn())
-                for module in self.model.modules()
-                if isinstance(module, (EncoderLayer, DecoderLayer))]
 
     # --- requests in ----------------------------------------------------------------------
     def submit(self, request: Request) -> Request:
@@ -203,9 +183,8 @@ class Engine:
         seq.tokens.append(token)
         request.generated += 1
         stop = request.on_token is not None and request.on_token(request, token)
-        if request.constraint is not None:  # its grammar follows the token; a complete
-            request.constraint.consume(token)  # text ends here (<eos> is all that may come)
-            stop = stop or request.constraint.finished
+        # a text its grammar holds complete ends here (sampler.py: <eos> is all that may come)
+        stop = stop or (request.constraint is not None and request.constraint.finished)
         if stop or request.generated >= request.limit:
             self._finish(request, "stop" if stop else "length", finished)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .adapters import choice_of
 from .cache import ALIGN, SlotCache
 from .plan import StepPlan
 from .step import forward_step
@@ -106,3 +107,13 @@ class StaticDecoder:
             logits = self._forward(B, W, X)
         self.mempool = graph.pool()
         return graph, logits
+
+
+def captured(model: torch.nn.Module, cache: SlotCache, config, device: torch.device, *,
+             pad_id: int) -> StaticDecoder | None:
+    """The engine's decode steps as CUDA graphs, captured now, where ``config`` (an
+    EngineConfig) asks for them and the model runs on a GPU; None otherwise, and for a model
+    serving several LoRA adapters (adapters.py: a graph replays one choice of them)."""
+    if not (config.cuda_graphs and device.type == "cuda") or choice_of(model) is not None:
+        return None
+    return StaticDecoder(model, cache, pad_id=pad_id, capture=True)

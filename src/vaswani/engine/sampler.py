@@ -78,6 +78,9 @@ class Sampler:
                                  [r.generator for r, _ in rows])
         for k, entry in kept.items():
             rows[k][0].logprobs.append(entry(int(tokens[k])))
+        for (request, _), token in zip(rows, tokens.tolist(), strict=True):
+            if request.constraint is not None:  # its grammar follows the chosen token
+                request.constraint.consume(token)
         return tokens
 
     def scores(self, rows: list[Row], logits: Tensor, log: bool,

@@ -80,7 +80,7 @@ class Scheduler:
         self.fast_lane = fast_lane  # requests of at most this many tokens (0: no lane)
         self.shared_chunk = shared_chunk  # a long prefill's chunk beside other work (0: off)
         self.planned = 0.0  # when the last plan was made
-        self.last_long = False  # whether it was a long prefill's chunk (Engine.long_step)
+        self.last_long = False  # whether it was a long prefill's chunk (sharing.py long_step)
         self.spent = {"long": 0.0, "others": 0.0}  # seconds of each turn, while both wait
         self.gather = 0  # rows that must be free before new requests join running ones
         self.lane_turn = False  # whether the last step decoded only the fast lane's rows

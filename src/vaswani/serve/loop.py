@@ -19,7 +19,7 @@ of the others), and a step of a long prompt's prefill counts three times its tim
 model working through a long prompt gets a quarter of the thread while another model has
 short work: a short translation on the other model is not held to one step per long one.
 Nor does it wait for the long step in flight when it arrives: between two layers of a long
-prefill's pass (the engine's ``between_layers`` hook, :meth:`EngineLoop._yield_point`) the
+prefill's pass (engine/sharing.py ``between_layers``, :meth:`EngineLoop._yield_point`) the
 loop takes what has arrived and steps the other models that are owed time, then the pass
 goes on. A model's own requests wait for its pass (its cache is mid-write); another model's
 share nothing with it.
@@ -45,6 +45,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from ..engine import Engine, Request
+from ..engine.sharing import between_layers, long_step
 from .batcher import Batcher, Busy, Job, settle
 
 WAKE = object()  # an inbox item that only wakes the loop (an encoder's job has arrived)
@@ -75,7 +76,7 @@ class EngineLoop:
         self.hooks = []  # a long prefill lets the other models step between its layers
         if len(self.engines) + len(self.batchers) > 1:
             for name, engine in self.engines.items():
-                self.hooks += engine.between_layers(lambda name=name: self._yield_point(name))
+                self.hooks += between_layers(engine, lambda name=name: self._yield_point(name))
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._loop, name="vaswani-models", daemon=True)
         self.thread.start()
@@ -198,7 +199,7 @@ class EngineLoop:
     def _charge(self) -> None:
         """Count the time since ``mark`` to the engine stepping now."""
         name, now = self.stepping, time.perf_counter()
-        long = self.engines[name].long_step
+        long = long_step(self.engines[name])
         self.used[name] += (now - self.mark) * (LONG_WEIGHT if long else 1)
         self.mark = now
 
@@ -207,7 +208,7 @@ class EngineLoop:
         prefill's, at the top of the loop, take what has arrived and step the other engines
         that are owed time (``_pick``) before the pass goes on. A model's other requests
         wait for its pass; another model's need not wait for its end."""
-        if (self.stepping != owner or self.nested or not self.engines[owner].long_step
+        if (self.stepping != owner or self.nested or not long_step(self.engines[owner])
                 or threading.current_thread() is not self.thread):
             return
         self._charge()
