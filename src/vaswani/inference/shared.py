@@ -48,7 +48,7 @@ def load_runs(run_dirs: dict[str, str | Path], *, weights: str = "best",
         if compiled:
             raise ValueError(f"{', '.join(names)} share the base {base.parent}, whose layers "
                              "then compute each request with its own adapter: they decode "
-                             "eagerly, with no compiled step (leave out --compiled)")
+                             "eagerly, with no compiled step (do not ask for compiled=True)")
         base_run = load(base.parent, compiled=False, **options)
         adapted = {name: Path(run_dirs[name]) for name in names}
         attach_runs(base_run, adapted, configs, weights)
@@ -73,15 +73,11 @@ def attach_runs(base_run: Run, run_dirs: dict[str, Path], configs: dict[str, Run
                 weights: str) -> None:
     """Each LoRA run's adapters read onto ``base_run``'s model, as adapter 1, 2, ... in the
     order of ``run_dirs`` (engine/adapters.py ``attach``), each checked against the base's
-    weights and tokenizer."""
+    weights (its tokenizer: :func:`view`)."""
     model, taken = base_run.model, []
     for name, run_dir in run_dirs.items():
         config = configs[name]
         check_base(base_of(config), config.finetune, run_dir)
-        source, _, _ = rundir.read_tokenizers(run_dir)
-        if source.vocab_size != base_run.source_tokenizer.vocab_size:
-            raise ValueError(f"{run_dir}'s tokenizer has {source.vocab_size} tokens, its "
-                             f"base's {base_run.source_tokenizer.vocab_size}")
         add_adapters(model, config.finetune)  # this run's LoRA layers on the base's ...
         checkpoint.load_weights(model, checkpoint.weights_path(run_dir, weights))
         taken.append(remove_lora(model))  # ... taken off again, holding its adapters
@@ -91,10 +87,14 @@ def attach_runs(base_run: Run, run_dirs: dict[str, Path], configs: dict[str, Run
 
 def view(base_run: Run, run_dir: Path, config: RunConfig, adapter: int) -> Run:
     """A run of its own (name, config, chat template, offline engine) over ``base_run``'s
-    model, computing with adapter ``adapter`` of it."""
+    model, computing with adapter ``adapter`` of it; its tokenizer must have the base's
+    vocabulary size."""
     run = copy.copy(base_run)
     run.run_dir, run.config, run.adapter = run_dir, config, adapter
     run.source_tokenizer, run.target_tokenizer, run.labels = rundir.read_tokenizers(run_dir)
+    size, base_size = run.source_tokenizer.vocab_size, base_run.source_tokenizer.vocab_size
+    if size != base_size:
+        raise ValueError(f"{run_dir}'s tokenizer has {size} tokens, its base's {base_size}")
     run.chat_template = rundir.read_chat_template(run_dir)
     run._engine = None  # (an offline call's engine: its own)
     return run
