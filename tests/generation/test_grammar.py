@@ -80,3 +80,30 @@ def test_a_tokenizer_is_read_once_and_a_schema_compiled_once():
     start = tok.encode(JSON_TEXT)[0]
     first.consume(start)  # each request's copy follows its own tokens
     assert second.allowed(tok.vocab_size)[start] and not first.allowed(tok.vocab_size)[start]
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_parallel_tool_calls_false_allows_one_call_only(choice):
+    body = '\n{"name": "f", "arguments": {"n": 1}}\n'
+    tok = BPETokenizer.train([body * 20, "to be or not to be"], 300)
+    tok.hf.add_special_tokens(["<tool_call>", "</tool_call>"])  # markers as Qwen2's are
+    opening, closing = tok.hf.token_to_id("<tool_call>"), tok.hf.token_to_id("</tool_call>")
+    tools = [{"name": "f", "parameters": {"type": "object", "properties": {
+        "n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}}]
+    newline = tok.encode("\n")[0]
+
+    def after_one_call(parallel):
+        constraint = Grammars(tok).tool_calls(tools, choice, parallel)
+        for token in [opening, *tok.encode(body), closing]:
+            constraint.consume(token)
+        return constraint
+
+    vocab = tok.hf.get_vocab_size()
+    one, more = after_one_call(False), after_one_call(True)
+    assert one.allowed(vocab)[tok.eos_id] and more.allowed(vocab)[tok.eos_id]
+    if choice == "auto":  # text may follow; a second call only where calls are parallel
+        one.consume(newline), more.consume(newline)
+    else:
+        assert one.allowed(vocab).nonzero().flatten().tolist() == [tok.eos_id]
+        more.consume(newline)
+    assert more.allowed(vocab)[opening] and not one.allowed(vocab)[opening]

@@ -127,7 +127,7 @@ def test_a_field_the_server_does_not_implement_is_a_400_naming_it(client, name):
 
 
 def test_no_op_fields_and_harmless_defaults_are_accepted_and_unknown_ones_refused(client):
-    accepted = {**{name: "x" for name in schemas.NO_OPS}, "parallel_tool_calls": False,
+    accepted = {**{name: "x" for name in schemas.NO_OPS}, "parallel_tool_calls": True,
                 "best_of": 1, "logit_bias": {}, "response_format": {"type": "text"},
                 "tools": [], "tool_choice": "none"}
     status, out = post(client, "/v1/completions", model="lm", prompt="a", max_tokens=1,

@@ -106,6 +106,11 @@ def test_a_tool_call_round_trip_through_the_openai_client(live):
         temperature=1.0, tool_choice={"type": "function", "function": {"name": "get_time"}})
     check_calls(named.choices[0].message.tool_calls, ["get_time"])
     assert len(named.choices[0].message.tool_calls) == 1
+    single = client.chat.completions.create(
+        model="qwen", messages=messages, tools=[WEATHER, CLOCK], tool_choice="required",
+        parallel_tool_calls=False, max_tokens=120, temperature=1.0, seed=5)
+    check_calls(single.choices[0].message.tool_calls, [])
+    assert len(single.choices[0].message.tool_calls) == 1
     call = choice.message.tool_calls[0]
     answered = client.chat.completions.create(  # the tool's answer, back in the conversation
         model="qwen", max_tokens=8, temperature=0, tools=[WEATHER, CLOCK], tool_choice="none",

@@ -98,11 +98,11 @@ class Grammars:
         text = json.dumps(ANY_OBJECT if schema is None else schema)  # (its order: the keys')
         return Constraint(self.compiled("json", text).deep_copy(), self.vocab_size)
 
-    def tool_calls(self, tools: list[dict], choice: str) -> Constraint:
+    def tool_calls(self, tools: list[dict], choice: str, parallel: bool = True) -> Constraint:
         """A new request's :class:`Constraint` for calls of ``tools`` (each OpenAI's
         ``function``: ``name``, ``parameters``): ``choice`` "auto" (text, in which each call
         keeps to its tool's schema), "required" (one call or more, nothing else) or a tool's
-        name (one call of it)."""
+        name (one call of it); ``parallel`` False: one call at most."""
         def marker(text: str) -> str:
             i = self.token_id(text)
             return f"<[{i}]>" if i is not None else json.dumps(text)
@@ -114,8 +114,10 @@ class Grammars:
             for t in chosen], "x-guidance": LAYOUT}
         call = f'{marker(TOOL_OPEN)} "\\n" %json {json.dumps(calls)} "\\n" {marker(TOOL_CLOSE)}'
         if choice == "auto":  # text, with calls in it
-            lark = f"start: (tagged)* TEXT\ntagged: TEXT call\nTEXT: /(.|\\n)*/\ncall: {call}\n"
-        elif choice == "required":
+            calls_in_text = "(tagged)*" if parallel else "(tagged)?"
+            lark = f"start: {calls_in_text} TEXT\ntagged: TEXT call\nTEXT: /(.|\\n)*/\n" \
+                   f"call: {call}\n"
+        elif choice == "required" and parallel:
             lark = f'start: call ("\\n" call)*\ncall: {call}\n'
         else:
             lark = f"start: {call}\n"

@@ -64,11 +64,12 @@ class LanguageModel(Run):
                              f"{type(json_schema).__name__}")
         return grammars(self.source_tokenizer).constraint(json_schema)
 
-    def tool_constraint(self, tools: list[dict], choice: str) -> Constraint:
+    def tool_constraint(self, tools: list[dict], choice: str,
+                        parallel: bool = True) -> Constraint:
         """A new request's grammar for calls of ``tools`` (OpenAI's functions: ``name``,
-        ``parameters``): ``choice`` "auto", "required" or a tool's name
-        (generation/grammar.py ``Grammars.tool_calls``)."""
-        return grammars(self.source_tokenizer).tool_calls(tools, choice)
+        ``parameters``): ``choice`` "auto", "required" or a tool's name; ``parallel``
+        False: one call at most (generation/grammar.py ``Grammars.tool_calls``)."""
+        return grammars(self.source_tokenizer).tool_calls(tools, choice, parallel)
 
     def _guesser(self):
         return lookup if self.draft is None else DraftModel(self.draft.model)

@@ -156,16 +156,17 @@ async def constraint(run: Run, body, tool_choice: str | None = None,
                      functions: list[dict] = ()):
     """What a completion's output keeps to, as a maker of each request's constraint (None:
     free text): the JSON schema of ``response_format``, or calls of ``functions`` as
-    ``tool_choice`` allows them (tools.py). Compiled here, before any request is queued (the
-    first time in a worker thread: reading a large vocabulary takes a moment); a 400 naming
-    the field when it cannot be."""
+    ``tool_choice`` and ``parallel_tool_calls`` allow them (tools.py). Compiled here, before
+    any request is queued (the first time in a worker thread: reading a large vocabulary
+    takes a moment); a 400 naming the field when it cannot be."""
     given = getattr(body, "response_format", None)
     wants_json = given is not None and given.type != "text"
     if tool_choice is not None:
         if wants_json:
             raise ApiError(400, "response_format holds the answer to JSON and tools to calls: "
                            "ask for one", "response_format")
-        make, param = (lambda: run.tool_constraint(functions, tool_choice)), "tools"
+        parallel = body.parallel_tool_calls
+        make, param = (lambda: run.tool_constraint(functions, tool_choice, parallel)), "tools"
     elif wants_json:
         schema = dict(ANY_OBJECT) if given.type == "json_object" else \
             (given.json_schema.schema_ or {})  # no schema: any JSON value

@@ -43,12 +43,12 @@ MAX_SCHEMA_CHARS = 65_536  # a response_format's JSON schema, as JSON text
 NO_OPS = {"user": "an end-user id for abuse monitoring", "store": "storing outputs for "
           "OpenAI's dashboard", "metadata": "tags for stored outputs", "service_tier": "a "
           "processing tier", "prompt_cache_key": "a cache-routing hint",
-          "safety_identifier": "an end-user id for abuse monitoring",
-          "parallel_tool_calls": "tool calls (there are none)"}
+          "safety_identifier": "an end-user id for abuse monitoring"}
 # OpenAI's fields the server does not implement: what it does instead
 REFUSED = {
     "tools": "tool calling is /v1/chat/completions's",
     "tool_choice": "tool calling is /v1/chat/completions's",
+    "parallel_tool_calls": "tool calling is /v1/chat/completions's",
     "functions": "the deprecated functions: use tools",
     "function_call": "the deprecated function_call: use tool_choice",
     "logit_bias": "no biases; repetition_penalty, presence_penalty and frequency_penalty "
@@ -64,6 +64,7 @@ REFUSED = {
 # the value of a refused field that asks for nothing (its default)
 HARMLESS = {"logit_bias": lambda v: not v, "functions": lambda v: not v,
             "tools": lambda v: not v, "tool_choice": lambda v: v in ("none", None),
+            "parallel_tool_calls": lambda v: v in (True, None),
             "modalities": lambda v: v in (["text"], None)}
 
 
@@ -302,6 +303,7 @@ class ChatRequest(GenerationBody):
     messages: list[Turn] = Field(min_length=1, max_length=1024)
     tools: list[Tool] | None = Field(default=None, max_length=MAX_ITEMS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True  # False: one call at most
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
