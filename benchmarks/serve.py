@@ -27,6 +27,8 @@ request batching on and off.
    then 3 ``POST /v1/attention`` without a target (the server translates each input first, to
    explain its own output); the server's resident memory (Linux, /proc) after each. An engine
    made for the explorer beside the serving one would show here as hundreds of MB.
+6. Kept prefixes (``--parts prefixes``): a chat's sixth turn and sixteen requests sharing a
+   system prompt, with and without: benchmarks/serve_prefixes.py.
 
 Each server is a separate ``vaswani serve`` process (as a user runs it) on 127.0.0.1; the
 clients are threads in this process. The two settings alternate (off, on, off, on) and the
@@ -178,7 +180,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer requests (~3 minutes)")
     parser.add_argument("--json", metavar="OUT.json")
     parser.add_argument("--work", metavar="DIR", help="where the runs go (default: a temp dir)")
-    parser.add_argument("--parts", default="translation,streaming,mixed,prefill,attention",
+    parser.add_argument("--parts",
+                        default="translation,streaming,mixed,prefill,attention,prefixes",
                         help="which to measure (comma-separated; the other parts of an existing "
                              "--json file are kept)")
     parser.add_argument("--clients", default="1,8,32",
@@ -196,7 +199,7 @@ def main() -> None:
     rounds = 1 if args.quick else 2
     parts = set(args.parts.split(","))
     results: dict = {"translation": {}, "streaming": {}, "mixed": {}, "prefill": {},
-                     "attention": {}}
+                     "attention": {}, "prefixes": {}}
     kept = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).exists() \
         else {}
     results.update({k: kept[k] for k in results if k not in parts and k in kept})
@@ -239,6 +242,11 @@ def main() -> None:
         from .serve_prefill import measure as prefill
 
         results["prefill"] = prefill(work, runs)
+
+    if "prefixes" in parts:
+        from .serve_prefixes import measure as prefixes
+
+        results["prefixes"] = prefixes(work, rounds)
 
     if "attention" in parts:
         with Server(runs["translator"], "bible", 32, args.device) as server:
@@ -307,6 +315,21 @@ def main() -> None:
         rows.append(("/v1/attention without a target: the server's resident memory",
                      f"{a['rss_serving_mb']} MB serving, {a['rss_after_attention_mb']} MB after "
                      f"(+{a['grew_mb']} MB)"))
+    for setting, r in (results["prefixes"] or {}).items():
+        if isinstance(r, dict):
+            rows.append((f"prefixes {setting}: a chat's 6th turn ({r['history_tokens'][0]:,} "
+                         "tokens) / its new turn alone, first token",
+                         f"{r['sixth_turn_s']} s / {r['new_turn_alone_s']} s = "
+                         f"{r['sixth_over_new_turn']}x"))
+            s = r["shared"]
+            rows.append((f"prefixes {setting}: 16 requests sharing a 1,000-token system prompt",
+                         f"{s['wall_s']} s; {s['prefill_tokens']:,} of {s['prompt_tokens']:,} "
+                         "prompt tokens computed"))
+    if results["prefixes"]:
+        p = results["prefixes"]
+        rows.append(("prefixes: off / on, the 6th turn's first token; the 16 requests' time",
+                     f"{p['sixth_turn_off_over_on']}x; {p['shared_wall_off_over_on']}x "
+                     f"(outputs equal: {p['outputs_equal']})"))
     report("Serving (vaswani serve, CPU)", rows, results, args.json)
 
 

@@ -318,7 +318,8 @@ def test_prefill_rows_of_unlike_lengths_run_apart_shortest_first():
     assert [[r[2] for r in g] for g in prefill_groups(rows, slack=0)] == [
         [5, 8], [20], [190, 200]]
     lm = model("decoder", max_len=256)
-    eng = engine(lm, max_rows=8, max_step_tokens=1024, shared_chunk=0)  # offline: no turns
+    eng = engine(lm, max_rows=8, max_step_tokens=1024, shared_chunk=0,
+                 prefix_bytes=0)  # offline: no turns, no prefixes kept
     passes = []
     forward = eng.runner.forward
     eng.runner.forward = lambda rows: passes.append([n for _, _, n in rows]) or forward(rows)

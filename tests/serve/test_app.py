@@ -64,6 +64,24 @@ def test_the_fast_lane_of_vaswani_serve_reaches_every_engine(served, capsys):
     assert "--fast-lane: '-1' is not a whole number >= 0" in capsys.readouterr().err
 
 
+def test_the_prefix_cache_of_vaswani_serve_reaches_every_language_models_engine(served,
+                                                                              capsys):
+    from fastapi.testclient import TestClient
+
+    from vaswani.cli import main
+    from vaswani.serve import create_app
+
+    for given, budget in [(None, 1 << 28), (0, 0), (64, 64 << 20)]:
+        with TestClient(create_app(served, prefix_cache_mb=given),
+                        base_url="http://127.0.0.1") as c:
+            engines = c.app.state.server.engines
+            assert {n: e.scheduler.prefixes.budget for n, e in engines.items()} == {
+                n: 0 if e.seq2seq else budget for n, e in engines.items()}
+    assert main(["serve", "some-run", "--prefix-cache", "1024"]) != 0
+    assert "--prefix-cache (1024 MB) must be less than the engine's cache, 1024 MB" in \
+        capsys.readouterr().err
+
+
 def test_translate_equals_the_python_api(client, served):
     body = {"model": "copy", "input": ["abcdef", "jihgf"], "beam": 3, "n_best": 2}
     data = client.post("/v1/translate", json=body).json()["data"]

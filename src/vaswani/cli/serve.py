@@ -59,6 +59,12 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                         "run, the others at every other step, so that a short request among "
                         "long ones is not as slow per token as they are (0 = off; default 32 "
                         "on a CPU, where a step costs about its rows; off on a GPU)")
+    p.add_argument("--prefix-cache", type=nonnegative, default=256, metavar="MB",
+                   help="memory for the keys and values of prompts' leading tokens, kept so "
+                        "that a request starting with the same tokens (a system prompt, a "
+                        "chat's earlier turns) computes only the rest; the least recently "
+                        "used go first; taken from the engine's 1 GiB cache (0 = off; "
+                        "default 256)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument("--quantize", choices=QUANTIZE, help=QUANTIZE_HELP)
     p.add_argument("--eager", action="store_true", help=EAGER_HELP)
@@ -93,7 +99,12 @@ def serve(args: argparse.Namespace) -> int:
                          "pip install 'vaswani[serve]'") from None
     import torch
 
+    from ..engine import EngineConfig
     from ..inference.shared import load_runs
+
+    if args.prefix_cache << 20 >= EngineConfig.cache_bytes:
+        raise ValueError(f"--prefix-cache ({args.prefix_cache} MB) must be less than the "
+                         f"engine's cache, {EngineConfig.cache_bytes >> 20} MB")
     from ..serve import name_runs
 
     sock = listening_socket(args.host, args.port)  # before loading: a port in use fails fast
@@ -130,7 +141,7 @@ def _serve(args: argparse.Namespace, sock, runs: dict, threads: int) -> int:
     app = create_app(runs, api_key=key, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                      max_queue=args.max_queue, fast_lane=args.fast_lane, limits=Limits(),
                      allowed_hosts=allowed_hosts(args.allowed_hosts, args.host),
-                     threads=threads)
+                     threads=threads, prefix_cache_mb=args.prefix_cache)
     where = f"http://{args.host}:{args.port}"
     print(f"vaswani serve: {', '.join(f'{n} ({r.task.name})' for n, r in runs.items())} on "
           f"{where}{' (API key required)' if key else ''}; the page is at {where}/",

@@ -276,6 +276,24 @@ class SlotCache:
                 view = t[:, :, :length]  # index_select + index_copy_: faster than
                 view.index_copy_(0, to, view.index_select(0, of))  # t[to] = t[of]
 
+    @property
+    def bytes_per_token(self) -> int:
+        """The bytes of one position's keys and values, every layer's."""
+        return 2 * self.n_layers * self.shape[0] * self.shape[1] * self.dtype.itemsize
+
+    def read(self, slot: int, start: int, end: int) -> tuple[Tensor, Tensor]:
+        """A copy of the keys and values of columns ``start .. end - 1`` of ``slot``, every
+        layer's: (layers, Hkv, end - start, Dh) each (prefixes.py keeps them)."""
+        return (torch.stack([t[slot, :, start:end] for t in self.k]),
+                torch.stack([t[slot, :, start:end] for t in self.v]))
+
+    def write(self, slot: int, start: int, k: Tensor, v: Tensor) -> None:
+        """Keys and values as :meth:`read` gives them into ``slot`` from column ``start``."""
+        end = start + k.size(2)
+        for i in range(self.n_layers):
+            self.k[i][slot, :, start:end] = k[i]
+            self.v[i][slot, :, start:end] = v[i]
+
     def held(self, n: int) -> list[int]:
         """The source slot of each row in slots 0 .. n - 1 (a translator's)."""
         return [self.requests[i].source_slot for i in range(n)]

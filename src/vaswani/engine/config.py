@@ -1,5 +1,6 @@
-"""The engine's size: its config, the cache it makes for a model, and the fast lane's
-default (scheduler.py says what the lane is for)."""
+"""The engine's size: its config, the caches it makes for a model (a slot per row, and the
+kept prompt prefixes), and the fast lane's default (scheduler.py says what the lane is
+for)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .cache import SlotCache
+from .prefixes import PrefixCache
 
 FAST_LANE = 32  # a CPU's fast lane: requests of at most this many tokens (scheduler.py)
 
@@ -28,6 +30,8 @@ class EngineConfig:
     cache_tokens: int = 0  # token positions the cache holds, all rows and sources together;
     # 0: max_rows full-length rows (and their sources), within cache_bytes
     cache_bytes: int = 1 << 30  # the cache's memory at most, when cache_tokens is 0
+    prefix_bytes: int = 1 << 28  # of which kept prompt prefixes hold at most this many
+    # (a language model's; prefixes.py); 0: none kept
     cuda_graphs: bool = True  # on a GPU: decode steps as CUDA graphs (graphs.py)
     fast_lane: int | None = None  # requests of at most this many tokens decoded at every
     # step, the others at every other step while they run (scheduler.py); None: 32 on a CPU,
@@ -40,6 +44,9 @@ class EngineConfig:
         for name in ("max_rows", "max_step_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be positive")
+        if not 0 <= self.prefix_bytes < self.cache_bytes:
+            raise ValueError(f"prefix_bytes ({self.prefix_bytes}) must be 0 (none kept) or "
+                             f"more, and less than cache_bytes ({self.cache_bytes})")
         if self.shared_chunk < 0:
             raise ValueError(f"shared_chunk ({self.shared_chunk}) must be 0 (off) or more")
         if self.fast_lane is not None and self.fast_lane < 0:
@@ -49,9 +56,10 @@ class EngineConfig:
     def offline(cls, max_rows: int, **options) -> EngineConfig:
         """An offline call's engine (``translate``, ``generate_many``, a validation metric):
         every request's tokens count alike and only the total time does (no fast lane, no
-        shared chunk), in wide steps (``max_step_tokens`` 4,096); ``options`` override."""
+        shared chunk), in wide steps (``max_step_tokens`` 4,096), keeping no prefixes (its
+        inputs come at once); ``options`` override."""
         return cls(max_rows=max_rows, **{"max_step_tokens": 4096, "fast_lane": 0,
-                                         "shared_chunk": 0, **options})
+                                         "shared_chunk": 0, "prefix_bytes": 0, **options})
 
     def lane(self, device: torch.device) -> int:
         """The fast lane on ``device``: as given, or its default there."""
@@ -59,11 +67,18 @@ class EngineConfig:
 
     def cache_for(self, model: torch.nn.Module, seq2seq: bool) -> SlotCache:
         """The key/value cache for ``model``'s decoder layers: ``cache_tokens`` positions, or
-        as many as ``cache_bytes`` holds, on the model's device and in its dtype."""
+        as many as ``cache_bytes`` holds beside the kept prefixes, on the model's device and
+        in its dtype."""
         c, param = model.config, next(model.parameters())
         head_dim = c.head_dim
         per_token = 2 * c.n_decoder_layers * c.n_kv_heads * head_dim * param.element_size()
+        slots = self.cache_bytes - self.prefix_bytes * (not seq2seq)
         return SlotCache(c.n_decoder_layers, c.n_kv_heads, head_dim,
-                         tokens=self.cache_tokens or self.cache_bytes // per_token,
+                         tokens=self.cache_tokens or slots // per_token,
                          max_rows=self.max_rows, max_len=c.max_len, seq2seq=seq2seq,
                          dtype=param.dtype, device=param.device)
+
+    def prefixes_for(self, cache: SlotCache) -> PrefixCache:
+        """The kept prompt prefixes of an engine with ``cache``: none for a translator (its
+        prompt is a source, encoded once a request)."""
+        return PrefixCache(cache, 0 if cache.seq2seq else self.prefix_bytes)

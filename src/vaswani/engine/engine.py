@@ -48,7 +48,8 @@ class Engine:
         self.scheduler = Scheduler(self.cache, max_rows=config.max_rows,
                                    max_step_tokens=config.max_step_tokens,
                                    max_len=self.max_len, fast_lane=config.lane(self.device),
-                                   shared_chunk=config.shared_chunk)
+                                   shared_chunk=config.shared_chunk,
+                                   prefixes=config.prefixes_for(self.cache))
         static = captured(model, self.cache, config, self.device, pad_id=self.pad_id)
         self.runner = Runner(model, self.cache, pad_id=self.pad_id, static=static)
         self.sampler = Sampler(pad_id=self.pad_id, bos_id=bos_id, eos_id=eos_id,
@@ -92,12 +93,6 @@ class Engine:
     def waiting(self) -> int:  # requests submitted and not yet admitted
         return len(self.scheduler.waiting)
 
-    def stats(self) -> dict:
-        s, c = self.scheduler, self.cache
-        return {"waiting": len(s.waiting), "running": len(s.running), "rows": s.rows,
-                "slots_used": c.used, "slots": c.rows, "slot_width": c.width,
-                "preemptions": s.preemptions, "tokens_out": self.tokens_out, "steps": self.steps}
-
     # --- one step -------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[Request]:
@@ -117,8 +112,8 @@ class Engine:
         for group in prefill_groups(plan.prefill):  # first tokens go out before the decode
             logits = self.runner.forward(group)
             due = []
-            for i, (_, seq, n) in enumerate(group):
-                self.scheduler.fed(seq, n)
+            for i, (request, seq, n) in enumerate(group):
+                self.scheduler.prefilled(request, seq, n)  # and its prompt kept, once in
                 if not seq.pending:  # the whole context is in: its next token is due
                     due.append(i)
             if due:

@@ -136,6 +136,7 @@ class Request:
         self.status = Status.WAITING
         self.sequences = [Sequence(list(self.start))]
         self.spares: list[Sequence] = []  # beam search: slots held for hypotheses to come
+        self.block_names: list[bytes] = []  # its row's blocks of tokens named (prefixes.py)
         self.source_slot = -1  # a translation's source slot in the engine's cache
         self.beam: Beam | None = None  # beam search: made by the engine, which knows <eos>
         self.generator: torch.Generator | None = None  # made on the model's device

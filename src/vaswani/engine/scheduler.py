@@ -9,7 +9,9 @@ Every step:
    slides first (its context is cut to the last half window and recomputed, as
    generation/reference.py ``LMStepper`` does);
 3. waiting requests are admitted in arrival order while slots and the budget allow (in an
-   offline run, ``gather``: only once enough rows are free for a group of them);
+   offline run, ``gather``: only once enough rows are free for a group of them); a request
+   whose prompt starts with a kept prefix starts after it (prefixes.py), and one that shares
+   more of its prompt with a request still computing it than is kept waits for that one;
 4. rows with more uncached tokens (a prompt, a slid context, a preempted request being
    recomputed) are prefilled, in chunks, under a budget of ``max_step_tokens`` tokens, the
    fewest tokens first;
@@ -52,6 +54,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .cache import SlotCache
+from .prefixes import PrefixCache
 from .request import Request, Sequence, Status
 
 GATHER = 8  # an offline run admits new requests once 1/GATHER of its rows are free
@@ -74,8 +77,11 @@ class Plan:
 
 class Scheduler:
     def __init__(self, cache: SlotCache, *, max_rows: int, max_step_tokens: int,
-                 max_len: int, fast_lane: int = 0, shared_chunk: int = 0) -> None:
+                 max_len: int, fast_lane: int = 0, shared_chunk: int = 0,
+                 prefixes: PrefixCache | None = None) -> None:
         self.cache = cache
+        self.prefixes = prefixes or PrefixCache(cache, 0)  # kept prompt prefixes (0: none)
+        self.prefilled_tokens = 0  # tokens prefill passes computed (the kept ones are not)
         self.max_rows, self.max_step_tokens, self.max_len = max_rows, max_step_tokens, max_len
         self.fast_lane = fast_lane  # requests of at most this many tokens (0: no lane)
         self.shared_chunk = shared_chunk  # a long prefill's chunk beside other work (0: off)
@@ -115,19 +121,24 @@ class Scheduler:
         for request in self.running:  # decode what is ready; the others wait to prefill
             budget = self._rows_of(request, plan, prefill, budget)
         hold = self._gathering()  # decided once a step: a group is admitted whole
-        while self.waiting and budget > 0 and not hold:  # admit
-            request = self.waiting[0]
+        for request in list(self.waiting) if not hold else []:  # admit, in arrival order
+            if budget <= 0:
+                break
+            if self.prefixes.waits(request):  # for the prefix another request computes
+                continue
             rows, (width, cross) = self._need(request)
             if rows > self.cache.rows_at(width, cross):  # even an empty cache is too small
-                self._fail(self.waiting.popleft(), rows)
+                self.waiting.remove(request)
+                self._fail(request, rows)
                 continue
             width, cross = max(width, self.cache.width), max(cross, self.cache.cross_width)
             if self.rows + rows > min(self.max_rows, self.cache.rows_at(width, cross)):
                 break
             if (width, cross) != (self.cache.width, self.cache.cross_width):
                 self.cache.resize(width, cross)
-            self.waiting.popleft()
+            self.waiting.remove(request)
             self._take(request, rows)
+            self.prefixes.load(request)  # a kept prefix into its slot: cached already
             self.running.append(request)
             request.status = Status.RUNNING
             if request.seq2seq:
@@ -223,6 +234,8 @@ class Scheduler:
         ``error``); whether it was not finished already."""
         if request.status is Status.FINISHED:
             return False
+        if request.status is Status.RUNNING and reason in ("stop", "length", "cancelled"):
+            self.prefixes.keep(request, tail=True)  # its context, for one going on from it
         self._free(request)
         if request in self.running:
             self.running.remove(request)
@@ -255,6 +268,14 @@ class Scheduler:
         """A row's next ``n`` tokens are in the cache now (a forward pass wrote them)."""
         seq.cached += n
 
+    def prefilled(self, request: Request, seq: Sequence, n: int) -> None:
+        """A prefill pass wrote a row's next ``n`` tokens; once its prompt is in, its
+        prefix is kept for the requests that share it (prefixes.py)."""
+        seq.cached += n
+        self.prefilled_tokens += n
+        if not seq.pending:
+            self.prefixes.keep(request)
+
     # --- slots ---------------------------------------------------------------------------
     def _need(self, request: Request) -> tuple[int, tuple[int, int]]:
         """Slots a request takes (a beam search: one per hypothesis it may keep) and the
@@ -277,6 +298,7 @@ class Scheduler:
             self.cache.take_source(request, len(request.prompt))
 
     def _free(self, request: Request) -> None:
+        self.prefixes.drop(request)  # it computes no prefix for others now
         for seq in [*request.sequences, *request.spares]:
             self.cache.free(seq)
         self.cache.free_source(request)

@@ -47,15 +47,17 @@ def create_app(runs: dict[str, Run], *, api_key: str | None = None, max_batch: i
                max_wait_ms: float = 5.0, max_queue: int = 256,
                fast_lane: int | None = None, limits: Limits | None = None,
                allowed_hosts: tuple[str, ...] | list[str] = LOOPBACK,
-               threads: int | None = None) -> FastAPI:
+               threads: int | None = None, prefix_cache_mb: int | None = None) -> FastAPI:
     """``allowed_hosts``: the names a request's Host header may carry (the loopback ones by
     default; ``("*",)`` for any): a web page cannot reach a local server through DNS
     rebinding, whose requests carry the page's own host name. ``threads``: PyTorch's
     threads in the thread that runs the models (default: as many as this thread has).
-    ``fast_lane``: the engines' (engine/config.py ``EngineConfig``; None: their default)."""
+    ``fast_lane``, ``prefix_cache_mb`` (the memory kept prompt prefixes may hold; 0: none
+    kept): the engines' (engine/config.py ``EngineConfig``; None: their default)."""
     limits = limits or Limits()
     server = Server(runs, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
-                    fast_lane=fast_lane, limits=limits, threads=threads)
+                    fast_lane=fast_lane, limits=limits, threads=threads,
+                    prefix_cache_mb=prefix_cache_mb)
     app = FastAPI(title="vaswani", description=__doc__.split("\n\n")[0])
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))

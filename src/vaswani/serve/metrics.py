@@ -9,6 +9,11 @@ model (label ``model``):
     vaswani_spec_decode_draft_tokens_total,                tokens guessed, and those that
     vaswani_spec_decode_accepted_tokens_total              held (--speculate; as vLLM's
     vaswani_spec_decode_drafts_total                       spec_decode metrics), in passes
+    vaswani_prefill_tokens_total                           prompt tokens prefill passes computed
+    vaswani_prefix_cache_queries_total,                    prompt tokens looked up among the
+    vaswani_prefix_cache_hits_total                        kept prefixes, and found there (as
+                                                           vLLM's prefix_cache metrics)
+    vaswani_prefix_cache_bytes                             memory the kept prefixes hold
     vaswani_time_to_first_token_seconds                    histogram, from arrival
     vaswani_time_per_output_token_seconds                  histogram, after the first token
 
@@ -71,6 +76,17 @@ class Metrics(Collector):
                                             "tokens that held", labels=["model"]),
             "guess_passes": CounterMetricFamily("vaswani_spec_decode_drafts", "Forward passes "
                                                 "that checked guesses", labels=["model"]),
+            "prefilled_tokens": CounterMetricFamily(
+                "vaswani_prefill_tokens", "Prompt tokens computed by prefill passes (a "
+                "prompt's last token may be fed by a decoding step)", labels=["model"]),
+            "prefix_queried_tokens": CounterMetricFamily(
+                "vaswani_prefix_cache_queries", "Prompt tokens looked up among the kept "
+                "prefixes", labels=["model"]),
+            "prefix_hit_tokens": CounterMetricFamily(
+                "vaswani_prefix_cache_hits", "Prompt tokens found among the kept prefixes "
+                "(not computed again)", labels=["model"]),
+            "prefix_cache_bytes": GaugeMetricFamily("vaswani_prefix_cache_bytes", "Memory the "
+                                                    "kept prefixes hold", labels=["model"]),
         }
         for name in self.server.runs:
             served = self.server.served(name)

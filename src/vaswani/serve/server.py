@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ..config import DecodeConfig
 from ..config.family import serving
 from ..engine import EngineConfig, Request
+from ..engine.sharing import stats
 from ..generation.grammar import Constraint
 from ..inference import Run
 from ..inference.language_model import Completion
@@ -66,12 +67,13 @@ class Server:
 
     def __init__(self, runs: dict[str, Run], *, max_batch: int, max_wait_ms: float,
                  max_queue: int, limits: Limits, threads: int | None = None,
-                 fast_lane: int | None = None) -> None:
+                 fast_lane: int | None = None, prefix_cache_mb: int | None = None) -> None:
         """``threads``: PyTorch's threads in the models' thread (default: as many as this
         thread has)."""
         self.runs, self.limits, self.max_queue = runs, limits, max_queue
+        kept = {} if prefix_cache_mb is None else {"prefix_bytes": prefix_cache_mb << 20}
         config = EngineConfig(max_rows=max_batch, fast_lane=fast_lane,
-                              max_step_tokens=SERVER_STEP_TOKENS)
+                              max_step_tokens=SERVER_STEP_TOKENS, **kept)
         # one engine per model: runs that share one (LoRA adapters over one base:
         # inference/shared.py) share its batches, stepped under the first one's name
         self.engines, self.stepped_as, made = {}, {}, {}  # made: model -> (name, engine)
@@ -113,7 +115,7 @@ class Server:
         engine = self.engines[name]
         guesses = engine.speculation
         return {"batches": engine.steps, "requests": self.submitted[name],
-                "cancelled": self.cancelled[name], **engine.stats(),
+                "cancelled": self.cancelled[name], **stats(engine),
                 "guessed": guesses.guessed, "accepted": guesses.accepted,
                 "guess_passes": guesses.passes}
 
