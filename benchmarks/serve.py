@@ -330,6 +330,8 @@ def main() -> None:
         rows.append(("prefixes: off / on, the 6th turn's first token; the 16 requests' time",
                      f"{p['sixth_turn_off_over_on']}x; {p['shared_wall_off_over_on']}x "
                      f"(outputs equal: {p['outputs_equal']})"))
+        rows.append(("prefixes: the 6th turn, on / its new turn computed whole (off)",
+                     f"{p['sixth_on_over_new_turn_computed']}x"))
     report("Serving (vaswani serve, CPU)", rows, results, args.json)
 
 
