@@ -1,5 +1,7 @@
-"""OpenAI's response formats: embeddings as floats or base64, completion choices with
-usage, and server-sent events for streaming."""
+"""OpenAI's response formats: embeddings as floats or base64, the choices and usage of a
+completion and of a chat answer, and their server-sent events for streaming: one generic
+loop (:func:`sse`) over a server.Generation, each response object's chunks written by an
+encoder of its own (:class:`CompletionChunks`, :class:`ChatChunks`)."""
 
 from __future__ import annotations
 
@@ -74,106 +76,147 @@ def chat_logprobs(tokenizer, ids: list[int], entries: list) -> dict:
     return {"content": content, "refusal": None}
 
 
-def choices(results: list[dict], n: int, *, chat_mode: bool, tokenizer=None,
-            logprobs: bool = False, echo: list[tuple[str, list[int], list]] | None = None
-            ) -> tuple[list, dict]:
-    """The choices and usage of a completion or chat answer from server.Generation results
-    (one per prompt, ``n`` completions each). ``logprobs``: each choice's, from its chosen
-    tokens; ``echo``: per prompt its (text, tokens, log-probability entries), put before the
-    completion (text and logprobs)."""
-    choices, prompt_tokens, completion_tokens = [], 0, 0
+def completion_choices(results: list[dict], n: int, *, tokenizer=None, logprobs: bool = False,
+                       echo: list[tuple[str, list[int], list]] | None = None
+                       ) -> tuple[list, dict]:
+    """A completion's choices and usage from server.Generation results (one per prompt,
+    ``n`` completions each). ``logprobs``: each choice's, from its chosen tokens; ``echo``:
+    per prompt its (text, tokens, log-probability entries), put before the completion (text
+    and logprobs)."""
+    choices = []
     for p, result in enumerate(results):
-        prompt_tokens += result["prompt_tokens"]
         before, before_ids, before_entries = echo[p] if echo else ("", [], [])
         for c in result["choices"]:
-            completion_tokens += c["completion_tokens"]
-            index = p * n + c["index"]
-            entries = [(lp, alternatives) for lp, alternatives in c["logprobs"]]
-            if chat_mode:
-                choice = {"index": index, "finish_reason": c["finish_reason"],
-                          "message": {"role": "assistant", "content": c["text"]},
-                          "logprobs": chat_logprobs(tokenizer, c["ids"], entries)
-                          if logprobs else None}
-            else:
-                text = before + c["text"]
-                choice = {"index": index, "text": text, "finish_reason": c["finish_reason"],
-                          "logprobs": legacy_logprobs(tokenizer, before_ids + c["ids"],
-                                                      before_entries + entries,
-                                                      0 if echo else len(result["prompt"]))
-                          if logprobs else None}
-            choices.append(choice)
-    return choices, {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                     "total_tokens": prompt_tokens + completion_tokens}
+            choices.append({"index": p * n + c["index"], "text": before + c["text"],
+                            "finish_reason": c["finish_reason"],
+                            "logprobs": legacy_logprobs(
+                                tokenizer, before_ids + c["ids"], before_entries + c["logprobs"],
+                                0 if echo else len(result["prompt"])) if logprobs else None})
+    return choices, usage_of(results)
 
 
-def sse(generation, http: HTTPRequest, model: str, kind: str, *, chat_mode: bool,
-        tokenizer=None, logprobs: bool = False, echo: tuple[str, list[int], list] | None = None,
-        usage: bool = False):
-    """Server-sent events of a server.Generation: one chunk per piece of text (with
-    ``logprobs``, the log-probabilities of the tokens it ends), a last one per completion with
-    its finish reason, with ``usage`` a chunk of the tokens counted, then [DONE]. ``echo``:
-    the prompt (text, tokens, entries) first, as a completion's. A client that goes away
-    cancels the generation."""
-    ident = f"{'chatcmpl' if chat_mode else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    created = int(time.time())
-    sent = [0] * len(generation.completions)  # tokens whose log-probabilities went out
-    offsets = [len(echo[0]) if echo else len(generation.prompt)] * len(generation.completions)
+def chat_choices(result: dict, *, tokenizer=None, logprobs: bool = False
+                 ) -> tuple[list, dict]:
+    """A chat answer's choices and usage from a server.Generation result."""
+    choices = [{"index": c["index"], "finish_reason": c["finish_reason"],
+                "message": {"role": "assistant", "content": c["text"]},
+                "logprobs": chat_logprobs(tokenizer, c["ids"], c["logprobs"])
+                if logprobs else None} for c in result["choices"]]
+    return choices, usage_of([result])
 
-    def data(body: dict) -> str:
-        return "data: " + json.dumps({"id": ident, "object": kind, "created": created,
-                                      "model": model, **body}) + "\n\n"
 
-    def token_logprobs(index: int, upto: int | None) -> dict | None:
-        """The log-probabilities of completion ``index``'s tokens since the last chunk."""
-        if not logprobs:
+def usage_of(results: list[dict]) -> dict:
+    """OpenAI's ``usage``: the tokens of the prompts and of every completion."""
+    prompt = sum(r["prompt_tokens"] for r in results)
+    made = sum(c["completion_tokens"] for r in results for c in r["choices"])
+    return {"prompt_tokens": prompt, "completion_tokens": made, "total_tokens": prompt + made}
+
+
+class CompletionChunks:
+    """The chunks of a streamed completion (``text_completion``): with ``echo`` (text,
+    tokens, entries) the prompt first, then each piece of text with its tokens'
+    ``logprobs`` (OpenAI's legacy object, its offsets counted across chunks)."""
+
+    kind, prefix = "text_completion", "cmpl"
+
+    def __init__(self, tokenizer, n: int, prompt: str, *, logprobs: bool = False,
+                 echo: tuple[str, list[int], list] | None = None) -> None:
+        self.tokenizer, self.logprobs, self.echo = tokenizer, logprobs, echo
+        self.offsets = [len(echo[0]) if echo else len(prompt)] * n
+
+    def opening(self, index: int) -> dict | None:
+        if self.echo is None:
             return None
+        text, ids, entries = self.echo
+        lp = legacy_logprobs(self.tokenizer, ids, entries, 0) if self.logprobs else None
+        return {"index": index, "text": text, "logprobs": lp, "finish_reason": None}
+
+    def piece(self, index: int, text: str, ids: list[int], entries: list) -> dict:
+        lp = None
+        if self.logprobs:
+            lp = legacy_logprobs(self.tokenizer, ids, entries, self.offsets[index])
+            self.offsets[index] += sum(len(p) for p in pieces(self.tokenizer, ids))
+        return {"index": index, "text": text, "logprobs": lp, "finish_reason": None}
+
+    def end(self, index: int, reason: str, ids: list[int], entries: list) -> dict:
+        """The last chunk: the finish reason, and the tokens no text went out with (an
+        ``<eos>``)."""
+        return {**self.piece(index, "", ids, entries), "finish_reason": reason}
+
+
+class ChatChunks:
+    """The chunks of a streamed chat answer (``chat.completion.chunk``): the assistant's
+    role first, then each piece of its content with its tokens' ``logprobs``."""
+
+    kind, prefix = "chat.completion.chunk", "chatcmpl"
+
+    def __init__(self, tokenizer, *, logprobs: bool = False) -> None:
+        self.tokenizer, self.logprobs = tokenizer, logprobs
+
+    def opening(self, index: int) -> dict:
+        return {"index": index, "delta": {"role": "assistant", "content": ""},
+                "finish_reason": None, "logprobs": None}
+
+    def piece(self, index: int, text: str, ids: list[int], entries: list) -> dict:
+        lp = chat_logprobs(self.tokenizer, ids, entries) if self.logprobs else None
+        return {"index": index, "delta": {"content": text}, "finish_reason": None,
+                "logprobs": lp}
+
+    def end(self, index: int, reason: str, ids: list[int], entries: list) -> dict:
+        """The last chunk: the finish reason, and the tokens no text went out with (an
+        ``<eos>``)."""
+        lp = chat_logprobs(self.tokenizer, ids, entries) if self.logprobs else None
+        return {"index": index, "delta": {}, "finish_reason": reason, "logprobs": lp}
+
+
+def sse(generation, http: HTTPRequest, model: str, chunks: CompletionChunks | ChatChunks, *,
+        usage: bool = False) -> StreamingResponse:
+    """Server-sent events of a server.Generation, each choice as ``chunks`` writes it: its
+    opening, one chunk per piece of text (with the tokens it ends), a last one with its
+    finish reason; with ``usage`` a chunk of the tokens counted; then [DONE]. A client that
+    goes away cancels the generation."""
+    ident = f"{chunks.prefix}-{uuid.uuid4().hex[:24]}"
+    created = int(time.time())
+    sent = [0] * len(generation.completions)  # tokens that went out, per completion
+
+    def data(*choices: dict, **more) -> str:
+        return "data: " + json.dumps({"id": ident, "object": chunks.kind, "created": created,
+                                      "model": model, "choices": list(choices),
+                                      **more}) + "\n\n"
+
+    def tokens(index: int, upto: int | None = None) -> tuple[list[int], list]:
+        """Completion ``index``'s chosen tokens (and their log-probability entries) since
+        the last chunk, up to ``upto`` (default: all); none without log-probabilities."""
+        if not chunks.logprobs:
+            return [], []
         r = generation.completions[index].request
         upto = len(r.logprobs) if upto is None else upto
-        entries = r.logprobs[sent[index]:upto]
         ids = chosen_ids(r, generation.eos_id)[sent[index]:upto]
+        entries = r.logprobs[sent[index]:upto]
         sent[index] = upto
-        if chat_mode:
-            return chat_logprobs(tokenizer, ids, entries)
-        out = legacy_logprobs(tokenizer, ids, entries, offsets[index])
-        offsets[index] += sum(len(p) for p in pieces(tokenizer, ids))
-        return out
-
-    def chunk(index: int, text: str | None, finish: str | None, first: bool = False,
-              upto: int | None = None, with_logprobs: bool = True) -> str:
-        lp = token_logprobs(index, upto) if with_logprobs and not first else None
-        if chat_mode:
-            delta = {"role": "assistant", "content": ""} if first else (
-                {"content": text} if text is not None else {})
-            choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}
-        else:
-            choice = {"index": index, "text": text or "", "logprobs": lp,
-                      "finish_reason": finish}
-        return data({"choices": [choice]})
+        return ids, entries
 
     async def events():
         try:
             for i in range(len(generation.completions)):
-                if chat_mode:
-                    yield chunk(i, None, None, first=True)
-                elif echo:  # the prompt first, with its tokens' log-probabilities
-                    lp = legacy_logprobs(tokenizer, echo[1], echo[2], 0) if logprobs else None
-                    yield data({"choices": [{"index": i, "text": echo[0], "logprobs": lp,
-                                             "finish_reason": None}]})
+                opening = chunks.opening(i)
+                if opening is not None:
+                    yield data(opening)
             while True:
                 try:  # what has come already, else wait for it (a second at a time)
-                    kind_, value = generation.events.get_nowait()
+                    kind, value = generation.events.get_nowait()
                 except asyncio.QueueEmpty:
                     try:
                         async with asyncio.timeout(1.0):
-                            kind_, value = await generation.events.get()
+                            kind, value = await generation.events.get()
                     except TimeoutError:
                         if await http.is_disconnected():
                             generation.cancel()
                             return
                         continue
-                if kind_ == "text":
-                    index, piece, upto = value
-                    yield chunk(index, piece, None, upto=upto)
+                if kind == "text":
+                    index, text, upto = value
+                    yield data(chunks.piece(index, text, *tokens(index, upto)))
                     continue
                 failed = next((c.request.error for c in generation.completions
                                if c.request.error is not None), None)
@@ -184,16 +227,15 @@ def sse(generation, http: HTTPRequest, model: str, kind: str, *, chat_mode: bool
                         "param": None, "code": None}}) + "\n\n"
                     yield "data: [DONE]\n\n"
                     return
-                for index, piece in generation.rest():
-                    yield chunk(index, piece, None)
+                for index, text in generation.rest():
+                    yield data(chunks.piece(index, text, *tokens(index)))
                 for index, reason in enumerate(generation.finish_reasons()):
-                    yield chunk(index, None if chat_mode else "", reason)  # the rest's tokens
+                    yield data(chunks.end(index, reason, *tokens(index)))
                 if usage:
                     prompt = len(generation.completions[0].request.prompt)
                     made = sum(c.request.generated for c in generation.completions)
-                    yield data({"choices": [], "usage": {
-                        "prompt_tokens": prompt, "completion_tokens": made,
-                        "total_tokens": prompt + made}})
+                    yield data(usage={"prompt_tokens": prompt, "completion_tokens": made,
+                                      "total_tokens": prompt + made})
                 yield "data: [DONE]\n\n"
                 return
         except asyncio.CancelledError:  # the client went away

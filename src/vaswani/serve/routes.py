@@ -149,8 +149,8 @@ async def completions(body: schemas.CompletionRequest, http: HTTPRequest, server
         results = [{"prompt_tokens": len(ids), "prompt": text, "choices": [
             {"index": k, "text": "", "completion_tokens": 0, "finish_reason": "length",
              "ids": [], "logprobs": []} for k in range(body.n)]} for text, ids in prompts]
-        choices, usage = openai.choices(results, body.n, chat_mode=False, tokenizer=tok,
-                                        logprobs=keep, echo=echo)
+        choices, usage = openai.completion_choices(results, body.n, tokenizer=tok,
+                                                   logprobs=keep, echo=echo)
         return _completion_answer(body.model, choices, usage)
     decode = bodies.decoding(server, run, body, body.max_tokens, len(prompts))
     constrain = await bodies.constraint(run, body)
@@ -158,12 +158,12 @@ async def completions(body: schemas.CompletionRequest, http: HTTPRequest, server
                                   stream=body.stream, logprobs=body.logprobs,
                                   constrain=constrain)
     if body.stream:
-        return openai.sse(generations[0], http, body.model, "text_completion",
-                          chat_mode=False, tokenizer=tok, logprobs=keep,
-                          echo=echo[0] if echo else None, usage=bodies.usage(body))
+        chunks = openai.CompletionChunks(tok, body.n, generations[0].prompt, logprobs=keep,
+                                         echo=echo[0] if echo else None)
+        return openai.sse(generations[0], http, body.model, chunks, usage=bodies.usage(body))
     results = [await _result(g, http) for g in generations]
-    choices, usage = openai.choices(results, body.n, chat_mode=False, tokenizer=tok,
-                                    logprobs=keep, echo=echo)
+    choices, usage = openai.completion_choices(results, body.n, tokenizer=tok, logprobs=keep,
+                                               echo=echo)
     return _completion_answer(body.model, choices, usage)
 
 
@@ -204,12 +204,10 @@ async def chat_completions(body: schemas.ChatRequest, http: HTTPRequest, server:
                                    seed=body.seed, stream=streamed, logprobs=top,
                                    constrain=constrain)
     if streamed:
-        return openai.sse(generation, http, body.model, "chat.completion.chunk",
-                          chat_mode=True, tokenizer=tok, logprobs=body.logprobs,
-                          usage=bodies.usage(body))
+        chunks = openai.ChatChunks(tok, logprobs=body.logprobs)
+        return openai.sse(generation, http, body.model, chunks, usage=bodies.usage(body))
     result = await _result(generation, http)
-    choices, usage = openai.choices([result], body.n, chat_mode=True, tokenizer=tok,
-                                    logprobs=body.logprobs)
+    choices, usage = openai.chat_choices(result, tokenizer=tok, logprobs=body.logprobs)
     if choice is not None:  # the calls read out of each answer's text
         for answer, made in zip(choices, result["choices"], strict=True):
             content, calls = tools.split(tools.marked_text(tok, made["ids"]))
