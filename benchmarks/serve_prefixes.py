@@ -57,14 +57,15 @@ def timed_chat(http: httpx.Client, messages: list[dict], max_tokens: int
     return time.perf_counter() - start, r.json()
 
 
-def chat(http: httpx.Client, seed: int) -> dict:
-    """One conversation: five turns, then the sixth's first token and the new turn alone."""
+def chat(http: httpx.Client, seed: int, system: int = 700, answers_of: int = 40) -> dict:
+    """One conversation: a system prompt of about ``system`` tokens, five turns answered in
+    at most ``answers_of`` tokens, then the sixth's first token and the new turn alone."""
     rng = random.Random(seed)
-    messages = [{"role": "system", "content": long_prompt(rng, 700)}]
+    messages = [{"role": "system", "content": long_prompt(rng, system)}]
     answers = []
     for question in QUESTIONS[:5]:
         messages.append({"role": "user", "content": f"{question} ({seed})"})
-        _, reply = timed_chat(http, messages, 40)
+        _, reply = timed_chat(http, messages, answers_of)
         answer = reply["choices"][0]["message"]["content"] or ""
         answers.append(answer)
         messages.append({"role": "assistant", "content": answer})
@@ -75,9 +76,10 @@ def chat(http: httpx.Client, seed: int) -> dict:
             "history_tokens": reply["usage"]["prompt_tokens"]}
 
 
-def shared(http: httpx.Client, rng: random.Random) -> dict:
-    """Sixteen completions sharing a system prompt, sent at once."""
-    system = long_prompt(rng, 1000)
+def shared(http: httpx.Client, rng: random.Random, tokens: int = 1000) -> dict:
+    """Sixteen completions sharing a system prompt of about ``tokens`` tokens, sent at
+    once."""
+    system = long_prompt(rng, tokens)
     before = metrics(http)
 
     def one(i: int) -> str:

@@ -217,3 +217,44 @@ def test_a_peer_server_that_exits_before_answering_is_named_with_its_stderr():
     with pytest.raises(RuntimeError, match="llama-server did not start: no model file"):
         wait_until_answers(f"http://127.0.0.1:{free_port()}/health", process, 60,
                            "llama-server")
+
+
+@pytest.fixture(scope="module")
+def wide_lm(small_runs, tmp_path_factory):
+    """The small language model reading 512 positions (sinusoidal: no new weights), served
+    under the name the prefix and vLLM parts ask for, with a chat template."""
+    import shutil
+
+    from tests.reliability.checkpoints import CHATML
+    from vaswani import rundir
+
+    wide = tmp_path_factory.mktemp("wide") / "lm"
+    shutil.copytree(small_runs["decoder"][0], wide)
+    config = wide / "config.toml"
+    config.write_text(config.read_text().replace("max_len = 64", "max_len = 512", 1))
+    (wide / rundir.CHAT_TEMPLATE).write_text(CHATML)
+    with Server(wide, "smollm2", max_batch=16, device="cpu") as server:
+        yield server
+
+
+def test_the_prefix_part_counts_the_shared_prompt_once_and_times_each_turn(wide_lm):
+    import random
+
+    import httpx
+
+    from benchmarks.serve_prefixes import chat, shared
+
+    with httpx.Client(base_url=wide_lm.url, timeout=120) as http:
+        many = shared(http, random.Random(1), tokens=60)
+        talk = chat(http, 0, system=40, answers_of=4)
+    assert len(many["texts"]) == 16 and many["prefix_hit_tokens"] > 0
+    assert many["prefill_tokens"] + many["prefix_hit_tokens"] == many["prompt_tokens"]
+    assert talk["sixth_turn_s"] > 0 and talk["new_turn_alone_s"] > 0
+    assert len(talk["answers"]) == 5 and talk["history_tokens"] > 40
+
+
+def test_the_vllm_parts_streams_each_get_every_token(wide_lm):
+    from benchmarks.serve_vllm import TOKENS, streams
+
+    out = streams(wide_lm.url, clients=3, per_client=2)
+    assert out["tokens"] == 3 * 2 * TOKENS and out["first_token_p50_s"] > 0
