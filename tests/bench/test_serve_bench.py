@@ -258,3 +258,13 @@ def test_the_vllm_parts_streams_each_get_every_token(wide_lm):
 
     out = streams(wide_lm.url, clients=3, per_client=2)
     assert out["tokens"] == 3 * 2 * TOKENS and out["first_token_p50_s"] > 0
+
+
+def test_the_vllm_parts_texts_are_one_greedy_completion_a_prompt(wide_lm):
+    import httpx
+
+    from benchmarks.serve_vllm import AGREE, texts
+
+    with httpx.Client(base_url=wide_lm.url, timeout=120) as http:
+        first, again = texts(http), texts(http)
+    assert len(first) == len(AGREE) and first == again  # greedy: the same each time

@@ -56,7 +56,7 @@ class Segment:
                  names: dict[bytes, int]) -> None:
         self.parent, self.start, self.end = parent, start, start + k.size(2)
         self.k, self.v = k, v
-        self.names = names  # the names of the blocks (and the tail) that end in it: where
+        self.names = names  # the blocks (and the tail) that end in it: name -> where
         self.children = 0
         if parent is not None:
             parent.children += 1
