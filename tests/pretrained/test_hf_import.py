@@ -116,6 +116,13 @@ def test_logits_equal_transformers_in_float64(imported):
     assert_close(got, expected, atol=1e-6, rtol=1e-6)
 
 
+def test_the_run_records_its_architecture(imported):
+    family, _, run_dir = imported
+    expected = {"llama3": "llama"}.get(family, family)
+    assert f'architecture = "{expected}"' in (run_dir / "config.toml").read_text()
+    assert vaswani.load(run_dir).config.model.architecture == expected
+
+
 def test_cached_greedy_tokens_equal_transformers(imported):
     family, folder, run_dir = imported
     ours = vaswani.load(run_dir).model.double()
@@ -289,13 +296,15 @@ def test_quantized_as_read_equals_quantized_after_a_float_load(imported, kind, m
 def test_converting_takes_each_tensor_out_of_the_checkpoint(tmp_path, family):
     """An import holds the checkpoint once: each converted tensor leaves the dict it was read
     into (what is left is a tied head, which the model does not store twice)."""
-    from vaswani.pretrained import gemma3, gpt2, hf, llama
+    from vaswani.architectures import for_hf
+    from vaswani.pretrained import hf
 
     folder = hf_folder(tmp_path / "hf", family)
-    module = {"gpt2": gpt2, "gemma3": gemma3}.get(family, llama)
-    config = module.config_from_hf(json.loads((folder / "config.json").read_text()))
+    hf_config = json.loads((folder / "config.json").read_text())
+    architecture = for_hf(hf_config["model_type"])
+    config = architecture.config_from_hf(hf_config)
     weights = hf.read_weights(folder)
-    state = module.convert_state_dict(weights, config)
+    state = architecture.from_hf(weights, config)
     assert set(weights) <= {"lm_head.weight"}, sorted(weights)[:5]
     assert state["output_proj.weight"] is state["embed.token.weight"]  # tied in all four
 

@@ -122,6 +122,11 @@ class ModelConfig(ConfigBase):
     pooling: Literal["cls", "mean"] = "mean"
     """Encoder classifier: "cls" takes the first token's state, "mean" averages the real
     tokens'."""
+    architecture: str = ""
+    """The checkpoint architecture the weights follow ("llama", "qwen2", "gemma3", "bert",
+    ...; one file each in vaswani/architectures/): what `vaswani import` records and what
+    `vaswani export --format hf` writes back. "" = vaswani's own, as the fields here set it
+    (exported as the architecture those fields match)."""
     origin: str = ""
     """An imported checkpoint's Hugging Face class (`MistralForCausalLM`, ...): `vaswani
     export --format hf` writes it back as that class."""

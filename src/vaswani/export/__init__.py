@@ -93,8 +93,8 @@ def export(run_dir: str | Path, fmt: str, out: str | Path, *, quantize: str | No
         run = load(config.train.init_from)
 
         def writer(dest: Path) -> None:
-            family = hf.check(run.config.model)
-            peft.write(config.finetune, checkpoint.weights_path(run_dir), family,
+            architecture = hf.check(run.config.model)
+            peft.write(config.finetune, checkpoint.weights_path(run_dir), architecture,
                        dest / peft.ADAPTER, out)  # first: a refusal writes nothing
             hf.write(run, dest)
     else:

@@ -22,7 +22,6 @@ PROJECTIONS = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn
                "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
                "down": "mlp.down_proj"}
 NAME = re.compile(r"decoder\.layers\.(\d+)\.\w+\.\w+\.lora_([AB])\.(\w+)")
-FAMILIES = ("llama", "qwen2", "mistral", "gemma3")  # hf.py's families with these projections
 
 
 def peft_name(name: str, where: Path | str = "the run") -> str:
@@ -42,16 +41,19 @@ def adapter_tensors(adapters: Path) -> dict:
             for name, t in checkpoint.read_weights(adapters).items()}
 
 
-def write(finetune, adapters: Path, family: str, out: Path, base: Path) -> None:
+def write(finetune, adapters: Path, architecture, out: Path, base: Path) -> None:
     """A LoRA run's adapters (the weights file ``adapters``, trained as ``finetune`` says)
     into ``out`` in peft's format, for the base model written at ``base`` (the export's final
-    place) as ``family``."""
+    place) as ``architecture`` (vaswani/architectures/)."""
     from safetensors.torch import save_file
 
+    from ..architectures import known
+
     f = finetune
-    if family not in FAMILIES:
-        raise ExportError(f"cannot write peft adapters for a {family} model: vaswani's "
-                          f"adapters are those of {', '.join(FAMILIES)}'s projections; pass "
+    if not architecture.peft:
+        ours = ", ".join(name for name, a in known().items() if a.peft)
+        raise ExportError(f"cannot write peft adapters for a {architecture.name} model: "
+                          f"vaswani's adapters are those of {ours}'s projections; pass "
                           "--merge for the merged model instead")
     out.mkdir(parents=True)
     save_file(adapter_tensors(adapters), str(out / "adapter_model.safetensors"),

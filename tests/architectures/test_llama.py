@@ -5,9 +5,10 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from vaswani.architectures.llama import config_from_hf
+from vaswani.architectures.llama import from_hf as convert_state_dict
 from vaswani.generation import generate
 from vaswani.models import build_model
-from vaswani.pretrained.llama import config_from_hf, convert_state_dict
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
 

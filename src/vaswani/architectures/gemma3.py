@@ -1,5 +1,5 @@
-"""Gemma 3 text checkpoints (Hugging Face ``Gemma3ForCausalLM``, ``model_type`` "gemma3_text")
-on vaswani's own modules.
+"""Gemma 3 text checkpoints (Hugging Face ``Gemma3ForCausalLM``, ``model_type``
+"gemma3_text") on vaswani's own modules.
 
 Gemma 3 is LLaMA's layout (RMSNorm, rotary positions, grouped-query attention, no biases)
 with five differences, each a ``ModelConfig`` option:
@@ -21,7 +21,13 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..config import ModelConfig
-from .llama import as_float, projections, take, unsupported
+from . import Architecture, Refused, require, unsupported
+from .maps import as_float, projections, projections_back, specials, take
+
+NORMS = {"input_layernorm": "self_block.norm", "post_attention_layernorm": "self_block.out_norm",
+         "pre_feedforward_layernorm": "ff_block.norm",
+         "post_feedforward_layernorm": "ff_block.out_norm",
+         "self_attn.q_norm": "self_attn.q_norm", "self_attn.k_norm": "self_attn.k_norm"}
 
 
 def _rope_bases(hf: dict) -> tuple[float, float]:
@@ -35,14 +41,14 @@ def _rope_bases(hf: dict) -> tuple[float, float]:
                  scaling.get("rope_type", scaling.get("type", "default"))):
         if kind != "default":
             raise unsupported("rope_scaling", kind, "plain rotary frequencies only (Gemma 3's "
-                          "128k-context models rescale theirs)")
+                              "128k-context models rescale theirs)")
     return (float(full.get("rope_theta") or hf.get("rope_theta") or 1_000_000.0),
             float(local.get("rope_theta") or hf.get("rope_local_base_freq") or 10_000.0))
 
 
 def global_every(layer_types: list[str]) -> int:
     """The N of "every N-th layer is global" that ``layer_types`` follows (0: none is),
-    or an :class:`Unsupported` naming another pattern."""
+    or an :class:`~vaswani.architectures.Unsupported` naming another pattern."""
     full = [i for i, t in enumerate(layer_types) if t == "full_attention"]
     every = full[0] + 1 if full else 0
     expected = ["full_attention" if every and (i + 1) % every == 0 else "sliding_attention"
@@ -63,7 +69,7 @@ def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
             raise unsupported(field, hf[field], "no soft-capping (Gemma 2's)")
     if hf.get("query_pre_attn_scalar", head_dim) != head_dim:
         raise unsupported("query_pre_attn_scalar", hf["query_pre_attn_scalar"],
-                      f"scores scaled by 1 / sqrt(head_dim) ({head_dim})")
+                          f"scores scaled by 1 / sqrt(head_dim) ({head_dim})")
     if hf.get("attention_bias"):
         raise unsupported("attention_bias", True, "no biases")
     if hf.get("use_bidirectional_attention"):
@@ -89,16 +95,10 @@ def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
         local_rope_base=local_base)
 
 
-NORMS = {"input_layernorm": "self_block.norm", "post_attention_layernorm": "self_block.out_norm",
-         "pre_feedforward_layernorm": "ff_block.norm",
-         "post_feedforward_layernorm": "ff_block.out_norm",
-         "self_attn.q_norm": "self_attn.q_norm", "self_attn.k_norm": "self_attn.k_norm"}
-
-
-def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
-    """Hugging Face ``Gemma3ForCausalLM`` weights -> DecoderLM state dict (the norms' weights
-    with their 1 added; q, k, v stacked into ``in_proj``, gate and up into ``linear1``),
-    each tensor taken out of ``hf`` as it is converted."""
+def from_hf(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+    """``Gemma3ForCausalLM`` weights -> DecoderLM state dict (the norms' weights with their 1
+    added; q, k, v stacked into ``in_proj``, gate and up into ``linear1``), each tensor taken
+    out of ``hf`` as it is converted."""
     for name in [k for k in hf if k.startswith("language_model.")]:
         hf[name.removeprefix("language_model.")] = hf.pop(name)
     d, head = config.d_model, config.head_dim or config.d_model // config.n_heads
@@ -113,3 +113,55 @@ def convert_state_dict(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, 
             size = head if theirs.endswith("_norm") else d  # q_norm, k_norm: one head's
             out[o + ours + ".weight"] = take(hf, h + theirs + ".weight", size).float() + 1
     return as_float(out, config)
+
+
+def to_hf(model, c: ModelConfig) -> dict[str, Tensor]:
+    """DecoderLM -> ``Gemma3ForCausalLM``'s names (which scales its own embeddings and
+    multiplies by 1 + each norm's weight): :func:`from_hf` the other way."""
+    sd = model.state_dict()
+    out = {"model.embed_tokens.weight": sd["embed.token.weight"],
+           "model.norm.weight": sd["decoder.norm.weight"] - 1,
+           "lm_head.weight": sd["output_proj.weight"]}
+    for i in range(c.n_decoder_layers):
+        o, h = f"decoder.layers.{i}.", f"model.layers.{i}."
+        out.update(projections_back(sd, o, h, c))
+        for theirs, ours in NORMS.items():
+            out[h + theirs + ".weight"] = sd[o + ours + ".weight"] - 1
+    return out
+
+
+def hf_model(c: ModelConfig, ids: dict[str, int]):
+    import transformers
+
+    every = c.global_every if c.sliding_window else 1
+    config = transformers.Gemma3TextConfig(
+        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
+        num_hidden_layers=c.n_decoder_layers, num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_kv_heads, head_dim=c.head_dim,
+        query_pre_attn_scalar=c.head_dim, max_position_embeddings=c.max_len,
+        rms_norm_eps=c.norm_eps, sliding_window=c.sliding_window or c.max_len,
+        layer_types=["full_attention" if every and (i + 1) % every == 0
+                     else "sliding_attention" for i in range(c.n_decoder_layers)],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": c.rope_base},
+            "sliding_attention": {"rope_type": "default", "rope_theta": c.local_rope_base}},
+        tie_word_embeddings=c.tie_embeddings, architectures=["Gemma3ForCausalLM"],
+        **specials(ids))
+    return transformers.Gemma3ForCausalLM(config)
+
+
+def refuse(c: ModelConfig) -> None:
+    require(c, {"norm_first": True, "norm": "rmsnorm", "activation": "geglu_tanh",
+                "bias": False, "qk_norm": True, "post_norms": True, "scale_embeddings": True,
+                "rope_scaling": "none", "positional": "rope", "embed_norm": False,
+                "type_vocab_size": 0},
+            "Gemma 3 (RMSNorm before and after each sublayer and on q and k, gated "
+            "GELU-tanh, scaled embeddings, rotary positions)")
+    if c.qkv_bias:
+        raise Refused("qkv_bias", c.qkv_bias, "Gemma 3 has no biases on q, k and v")
+
+
+ARCHITECTURE = Architecture(
+    name="gemma3", hf_types=("gemma3_text",), hf_class="Gemma3ForCausalLM",
+    config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
+    refuse=refuse, peft=True)

@@ -4,8 +4,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from vaswani.architectures.bert import config_from_hf
+from vaswani.architectures.bert import from_hf as convert_state_dict
 from vaswani.models import build_model
-from vaswani.pretrained.bert import config_from_hf, convert_state_dict
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
 

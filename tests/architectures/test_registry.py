@@ -1,0 +1,64 @@
+"""The architectures' registry: every file of vaswani/architectures/ that defines one is
+found by its name and by the config.json model_type it imports; a run that names none (one
+trained here, or written before ``[model] architecture`` existed) is read as the
+architecture its fields match, as the export always read it."""
+
+import pytest
+
+from vaswani import rundir
+from vaswani.architectures import Refused, for_hf, known, named, of
+from vaswani.config import ModelConfig
+
+from ..test_legacy_runs import LEGACY
+
+BUILT_IN = {"bert", "gemma3", "gpt2", "llama", "mistral", "qwen2"}
+
+
+def test_every_file_that_defines_an_architecture_is_found():
+    assert BUILT_IN <= set(known())
+    for name, record in known().items():
+        assert record.name == name
+        assert named(name) is record
+        for model_type in record.hf_types:
+            assert for_hf(model_type) is record
+
+
+def test_an_unknown_name_or_model_type_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match="architecture \\('gpt5'\\) must be one of .*'llama'"):
+        named("gpt5")
+    with pytest.raises(ValueError, match="x/config.json: model_type 'mamba' is not supported; "
+                                         "vaswani imports .*llama"):
+        for_hf("mamba", "x/config.json")
+
+
+LM = dict(arch="decoder", vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_layers=1)
+LLAMA = dict(LM, norm_first=True, norm="rmsnorm", activation="swiglu", bias=False,
+             positional="rope", scale_embeddings=False)
+
+
+@pytest.mark.parametrize("fields, expected", [
+    (dict(LM, norm_first=True), "gpt2"),
+    (dict(LM, arch="encoder", n_classes=2), "bert"),
+    (LLAMA, "llama"),
+    (dict(LLAMA, qkv_bias=True), "qwen2"),
+    (dict(LLAMA, origin="MistralForCausalLM"), "mistral"),
+    (dict(LLAMA, qk_norm=True, post_norms=True, activation="geglu_tanh"), "gemma3"),
+    (dict(LLAMA, architecture="mistral"), "mistral"),  # a named one is taken as named
+])
+def test_a_run_is_read_as_its_named_or_its_matching_architecture(fields, expected):
+    assert of(ModelConfig(**fields)).name == expected
+
+
+def test_a_translator_has_no_architecture():
+    with pytest.raises(Refused, match="arch = 'encoder-decoder'"):
+        of(ModelConfig(arch="encoder-decoder", vocab_size=50, d_model=32, n_heads=4))
+
+
+def test_runs_written_before_the_field_existed_are_read_as_before():
+    """tests/fixtures/legacy was written before ``[model] architecture``: its language model
+    (pre-LN, LayerNorm, sinusoidal positions) is GPT-2's layout, and exports as one."""
+    config = rundir.read_config(LEGACY / "lm").model
+    assert config.architecture == ""
+    architecture = of(config)
+    assert architecture.name == "gpt2"
+    architecture.refuse(config)  # nothing refused
