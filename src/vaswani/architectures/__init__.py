@@ -31,6 +31,18 @@ from ..config.family import family
 
 
 @dataclass(frozen=True)
+class GGUF:
+    """How llama.cpp's converter writes an architecture into a GGUF file (its
+    ``general.architecture`` is the architecture's name); pretrained/gguf.py reads any."""
+
+    blocks: dict[str, str]  # a block's tensor ("attn_q") -> Hugging Face's ("self_attn.q_proj")
+    settings: Callable[[Callable], dict]  # read(key, default) -> config.json's other fields
+    biased: tuple[str, ...] = ()  # the block tensors that have a bias too
+    permuted: bool = False  # q and k rows permuted into interleaved rotary pairs
+    norms_plus_one: bool = False  # norm weights stored with Gemma's 1 added
+
+
+@dataclass(frozen=True)
 class Architecture:
     """One checkpoint architecture: its names, its config and weight maps, its refusals."""
 
@@ -43,6 +55,7 @@ class Architecture:
     hf_model: Callable[[ModelConfig, dict], Any]  # (config, special ids) -> an empty HF model
     refuse: Callable[[ModelConfig], None]  # raises Refused for a run option with no place
     peft: bool = False  # its projections are the q/k/v/o/gate/up/down that peft adapts
+    gguf: GGUF | None = None  # how llama.cpp writes it; None: not read from GGUF files
 
 
 class Unsupported(ValueError):
@@ -90,6 +103,14 @@ def named(name: str) -> Architecture:
         raise ValueError(f"[model] architecture ({name!r}) must be one of "
                          f"{', '.join(map(repr, known()))}")
     return known()[name]
+
+
+def for_gguf(name: str, where: str) -> Architecture:
+    """The architecture of a GGUF file whose ``general.architecture`` is ``name``."""
+    if name in known() and known()[name].gguf is not None:
+        return known()[name]
+    ours = ", ".join(n for n, a in known().items() if a.gguf is not None)
+    raise ValueError(f"{where}: architecture {name!r} is not supported ({ours})")
 
 
 def for_hf(model_type, where: str = "config.json") -> Architecture:

@@ -21,7 +21,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..config import ModelConfig
-from . import Architecture, Refused, require, unsupported
+from . import GGUF, Architecture, Refused, require, unsupported
+from .llama import GGUF_BLOCKS
 from .maps import as_float, projections, projections_back, specials, take
 
 NORMS = {"input_layernorm": "self_block.norm", "post_attention_layernorm": "self_block.out_norm",
@@ -161,7 +162,25 @@ def refuse(c: ModelConfig) -> None:
         raise Refused("qkv_bias", c.qkv_bias, "Gemma 3 has no biases on q, k and v")
 
 
+GGUF_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+              "post_attention_norm": "post_attention_layernorm",
+              "ffn_norm": "pre_feedforward_layernorm",
+              "post_ffw_norm": "post_feedforward_layernorm"}
+
+
+def gguf_settings(read) -> dict:
+    """A Gemma 3 GGUF file's settings beyond its sizes; llama.cpp takes the local layers'
+    base, their pattern and the scores' scale (1/sqrt(head_dim)) as fixed for every Gemma 3."""
+    return {"model_type": "gemma3_text",
+            "rope_theta": float(read("gemma3.rope.freq_base", 1_000_000.0)),
+            "rope_local_base_freq": 10_000.0, "sliding_window_pattern": 6,
+            "sliding_window": int(read("gemma3.attention.sliding_window")),
+            "vocab_size": len(read("tokenizer.ggml.tokens")),
+            "pad_token_id": int(read("tokenizer.ggml.padding_token_id", 0))}
+
+
 ARCHITECTURE = Architecture(
     name="gemma3", hf_types=("gemma3_text",), hf_class="Gemma3ForCausalLM",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse, peft=True)
+    refuse=refuse, peft=True,
+    gguf=GGUF({**GGUF_BLOCKS, **GGUF_NORMS}, gguf_settings, norms_plus_one=True))

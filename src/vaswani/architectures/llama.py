@@ -10,11 +10,12 @@ with a difference or two, and their files start from this one's functions.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from torch import Tensor
 
 from ..config import ModelConfig
-from . import Architecture, Refused, require, unsupported
+from . import GGUF, Architecture, Refused, require, unsupported
 from .maps import as_float, input_embeddings, projections, projections_back, specials, take, tied
 
 DESCRIBED = "LLaMA (pre-norm, RMSNorm, SwiGLU, no biases, rotary positions)"
@@ -188,7 +189,26 @@ def refuse(c: ModelConfig) -> None:
     refuse_layout(c)
 
 
+# llama.cpp's names of a block's tensors -> Hugging Face's
+GGUF_BLOCKS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+               "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+               "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+               "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+
+
+def gguf_settings(name: str) -> Callable[[Callable], dict]:
+    """The settings of a LLaMA-layout GGUF file of architecture ``name`` beyond the sizes
+    every file gives, under config.json's names."""
+    def settings(read) -> dict:
+        return {"rope_theta": float(read(f"{name}.rope.freq_base", 10000.0)),
+                "vocab_size": int(read(f"{name}.vocab_size", len(read("tokenizer.ggml.tokens")))),
+                "pad_token_id": int(read("tokenizer.ggml.unknown_token_id",
+                                         read("tokenizer.ggml.padding_token_id", 0)))}
+    return settings
+
+
 ARCHITECTURE = Architecture(
     name="llama", hf_types=("llama",), hf_class="LlamaForCausalLM",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse, peft=True)
+    refuse=refuse, peft=True,
+    gguf=GGUF(GGUF_BLOCKS, gguf_settings("llama"), permuted=True))

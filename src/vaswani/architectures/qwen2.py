@@ -5,8 +5,18 @@ window, off in every released model, is refused where it is on."""
 from __future__ import annotations
 
 from ..config import ModelConfig
-from . import Architecture, Refused
-from .llama import check_common, from_hf, hf_fields, llama_config, refuse_layout, sizes, to_hf
+from . import GGUF, Architecture, Refused
+from .llama import (
+    GGUF_BLOCKS,
+    check_common,
+    from_hf,
+    gguf_settings,
+    hf_fields,
+    llama_config,
+    refuse_layout,
+    sizes,
+    to_hf,
+)
 
 DESCRIBED = "Qwen2 (LLaMA's layout with biases on q, k and v)"
 
@@ -34,4 +44,5 @@ def refuse(c: ModelConfig) -> None:
 ARCHITECTURE = Architecture(
     name="qwen2", hf_types=("qwen2",), hf_class="Qwen2ForCausalLM",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse, peft=True)
+    refuse=refuse, peft=True,
+    gguf=GGUF(GGUF_BLOCKS, gguf_settings("qwen2"), biased=("attn_q", "attn_k", "attn_v")))

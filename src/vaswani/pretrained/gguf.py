@@ -1,13 +1,13 @@
-"""GGUF files (llama.cpp's format) of LLaMA, Mistral, Qwen2 and Gemma 3 models -> Hugging
-Face-named fp32 weights, a ModelConfig and a tokenizer (byte-level BPE, or SentencePiece's BPE).
+"""GGUF files (llama.cpp's format) -> Hugging Face-named fp32 weights, a ModelConfig and a
+tokenizer (byte-level BPE, or SentencePiece's BPE), for every architecture whose file in
+vaswani/architectures/ says how llama.cpp's converter writes it (its ``GGUF`` record: LLaMA,
+which is how Mistral is written too, Qwen2, Gemma 3, ...).
 
 The file is read by :mod:`.gguf_file`; quantized tensors (Q4_1, Q4_K, Q8_0, ...) are
-dequantized with PyPI ``gguf``. llama.cpp's converter writes Mistral as ``llama`` and permutes
-the rows of their q and k projections so that rotary pairs are interleaved; vaswani (like
-Hugging Face) rotates halves, so the permutation is undone here (Qwen2's rows are not
-permuted). Gemma's norms are stored with their 1 added; Hugging Face's names hold them
-without it.
-"""
+dequantized with PyPI ``gguf``. Where the converter permuted the rows of q and k so that
+rotary pairs are interleaved (LLaMA's), the permutation is undone here: vaswani (like
+Hugging Face) rotates halves. Gemma's norms are stored with their 1 added; Hugging Face's
+names hold them without it."""
 
 from __future__ import annotations
 
@@ -16,25 +16,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..architectures import Unsupported, named
+from ..architectures import Unsupported, for_gguf
 from ..config import ModelConfig
 from .gguf_file import GGUFFile
 
-# GGUF tensor name (per block "blk.N.") -> Hugging Face LlamaForCausalLM name
+# GGUF tensor names outside the blocks -> Hugging Face's (a block's are the architecture's)
 _TOP = {"token_embd.weight": "model.embed_tokens.weight",
         "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
-_BLOCK = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-          "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-          "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
-_GEMMA3_BLOCK = {**_BLOCK, "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-                 "post_attention_norm": "post_attention_layernorm",
-                 "ffn_norm": "pre_feedforward_layernorm",
-                 "post_ffw_norm": "post_feedforward_layernorm"}
-_BIASED = ("attn_q", "attn_k", "attn_v")  # Qwen2's biases
 _REFUSED = {"rope_freqs.weight": "Llama 3.1's rescaled rotary frequencies are read from "
                                  "Hugging Face folders only (vaswani import hf)"}
-ARCHITECTURES = ("llama", "qwen2", "gemma3")
 
 
 def _field(reader: GGUFFile, key: str, default=None):
@@ -69,6 +59,9 @@ def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Tensor], dict]:
                         f"{str(e)[:120]})") from None
 
 
+_REQUIRED = object()  # read()'s default: the key must be in the file
+
+
 def _required(reader, path: Path, key: str):
     value = _field(reader, key)
     if value is None:
@@ -79,43 +72,44 @@ def _required(reader, path: Path, key: str):
 def _read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Tensor], dict]:
     reader = GGUFFile(path)
     arch = _required(reader, path, "general.architecture")
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"{path}: architecture {arch!r} is not supported "
-                         f"({', '.join(ARCHITECTURES)})")
+    architecture = for_gguf(arch, str(path))
+    gguf = architecture.gguf
 
     def key(name: str) -> str:
         return f"{arch}.{name}"
 
+    def read(name: str, default=_REQUIRED):
+        return _required(reader, path, name) if default is _REQUIRED else \
+            _field(reader, name, default)
+
     n_heads = int(_required(reader, path, key("attention.head_count")))
     n_kv = int(_field(reader, key("attention.head_count_kv"), n_heads))
-    blocks = _GEMMA3_BLOCK if arch == "gemma3" else _BLOCK
     state: dict[str, Tensor] = {}
     for t in reader.tensors:
         if t.name in _REFUSED:
             raise GGUFError(f"{path} holds {t.name!r}: {_REFUSED[t.name]}")
         parts = t.name.split(".")
         if t.name not in _TOP and not (
-                len(parts) == 4 and parts[0] == "blk" and parts[2] in blocks
-                and (parts[3] == "weight" or (parts[3] == "bias" and arch == "qwen2"
-                                              and parts[2] in _BIASED))):
+                len(parts) == 4 and parts[0] == "blk" and parts[2] in gguf.blocks
+                and (parts[3] == "weight" or (parts[3] == "bias" and parts[2] in gguf.biased))):
             raise GGUFError(f"{path} holds a tensor vaswani does not know: {t.name!r}")
         w = torch.from_numpy(reader.read(t))
-        if arch == "gemma3" and t.name.endswith("norm.weight"):
+        if gguf.norms_plus_one and t.name.endswith("norm.weight"):
             w -= 1  # Hugging Face's Gemma norms multiply by 1 + weight
         if t.name in _TOP:
             state[_TOP[t.name]] = w
             continue
         _, block, kind, suffix = parts
-        if arch == "llama" and kind in ("attn_q", "attn_k"):  # llama.cpp's rotary pairs
+        if gguf.permuted and kind in ("attn_q", "attn_k"):  # llama.cpp's rotary pairs
             w = unpermute(w, n_heads if kind == "attn_q" else n_kv)
-        state[f"model.layers.{block}.{blocks[kind]}.{suffix}"] = w
+        state[f"model.layers.{block}.{gguf.blocks[kind]}.{suffix}"] = w
     tokens = _required(reader, path, "tokenizer.ggml.tokens")
     scaling = _field(reader, key("rope.scaling.type"), "none")
     if scaling not in ("none", "", None):
         raise GGUFError(f"{path}: {key('rope.scaling.type')} = {scaling!r} is not supported "
                         "(plain rotary frequencies only)")
     hf = {  # the file's settings under config.json's names
-        "num_attention_heads": n_heads, "num_key_value_heads": n_kv,
+        "model_type": arch, "num_attention_heads": n_heads, "num_key_value_heads": n_kv,
         "hidden_size": int(_required(reader, path, key("embedding_length"))),
         "intermediate_size": int(_required(reader, path, key("feed_forward_length"))),
         "num_hidden_layers": int(_required(reader, path, key("block_count"))),
@@ -127,27 +121,12 @@ def _read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Tensor], dict]:
     if rotated is not None and int(rotated) != int(head_dim):
         raise GGUFError(f"{path}: {key('rope.dimension_count')} = {rotated} rotates part of "
                         f"each {head_dim}-wide head; vaswani rotates whole heads")
-    if arch == "gemma3":
-        config = named("gemma3").config_from_hf({
-            **hf, "model_type": "gemma3_text", "head_dim": int(head_dim),
-            "query_pre_attn_scalar": int(head_dim),  # llama.cpp scales by 1/sqrt(head_dim) too
-            "rope_theta": float(_field(reader, key("rope.freq_base"), 1_000_000.0)),
-            "rope_local_base_freq": 10_000.0,  # llama.cpp's, for every Gemma 3
-            "sliding_window": int(_required(reader, path, key("attention.sliding_window"))),
-            "sliding_window_pattern": 6,  # llama.cpp's, for every Gemma 3
-            "vocab_size": len(tokens)},
-            pad_id=int(_field(reader, "tokenizer.ggml.padding_token_id", 0)))
-    else:
-        try:
-            config = named(arch).config_from_hf({
-                **hf, "model_type": arch, "head_dim": int(head_dim),
-                "vocab_size": int(_field(reader, key("vocab_size"), len(tokens))),
-                "rope_theta": float(_field(reader, key("rope.freq_base"), 10000.0))},
-                pad_id=int(_field(reader, "tokenizer.ggml.unknown_token_id",
-                                  _field(reader, "tokenizer.ggml.padding_token_id", 0))))
-        except Unsupported as e:
-            raise GGUFError(f"{path}: {str(e).removeprefix('config.json: ')}") from None
-    config = config.replace(architecture=arch)
+    hf["head_dim"] = int(head_dim)
+    try:
+        config = architecture.config_from_hf({**hf, **gguf.settings(read)})
+    except Unsupported as e:
+        raise GGUFError(f"{path}: {str(e).removeprefix('config.json: ')}") from None
+    config = config.replace(architecture=architecture.name)
     tokenizer = {
         "architecture": arch,
         "model": _required(reader, path, "tokenizer.ggml.model"),
