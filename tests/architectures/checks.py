@@ -121,6 +121,8 @@ def write_gguf(gguf, model, arch: str, path):
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     w.add_rope_dimension_count(head_dim)
+    if getattr(c, "sliding_window", None):
+        w.add_sliding_window(c.sliding_window)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
