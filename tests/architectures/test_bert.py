@@ -29,8 +29,8 @@ def test_encoder_matches_bert_model_on_a_padded_batch():
     hf, hf_config = small_bert()
     config = config_from_hf(hf_config)
     ours = build_model(config).double().eval()
-    missing, unexpected = ours.load_state_dict(convert_state_dict(hf.state_dict(), config),
-                                               strict=False)
+    state = convert_state_dict(hf.state_dict(), config, hf_config)
+    missing, unexpected = ours.load_state_dict(state, strict=False)
     assert not unexpected and not missing
     ids = torch.randint(5, 100, (3, 12))
     mask = torch.ones_like(ids, dtype=torch.bool)

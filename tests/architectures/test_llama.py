@@ -30,7 +30,7 @@ def small_llama(tie: bool = True):
 def load_ours(hf, hf_config):
     config = config_from_hf(hf_config)
     ours = build_model(config).double().eval()
-    ours.load_state_dict(convert_state_dict(hf.state_dict(), config))
+    ours.load_state_dict(convert_state_dict(hf.state_dict(), config, hf_config))
     return ours
 
 

@@ -198,7 +198,6 @@ REFUSED = [  # (family, a change to config.json, what the error names)
     ("gpt2", {"activation_function": "silu"}, "activation_function"),
     ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
     ("gemma3", {"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
-    ("gemma3", {"query_pre_attn_scalar": 64}, "query_pre_attn_scalar"),
     ("gemma3", {"layer_types": ["sliding_attention", "full_attention", "full_attention",
                                 "sliding_attention"]}, "layer_types"),
     ("llama", {"model_type": "gemma3"}, "model_type 'gemma3' is not supported"),
@@ -304,7 +303,7 @@ def test_converting_takes_each_tensor_out_of_the_checkpoint(tmp_path, family):
     architecture = for_hf(hf_config["model_type"])
     config = architecture.config_from_hf(hf_config)
     weights = hf.read_weights(folder)
-    state = architecture.from_hf(weights, config)
+    state = architecture.from_hf(weights, config, hf_config)
     assert set(weights) <= {"lm_head.weight"}, sorted(weights)[:5]
     assert state["output_proj.weight"] is state["embed.token.weight"]  # tied in all four
 

@@ -50,7 +50,8 @@ class Architecture:
     hf_types: tuple[str, ...]  # the config.json model_type values it imports
     hf_class: str  # the transformers class `vaswani export --format hf` writes
     config_from_hf: Callable[..., ModelConfig]  # (config.json as a dict, pad_id=) -> config
-    from_hf: Callable[[dict, ModelConfig], dict]  # checkpoint tensors -> vaswani's, taken out
+    from_hf: Callable[[dict, ModelConfig, dict], dict]  # (tensors, config, config.json as a
+    #                      dict) -> vaswani's tensors, each taken out of the checkpoint's
     to_hf: Callable[[Any, ModelConfig], dict]  # (vaswani model, config) -> checkpoint tensors
     hf_model: Callable[[ModelConfig, dict], Any]  # (config, special ids) -> an empty HF model
     refuse: Callable[[ModelConfig], None]  # raises Refused for a run option with no place

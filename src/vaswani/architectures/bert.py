@@ -41,7 +41,7 @@ def config_from_hf(hf: dict, pad_id: int | None = None, *, n_classes: int = 0) -
         pooling="mean")
 
 
-def from_hf(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+def from_hf(hf: dict[str, Tensor], config: ModelConfig, settings: dict) -> dict[str, Tensor]:
     """``BertModel`` weights -> EncoderClassifier state dict (no head).
 
     Accepts keys with or without the ``bert.`` prefix; the pooler is not used (vaswani pools

@@ -18,6 +18,8 @@ base (``local_rope_base``, ``global_every``).
 
 from __future__ import annotations
 
+import math
+
 from torch import Tensor
 
 from ..config import ModelConfig
@@ -68,9 +70,6 @@ def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
     for field in ("final_logit_softcapping", "attn_logit_softcapping"):
         if hf.get(field) is not None:
             raise unsupported(field, hf[field], "no soft-capping (Gemma 2's)")
-    if hf.get("query_pre_attn_scalar", head_dim) != head_dim:
-        raise unsupported("query_pre_attn_scalar", hf["query_pre_attn_scalar"],
-                          f"scores scaled by 1 / sqrt(head_dim) ({head_dim})")
     if hf.get("attention_bias"):
         raise unsupported("attention_bias", True, "no biases")
     if hf.get("use_bidirectional_attention"):
@@ -96,13 +95,19 @@ def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
         local_rope_base=local_base)
 
 
-def from_hf(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+def from_hf(hf: dict[str, Tensor], config: ModelConfig, settings: dict) -> dict[str, Tensor]:
     """``Gemma3ForCausalLM`` weights -> DecoderLM state dict (the norms' weights with their 1
     added; q, k, v stacked into ``in_proj``, gate and up into ``linear1``), each tensor taken
-    out of ``hf`` as it is converted."""
+    out of ``hf`` as it is converted.
+
+    Gemma 3 scales its scores by 1 / sqrt(``query_pre_attn_scalar``), which is not always
+    the head width (the 27B model: 168 against 128). The queries leave their norm times its
+    weight, and the rotation is linear, so the norm's weight times sqrt(head_dim / scalar)
+    gives the scores that scale while attention divides by sqrt(head_dim) as everywhere."""
     for name in [k for k in hf if k.startswith("language_model.")]:
         hf[name.removeprefix("language_model.")] = hf.pop(name)
     d, head = config.d_model, config.head_dim or config.d_model // config.n_heads
+    scale = math.sqrt(head / settings.get("query_pre_attn_scalar", head))
     out = {"embed.token.weight": take(hf, "model.embed_tokens.weight", config.vocab_size, d),
            "decoder.norm.weight": take(hf, "model.norm.weight", d).float() + 1}
     if not config.tie_embeddings:
@@ -113,12 +118,15 @@ def from_hf(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
         for theirs, ours in NORMS.items():
             size = head if theirs.endswith("_norm") else d  # q_norm, k_norm: one head's
             out[o + ours + ".weight"] = take(hf, h + theirs + ".weight", size).float() + 1
+        out[o + "self_attn.q_norm.weight"] *= scale
     return as_float(out, config)
 
 
 def to_hf(model, c: ModelConfig) -> dict[str, Tensor]:
     """DecoderLM -> ``Gemma3ForCausalLM``'s names (which scales its own embeddings and
-    multiplies by 1 + each norm's weight): :func:`from_hf` the other way."""
+    multiplies by 1 + each norm's weight): :func:`from_hf` the other way, written with
+    ``query_pre_attn_scalar`` = head_dim (an imported scalar stays folded into q's norm:
+    the same model)."""
     sd = model.state_dict()
     out = {"model.embed_tokens.weight": sd["embed.token.weight"],
            "model.norm.weight": sd["decoder.norm.weight"] - 1,

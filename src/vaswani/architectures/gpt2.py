@@ -43,7 +43,7 @@ def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
         tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
 
 
-def from_hf(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+def from_hf(hf: dict[str, Tensor], config: ModelConfig, settings: dict) -> dict[str, Tensor]:
     """``GPT2LMHeadModel`` (or ``GPT2Model``) weights -> DecoderLM state dict, each tensor
     taken out of ``hf`` as it is converted."""
     for name in [k for k in hf if k.startswith("transformer.")]:

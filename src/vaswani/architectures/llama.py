@@ -116,7 +116,7 @@ def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
     return llama_config(**sizes(hf, pad_id))
 
 
-def from_hf(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+def from_hf(hf: dict[str, Tensor], config: ModelConfig, settings: dict) -> dict[str, Tensor]:
     """``LlamaForCausalLM`` weights (Qwen2's, Mistral's) -> DecoderLM state dict: q, k, v (and
     their biases) stacked into ``in_proj``, gate and up into the SwiGLU ``linear1``. Each
     tensor is taken out of ``hf`` as it is converted, so that an import never holds the

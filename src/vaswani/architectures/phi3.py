@@ -42,7 +42,7 @@ def _shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             "input_layernorm": (d,), "post_attention_layernorm": (d,)}
 
 
-def from_hf(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+def from_hf(hf: dict[str, Tensor], config: ModelConfig, settings: dict) -> dict[str, Tensor]:
     """``Phi3ForCausalLM`` weights -> DecoderLM state dict, renamed only (each checked
     against the config's sizes and taken out of ``hf`` as it is converted)."""
     d, shapes = config.d_model, _shapes(config)

@@ -34,13 +34,13 @@ def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
     return llama_config(**sizes(hf, pad_id), head_dim=head_dim, qk_norm=True)
 
 
-def from_hf(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+def from_hf(hf: dict[str, Tensor], config: ModelConfig, settings: dict) -> dict[str, Tensor]:
     """``Qwen3ForCausalLM`` weights -> DecoderLM state dict: LLaMA's, and each layer's q and
     k norms."""
     norms = {f"decoder.layers.{i}.{n}.weight":
              take(hf, f"model.layers.{i}.{n}.weight", config.head_dim).float().contiguous()
              for i in range(config.n_decoder_layers) for n in NORMS}
-    return {**llama_from_hf(hf, config), **norms}
+    return {**llama_from_hf(hf, config, settings), **norms}
 
 
 def to_hf(model, c: ModelConfig) -> dict[str, Tensor]:

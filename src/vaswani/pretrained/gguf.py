@@ -46,8 +46,9 @@ class GGUFError(ValueError):
 
 
 def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Tensor], dict]:
-    """(config, Hugging Face-named fp32 state dict, fields: the architecture and the
-    tokenizer's) of a LLaMA, Mistral, Qwen2 or Gemma 3 GGUF file.
+    """(config, Hugging Face-named fp32 state dict, fields: the architecture, the settings
+    under config.json's names, and the
+    tokenizer's) of a GGUF file of an architecture vaswani reads.
     A damaged or incomplete file (random bytes, a truncated download, missing keys, wrong
     tensor sizes) is a :class:`GGUFError` naming the file and what is wrong."""
     try:
@@ -122,13 +123,14 @@ def _read_gguf(path: Path) -> tuple[ModelConfig, dict[str, Tensor], dict]:
         raise GGUFError(f"{path}: {key('rope.dimension_count')} = {rotated} rotates part of "
                         f"each {head_dim}-wide head; vaswani rotates whole heads")
     hf["head_dim"] = int(head_dim)
+    settings = {**hf, **gguf.settings(read)}
     try:
-        config = architecture.config_from_hf({**hf, **gguf.settings(read)})
+        config = architecture.config_from_hf(settings)
     except Unsupported as e:
         raise GGUFError(f"{path}: {str(e).removeprefix('config.json: ')}") from None
     config = config.replace(architecture=architecture.name)
     tokenizer = {
-        "architecture": arch,
+        "architecture": arch, "settings": settings,
         "model": _required(reader, path, "tokenizer.ggml.model"),
         "pre": _field(reader, "tokenizer.ggml.pre"),
         "tokens": tokens, "merges": _field(reader, "tokenizer.ggml.merges", []),

@@ -242,7 +242,7 @@ def import_bert(source: str, out: Path, cache: Path, *, overwrite: bool = False)
         raise ValueError(f"{folder / 'tokenizer.json'} lacks one of [PAD] [CLS] [SEP] [UNK]")
     tokenizer = PretrainedTokenizer(hf_tok, ids)
     try:
-        state = bert.from_hf(weights, config)
+        state = bert.from_hf(weights, config, hf_config)
     except KeyError as e:
         raise ValueError(f"{folder / 'model.safetensors'} lacks the BERT weight {e}") from None
     return _write_run(out, config, state, tokenizer, DecodeConfig(), source, overwrite)
@@ -265,7 +265,7 @@ def import_gguf(source: str, out: Path, cache: Path, *, overwrite: bool = False)
                                     {"pad": config.pad_id, "bos": fields["bos"],
                                      "eos": fields["eos"], "unk": fields["unk"]})
     try:
-        state = named(config.architecture).from_hf(hf_state, config)
+        state = named(config.architecture).from_hf(hf_state, config, fields["settings"])
     except KeyError as e:
         raise ValueError(f"{path} lacks the tensor for {e}") from None
     decode = DecodeConfig(temperature=0.0, max_new_tokens=32)  # greedy by default
@@ -299,7 +299,7 @@ def import_hf(source: str, out: Path, cache: Path, *, overwrite: bool = False) -
         config = config.replace(architecture=architecture.name)
         weights = read_weights(folder)
         config = tied_as_read(config, weights)
-        state = architecture.from_hf(weights, config)
+        state = architecture.from_hf(weights, config, hf_config)
     except KeyError as e:
         raise ValueError(f"{folder} lacks {e} (in config.json or the weights)") from None
     except (TypeError, AttributeError) as e:  # a field of another type than transformers'
