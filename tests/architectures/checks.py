@@ -21,7 +21,6 @@ import torch
 from torch.testing import assert_close
 
 import vaswani
-from tests.pretrained.test_gguf_import import vocabulary
 from tests.pretrained.test_hf_import import CHAT, byte_level_tokenizer
 from vaswani.architectures import named
 from vaswani.cli import main
@@ -30,6 +29,18 @@ from vaswani.generation import generate
 from vaswani.pretrained.importer import import_checkpoint
 
 VOCAB = byte_level_tokenizer().get_vocab_size()
+
+
+def vocabulary():
+    """A GGUF file's byte-level vocabulary whose merges cross where the pre-tokenizers
+    differ: digits (GPT-2 keeps a run whole, LLaMA 3 cuts it in threes, Qwen2 in ones),
+    "'S" (a contraction only where case is ignored), a space before a digit."""
+    from tokenizers import pre_tokenizers
+
+    tokens = ["<|endoftext|>", *sorted(pre_tokenizers.ByteLevel.alphabet())]
+    merges = ["1 2", "12 3", "123 4", "3 4", "' S", "' s", "Ġ 1", "a b", "Ġ ab", "Ċ Ċ", "Ġ Ġ"]
+    tokens += [m.replace(" ", "") for m in merges]
+    return tokens, merges
 
 
 def random_model(transformers, cls: str, config):
@@ -101,9 +112,11 @@ def exports_back(transformers, model, run_dir, out):
     model.float()
 
 
-def write_gguf(gguf, model, arch: str, path):
+def write_gguf(gguf, model, arch: str, path, pre: str = "default", rotated: int | None = None):
     """``model`` as llama.cpp's converter writes an ``arch`` file: its block tensors under
-    the names the architecture's GGUF record reads, q and k rows permuted where it says."""
+    the names the architecture's GGUF record reads, q and k rows permuted into interleaved
+    rotary pairs where it says (``LlamaModel.permute``); ``pre``: the tokenizer's split,
+    ``rotated``: the rotary dimensions it claims (the head width)."""
     record = named(arch).gguf
     names = {hf: ours for ours, hf in record.blocks.items()}
     c = model.config
@@ -120,11 +133,11 @@ def write_gguf(gguf, model, arch: str, path):
     w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_rope_dimension_count(head_dim)
+    w.add_rope_dimension_count(rotated or head_dim)
     if getattr(c, "sliding_window", None):
         w.add_sliding_window(c.sliding_window)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types([3] + [1] * (len(tokens) - 1))
     w.add_token_merges(merges)
@@ -225,3 +238,53 @@ def lora_loads_in_peft(transformers, run_dir, root):
         with theirs.disable_adapter():  # the adapters changed the model
             assert (theirs(ids).logits - ours(ids)).abs().max() > 1e-3
         assert_close(theirs(ids).logits, ours(ids), rtol=1e-4, atol=1e-4)
+
+
+class Checks:
+    """The checks above as tests: an architecture's test file subclasses this with its
+    ``architecture`` name and ``build(transformers)``, a random model of its class, and
+    pytest runs each check on it (``no_gguf``, ``no_peft``: why a check does not apply)."""
+
+    architecture: str
+    no_gguf = ""  # why this model has no GGUF file as llama.cpp writes it
+    no_peft = ""  # why its adapters do not load in peft
+
+    @staticmethod
+    def build(transformers):
+        raise NotImplementedError
+
+    @pytest.fixture(scope="class")
+    def transformers(self):
+        return pytest.importorskip("transformers", reason="transformers is a test dependency")
+
+    @pytest.fixture(scope="class")
+    def imported(self, transformers, tmp_path_factory):
+        model = self.build(transformers)
+        return (model, *imported(model, tmp_path_factory.mktemp(self.architecture)))
+
+    def test_logits_equal_transformers_in_float64(self, imported):
+        model, _, run_dir = imported
+        logits_equal(model, run_dir, self.architecture)
+
+    def test_greedy_tokens_equal_transformers_and_the_engine(self, imported):
+        model, _, run_dir = imported
+        greedy_tokens_equal(model, run_dir)
+
+    def test_export_writes_the_same_class_and_logits_back(self, transformers, imported,
+                                                          tmp_path):
+        model, _, run_dir = imported
+        exports_back(transformers, model, run_dir, tmp_path / "back")
+
+    def test_a_gguf_file_as_llama_cpp_writes_it(self, transformers, imported, tmp_path):
+        if self.no_gguf:
+            pytest.skip(self.no_gguf)
+        gguf = pytest.importorskip("gguf")
+        gguf_imports(transformers, gguf, imported[0], self.architecture, tmp_path)
+
+    def test_int8_and_int4(self, imported):
+        quantized_near(imported[2])
+
+    def test_lora_adapters_load_in_peft(self, transformers, imported, tmp_path):
+        if self.no_peft:
+            pytest.skip(self.no_peft)
+        lora_loads_in_peft(transformers, imported[2], tmp_path)

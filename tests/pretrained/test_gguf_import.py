@@ -11,75 +11,17 @@ import torch
 from torch.testing import assert_close
 
 import vaswani
+from tests.architectures import checks
+from tests.architectures.checks import vocabulary
 from vaswani.cli import main
 from vaswani.pretrained.importer import import_checkpoint
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
 gguf = pytest.importorskip("gguf")
 
-_NAMES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-          "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
-          "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
-_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight"}
 
-
-def vocabulary():
-    """A byte-level vocabulary whose merges cross where the pre-tokenizers differ: digits
-    (GPT-2 keeps a run whole, LLaMA 3 cuts it in threes, Qwen2 in ones), "'S" (a contraction
-    only where case is ignored), a space before a digit."""
-    from tokenizers import pre_tokenizers
-
-    tokens = ["<|endoftext|>", *sorted(pre_tokenizers.ByteLevel.alphabet())]
-    merges = ["1 2", "12 3", "123 4", "3 4", "' S", "' s", "Ġ 1", "a b", "Ġ ab", "Ċ Ċ", "Ġ Ġ"]
-    tokens += [m.replace(" ", "") for m in merges]
-    return tokens, merges
-
-
-def permute(w, heads):
-    """llama.cpp's converter (LlamaModel.permute): rotary halves -> interleaved pairs."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2) \
-        .reshape(w.shape)
-
-
-def write_gguf(model, arch: str, path, pre: str = "default", rotated: int | None = None):
-    c = model.config
-    tokens, merges = vocabulary()
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_rope_dimension_count(rotated or c.hidden_size // c.num_attention_heads)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types([3] + [1] * (len(tokens) - 1))
-    w.add_token_merges(merges)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(0)
-    for name, t in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        t = t.float().numpy()
-        if name in _TOP:
-            w.add_tensor(_TOP[name], t)
-            continue
-        _, _, block, *module, kind, suffix = name.split(".")
-        if arch == "llama" and kind == "q_proj":
-            t = permute(t, c.num_attention_heads)
-        elif arch == "llama" and kind == "k_proj":
-            t = permute(t, c.num_key_value_heads)
-        w.add_tensor(f"blk.{block}.{_NAMES[kind]}.{suffix}", t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+def write_gguf(model, arch: str, path, **options):
+    return checks.write_gguf(gguf, model, arch, path, **options)
 
 
 def original(family: str):
