@@ -32,6 +32,8 @@ def test_frozen():
     (dict(pad_id=10), r"pad_id \(10\) must be in \[0, vocab_size=10\)"),
     (dict(n_layers=0), r"n_layers \(0\) must be positive"),
     (dict(n_classes=3), r"n_classes \(3\) is only used by arch 'encoder'"),
+    (dict(nope_every=2), r"nope_every \(2\) takes rotary positions away .* not 'rope'"),
+    (dict(nope_every=-1, positional="rope"), r"nope_every \(-1\) must not be negative"),
     (dict(share_embeddings=True, tgt_vocab_size=7),
      r"share_embeddings \(True\) needs tgt_vocab_size \(7\)"),
 ])

@@ -109,6 +109,9 @@ class ModelConfig(ConfigBase):
     local_rope_base: float = 10000.0
     """With `sliding_window` and rotary positions: the local layers' base (`rope_base` is
     the global layers')."""
+    nope_every: int = 0
+    """With rotary positions: every this-many-th layer (the 4th, 8th, ... for 4) takes no
+    positions at all, "NoPE" (SmolLM3: 4); 0 = every layer rotates its queries and keys."""
     type_vocab_size: int = 0
     """BERT token-type (segment) embeddings; 0 = none."""
     embed_norm: bool = False
@@ -169,7 +172,10 @@ class ModelConfig(ConfigBase):
             raise ValueError(f"positional 'rope' needs an even head dim, got {self.head_dim}")
         if self.head_dim <= 0:
             raise ValueError(f"head_dim ({self.head_dim}) must be positive")
-        for name in ["sliding_window", "global_every"]:
+        if self.nope_every and self.positional != "rope":
+            raise ValueError(f"nope_every ({self.nope_every}) takes rotary positions away from "
+                             f"some layers; positional is {self.positional!r}, not 'rope'")
+        for name in ["sliding_window", "global_every", "nope_every"]:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must not be negative")
         if self.post_norms and not self.norm_first:

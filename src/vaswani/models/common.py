@@ -20,9 +20,9 @@ from ..nn.rotary import RopeScaling
 
 def layer_options(c: ModelConfig, layer: int = 0) -> LayerOptions:
     """The options of layer ``layer`` (layers take plain values, never a config). They are
-    the same for every layer, but for Gemma 3's local layers: a window and their own rotary
-    base."""
-    rope = c.positional == "rope"
+    the same for every layer, but for Gemma 3's local layers (a window and their own rotary
+    base) and SmolLM3's layers without positions."""
+    rope = c.positional == "rope" and not (c.nope_every and (layer + 1) % c.nope_every == 0)
     scaling = None if c.rope_scaling == "none" else RopeScaling(
         c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_max_len)
     local = c.sliding_window > 0 and (c.global_every == 0 or (layer + 1) % c.global_every)
