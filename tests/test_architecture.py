@@ -64,6 +64,22 @@ def test_measurements_live_in_the_docs_not_in_the_code():
         assert re.search(MEASUREMENT, figure)  # the test can fail
 
 
+def test_importing_nn_loads_nothing_else_of_vaswani():
+    """``import vaswani.nn`` (a learner's first import) reads the building blocks alone:
+    the package's names load on first use, the model families on their first lookup."""
+    import ast
+    import subprocess
+    import sys
+
+    code = ("import sys, vaswani.nn\n"
+            "print(sorted(m for m in sys.modules if m.startswith('vaswani')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    loaded = ast.literal_eval(out)  # the printed list of names
+    assert "vaswani.nn.attention" in loaded
+    assert [m for m in loaded if m != "vaswani" and not m.startswith("vaswani.nn")] == []
+
+
 def test_nn_reads_alone_like_the_paper():
     """nn/ is the Transformer's building blocks for a reader: it imports nothing of vaswani
     outside itself, and holds no engine, benchmark or CPU-tuning vocabulary (those live in

@@ -12,10 +12,15 @@ record given to :func:`register` (``tests/test_families.py`` adds a toy one)::
 
 The structure fields (``encoder``, ``decoder``, ``classes``) are what the config's rules,
 its parameter count, warm starts and quantization read, instead of testing names.
+
+The three built-in records are loaded on the first lookup (:func:`families`), not when this
+module is imported: ``import vaswani.nn`` or ``vaswani.config`` loads no model, task or use
+class until a family is asked for.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 
@@ -52,6 +57,14 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {}
+BUILT_IN = "vaswani.inference.families"  # the module that writes out the three records
+
+
+def families() -> dict[str, Family]:
+    """Every family, by name: the built-in three (loaded from :data:`BUILT_IN` the first
+    time) and those given to :func:`register`."""
+    importlib.import_module(BUILT_IN)
+    return FAMILIES
 
 
 def register(family: Family) -> Family:
@@ -62,16 +75,16 @@ def register(family: Family) -> Family:
 
 def family(arch: str) -> Family:
     """The family of ``[model] arch``; a ValueError naming the known ones otherwise."""
-    if arch not in FAMILIES:
+    if arch not in families():
         raise ValueError(f"arch ({arch!r}) must be one of {', '.join(map(repr, FAMILIES))}")
     return FAMILIES[arch]
 
 
 def named(where) -> str:
     """The archs whose family ``where(family)`` holds, for a message: "'encoder'"."""
-    return " or ".join(repr(f.name) for f in FAMILIES.values() if where(f)) or "none"
+    return " or ".join(repr(f.name) for f in families().values() if where(f)) or "none"
 
 
 def serving(route: str) -> Family | None:
     """The first family whose runs answer ``route``."""
-    return next((f for f in FAMILIES.values() if route in f.routes), None)
+    return next((f for f in families().values() if route in f.routes), None)

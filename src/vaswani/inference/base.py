@@ -28,7 +28,7 @@ from torch import Tensor
 from .. import checkpoint, rundir
 from ..checkpoint.quantized import load_quantized
 from ..config import DecodeConfig, RunConfig
-from ..config.family import FAMILIES, Family, family
+from ..config.family import Family, families, family
 from ..cpu.quantized import QUANTIZE, quantize_linears
 from ..data.files import ReadReport
 from ..data.prepare import split_files
@@ -234,7 +234,7 @@ class Run:
 def owner_of(method: str) -> str | None:
     """What kind of run has ``method``, in words (``"translate"`` -> "a translation model
     (encoder-decoder)"), if any: a family's use class, else a task's own."""
-    for f in FAMILIES.values():
+    for f in families().values():
         if callable(getattr(f.use, method, None)):
             return f.describes
     for cls in Run.registry.values():
