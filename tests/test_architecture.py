@@ -78,6 +78,9 @@ def test_importing_nn_loads_nothing_else_of_vaswani():
     loaded = ast.literal_eval(out)  # the printed list of names
     assert "vaswani.nn.attention" in loaded
     assert [m for m in loaded if m != "vaswani" and not m.startswith("vaswani.nn")] == []
+    import vaswani  # and every public name still loads, on first use
+
+    assert all(getattr(vaswani, name) is not None for name in vaswani.__all__)
 
 
 def test_nn_reads_alone_like_the_paper():

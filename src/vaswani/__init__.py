@@ -12,13 +12,20 @@ building blocks alone.
 """
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the names as static tools read them (editors, the docs' API pages)
+    from .config import ModelConfig
+    from .inference import Encoder, LanguageModel, Run, Translator, load
+    from .models import DecoderLM, EncoderClassifier, EncoderDecoder, build_model
 
 _WHERE = {"ModelConfig": "config", "Encoder": "inference", "LanguageModel": "inference",
           "Run": "inference", "Translator": "inference", "load": "inference",
           "DecoderLM": "models", "EncoderClassifier": "models", "EncoderDecoder": "models",
           "build_model": "models"}
 
-__all__ = sorted(_WHERE)
+__all__ = ["DecoderLM", "Encoder", "EncoderClassifier", "EncoderDecoder", "LanguageModel",
+           "ModelConfig", "Run", "Translator", "build_model", "load"]
 __version__ = "0.1.0"
 
 
