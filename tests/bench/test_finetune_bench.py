@@ -1,5 +1,6 @@
 """benchmarks/finetune.py on a tiny LLaMA-shaped run: every contender trains in a process
-of its own from the same adapters, and vaswani's and peft's loss curves agree."""
+of its own from the same adapters, activations recomputed, and vaswani's and peft's loss
+curves agree."""
 
 import json
 import subprocess
@@ -23,8 +24,8 @@ def test_the_finetune_benchmark_races_vaswani_and_peft_on_the_same_steps(tmp_pat
     done = subprocess.run([sys.executable, "-m", "benchmarks.finetune", "--run",
                            str(tmp_path / "base"), "--work", str(tmp_path / "work"),
                            "--steps", "2", "--rounds", "1", "--length", "16", "--rank", "4",
-                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+                           "--checkpoint-activations", "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert set(result["results"]) == {"vaswani LoRA", "peft LoRA", "vaswani QLoRA int8",
@@ -32,6 +33,10 @@ def test_the_finetune_benchmark_races_vaswani_and_peft_on_the_same_steps(tmp_pat
     for name, r in result["results"].items():
         assert len(r["losses"]) == 4 and r["tokens_per_s"] > 0, name
         assert 100 < r["training_peak_rss_mb"] <= r["peak_rss_mb"], name
+        assert 0 < r["imported_rss_mb"] < r["training_peak_rss_mb"], name
+        assert r["training_peak_above_imports_mb"] == \
+            r["training_peak_rss_mb"] - r["imported_rss_mb"], name
         assert 0 < r["mfu"] < 1.5, name
     assert result["loss_gap"] < 1e-3  # the same model, adapters and batches: the same losses
     assert result["step_flops"] > 0 and "vaswani LoRA / peft LoRA" in done.stdout
+    assert result["checkpoint_activations"] and "activations recomputed" in done.stdout

@@ -2,7 +2,7 @@
 ``peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(DIR), DIR/adapter)``
 gives the run's model.
 
-peft adapts a LLaMA-family model's separate projections (``q_proj``, ..., ``down_proj``),
+peft adapts a LLaMA-layout model's separate projections (``q_proj``, ..., ``down_proj``),
 each with ``lora_A.weight`` (r, in) and ``lora_B.weight`` (out, r) and the update scaled by
 ``lora_alpha / r``: vaswani's parts of ``in_proj`` and ``linear1`` are those projections
 (nn/lora.py), so the adapters are renamed, not changed.
