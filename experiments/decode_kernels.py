@@ -65,20 +65,12 @@ def linear_paths(shapes=SHAPES, rows=(1, 8, 64, 512), repeats: int = 5,
     fp32, in evaluation mode, for (out, in) weights of the presets (a layer of the bible
     preset, the demo's and the bible preset's vocabulary projections, a SmolLM2 feed-forward)
     at 1-512 rows; alternating, best of ``repeats`` x ``calls``; the products checked equal."""
-    import vaswani.cpu.linear
     from vaswani.cpu.linear import OneDNNLinear
 
-    chosen, vaswani.cpu.linear.USE_ONEDNN = vaswani.cpu.linear.USE_ONEDNN, True
-    try:
-        return _linear_paths(OneDNNLinear, shapes, rows, repeats, calls)
-    finally:
-        vaswani.cpu.linear.USE_ONEDNN = chosen
-
-
-def _linear_paths(Linear, shapes, rows, repeats, calls) -> dict:
     out = {}
     for o, i in shapes:
-        layer = Linear(i, o).eval()
+        layer = OneDNNLinear(i, o).eval()
+        layer.onednn = True  # this layer's option, whatever the CPU's vendor
         torch_layer = torch.nn.Linear(i, o).eval()
         torch_layer.load_state_dict(layer.state_dict())
         with torch.no_grad():

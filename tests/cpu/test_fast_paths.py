@@ -54,7 +54,7 @@ def test_the_fast_model_equals_the_written_out_one(arch, monkeypatch):
     """Same parameters (names, values, ties), same outputs in inference and in a training
     step's gradients (dropout off: its random numbers are drawn differently); oneDNN forced
     on so that its path is compared on any CPU."""
-    monkeypatch.setattr(vaswani.cpu.linear, "USE_ONEDNN", True)
+    monkeypatch.setattr(vaswani.cpu.linear.OneDNNLinear, "onednn", True)
     config, fast, plain = _pair(arch)
     assert list(fast.state_dict()) == list(plain.state_dict())
     for (name, a), b in zip(fast.named_parameters(), plain.parameters(), strict=True):

@@ -1,7 +1,7 @@
 """cpu/linear.py: a Linear's CPU inference path (oneDNN over a reordered copy of the weight,
 rows padded to a bucket) gives F.linear's outputs, whole or by parts, and is used only where
 it may be: no gradients, float32, a CPU that is not Intel's. The tests below force it on
-(``USE_ONEDNN``), so that it is tested on every machine."""
+(``OneDNNLinear.onednn``), so that it is tested on every machine."""
 
 import pytest
 import torch
@@ -17,12 +17,12 @@ pytestmark = [pytest.mark.skipif(not onednn_available(), reason="no oneDNN in th
 
 @pytest.fixture(autouse=True)
 def onednn(monkeypatch):
-    monkeypatch.setattr(vaswani.cpu.linear, "USE_ONEDNN", True)
+    monkeypatch.setattr(vaswani.cpu.linear.OneDNNLinear, "onednn", True)
 
 
 def test_an_intel_cpu_keeps_f_linear(monkeypatch):
     """Where the CPU is Intel's, MKL (F.linear) runs AVX-512 itself: no reordered copy."""
-    monkeypatch.setattr(vaswani.cpu.linear, "USE_ONEDNN", False)
+    monkeypatch.setattr(vaswani.cpu.linear.OneDNNLinear, "onednn", False)
     linear = Linear(16, 8).eval()
     x = torch.randn(20000, 16)
     with torch.no_grad():

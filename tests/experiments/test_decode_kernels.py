@@ -14,13 +14,13 @@ def test_a_linear_layers_two_paths_are_timed_on_equal_products(monkeypatch):
     onednn = vaswani.cpu.linear.OneDNNLinear._onednn
     monkeypatch.setattr(vaswani.cpu.linear.OneDNNLinear, "_onednn",
                         lambda self, *a: calls.append(a[0].shape) or onednn(self, *a))
-    chosen = vaswani.cpu.linear.USE_ONEDNN
+    chosen = vaswani.cpu.linear.OneDNNLinear.onednn
     rows = decode_kernels.linear_paths(shapes=[(50, 16)], rows=(1, 4096), repeats=1, calls=2)
     assert list(rows) == ["50 x 16, 1 rows", "50 x 16, 4096 rows"]
     for r in rows.values():
         assert r["f_linear_ms"] >= 0 and r["linear_ms"] >= 0 and r["f_linear_over_linear"] > 0
     assert calls and all(shape == (4096, 16) for shape in calls)  # large enough: oneDNN
-    assert vaswani.cpu.linear.USE_ONEDNN is chosen
+    assert vaswani.cpu.linear.OneDNNLinear.onednn is chosen  # the class's choice untouched
 
 
 def test_a_bursts_prefill_is_timed_both_ways_with_the_same_outputs():

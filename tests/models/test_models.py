@@ -180,7 +180,7 @@ def test_the_output_projection_follows_its_weight_through_every_change(monkeypat
     the weight (cpu/linear.py, which a built model's output projection is; forced on here): it
     equals F.linear, and an optimizer step, an in-place edit, a load or a new dtype is seen at
     the next call, never the stale copy."""
-    monkeypatch.setattr("vaswani.cpu.linear.USE_ONEDNN", True)
+    monkeypatch.setattr("vaswani.cpu.linear.OneDNNLinear.onednn", True)
     lm = make("decoder").float().eval()
     proj, x = lm.output_proj, torch.randn(7000, 16)  # enough rows for oneDNN to pay
 

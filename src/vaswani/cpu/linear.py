@@ -62,6 +62,9 @@ def bucket(rows: int) -> int:
 
 
 class OneDNNLinear(Linear):
+    onednn = USE_ONEDNN  # multiply through oneDNN's copy where it pays: this CPU's choice,
+    #                      which a layer may override (experiments/decode_kernels.py does)
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self._packed: dict[tuple[int, int], tuple[tuple, Tensor]] = {}  # (start, stop) ->
@@ -101,7 +104,7 @@ class OneDNNLinear(Linear):
 
     def _fast(self, x: Tensor) -> bool:
         w = self.weight
-        return (USE_ONEDNN and not self.training and x.dtype == w.dtype == torch.float32
+        return (self.onednn and not self.training and x.dtype == w.dtype == torch.float32
                 and x.device.type == "cpu" and not torch.is_grad_enabled()
                 # first: a compiled graph may not ask what follows (is_inference breaks it)
                 and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
