@@ -16,7 +16,8 @@ from ..cpu.quantized import Int8Embedding, WeightOnlyLinear, int8_fits, quantize
 from ..models import build_model
 from ..models.common import fill_buffers
 from ..nn.positional import Embeddings
-from . import iter_weights, unwrap
+from . import unwrap
+from .files import iter_weights
 
 TABLE_ROWS = 4096  # a token table is read and quantized this many rows at a time
 
