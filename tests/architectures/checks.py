@@ -29,6 +29,10 @@ from vaswani.generation import generate
 from vaswani.pretrained.importer import import_checkpoint
 
 VOCAB = byte_level_tokenizer().get_vocab_size()
+# a tiny model's sizes under transformers' names (grouped-query: 6 heads share 2 k/v heads)
+SIZES = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+             num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
+             rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=0, pad_token_id=0)
 
 
 def vocabulary():

@@ -5,7 +5,7 @@ against transformers' ``Gemma3ForCausalLM``; exported, the scalar stays folded i
 the other Hugging Face folders (tests/pretrained/test_hf_import.py) and its GGUF file with
 the real checkpoint (tests/pretrained/test_real_checkpoints.py)."""
 
-from .checks import VOCAB, Checks, random_model
+from .checks import SIZES, Checks, random_model
 
 
 class TestGemma3(Checks):
@@ -16,8 +16,5 @@ class TestGemma3(Checks):
     @staticmethod
     def build(transformers):
         return random_model(transformers, "Gemma3ForCausalLM", transformers.Gemma3TextConfig(
-            vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=4,
-            num_attention_heads=6, num_key_value_heads=2, head_dim=16,
-            query_pre_attn_scalar=24, max_position_embeddings=256, rms_norm_eps=1e-5,
-            sliding_window=8, pad_token_id=0, bos_token_id=0, eos_token_id=0,
-            layer_types=["sliding_attention", "full_attention"] * 2))
+            **{**SIZES, "num_hidden_layers": 4}, head_dim=16, query_pre_attn_scalar=24,
+            sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2))

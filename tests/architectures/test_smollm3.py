@@ -6,7 +6,7 @@ import pytest
 
 from vaswani.architectures.smollm3 import nope_every
 
-from .checks import VOCAB, Checks, random_model
+from .checks import SIZES, Checks, random_model
 
 
 class TestSmolLM3(Checks):
@@ -16,10 +16,8 @@ class TestSmolLM3(Checks):
     @staticmethod
     def build(transformers):
         return random_model(transformers, "SmolLM3ForCausalLM", transformers.SmolLM3Config(
-            vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=4,
-            num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
-            rms_norm_eps=1e-5, no_rope_layer_interval=2, tie_word_embeddings=True,
-            bos_token_id=0, eos_token_id=0, pad_token_id=0))
+            **{**SIZES, "num_hidden_layers": 4}, no_rope_layer_interval=2,
+            tie_word_embeddings=True))
 
 
 def test_only_every_n_th_layer_may_go_without_positions():
