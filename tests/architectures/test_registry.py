@@ -11,7 +11,7 @@ from vaswani.config import ModelConfig
 
 from ..test_legacy_runs import LEGACY
 
-BUILT_IN = {"bert", "gemma3", "gpt2", "llama", "mistral", "qwen2"}
+BUILT_IN = {"bert", "gemma3", "gpt2", "llama", "mistral", "phi3", "qwen2", "qwen3", "smollm3"}
 
 
 def test_every_file_that_defines_an_architecture_is_found():
