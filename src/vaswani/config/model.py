@@ -131,8 +131,9 @@ class ModelConfig(ConfigBase):
     `vaswani export --format hf` writes back. "" = vaswani's own, as the fields here set it
     (exported as the architecture those fields match)."""
     origin: str = ""
-    """An imported checkpoint's Hugging Face class (`MistralForCausalLM`, ...): `vaswani
-    export --format hf` writes it back as that class."""
+    """An imported checkpoint's Hugging Face class (`MistralForCausalLM`, ...), as its
+    config.json named it; a run imported before `architecture` existed is read by it (a
+    Mistral folder's run exports as Mistral)."""
     attention: Literal["auto", "sdpa", "reference"] = "auto"
     """Attention kernel: "reference" (written-out matmuls), "sdpa" (PyTorch's fused
     kernel), or "auto": reference for bf16 on a CPU up to 512 keys, sdpa elsewhere."""
