@@ -21,12 +21,15 @@ def step():
     xs = [torch.ones(2 << 20) for _ in range(3)]  # a step's three 8 MB tensors, written
     del xs
 step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+faults = []
 for _ in range(10):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     step()
-print(pinned, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(pinned, *faults)
 """
-PAGES_PER_STEP = 3 * (8 << 20) // 4096
+PAGES_PER_TENSOR = (8 << 20) // 4096
+PAGES_PER_STEP = 3 * PAGES_PER_TENSOR
 
 
 def clean_env():
@@ -38,8 +41,8 @@ def clean_env():
 def run(mode, **env):
     out = subprocess.run([sys.executable, "-c", STEPS, mode], env={**clean_env(), **env},
                          capture_output=True, text=True, check=True, timeout=120).stdout
-    pinned, faults = out.split()
-    return pinned, int(faults)
+    pinned, *faults = out.split()
+    return pinned, [int(f) for f in faults]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
@@ -51,8 +54,12 @@ def test_pinned_thresholds_reuse_each_steps_memory_instead_of_faulting_it_in_aga
     # Left to adapt, it faults 1.3 to 7 steps' pages in between runs of this same script
     # (its state depends on what the interpreter allocated before), too loose a control.
     _, unpinned = run("no", MALLOC_MMAP_THRESHOLD_="131072")
-    assert unpinned > 8 * PAGES_PER_STEP  # each step's tensors mapped and faulted in anew
-    assert faults < PAGES_PER_STEP  # pinned: less than one step's pages, in all ten
+    assert min(unpinned) > 0.9 * PAGES_PER_STEP  # every step's tensors mapped and faulted anew
+    # Pinned, the heap settles within a few steps (where a block lands first depends on what
+    # the interpreter allocated before: on a Xeon up to two steps' pages, on a Zen 3 none),
+    # then every step reuses the last one's pages.
+    assert sum(faults) < 3 * PAGES_PER_STEP  # against ten steps unpinned
+    assert sum(faults[5:]) < PAGES_PER_TENSOR
 
 
 def test_an_operators_own_glibc_settings_are_left_alone():
