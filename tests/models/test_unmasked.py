@@ -73,6 +73,9 @@ def test_a_translators_right_padded_targets_need_no_mask(backend):
 def test_the_tasks_losses_pass_no_explicit_mask(monkeypatch):
     """What the training step's attention calls receive: a Causal for causal
     self-attention, nothing for unpadded keys; a padded source keeps its key padding mask."""
+    from types import SimpleNamespace
+
+    from vaswani.config import TrainConfig
     from vaswani.data.batching import Batch
     from vaswani.tasks.language_model import LanguageModelling
     from vaswani.tasks.translation import Translation
@@ -88,7 +91,7 @@ def test_the_tasks_losses_pass_no_explicit_mask(monkeypatch):
 
     lm = model("decoder", "sdpa")
     task = LanguageModelling.__new__(LanguageModelling)
-    task.criterion = lambda logits, target, **kw: (logits.sum(), logits.sum(), 1)
+    task.config = SimpleNamespace(train=TrainConfig())
     ids = torch.randint(3, 23, (2, 8))
     task.loss(lm, Batch({"input": ids, "target": ids}, targets=16, tokens=16), 0.0)
     assert seen == ["causal", "causal"]

@@ -6,6 +6,8 @@ Shape legend: B batch, T length, D d_model, V vocabulary, L layers, H heads.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor, nn
 
 from ..config import ModelConfig
@@ -38,7 +40,7 @@ class DecoderLM(nn.Module):
         init_weights(self, c.pad_id)
 
     def forward(self, ids: Tensor, *, mask: Tensor | bool | None = None,
-                positions: Tensor | None = None) -> Tensor:
+                positions: Tensor | None = None, loss: Callable | None = None) -> Tensor:
         """ids: (B, T) -> logits (B, T, V); logits[:, t] predicts token t + 1.
 
         ``mask`` (B, T), True = real token, defaults to ``ids != pad_id``; ``True``: no
@@ -46,8 +48,18 @@ class DecoderLM(nn.Module):
         SDPA's flash kernels may run: models/common.py ``decoder_inputs``); ``positions``
         (B, T) default to 0 .. T-1 (a left-padded batch passes its own). Decoding a token at
         a time over a cache is :meth:`decode_step`.
+
+        ``loss(h, head)``, where given, is what the model returns instead of the logits: a
+        criterion of the final hidden states ``h`` (B * T, D) that applies the vocabulary
+        projection ``head`` itself, chunk by chunk (models/losses.py
+        ``head_cross_entropy``), so that training never holds the (B, T, V) logits. It is
+        called inside ``forward`` so that a wrapped model (DDP, FSDP) sees the projection
+        used where its weights are gathered.
         """
-        return self._forward(ids, mask, positions)[0]
+        if loss is None:
+            return self._forward(ids, mask, positions)[0]
+        h, _ = self._hidden(ids, mask, positions)
+        return loss(h.flatten(0, 1), self.output_proj)
 
     def forward_with_attention(self, ids: Tensor, *, mask: Tensor | None = None
                                ) -> tuple[Tensor, dict]:
@@ -57,12 +69,15 @@ class DecoderLM(nn.Module):
         return logits, {"decoder": stack_weights(weights, "self_attn")}
 
     def _forward(self, ids, mask, positions, need_weights=False):
+        h, weights = self._hidden(ids, mask, positions, need_weights)
+        return self.output_proj(h), weights
+
+    def _hidden(self, ids, mask, positions, need_weights=False):
+        """The final hidden states (B, T, D), before the vocabulary projection."""
         default_positions, attn_mask = decoder_inputs(ids, mask, self.config.pad_id)
         x = self.embed(ids, positions=positions)
         positions = default_positions if positions is None else positions
-        h, weights = self.decoder(x, mask=attn_mask, positions=positions,
-                                  need_weights=need_weights)
-        return self.output_proj(h), weights
+        return self.decoder(x, mask=attn_mask, positions=positions, need_weights=need_weights)
 
     def decode_step(self, ids: Tensor, *, positions: Tensor, mask: Tensor | None, cache,
                     last: Tensor | None = None) -> Tensor:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def reference_smoothed_cross_entropy(logits: Tensor, target: Tensor, *, smoothing: float = 0.0,
@@ -203,9 +203,102 @@ class _ChunkedSmoothedCE(torch.autograd.Function):
 
 
 CHUNK_ELEMENTS = 1 << 20  # logits per chunk on a CPU: 4 MiB in fp32, reused from cache
+# logits per chunk of head_cross_entropy, whose chunks are also products by the head's weight:
+# 16 MiB in float32, rows enough for the product to run at the matrix unit's speed
+HEAD_CHUNK_ELEMENTS = 1 << 22
 
 
-def _chunks(N: int, V: int, device: torch.device):
-    """Row slices of about CHUNK_ELEMENTS logits each (16,384 x 32,000 logits: 512 chunks)."""
-    step = max(1, CHUNK_ELEMENTS // max(V, 1))
+def _chunks(N: int, V: int, device: torch.device, elements: int = CHUNK_ELEMENTS):
+    """Row slices of about ``elements`` logits each (16,384 x 32,000 logits: 512 chunks)."""
+    step = max(1, elements // max(V, 1))
     return (slice(start, min(start + step, N)) for start in range(0, N, step))
+
+
+def head_cross_entropy(h: Tensor, head: nn.Module, target: Tensor, *, smoothing: float = 0.0,
+                       pad_id: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`smoothed_cross_entropy` of ``head(h)``, hidden states (N, D) through the
+    vocabulary projection ``head``, without ever holding the (N, V) logits or their gradient:
+    a few hundred rows at a time, each chunk's logits made, turned into the loss and into
+    the gradient of ``h`` (and of the head's weight where it trains), then freed
+    (:class:`_HeadCrossEntropy`). With SmolLM2's 49,152 words and 512 targets that is 200 MB
+    of float32 logits and gradient a step that never exist. Only the loss carries a gradient
+    (the NLL beside it is for reading). A head without a plain weight matrix (an adapter on
+    it, a bias that trains) is applied whole instead. Returns (loss sum, NLL sum, count)."""
+    weight = head_matrix(head)
+    if weight is None:
+        return smoothed_cross_entropy(head(h), target, smoothing=smoothing, pad_id=pad_id)
+    keep = torch.ones_like(target, dtype=torch.bool) if pad_id is None else target != pad_id
+    if not torch.is_grad_enabled():  # validation: no gradient to compute on the way
+        h, weight = h.detach(), weight.detach()
+    loss, nll = _HeadCrossEntropy.apply(h, weight, target, keep, smoothing, pad_id, head)
+    return loss, nll, keep.sum()
+
+
+def head_matrix(head: nn.Module) -> Tensor | None:
+    """The (V, D) matrix whose product with a hidden state ``head`` computes, for its input's
+    gradient: a linear layer's weight, a quantized layer's weights as it multiplies by them
+    (``dequantized()``, frozen); None where that is not all the layer is (a trained bias,
+    adapters)."""
+    if isinstance(head, nn.Linear):  # x W^T (cpu/linear.py's faster one too, in training)
+        return head.weight if head.bias is None else None
+    if hasattr(head, "dequantized") and all(not p.requires_grad for p in head.parameters()):
+        return head.dequantized()
+    return None
+
+
+class _HeadCrossEntropy(torch.autograd.Function):
+    """Forward does the work of both passes, chunk by chunk: logits x = head(h_c) (the layer's
+    own product, so the loss is the one ``head(h)`` gives), their log-sum-exp, the loss, and
+    its gradient g = d loss / d x (:class:`_ChunkedSmoothedCE`'s, for an upstream gradient of
+    one), which goes straight into d h_c = g W and, where the weight trains, d W += g^T h_c.
+    Backward only scales those by the loss's upstream gradient."""
+
+    @staticmethod
+    def forward(ctx, h, weight, target, keep, smoothing, pad_id, head):
+        N, V = h.size(0), weight.size(0)
+        acc = torch.promote_types(h.dtype, torch.float32)
+        K = _other_classes(V, pad_id)
+        wanted = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]  # not when validating
+        grad_h = torch.empty(h.shape, dtype=acc, device=h.device) if wanted else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=h.device) \
+            if ctx.needs_input_grad[1] else None
+        loss_sum = torch.zeros((), dtype=acc, device=h.device)
+        nll_sum = torch.zeros((), dtype=acc, device=h.device)
+        w = weight.detach().to(acc)
+        with torch.no_grad():
+            for rows in _chunks(N, V, h.device, HEAD_CHUNK_ELEMENTS):
+                x, y, k = head(h[rows].detach()).to(acc), target[rows, None], keep[rows]
+                lse = torch.logsumexp(x, dim=-1)
+                x_y = x.gather(1, y).squeeze(1)
+                nll = (lse - x_y).masked_fill(~k, 0.0)
+                nll_sum += nll.sum()
+                if smoothing:
+                    others = x.sum(dim=-1) - x_y - (0.0 if pad_id is None else x[:, pad_id])
+                    rest = (K * lse - others).masked_fill(~k, 0.0)
+                    loss_sum += ((1.0 - smoothing) * nll + smoothing / K * rest).sum()
+                if not wanted:
+                    continue
+                g = x.sub_(lse[:, None]).exp_()  # softmax, in the logits' place
+                if smoothing:
+                    g -= smoothing / K
+                    if pad_id is not None:
+                        g[:, pad_id] += smoothing / K  # padding gets no smoothing mass
+                g.scatter_add_(1, y, torch.full(y.shape, smoothing / K - (1.0 - smoothing),
+                                                dtype=acc, device=h.device))
+                g.mul_(k[:, None])
+                grad_h[rows] = g @ w
+                if grad_w is not None:
+                    grad_w.addmm_(g.T, h[rows].to(acc))
+        if not smoothing:
+            loss_sum = nll_sum.clone()
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.dtypes = h.dtype, weight.dtype
+        ctx.mark_non_differentiable(nll_sum)
+        return loss_sum, nll_sum
+
+    @staticmethod
+    def backward(ctx, g_loss, g_nll):
+        grad_h, grad_w = ctx.saved_tensors
+        grad_h = (grad_h * g_loss).to(ctx.dtypes[0])
+        grad_w = None if grad_w is None else (grad_w * g_loss).to(ctx.dtypes[1])
+        return grad_h, grad_w, None, None, None, None, None

@@ -35,6 +35,7 @@ the source tokenizer when a run starts: nothing assumes that padding is id 0.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -166,6 +167,21 @@ class Task:
         loss = losses.compiled_smoothed_cross_entropy if compiled else \
             losses.smoothed_cross_entropy
         return loss(logits, target, smoothing=smoothing, pad_id=pad_id)
+
+    def next_token_loss(self, model: nn.Module, ids: Tensor, target: Tensor, *,
+                        smoothing: float = 0.0, pad_id: int | None = None
+                        ) -> tuple[Tensor, Tensor, Tensor]:
+        """A decoder-only ``model``'s loss predicting ``target`` (B, T) from ``ids`` (B, T)
+        (causal attention alone: no padding before a real token). On a CPU, where the step is
+        not compiled, the vocabulary projection and the loss run together, chunk by chunk,
+        so the (B, T, V) logits never exist (losses.head_cross_entropy); elsewhere the
+        logits are made and :meth:`criterion` takes them."""
+        target = target.flatten()
+        if ids.device.type == "cpu" and not self.config.train.compiles(ids.device):
+            return model(ids, mask=True, loss=functools.partial(
+                losses.head_cross_entropy, target=target, smoothing=smoothing, pad_id=pad_id))
+        logits = model(ids, mask=True)
+        return self.criterion(logits.flatten(0, 1), target, smoothing=smoothing, pad_id=pad_id)
 
     @torch.no_grad()
     def metric(self, model: nn.Module, data: TaskData, batches, n_examples: int,

@@ -113,6 +113,5 @@ class Chat(Task):
 
     def loss(self, model, batch, smoothing):
         # right padding: causal attention never shows a real token a pad; no padding mask
-        logits = model(batch["input"], mask=True)
-        return self.criterion(logits.flatten(0, 1), batch["target"].flatten(),
-                              smoothing=smoothing, pad_id=self.pad_id)
+        return self.next_token_loss(model, batch["input"], batch["target"],
+                                    smoothing=smoothing, pad_id=self.pad_id)

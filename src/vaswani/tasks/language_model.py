@@ -69,6 +69,5 @@ class LanguageModelling(Task):
                              world=world)
 
     def loss(self, model, batch, smoothing):
-        x = batch["input"]
-        logits = model(x, mask=True)  # text has no padding: causal attention alone
-        return self.criterion(logits.flatten(0, 1), batch["target"].flatten(), smoothing=smoothing)
+        # text has no padding: causal attention alone
+        return self.next_token_loss(model, batch["input"], batch["target"], smoothing=smoothing)

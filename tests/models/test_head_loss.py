@@ -1,0 +1,168 @@
+"""models/losses.py head_cross_entropy: the vocabulary projection and the loss chunk by chunk,
+equal to projecting first and taking the loss of the logits, without the (N, V) logits."""
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+from torch.testing import assert_close
+
+from vaswani.config import ModelConfig
+from vaswani.cpu.quantized import WeightOnlyLinear
+from vaswani.models import losses
+from vaswani.models.decoder_lm import DecoderLM
+from vaswani.models.losses import head_cross_entropy, reference_smoothed_cross_entropy
+
+N, D, V, PAD = 23, 8, 17, 0
+
+
+def case(dtype=torch.float64):
+    torch.manual_seed(0)
+    h = torch.randn(N, D, dtype=dtype, requires_grad=True)
+    head = nn.Linear(D, V, bias=False).to(dtype)
+    target = torch.randint(1, V, (N,))
+    target[[3, 9, 22]] = PAD
+    return h, head, target
+
+
+@pytest.fixture(autouse=True)
+def several_chunks(monkeypatch):
+    monkeypatch.setattr(losses, "HEAD_CHUNK_ELEMENTS", 5 * V)  # 5 rows a chunk: 5 chunks
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("pad_id", [None, PAD])
+@pytest.mark.parametrize("head_trains", [True, False])
+def test_the_head_loss_and_its_gradients_equal_projecting_first(eps, pad_id, head_trains):
+    h, head, target = case()
+    head.weight.requires_grad_(head_trains)
+    loss, nll, count = head_cross_entropy(h, head, target, smoothing=eps, pad_id=pad_id)
+    (loss * 0.7).backward()
+    got = h.grad.clone(), head.weight.grad
+    h.grad = head.weight.grad = None
+    ref_loss, ref_nll, ref_count = reference_smoothed_cross_entropy(
+        head(h), target, smoothing=eps, pad_id=pad_id)
+    (ref_loss * 0.7).backward()
+    assert_close(loss, ref_loss, rtol=1e-12, atol=1e-12)
+    assert_close(nll, ref_nll, rtol=1e-12, atol=1e-12)
+    assert count == ref_count
+    assert_close(got[0], h.grad, rtol=1e-12, atol=1e-12)
+    if head_trains:
+        assert_close(got[1], head.weight.grad, rtol=1e-12, atol=1e-12)
+    else:
+        assert got[1] is None and head.weight.grad is None
+
+
+def test_a_tied_head_gets_the_sum_of_both_uses_gradients():
+    h, head, target = case()
+    table = nn.Embedding(V, D).double()
+    head.weight = table.weight
+    ids = torch.randint(0, V, (4,))
+
+    def total(fn):
+        table.weight.grad = None
+        (table(ids).sum() + fn()).backward()
+        return table.weight.grad.clone()
+
+    got = total(lambda: head_cross_entropy(h, head, target, smoothing=0.1, pad_id=PAD)[0])
+    want = total(lambda: reference_smoothed_cross_entropy(head(h), target, smoothing=0.1,
+                                                          pad_id=PAD)[0])
+    assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_quantized_frozen_head_gives_its_own_logits_loss_and_input_gradient(bits):
+    """QLoRA: the head multiplies by its int8/int4 weights; the input's gradient goes through
+    the weights it multiplies by, as the layer's own backward sends it."""
+    h, head, target = case(torch.float32)
+    q = WeightOnlyLinear.of(nn.Linear(64, 64, bias=False), bits)  # int4 packs 64 inputs
+    h64 = torch.randn(N, 64, requires_grad=True)
+    target = target % 64
+    loss, nll, _ = head_cross_entropy(h64, q, target, smoothing=0.1, pad_id=PAD)
+    loss.backward()
+    got = h64.grad.clone()
+    h64.grad = None
+    ref, ref_nll, _ = reference_smoothed_cross_entropy(q(h64), target, smoothing=0.1, pad_id=PAD)
+    ref.backward()
+    assert_close(loss, ref)
+    assert_close(nll, ref_nll)
+    assert_close(got, h64.grad)
+
+
+def test_a_head_that_is_more_than_its_matrix_is_applied_whole():
+    h, _, target = case()
+    head = nn.Linear(D, V).double()  # a bias that trains: no single matrix to chunk by
+    assert losses.head_matrix(head) is None
+    loss, _, _ = head_cross_entropy(h, head, target, smoothing=0.1, pad_id=PAD)
+    ref, _, _ = reference_smoothed_cross_entropy(head(h), target, smoothing=0.1, pad_id=PAD)
+    assert_close(loss, ref)
+
+
+def saved_sizes(fn) -> list[int]:
+    """The number of elements of every tensor autograd saves while ``fn`` runs."""
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sizes
+
+
+def test_the_logits_are_never_saved_for_backward_nor_made_whole():
+    h, head, target = case()
+    calls = []
+    head.register_forward_hook(lambda m, args, out: calls.append(out.shape[0]))
+    sizes = saved_sizes(lambda: head_cross_entropy(h, head, target, pad_id=PAD))
+    assert max(calls) == 5 and sum(calls) == N  # chunks of five rows
+    assert max(sizes) < N * V  # nothing the size of the logits; the plain way saves them:
+    assert max(saved_sizes(lambda: reference_smoothed_cross_entropy(head(h), target))) >= N * V
+
+
+def test_validation_under_no_grad_computes_no_gradient(monkeypatch):
+    h, head, target = case()
+    products = []
+    real = torch.Tensor.__matmul__
+    monkeypatch.setattr(torch.Tensor, "__matmul__",
+                        lambda a, b: products.append(a.shape) or real(a, b))
+    with torch.no_grad():
+        loss, _, _ = head_cross_entropy(h, head, target, pad_id=PAD)
+    assert products == []
+    assert_close(loss, reference_smoothed_cross_entropy(head(h), target, pad_id=PAD)[0])
+
+
+def test_a_language_model_returns_the_loss_it_is_given_with_the_same_gradients():
+    torch.manual_seed(0)
+    config = ModelConfig(arch="decoder", d_model=16, n_heads=2, d_ff=32, n_decoder_layers=2,
+                         vocab_size=V, pad_id=PAD, max_len=16, tie_embeddings=True, dropout=0.0)
+    model = DecoderLM(config).double()
+    ids, target = torch.randint(1, V, (3, 7)), torch.randint(0, V, (3, 7))
+    criterion = functools.partial(head_cross_entropy, target=target.flatten(), smoothing=0.1,
+                                  pad_id=PAD)
+    loss, _, _ = model(ids, mask=True, loss=criterion)
+    loss.backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    ref, _, _ = reference_smoothed_cross_entropy(model(ids, mask=True).flatten(0, 1),
+                                                 target.flatten(), smoothing=0.1, pad_id=PAD)
+    ref.backward()
+    assert_close(loss, ref, rtol=1e-12, atol=1e-12)
+    for n, p in model.named_parameters():
+        assert_close(got[n], p.grad, rtol=1e-10, atol=1e-12, msg=n)
+
+
+def test_a_built_language_models_own_head_is_chunked():
+    """build_model hands a CPU model cpu/linear.py's layers: the head is still one matrix."""
+    from vaswani.models import build_model
+
+    config = ModelConfig(arch="decoder", d_model=16, n_heads=2, d_ff=32, n_decoder_layers=1,
+                         vocab_size=512, pad_id=PAD, max_len=16, tie_embeddings=True)
+    model = build_model(config).train()
+    assert losses.head_matrix(model.output_proj) is model.output_proj.weight
+    ids = torch.randint(1, 512, (3, 7))
+    criterion = functools.partial(head_cross_entropy, target=ids.flatten(), pad_id=PAD)
+    sizes = saved_sizes(lambda: model(ids, mask=True, loss=criterion))
+    assert max(sizes) < 3 * 7 * 512
