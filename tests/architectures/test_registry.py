@@ -62,3 +62,19 @@ def test_runs_written_before_the_field_existed_are_read_as_before():
     architecture = of(config)
     assert architecture.name == "gpt2"
     architecture.refuse(config)  # nothing refused
+
+
+def test_a_run_that_names_an_unknown_architecture_is_refused_when_read(tmp_path):
+    """A misspelt ``[model] architecture`` is an error naming the file and the known names
+    when the run is read, not a surprise at export."""
+    import shutil
+
+    run = tmp_path / "lm"
+    shutil.copytree(LEGACY / "lm", run)
+    config = run / "config.toml"
+    config.write_text(config.read_text().replace("[model]\n", '[model]\narchitecture = "lama"\n'))
+    with pytest.raises(ValueError, match=f"{config}: \\[model\\] architecture \\('lama'\\) "
+                                         "must be one of .*'llama'"):
+        rundir.read_config(run)
+    config.write_text(config.read_text().replace('"lama"', '"gpt2"'))
+    assert rundir.read_config(run).model.architecture == "gpt2"

@@ -46,6 +46,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from .. import architectures
 from ..atomic import atomic_write_text
 from ..config import RunConfig, load_run_config
 from ..data.tokenizers import Tokenizer, load_tokenizers, save_tokenizers
@@ -109,11 +110,18 @@ def write_run(run_dir: Path, config: RunConfig, source: Tokenizer, target: Token
 
 
 def read_config(run_dir: Path, overrides: list[str] = ()) -> RunConfig:
-    """The run's config (with ``--set`` overrides); a missing one is a clear error."""
+    """The run's config (with ``--set`` overrides); a missing one, or one that names an
+    architecture vaswani does not know (``[model] architecture``), is a clear error."""
     if not (run_dir / CONFIG).exists():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no {CONFIG}); train one "
                                 "with `vaswani train CONFIG.toml --out RUN_DIR`")
-    return load_run_config(run_dir / CONFIG, overrides)
+    config = load_run_config(run_dir / CONFIG, overrides)
+    if config.model.architecture:  # config/ sits below the architectures: checked here
+        try:
+            architectures.named(config.model.architecture)
+        except ValueError as e:
+            raise ValueError(f"{run_dir / CONFIG}: {e}") from None
+    return config
 
 
 def read_tokenizers(run_dir: Path) -> tuple[Tokenizer, Tokenizer | None, list[str]]:
