@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -203,6 +204,13 @@ def hf_export(run_dir: Path, work: Path) -> Path:
     return out
 
 
+def allocator_environment() -> dict[str, str]:
+    """The variables that choose or tune the allocator every contender inherits (the peaks
+    depend on them: docs/performance.md)."""
+    return {k: v for k, v in os.environ.items()
+            if k.startswith("MALLOC_") or k in ("GLIBC_TUNABLES", "LD_PRELOAD")}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json")
@@ -285,7 +293,8 @@ def main() -> None:
            {"steps": args.steps, "checkpoint_activations": args.checkpoint_activations,
             "batch": args.batch, "length": args.length, "rank": args.rank,
             "targets": TARGETS, "lr": LR, "rounds": args.rounds, "results": results,
-            "whole_logits": args.whole_logits, "loss_gap": gap, "matmul_peak_gflops": peak,
+            "whole_logits": args.whole_logits, "allocator_environment": allocator_environment(),
+            "loss_gap": gap, "matmul_peak_gflops": peak,
             "step_flops": flops}, args.json)
 
 
