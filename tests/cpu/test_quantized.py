@@ -3,6 +3,7 @@ out, stays close to the float layer, serves multi-head attention's fused project
 part, and quantize_linears reaches every linear layer of a model."""
 
 import copy
+import os
 
 import pytest
 import torch
@@ -181,13 +182,14 @@ def test_a_large_weight_is_quantized_in_row_blocks_as_it_would_be_whole(on_cpu):
                        .to(torch.bfloat16))
 
 
-ODD = {"d_model": 36, "n_heads": 4, "d_ff": 100}  # inputs of 36 and 100: not in eights
+ODD = {"d_model": 40, "n_heads": 4, "d_ff": 100}  # inputs of 40 and 100: not in sixteens
 
 
 def test_layers_whose_inputs_the_int8_kernel_cannot_take_stay_in_float():
-    """The weight-only int8 kernel reads a row's inputs in eights: 36 or 100 inputs gave
-    wrong sums (AVX2) or a SIGSEGV (AVX-512). Those layers stay float, the rest are
-    quantized, and the model's output stays near the float one's."""
+    """The weight-only int8 kernel reads a row's inputs in eights (AVX2) or sixteens
+    (AVX-512): 36 or 100 inputs gave wrong sums (AVX2), 40 a SIGSEGV (AVX-512, a Xeon of
+    family 6 model 207). Those layers stay float, the rest are quantized, and the model's
+    output stays near the float one's."""
     from vaswani.cpu.quantized import WeightOnlyLinear
 
     torch.manual_seed(0)
@@ -198,13 +200,13 @@ def test_layers_whose_inputs_the_int8_kernel_cannot_take_stay_in_float():
     for kind in ("int8", "int4"):
         m = quantize_linears(copy.deepcopy(model), kind, weight_only=True)
         quantized = [n for n, c in m.named_modules() if isinstance(c, WeightOnlyLinear)]
-        assert quantized == []  # 36 and 100 inputs: every layer stays float
+        assert quantized == []  # 40 and 100 inputs: every layer stays float
         assert_close(m(ids), want)
     model = build_model(ModelConfig(arch="decoder", vocab_size=40, n_layers=1, dropout=0.0,
-                                    max_len=32, d_model=40, n_heads=4, d_ff=100)).eval()
+                                    max_len=32, d_model=48, n_heads=4, d_ff=100)).eval()
     m = quantize_linears(copy.deepcopy(model), "int8", weight_only=True)
     layer = m.decoder.layers[0].feed_forward
-    assert isinstance(layer.linear1, WeightOnlyLinear)  # 40 inputs
+    assert isinstance(layer.linear1, WeightOnlyLinear)  # 48 inputs
     assert isinstance(layer.linear2, nn.Linear)  # 100 inputs: float
     assert (m(ids) - model(ids)).abs().max() < 0.1
 
@@ -250,6 +252,23 @@ def test_int4_levels_unpack_from_the_kernels_own_packing(out_features):
     assert torch.equal(int4_unpacked(packed, out_features, 64), int4_groups(weight)[0])
 
 
+def test_int4_levels_unpack_from_the_avx2_kernels_packing_too():
+    """PyTorch packs int4 rows in blocks of 64 with its AVX-512 kernels and of 32 with its
+    AVX2 ones; a process limited to AVX2 (ATEN_CPU_CAPABILITY) unpacks its own packing."""
+    import subprocess
+    import sys
+
+    code = ("import torch\n"
+            "from vaswani.cpu.quantized import int4_groups, int4_packed, int4_unpacked\n"
+            "assert torch.backends.cpu.get_cpu_capability() == 'AVX2'\n"
+            "for n in (48, 96, 4096 + 80):\n"
+            "    w = torch.randn(n, 64)\n"
+            "    assert torch.equal(int4_unpacked(int4_packed(w)[0], n, 64), int4_groups(w)[0])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"})
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 def test_a_weight_only_layer_passes_its_input_the_gradient_of_its_dequantized_weight(bits):
     from vaswani.cpu.quantized import WeightOnlyLinear, reference_weight_only
@@ -257,6 +276,7 @@ def test_a_weight_only_layer_passes_its_input_the_gradient_of_its_dequantized_we
     torch.manual_seed(0)
     linear = nn.Linear(64, 48)
     layer = WeightOnlyLinear.of(linear, bits)
+    assert f"int{bits} weights" in repr(layer)
     x = torch.randn(2, 5, 64).bfloat16().float().requires_grad_(True)  # bf16: no rounding
     y = layer(x)
     with torch.no_grad():  # the forward pass is the kernel's, unchanged

@@ -154,14 +154,14 @@ def int4_packed(weight: Tensor) -> tuple[Tensor, Tensor]:
     return torch.cat(packed), torch.cat(pairs, dim=1).contiguous()
 
 
-INT8_INPUTS = 8  # the int8 kernel reads a row's inputs in eights
+INT8_INPUTS = 16  # the int8 kernel reads a row's inputs in eights (AVX2), sixteens (AVX-512)
 
 
 def int8_fits(in_features: int) -> bool:
     """Whether PyTorch's weight-only int8 kernel takes a layer of ``in_features`` inputs. It
-    reads each weight row in blocks of 8 past a shorter row's end: with 36 inputs it returns
-    wrong sums on an AVX2 CPU and ends the process (SIGSEGV) on an AVX-512 one. Such a layer
-    stays in float (:func:`quantized`)."""
+    reads each weight row in blocks past a shorter row's end, of 8 on an AVX2 CPU (36 inputs
+    give wrong sums) and of 16 on an AVX-512 one (36 or 40 inputs end the process, SIGSEGV).
+    Such a layer stays in float (:func:`quantized`)."""
     return in_features % INT8_INPUTS == 0
 
 
@@ -234,9 +234,20 @@ class WeightOnlyLinear(nn.Module):
         w = (levels.view(self.out_features, -1, GROUP).float() - 8) * scales.T[..., None]
         return (w + offsets.T[..., None]).view(self.out_features, self.in_features)
 
+    def dequantized_rows(self, start: int, stop: int) -> Tensor:
+        """Rows ``start:stop`` of :meth:`dequantized`, made alone where the weight is int8 (a
+        tied head's table, read a block of words at a time: models/losses.py)."""
+        if self.bits == 8:
+            return self.qweight[start:stop].float() * self.scales[start:stop].float()[:, None]
+        return self.dequantized()[start:stop]
+
     def rows(self, x: Tensor, start: int, stop: int) -> Tensor:
         """Output rows ``start:stop`` (cross-attention's parts; a language model has none)."""
         return self.forward(x)[..., start:stop]
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"int{self.bits} weights")
 
 
 class FrozenProduct(torch.autograd.Function):
@@ -257,19 +268,21 @@ class FrozenProduct(torch.autograd.Function):
 
 def int4_unpacked(packed: Tensor, out_features: int, in_features: int) -> Tensor:
     """The (out, in) levels 0..15 of a weight :func:`int4_packed` packed: the kernel's CPU
-    layout, each ``ROWS`` rows apart, holds blocks of 32 rows as [in][16] bytes (rows j and
-    j + 16 of the block in the low and high half of byte j) and the last out % 32 rows as
+    layout, each ``ROWS`` rows apart, holds blocks of ``n`` rows as [in][n / 2] bytes (rows j
+    and j + n / 2 of the block in the low and high half of byte j; n is 64 where PyTorch runs
+    its AVX-512 kernels, 32 elsewhere: :func:`int4_block`) and the last out % n rows as
     [in][rows / 2] (rows 2j and 2j + 1). Checked against the kernel's packing in the tests."""
+    n = int4_block()
     blocks, at = [], 0
     for first in range(0, out_features, ROWS):
         rows = min(ROWS, out_features - first)
-        for size, half in ((rows // 32 * 32, 16), (rows % 32, None)):
+        for size, half in ((rows // n * n, n // 2), (rows % n, None)):
             if not size:
                 continue
             part = packed.reshape(-1)[at:at + size * in_features // 2]
             at += part.numel()
-            if half:  # (blocks, in, 16): rows j | j + 16
-                b = part.view(size // 32, in_features, 16)
+            if half:  # (blocks, in, n / 2): rows j | j + n / 2
+                b = part.view(size // n, in_features, half)
                 levels = torch.cat([b & 0xF, b >> 4], -1).permute(0, 2, 1)
             else:  # (in, rows / 2): rows 2j | 2j + 1
                 b = part.view(in_features, size // 2)
@@ -277,9 +290,12 @@ def int4_unpacked(packed: Tensor, out_features: int, in_features: int) -> Tensor
             blocks.append(levels.reshape(size, in_features))
     return torch.cat(blocks).to(torch.int32)
 
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"int{self.bits} weights")
+
+def int4_block() -> int:
+    """The output rows PyTorch's int4 kernel packs together on this CPU: 64 with its AVX-512
+    kernels, 32 with its AVX2 ones (the capability it dispatches to, which
+    ``ATEN_CPU_CAPABILITY`` may lower)."""
+    return 64 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 32
 
 
 def reference_weight_only(x: Tensor, layer: WeightOnlyLinear, weight: Tensor) -> Tensor:
