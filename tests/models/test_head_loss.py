@@ -72,11 +72,16 @@ def test_a_tied_head_gets_the_sum_of_both_uses_gradients():
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-def test_a_quantized_frozen_head_gives_its_own_logits_loss_and_input_gradient(bits):
+def test_a_quantized_frozen_head_gives_its_own_logits_loss_and_input_gradient(bits,
+                                                                             monkeypatch):
     """QLoRA: the head multiplies by its int8/int4 weights; the input's gradient goes through
-    the weights it multiplies by, as the layer's own backward sends it."""
+    the weights it multiplies by, as the layer's own backward sends it. An int8 table (a tied
+    head's) is dequantized a block of words at a time, never whole."""
     h, head, target = case(torch.float32)
     q = WeightOnlyLinear.of(nn.Linear(64, 64, bias=False), bits)  # int4 packs 64 inputs
+    monkeypatch.setattr(losses, "ROW_BLOCK", 24)  # blocks of 24, 24 and 16 words
+    if bits == 8:
+        monkeypatch.setattr(q, "dequantized", lambda: pytest.fail("the whole table made"))
     h64 = torch.randn(N, 64, requires_grad=True)
     target = target % 64
     loss, nll, _ = head_cross_entropy(h64, q, target, smoothing=0.1, pad_id=PAD)
@@ -84,6 +89,7 @@ def test_a_quantized_frozen_head_gives_its_own_logits_loss_and_input_gradient(bi
     got = h64.grad.clone()
     h64.grad = None
     ref, ref_nll, _ = reference_smoothed_cross_entropy(q(h64), target, smoothing=0.1, pad_id=PAD)
+    monkeypatch.undo()  # the layer's own backward dequantizes whole
     ref.backward()
     assert_close(loss, ref)
     assert_close(nll, ref_nll)

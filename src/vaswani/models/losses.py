@@ -224,26 +224,36 @@ def head_cross_entropy(h: Tensor, head: nn.Module, target: Tensor, *, smoothing:
     of float32 logits and gradient a step that never exist. Only the loss carries a gradient
     (the NLL beside it is for reading). A head without a plain weight matrix (an adapter on
     it, a bias that trains) is applied whole instead. Returns (loss sum, NLL sum, count)."""
-    weight = head_matrix(head)
-    if weight is None:
+    weight, weight_rows = head_matrix(head), None
+    if weight is None and _frozen(head) and getattr(head, "bits", None) == 8:
+        weight_rows = head.dequantized_rows  # an int8 table: a block of words at a time
+    elif weight is None:
         return smoothed_cross_entropy(head(h), target, smoothing=smoothing, pad_id=pad_id)
     keep = torch.ones_like(target, dtype=torch.bool) if pad_id is None else target != pad_id
-    if not torch.is_grad_enabled():  # validation: no gradient to compute on the way
-        h, weight = h.detach(), weight.detach()
-    loss, nll = _HeadCrossEntropy.apply(h, weight, target, keep, smoothing, pad_id, head)
+    if not torch.is_grad_enabled():  # validation: the loss alone, no gradient on the way
+        h, weight, weight_rows = h.detach(), None, None
+    loss, nll = _HeadCrossEntropy.apply(h, weight, target, keep, smoothing, pad_id, head,
+                                        weight_rows)
     return loss, nll, keep.sum()
 
 
 def head_matrix(head: nn.Module) -> Tensor | None:
     """The (V, D) matrix whose product with a hidden state ``head`` computes, for its input's
-    gradient: a linear layer's weight, a quantized layer's weights as it multiplies by them
+    gradient: a linear layer's weight, a 4-bit layer's weights as it multiplies by them
     (``dequantized()``, frozen); None where that is not all the layer is (a trained bias,
-    adapters)."""
+    adapters) or where the weight is read a block of rows at a time (an int8 layer)."""
     if isinstance(head, nn.Linear):  # x W^T (cpu/linear.py's faster one too, in training)
         return head.weight if head.bias is None else None
-    if hasattr(head, "dequantized") and all(not p.requires_grad for p in head.parameters()):
+    if hasattr(head, "dequantized") and _frozen(head) and getattr(head, "bits", None) != 8:
         return head.dequantized()
     return None
+
+
+def _frozen(module: nn.Module) -> bool:
+    return all(not p.requires_grad for p in module.parameters())
+
+
+ROW_BLOCK = 8192  # words of an int8 head dequantized at a time: 18 MiB of float32 at D = 576
 
 
 class _HeadCrossEntropy(torch.autograd.Function):
@@ -254,8 +264,8 @@ class _HeadCrossEntropy(torch.autograd.Function):
     Backward only scales those by the loss's upstream gradient."""
 
     @staticmethod
-    def forward(ctx, h, weight, target, keep, smoothing, pad_id, head):
-        N, V = h.size(0), weight.size(0)
+    def forward(ctx, h, weight, target, keep, smoothing, pad_id, head, weight_rows):
+        N, V = h.size(0), head.out_features
         acc = torch.promote_types(h.dtype, torch.float32)
         K = _other_classes(V, pad_id)
         wanted = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]  # not when validating
@@ -264,7 +274,17 @@ class _HeadCrossEntropy(torch.autograd.Function):
             if ctx.needs_input_grad[1] else None
         loss_sum = torch.zeros((), dtype=acc, device=h.device)
         nll_sum = torch.zeros((), dtype=acc, device=h.device)
-        w = weight.detach().to(acc)
+        w = None if weight is None else weight.detach().to(acc)
+
+        def times_weight(g: Tensor) -> Tensor:  # g W, W whole or a block of rows at a time
+            if w is not None:
+                return g @ w
+            out = torch.zeros(g.size(0), h.size(1), dtype=acc, device=h.device)
+            for start in range(0, V, ROW_BLOCK):
+                stop = min(start + ROW_BLOCK, V)
+                out.addmm_(g[:, start:stop], weight_rows(start, stop).to(acc))
+            return out
+
         with torch.no_grad():
             for rows in _chunks(N, V, h.device, HEAD_CHUNK_ELEMENTS):
                 x, y, k = head(h[rows].detach()).to(acc), target[rows, None], keep[rows]
@@ -286,13 +306,13 @@ class _HeadCrossEntropy(torch.autograd.Function):
                 g.scatter_add_(1, y, torch.full(y.shape, smoothing / K - (1.0 - smoothing),
                                                 dtype=acc, device=h.device))
                 g.mul_(k[:, None])
-                grad_h[rows] = g @ w
+                grad_h[rows] = times_weight(g)
                 if grad_w is not None:
                     grad_w.addmm_(g.T, h[rows].to(acc))
         if not smoothing:
             loss_sum = nll_sum.clone()
         ctx.save_for_backward(grad_h, grad_w)
-        ctx.dtypes = h.dtype, weight.dtype
+        ctx.dtypes = h.dtype, None if weight is None else weight.dtype
         ctx.mark_non_differentiable(nll_sum)
         return loss_sum, nll_sum
 
@@ -301,4 +321,4 @@ class _HeadCrossEntropy(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         grad_h = (grad_h * g_loss).to(ctx.dtypes[0])
         grad_w = None if grad_w is None else (grad_w * g_loss).to(ctx.dtypes[1])
-        return grad_h, grad_w, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None
