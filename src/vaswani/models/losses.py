@@ -158,22 +158,15 @@ class _ChunkedSmoothedCE(torch.autograd.Function):
     def forward(ctx, logits, target, keep, smoothing, pad_id):
         N, V = logits.shape
         acc = torch.promote_types(logits.dtype, torch.float32)  # bf16 -> fp32, fp64 stays
-        K = _other_classes(V, pad_id)
         lse = torch.empty(N, dtype=acc, device=logits.device)
         loss_sum = torch.zeros((), dtype=acc, device=logits.device)
         nll_sum = torch.zeros((), dtype=acc, device=logits.device)
         for rows in _chunks(N, V, logits.device):
             x, y, k = logits[rows].to(acc), target[rows], keep[rows]
             lse[rows] = row_lse = torch.logsumexp(x, dim=-1)
-            x_y = x.gather(1, y[:, None]).squeeze(1)
-            nll = (row_lse - x_y).masked_fill(~k, 0.0)
-            nll_sum += nll.sum()
-            if smoothing:
-                others = x.sum(dim=-1) - x_y - (0.0 if pad_id is None else x[:, pad_id])
-                rest = (K * row_lse - others).masked_fill(~k, 0.0)
-                loss_sum += ((1.0 - smoothing) * nll + smoothing / K * rest).sum()
-        if not smoothing:
-            loss_sum = nll_sum.clone()
+            nll, loss = _chunk_sums(x, row_lse, y, k, smoothing, pad_id)
+            nll_sum += nll
+            loss_sum += loss
         ctx.save_for_backward(logits, target, keep, lse)
         ctx.smoothing, ctx.pad_id = smoothing, pad_id
         return loss_sum, nll_sum
@@ -200,6 +193,20 @@ class _ChunkedSmoothedCE(torch.autograd.Function):
             g.mul_(keep[rows, None])
             grad[rows] = g
         return grad, None, None, None, None
+
+
+def _chunk_sums(x: Tensor, lse: Tensor, y: Tensor, keep: Tensor, smoothing: float,
+                pad_id: int | None) -> tuple[Tensor, Tensor]:
+    """(NLL sum, smoothed loss sum) of a chunk of rows: logits ``x`` (n, V) in the
+    accumulating dtype, their log-sum-exp ``lse`` (n,), targets ``y`` (n,), ``keep`` (n,)."""
+    x_y = x.gather(1, y[:, None]).squeeze(1)
+    nll = (lse - x_y).masked_fill(~keep, 0.0)
+    if not smoothing:
+        return nll.sum(), nll.sum()
+    K = _other_classes(x.size(-1), pad_id)
+    others = x.sum(dim=-1) - x_y - (0.0 if pad_id is None else x[:, pad_id])
+    rest = (K * lse - others).masked_fill(~keep, 0.0)
+    return nll.sum(), ((1.0 - smoothing) * nll + smoothing / K * rest).sum()
 
 
 CHUNK_ELEMENTS = 1 << 20  # logits per chunk on a CPU: 4 MiB in fp32, reused from cache
@@ -289,13 +296,9 @@ class _HeadCrossEntropy(torch.autograd.Function):
             for rows in _chunks(N, V, h.device, HEAD_CHUNK_ELEMENTS):
                 x, y, k = head(h[rows].detach()).to(acc), target[rows, None], keep[rows]
                 lse = torch.logsumexp(x, dim=-1)
-                x_y = x.gather(1, y).squeeze(1)
-                nll = (lse - x_y).masked_fill(~k, 0.0)
-                nll_sum += nll.sum()
-                if smoothing:
-                    others = x.sum(dim=-1) - x_y - (0.0 if pad_id is None else x[:, pad_id])
-                    rest = (K * lse - others).masked_fill(~k, 0.0)
-                    loss_sum += ((1.0 - smoothing) * nll + smoothing / K * rest).sum()
+                nll, loss = _chunk_sums(x, lse, y[:, 0], k, smoothing, pad_id)
+                nll_sum += nll
+                loss_sum += loss
                 if not wanted:
                     continue
                 g = x.sub_(lse[:, None]).exp_()  # softmax, in the logits' place
@@ -309,8 +312,6 @@ class _HeadCrossEntropy(torch.autograd.Function):
                 grad_h[rows] = times_weight(g)
                 if grad_w is not None:
                     grad_w.addmm_(g.T, h[rows].to(acc))
-        if not smoothing:
-            loss_sum = nll_sum.clone()
         ctx.save_for_backward(grad_h, grad_w)
         ctx.dtypes = h.dtype, None if weight is None else weight.dtype
         ctx.mark_non_differentiable(nll_sum)
