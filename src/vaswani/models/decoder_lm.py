@@ -40,7 +40,8 @@ class DecoderLM(nn.Module):
         init_weights(self, c.pad_id)
 
     def forward(self, ids: Tensor, *, mask: Tensor | bool | None = None,
-                positions: Tensor | None = None, loss: Callable | None = None) -> Tensor:
+                positions: Tensor | None = None, loss: Callable | None = None
+                ) -> Tensor | tuple[Tensor, ...]:
         """ids: (B, T) -> logits (B, T, V); logits[:, t] predicts token t + 1.
 
         ``mask`` (B, T), True = real token, defaults to ``ids != pad_id``; ``True``: no
