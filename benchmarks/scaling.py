@@ -25,11 +25,12 @@ D, HEADS, D_FF = 256, 4, 1024
 _CHILD = rf"""
 import json, resource, sys, time
 import torch
-from vaswani.nn import EncoderLayer, LayerOptions
+from vaswani.nn import (Attention, EncoderLayer, FeedForward, Heads, LayerNorm,
+                        MultiHeadAttention, Residual)
 T, backend, bf16 = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "bf16"
 torch.manual_seed(0)
-layer = EncoderLayer(LayerOptions({D}, {HEADS}, {D_FF}, dropout=0.0, norm_first=True,
-                                  attention=backend))
+layer = EncoderLayer(MultiHeadAttention(Heads({D}, {HEADS}), Attention(backend=backend)),
+                     FeedForward({D}, {D_FF}), lambda: Residual(LayerNorm({D}), norm_first=True))
 x = torch.randn(1, T, {D}, requires_grad=True)
 mask = torch.ones(1, 1, 1, T, dtype=torch.bool)
 def step():

@@ -68,7 +68,7 @@ def written_out(model):
                          "layer norms, sinusoidal or learned positions and ReLU/GELU "
                          "feed-forward blocks, not this model")
     D, H, pre = c.d_model, c.n_heads, c.norm_first
-    table = embed.pe if c.positional == "sinusoidal" else embed.position.weight
+    table = embed.position.pe if c.positional == "sinusoidal" else embed.position.weight
     act = F.relu if c.activation == "relu" else F.gelu
 
     def norm(x: Tensor, module) -> Tensor:

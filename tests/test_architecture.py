@@ -102,3 +102,26 @@ def test_nn_reads_alone_like_the_paper():
     assert not found, "\n".join(found)
     for bad in ("DECODE_QUERIES = 16", "from ..engine import x", "the engine's slots"):
         assert re.search(pattern, bad)  # the test can fail
+
+
+def test_nn_modules_take_ready_made_parts_not_flags():
+    """Every module of nn/ takes at most six parameters: a later model's quirk is a part handed
+    in (a Rotary, a pair of norms, a residual block), not one more flag on the paper's class."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from torch import nn
+
+    import vaswani.nn
+
+    counts = {}
+    for info in pkgutil.iter_modules(vaswani.nn.__path__):
+        module = importlib.import_module(f"vaswani.nn.{info.name}")
+        for name, cls in vars(module).items():
+            if inspect.isclass(cls) and issubclass(cls, nn.Module) and \
+                    cls.__module__ == module.__name__:
+                counts[f"{info.name}.{name}"] = len(inspect.signature(cls).parameters)
+    assert {"attention.MultiHeadAttention", "layers.DecoderLayer", "positional.Embeddings"} <= \
+        set(counts)
+    assert {name: n for name, n in counts.items() if n > 6} == {}

@@ -7,7 +7,7 @@ from torch.testing import assert_close
 
 from vaswani.cpu import fast_paths
 from vaswani.cpu.attention import CPUAttention, decoding_attention
-from vaswani.nn import MultiHeadAttention, masks, scaled_dot_product_attention
+from vaswani.nn import Attention, Heads, MultiHeadAttention, masks, scaled_dot_product_attention
 from vaswani.nn.attention import repeat_kv
 
 pytestmark = pytest.mark.usefixtures("on_cpu")  # the CPU's own path
@@ -50,7 +50,7 @@ def test_auto_matches_sdpa_for_short_and_long_keys(dtype):
     """The auto backend takes the written-out path for short bf16 keys and SDPA otherwise;
     either way it computes the same function."""
     torch.manual_seed(0)
-    mha = fast_paths(MultiHeadAttention(32, 4, backend="auto").to(dtype).eval())
+    mha = fast_paths(MultiHeadAttention(Heads(32, 4)).to(dtype).eval())
     attention = mha.attention
     assert type(attention) is CPUAttention
     for T in (16, 600):
@@ -80,7 +80,7 @@ def test_auto_on_a_decoding_step_equals_sdpa(n_kv_heads):
     """A decoding step's shape (many rows of one query over padded keys, and a beam search's
     four grouped queries per row) takes the written-out path on a CPU: the same outputs."""
     torch.manual_seed(0)
-    attention = CPUAttention(4, n_kv_heads).eval()
+    attention = CPUAttention().eval()
     for rows, queries, keys in [(256, 1, 48), (64, 4, 40)]:
         q = torch.randn(rows, 4, queries, 8)
         k, v = torch.randn(2, rows, n_kv_heads, 80, 8)[:, :, :, :keys]  # views of wider slots
@@ -100,7 +100,7 @@ def test_a_decoding_step_without_gradients_takes_the_lean_path_and_agrees(monkey
     from vaswani.cpu import attention
 
     torch.manual_seed(2)
-    mha = MultiHeadAttention(16, 4, backend="reference").double().eval()
+    mha = MultiHeadAttention(Heads(16, 4), Attention(backend="reference")).double().eval()
     x = torch.randn(3, 1, 16, dtype=torch.float64)
     memory = torch.randn(3, 6, 16, dtype=torch.float64)
     mask = _padding([6, 2, 4], 6)[:, None, None, :]
@@ -120,7 +120,7 @@ def test_attention_dropout_draws_the_cpus_lanes_and_keeps_the_mean():
     """Training with dropout on the weights takes the written-out path with the CPU's dropout
     (cpu/dropout.py) on them; the weights still sum to 1 in expectation."""
     torch.manual_seed(0)
-    attention = CPUAttention(4, 4, dropout=0.5).train()
+    attention = CPUAttention(dropout=0.5).train()
     q, k, v = torch.randn(3, 64, 4, 16, 8)
     assert not attention.use_sdpa(q, k, 0.5)
     _, weights = attention(q, k, v, need_weights=True)

@@ -93,10 +93,10 @@ def test_a_run_saved_by_one_loads_in_the_other():
 
 
 def test_the_pass_keeps_training_mode_and_leaves_other_modules_alone():
-    dropout, attention = Dropout(0.2).eval(), Attention(4, 2, 0.1, "reference").train()
+    dropout, attention = Dropout(0.2).eval(), Attention(0.1, "reference").train()
     fast_dropout, fast_attention = fast_path(dropout), fast_path(attention)
     assert not fast_dropout.training and fast_dropout.p == 0.2
-    assert fast_attention.training and fast_attention.group == 2
+    assert fast_attention.training
     assert (fast_attention.dropout, fast_attention.backend) == (0.1, "reference")
     assert fast_path(nn.LayerNorm(4)) is None and fast_path(fast_attention) is None
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU())

@@ -12,7 +12,7 @@ from torch.testing import assert_close
 
 from vaswani import ModelConfig, build_model
 from vaswani.cpu.quantized import Int8Linear, quantize_linears, reference_int8_linear
-from vaswani.nn import MultiHeadAttention
+from vaswani.nn import Heads, MultiHeadAttention
 
 pytestmark = pytest.mark.usefixtures("on_cpu")  # int8 is a CPU path
 
@@ -48,7 +48,7 @@ def test_cross_attention_through_an_int8_fused_projection():
     they are the parts of the int8 weight (the same as a float layer holding the dequantized
     weight, up to the inputs' rounding)."""
     torch.manual_seed(0)
-    mha = MultiHeadAttention(32, 4).eval()
+    mha = MultiHeadAttention(Heads(32, 4)).eval()
     x, memory = torch.randn(2, 3, 32), torch.randn(2, 5, 32)
     want, _ = mha(x, memory=memory)
     mha.in_proj, mha.out_proj = Int8Linear.of(mha.in_proj), Int8Linear.of(mha.out_proj)

@@ -7,9 +7,22 @@ from torch.testing import assert_close
 
 from tests.reference import copy_decoder_layer, copy_encoder_layer, copy_norm, randomize
 from vaswani import ModelConfig, build_model
-from vaswani.nn import DecoderLayer, EncoderLayer, LayerOptions, masks
+from vaswani.nn import (
+    DecoderLayer,
+    EncoderLayer,
+    FeedForward,
+    Heads,
+    LayerNorm,
+    MultiHeadAttention,
+    Residual,
+    masks,
+)
 
 D, H, FF = 16, 4, 32
+
+
+def _residual(norm_first):
+    return lambda: Residual(LayerNorm(D), 0.0, norm_first)
 
 
 def _keep(lengths, total):
@@ -23,8 +36,8 @@ def test_encoder_layer_matches_torch(norm_first, activation):
                                      batch_first=True, norm_first=norm_first,
                                      dtype=torch.float64)
     randomize(ref)
-    ours = EncoderLayer(LayerOptions(D, H, FF, dropout=0.0, activation=activation,
-                                     norm_first=norm_first)).double()
+    ours = EncoderLayer(MultiHeadAttention(Heads(D, H)), FeedForward(D, FF, activation=activation),
+                        _residual(norm_first)).double()
     copy_encoder_layer(ours, ref)
     x = torch.randn(3, 6, D, dtype=torch.float64)
     keep = _keep([6, 2, 4], 6)
@@ -38,7 +51,8 @@ def test_decoder_layer_matches_torch(norm_first):
     ref = nn.TransformerDecoderLayer(D, H, FF, dropout=0.0, batch_first=True,
                                      norm_first=norm_first, dtype=torch.float64)
     randomize(ref)
-    ours = DecoderLayer(LayerOptions(D, H, FF, dropout=0.0, norm_first=norm_first)).double()
+    ours = DecoderLayer(MultiHeadAttention(Heads(D, H)), FeedForward(D, FF), _residual(norm_first),
+                        MultiHeadAttention(Heads(D, H))).double()
     copy_decoder_layer(ours, ref)
     x = torch.randn(3, 5, D, dtype=torch.float64)
     memory = torch.randn(3, 7, D, dtype=torch.float64)

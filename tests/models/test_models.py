@@ -304,7 +304,7 @@ def test_a_model_built_to_be_loaded_skips_the_random_draws_and_fills_its_tables(
     empty = build_model(cfg, initialise=False)
     assert torch.equal(torch.random.get_rng_state(), state)  # no random number drawn
     assert {p.device.type for p in empty.parameters()} == {device.type}  # torch's default
-    assert_close(empty.src_embed.pe, sinusoidal_table(SMALL["max_len"], SMALL["d_model"]))
+    assert_close(empty.src_embed.position.pe, sinusoidal_table(SMALL["max_len"], SMALL["d_model"]))
     empty.load_state_dict(saved.state_dict())
     src, tgt = torch.randint(1, 20, (2, 7)), torch.randint(1, 20, (2, 5))
     assert_close(empty.eval()(src, tgt), saved(src, tgt), rtol=0, atol=0)

@@ -5,7 +5,14 @@ from torch import nn
 from torch.testing import assert_close
 
 from tests.reference import copy_mha
-from vaswani.nn import MultiHeadAttention, masks, scaled_dot_product_attention
+from vaswani.nn import (
+    Attention,
+    Heads,
+    MultiHeadAttention,
+    Rotary,
+    masks,
+    scaled_dot_product_attention,
+)
 
 B, H, TQ, TK, DH = 3, 4, 5, 7, 8
 
@@ -49,7 +56,7 @@ def test_scaling_is_by_sqrt_head_dim():
 @pytest.mark.parametrize("backend", ["reference", "sdpa"])
 def test_fully_masked_rows_give_zeros_not_nan(backend):
     torch.manual_seed(1)
-    mha = MultiHeadAttention(16, 4, backend=backend).double()
+    mha = MultiHeadAttention(Heads(16, 4), Attention(backend=backend)).double()
     x = torch.randn(2, 3, 16, dtype=torch.float64)
     mask = torch.ones(2, 1, 3, 3, dtype=torch.bool)
     mask[0, :, 1, :] = False  # query 1 of sequence 0 may see nothing
@@ -68,7 +75,7 @@ def test_fully_masked_rows_in_bf16_reference():
 
 def _torch_mha(d=16, h=4):
     ref = nn.MultiheadAttention(d, h, batch_first=True, dtype=torch.float64)
-    ours = MultiHeadAttention(d, h).double()
+    ours = MultiHeadAttention(Heads(d, h)).double()
     copy_mha(ours, ref)
     return ours.eval(), ref.eval()
 
@@ -112,8 +119,8 @@ def test_grouped_query_attention_equals_full_attention_with_repeated_kv_heads():
     torch.manual_seed(2)
     d, h, hkv = 16, 4, 2
     dh = d // h
-    gqa = MultiHeadAttention(d, h, n_kv_heads=hkv).double().eval()
-    full = MultiHeadAttention(d, h).double().eval()
+    gqa = MultiHeadAttention(Heads(d, h, hkv)).double().eval()
+    full = MultiHeadAttention(Heads(d, h)).double().eval()
     with torch.no_grad():
         wq, wk, wv = gqa.in_proj.weight.split([d, hkv * dh, hkv * dh])
         bq, bk, bv = gqa.in_proj.bias.split([d, hkv * dh, hkv * dh])
@@ -137,11 +144,13 @@ def test_grouped_query_attention_equals_full_attention_with_repeated_kv_heads():
 
 def test_bad_head_counts_raise_clear_errors():
     with pytest.raises(ValueError, match=r"d_model \(30\) must be divisible by n_heads \(4\)"):
-        MultiHeadAttention(30, 4)
+        Heads(30, 4)
     with pytest.raises(ValueError, match=r"n_heads \(4\) must be divisible by n_kv_heads \(3\)"):
-        MultiHeadAttention(32, 4, n_kv_heads=3)
+        Heads(32, 4, n_kv_heads=3)
     with pytest.raises(ValueError, match="backend"):
-        MultiHeadAttention(32, 4, backend="flash")
+        Attention(backend="flash")
+    with pytest.raises(ValueError, match="even head dim"):
+        Rotary(7)
 
 
 @pytest.mark.parametrize("backend", ["reference", "sdpa"])
@@ -151,10 +160,10 @@ def test_a_window_is_a_mask_and_cached_decoding_keeps_it(backend):
     from vaswani.nn.kv_cache import KV
 
     torch.manual_seed(0)
-    local = MultiHeadAttention(16, 4, n_kv_heads=2, rope_base=10000.0, window=3,
-                               backend=backend).double().eval()
-    full = MultiHeadAttention(16, 4, n_kv_heads=2, rope_base=10000.0,
-                              backend=backend).double().eval()
+    local = MultiHeadAttention(Heads(16, 4, 2), Attention(backend=backend), rotary=Rotary(4),
+                               window=3).double().eval()
+    full = MultiHeadAttention(Heads(16, 4, 2), Attention(backend=backend),
+                              rotary=Rotary(4)).double().eval()
     full.load_state_dict(local.state_dict())
     x = torch.randn(2, 9, 16, dtype=torch.float64)
     causal = masks.causal_mask(9)

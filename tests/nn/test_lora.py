@@ -11,7 +11,7 @@ from torch.testing import assert_close
 from vaswani.config import ModelConfig
 from vaswani.config.finetune import TARGETS as CONFIG_TARGETS
 from vaswani.models import build_model
-from vaswani.nn import FeedForward, MultiHeadAttention
+from vaswani.nn import FeedForward, Heads, MultiHeadAttention
 from vaswani.nn.lora import TARGETS, LoRA, adapters, add_lora, merge_lora, parts_of
 
 RANK, ALPHA = 3, 6.0
@@ -46,7 +46,7 @@ def _reference(plain, lora_module, x, **kwargs):
 def test_attention_with_adapters_equals_its_merged_weights_and_so_do_gradients(targets,
                                                                                n_kv_heads):
     torch.manual_seed(0)
-    plain = MultiHeadAttention(16, 4, n_kv_heads=n_kv_heads).double()
+    plain = MultiHeadAttention(Heads(16, 4, n_kv_heads)).double()
     adapted = copy.deepcopy(plain)
     add_lora(adapted, targets, rank=RANK, alpha=ALPHA)
     _randomize_adapters(adapted)
@@ -105,7 +105,7 @@ def test_a_model_starts_as_its_base_freezes_it_and_merges_to_the_same_function()
 
 def test_the_config_names_the_targets_nn_knows_and_bad_ones_are_refused():
     assert CONFIG_TARGETS == TARGETS
-    attention = MultiHeadAttention(8, 2)
+    attention = MultiHeadAttention(Heads(8, 2))
     with pytest.raises(ValueError, match="must be some of"):
         add_lora(attention, ("q", "query"), rank=2, alpha=2)
     with pytest.raises(ValueError, match="match no layer"):

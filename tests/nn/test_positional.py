@@ -5,6 +5,11 @@ import torch
 from torch.testing import assert_close
 
 from vaswani.nn import Embeddings, sinusoidal_table
+from vaswani.nn.positional import embedding, positions
+
+
+def _embeddings(vocab, d, max_len, kind="sinusoidal", **kwargs):
+    return Embeddings(embedding(vocab, d, padding_idx=0), positions(kind, max_len, d), **kwargs)
 
 
 def paper_formula(max_len, d_model):
@@ -34,7 +39,7 @@ def test_sinusoidal_is_interleaved_with_base_10000():
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
 def test_explicit_positions_equal_a_slice_of_the_full_sequence(positional):
-    emb = Embeddings(11, 8, max_len=16, pad_id=0, positional=positional).eval()
+    emb = _embeddings(11, 8, 16, positional).eval()
     ids = torch.randint(1, 11, (2, 6))
     full = emb(ids)
     tail = emb(ids[:, 4:], positions=torch.arange(4, 6))
@@ -42,14 +47,19 @@ def test_explicit_positions_equal_a_slice_of_the_full_sequence(positional):
 
 
 def test_embedding_scale_flag():
-    scaled = Embeddings(11, 16, max_len=8, positional="none", scale=True)
-    plain = Embeddings(11, 16, max_len=8, positional="none", scale=False)
+    scaled = _embeddings(11, 16, 8, "none", scale=True)
+    plain = _embeddings(11, 16, 8, "none", scale=False)
     plain.load_state_dict(scaled.state_dict())
     ids = torch.randint(0, 11, (1, 4))
     assert_close(scaled(ids), plain(ids) * 4.0)
 
 
 def test_position_past_max_len_is_a_clear_error():
-    emb = Embeddings(11, 8, max_len=4)
+    emb = _embeddings(11, 8, 4)
     with pytest.raises(ValueError, match=r"position 4 is past max_len \(4\)"):
         emb(torch.ones(1, 5, dtype=torch.long))
+
+
+def test_an_unknown_positional_kind_is_named():
+    with pytest.raises(ValueError, match="positional \\('alibi'\\) must be"):
+        positions("alibi", 8, 4)

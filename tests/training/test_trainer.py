@@ -167,9 +167,9 @@ def test_two_ddp_processes_equal_one_process_on_the_combined_batch(tmp_path):
 
 
 def test_key_bias_gradient_is_zero():
-    from vaswani.nn import MultiHeadAttention
+    from vaswani.nn import Heads, MultiHeadAttention
 
-    mha = MultiHeadAttention(16, 4).double()
+    mha = MultiHeadAttention(Heads(16, 4)).double()
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     mha(x)[0].pow(2).sum().backward()
     grad = mha.in_proj.bias.grad

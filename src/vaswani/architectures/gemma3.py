@@ -20,12 +20,27 @@ from __future__ import annotations
 
 import math
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..nn.layers import Residual, outputs
 from . import GGUF, Architecture, Refused, require, unsupported
 from .llama import GGUF_BLOCKS
 from .maps import as_float, projections, projections_back, specials, take
+
+
+class SandwichResidual(Residual):
+    """Gemma's residual block (``post_norms``): pre-LN with a second norm on the sublayer's
+    output before the sum, x = x + dropout(out_norm(sublayer(norm(x))))."""
+
+    def __init__(self, norm: nn.Module, out_norm: nn.Module, dropout: float = 0.0) -> None:
+        super().__init__(norm, dropout, norm_first=True)
+        self.out_norm = out_norm
+
+    def forward(self, x: Tensor, sublayer: nn.Module, **kwargs) -> tuple[Tensor, Tensor | None]:
+        out, extra = outputs(sublayer(self.norm(x), **kwargs))
+        return x + self.dropout(self.out_norm(out)), extra
+
 
 NORMS = {"input_layernorm": "self_block.norm", "post_attention_layernorm": "self_block.out_norm",
          "pre_feedforward_layernorm": "ff_block.norm",

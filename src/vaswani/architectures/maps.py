@@ -87,7 +87,7 @@ def input_embeddings(model, c: ModelConfig) -> Tensor:
 
 def positions(model, c: ModelConfig) -> Tensor:
     """The position table as a learned one (sinusoids written out)."""
-    return model.embed.pe if c.positional == "sinusoidal" else model.embed.position.weight
+    return model.embed.position.pe if c.positional == "sinusoidal" else model.embed.position.weight
 
 
 def tied(c: ModelConfig) -> bool:

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..nn import masks
-from ..nn.attention import Attention, attention_weights, repeat_kv
+from ..nn.attention import Attention, attention_weights, kv_group, repeat_kv
 from .dropout import lane_dropout
 
 REFERENCE_MAX_KEYS = 512
@@ -81,7 +81,7 @@ class CPUAttention(Attention):
 
     @classmethod
     def of(cls, attention: Attention) -> CPUAttention:
-        layer = cls(attention.n_heads, attention.n_kv_heads, attention.dropout, attention.backend)
+        layer = cls(attention.dropout, attention.backend)
         return layer.train(attention.training)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
@@ -100,7 +100,8 @@ class CPUAttention(Attention):
         if (not need_weights and p == 0.0 and q.size(-2) <= DECODE_QUERIES
                 and not torch.is_grad_enabled()):  # inference's decoding steps
             return decoding_attention(q, k, v, mask), None
-        k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)
+        group = kv_group(q, k)
+        k, v = repeat_kv(k, group), repeat_kv(v, group)
         weights = lane_dropout(attention_weights(q, k, mask), p)
         return weights @ v, weights if need_weights else None
 

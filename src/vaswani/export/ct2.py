@@ -107,7 +107,7 @@ def _embeddings(stack_spec, embed, c) -> None:
         embed.token.weight)
     stack_spec.scale_embeddings = bool(c.scale_embeddings)
     if c.positional in ("sinusoidal", "learned"):
-        table = embed.pe if c.positional == "sinusoidal" else embed.position.weight
+        table = embed.position.pe if c.positional == "sinusoidal" else embed.position.weight
         stack_spec.position_encodings.encodings = _np(table[: c.max_len])
 
 

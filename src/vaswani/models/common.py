@@ -1,4 +1,4 @@
-"""Pieces shared by the three model families: the layers' options from a config, embeddings,
+"""Pieces shared by the three model families: the layers built from a config, embeddings,
 the final norm, the output projection, the decoder's positions and masks, and the one
 weight-initialisation function."""
 
@@ -9,44 +9,97 @@ import sys
 import torch
 from torch import Tensor, nn
 
+from ..architectures.gemma3 import SandwichResidual
 from ..config import ModelConfig
 from ..nn import masks
-from ..nn.layers import LayerOptions, LayerWeights
+from ..nn.attention import Attention, Heads, MultiHeadAttention
+from ..nn.feedforward import FeedForward
+from ..nn.layers import DecoderLayer, EncoderLayer, LayerWeights, Residual
 from ..nn.linear import Linear
 from ..nn.norm import make_norm
-from ..nn.positional import Embeddings
-from ..nn.rotary import RopeScaling
+from ..nn.positional import Embeddings, embedding, positions
+from ..nn.rotary import RopeScaling, Rotary
 
 
-def layer_options(c: ModelConfig, layer: int = 0) -> LayerOptions:
-    """The options of layer ``layer`` (layers take plain values, never a config). They are
-    the same for every layer, but for Gemma 3's local layers (a window and their own rotary
-    base) and SmolLM3's layers without positions."""
+def heads(c: ModelConfig) -> Heads:
+    return Heads(c.d_model, c.n_heads, c.n_kv_heads, c.head_dim)
+
+
+def self_attention(c: ModelConfig, layer: int = 0) -> MultiHeadAttention:
+    """Layer ``layer``'s self-attention: the same for every layer, but for Gemma 3's local
+    layers (a window and their own rotary base) and SmolLM3's layers without positions."""
     rope = c.positional == "rope" and not (c.nope_every and (layer + 1) % c.nope_every == 0)
-    scaling = None if c.rope_scaling == "none" else RopeScaling(
-        c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_max_len)
     local = c.sliding_window > 0 and (c.global_every == 0 or (layer + 1) % c.global_every)
-    base = c.local_rope_base if local else c.rope_base
-    return LayerOptions(d_model=c.d_model, n_heads=c.n_heads, d_ff=c.d_ff,
-                        n_kv_heads=c.n_kv_heads, dropout=c.dropout, attn_dropout=c.attn_dropout,
-                        norm_first=c.norm_first, norm=c.norm, norm_eps=c.norm_eps,
-                        activation=c.activation, bias=c.bias, qkv_bias=c.qkv_bias,
-                        attention=c.attention, rope_base=base if rope else None,
-                        rope_scaling=scaling if rope else None, head_dim=c.head_dim,
-                        qk_norm=c.qk_norm, post_norms=c.post_norms,
-                        window=c.sliding_window if local else 0)
+    rotary = Rotary(heads(c).head_dim, c.local_rope_base if local else c.rope_base,
+                    rope_scaling(c)) if rope else None
+    return MultiHeadAttention(heads(c), attention(c), bias=biases(c), rotary=rotary,
+                              qk_norms=qk_norms(c), window=c.sliding_window if local else 0)
+
+
+def cross_attention(c: ModelConfig) -> MultiHeadAttention:
+    """A translator's decoder layers' attention over the source (no positions of its own;
+    ``qk_norm``'s norms are made, as they always were, and not applied)."""
+    return MultiHeadAttention(heads(c), attention(c), bias=biases(c), qk_norms=qk_norms(c))
+
+
+def attention(c: ModelConfig) -> Attention:
+    return Attention(c.dropout if c.attn_dropout is None else c.attn_dropout, c.attention)
+
+
+def biases(c: ModelConfig) -> tuple[bool, bool]:
+    """(on q, k and v; on the output projection): Qwen2's ``qkv_bias`` is the first alone."""
+    return (c.bias if c.qkv_bias is None else c.qkv_bias), c.bias
+
+
+def rope_scaling(c: ModelConfig) -> RopeScaling | None:
+    return None if c.rope_scaling == "none" else RopeScaling(
+        c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_max_len)
+
+
+def qk_norms(c: ModelConfig) -> tuple[nn.Module, nn.Module] | None:
+    """Gemma 3's (and Qwen3's) norms over each head's queries and keys, where asked for."""
+    width = heads(c).head_dim
+    return (norm(c, width), norm(c, width)) if c.qk_norm else None
+
+
+def norm(c: ModelConfig, width: int | None = None) -> nn.Module:
+    return make_norm(c.norm, c.d_model if width is None else width, c.norm_eps, c.bias)
+
+
+def feed_forward(c: ModelConfig) -> FeedForward:
+    return FeedForward(c.d_model, c.d_ff, activation=c.activation, dropout=c.dropout,
+                       bias=c.bias)
+
+
+def residual(c: ModelConfig) -> Residual:
+    """One sublayer's residual block; Gemma's has a second norm on the sublayer's output."""
+    if c.post_norms:
+        return SandwichResidual(norm(c), norm(c), c.dropout)
+    return Residual(norm(c), c.dropout, c.norm_first)
+
+
+def encoder_layer(c: ModelConfig) -> EncoderLayer:
+    return EncoderLayer(self_attention(c), feed_forward(c), lambda: residual(c))
+
+
+def decoder_layer(c: ModelConfig, layer: int = 0, *, cross: bool = False) -> DecoderLayer:
+    """Layer ``layer`` of a decoder: a translator's (``cross``) attends to the source too."""
+    return DecoderLayer(self_attention(c, layer), feed_forward(c), lambda: residual(c),
+                        cross_attention(c) if cross else None)
 
 
 def final_norm(c: ModelConfig) -> nn.Module | None:
     """Pre-LN stacks end with a norm; post-LN stacks already end normalised."""
-    return make_norm(c.norm, c.d_model, c.norm_eps, c.bias) if c.norm_first else None
+    return norm(c) if c.norm_first else None
 
 
 def embeddings(c: ModelConfig, vocab_size: int) -> Embeddings:
-    norm = make_norm(c.norm, c.d_model, c.norm_eps, c.bias) if c.embed_norm else None
-    return Embeddings(vocab_size, c.d_model, max_len=c.max_len, pad_id=c.pad_id,
-                      positional=c.positional, scale=c.scale_embeddings, dropout=c.dropout,
-                      type_vocab_size=c.type_vocab_size, norm=norm)
+    return Embeddings(embedding(vocab_size, c.d_model, padding_idx=c.pad_id),
+                      positions(c.positional, c.max_len, c.d_model),
+                      scale=c.scale_embeddings, dropout=c.dropout,
+                      token_type=embedding(c.type_vocab_size, c.d_model)
+                      if c.type_vocab_size else None,
+                      norm=norm(c) if c.embed_norm else None)
 
 
 class OutputProjection(Linear):

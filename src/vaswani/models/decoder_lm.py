@@ -13,14 +13,14 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from ..config.family import family
 from ..nn.kv_cache import KVCache
-from ..nn.layers import DecoderLayer, Stack
+from ..nn.layers import Stack
 from .common import (
     at_last,
     decoder_inputs,
+    decoder_layer,
     embeddings,
     final_norm,
     init_weights,
-    layer_options,
     output_projection,
     stack_weights,
 )
@@ -34,8 +34,8 @@ class DecoderLM(nn.Module):
         config.require_complete()
         c = self.config = config
         self.embed = embeddings(c, c.vocab_size)
-        self.decoder = Stack([DecoderLayer(layer_options(c, i), cross_attention=False)
-                              for i in range(c.n_decoder_layers)], final_norm(c))
+        self.decoder = Stack([decoder_layer(c, i) for i in range(c.n_decoder_layers)],
+                             final_norm(c))
         self.output_proj = output_projection(c, self.embed, c.vocab_size)
         init_weights(self, c.pad_id)
 

@@ -19,8 +19,8 @@ from ..config import ModelConfig
 from ..config.family import family
 from ..nn import masks
 from ..nn.dropout import Dropout
-from ..nn.layers import EncoderLayer, Stack
-from .common import embeddings, final_norm, init_weights, layer_options, stack_weights
+from ..nn.layers import Stack
+from .common import embeddings, encoder_layer, final_norm, init_weights, stack_weights
 
 
 def mean_pool(hidden: Tensor, keep: Tensor) -> Tensor:
@@ -37,9 +37,8 @@ class EncoderClassifier(nn.Module):
             raise ValueError(f"EncoderClassifier needs an encoder-only arch, got {config.arch!r}")
         config.require_complete()
         c = self.config = config
-        layer = layer_options(c)
         self.embed = embeddings(c, c.vocab_size)
-        self.encoder = Stack([EncoderLayer(layer) for _ in range(c.n_encoder_layers)],
+        self.encoder = Stack([encoder_layer(c) for _ in range(c.n_encoder_layers)],
                              final_norm(c))
         self.dropout = Dropout(c.dropout)
         self.head = nn.Linear(c.d_model, c.n_classes) if c.n_classes else None

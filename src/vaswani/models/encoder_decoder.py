@@ -14,14 +14,15 @@ from ..config import ModelConfig
 from ..config.family import family
 from ..nn import masks
 from ..nn.kv_cache import KVCache
-from ..nn.layers import DecoderLayer, EncoderLayer, Stack
+from ..nn.layers import Stack
 from .common import (
     at_last,
     decoder_inputs,
+    decoder_layer,
     embeddings,
+    encoder_layer,
     final_norm,
     init_weights,
-    layer_options,
     output_projection,
     stack_weights,
 )
@@ -34,13 +35,12 @@ class EncoderDecoder(nn.Module):
             raise ValueError(f"EncoderDecoder needs an encoder-decoder arch, got {config.arch!r}")
         config.require_complete()
         c = self.config = config
-        layer = layer_options(c)
         self.src_embed = embeddings(c, c.vocab_size)
         self.tgt_embed = self.src_embed if c.share_embeddings else embeddings(
             c, c.tgt_vocab_size)
-        self.encoder = Stack([EncoderLayer(layer) for _ in range(c.n_encoder_layers)],
+        self.encoder = Stack([encoder_layer(c) for _ in range(c.n_encoder_layers)],
                              final_norm(c))
-        self.decoder = Stack([DecoderLayer(layer) for _ in range(c.n_decoder_layers)],
+        self.decoder = Stack([decoder_layer(c, i, cross=True) for i in range(c.n_decoder_layers)],
                              final_norm(c))
         self.output_proj = output_projection(c, self.tgt_embed, c.tgt_vocab_size)
         init_weights(self, c.pad_id)

@@ -17,7 +17,7 @@ chooses per call instead (vaswani.cpu.attention).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -28,7 +28,8 @@ from . import masks
 from .dropout import check_probability, dropout
 from .kv_cache import AttentionCache
 from .linear import Linear
-from .rotary import RopeScaling, apply_rope, rope_angles
+from .rotary import Rotary
+from .window import window_mask
 
 BACKENDS = ("auto", "sdpa", "reference")
 
@@ -60,6 +61,13 @@ def attention_weights(q: Tensor, k: Tensor, mask: masks.Mask | None = None) -> T
     return weights
 
 
+def kv_group(q: Tensor, k: Tensor) -> int:
+    """Query heads per key/value head, from q (B, H, ...) and k (B, Hkv, ...): 1 but in
+    grouped-query attention. An int even where an exporter's tracer makes sizes tensors (a
+    model's head counts are fixed)."""
+    return int(q.size(1)) // int(k.size(1))
+
+
 def repeat_kv(x: Tensor, group: int) -> Tensor:
     """Grouped-query attention's keys or values (B, Hkv, Tk, Dh) with each head repeated for
     its ``group`` query heads: (B, Hkv * group, Tk, Dh)."""
@@ -69,16 +77,16 @@ def repeat_kv(x: Tensor, group: int) -> Tensor:
 class Attention(nn.Module):
     """The attention of :class:`MultiHeadAttention` over its heads: q (B, H, Tq, Dh) and
     k, v (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh), and the weights (B, H, Tq, Tk) when asked for.
-    It holds no parameters; dropout on the weights while training."""
+    With fewer key/value heads than query heads (grouped-query attention) each serves
+    H / Hkv query heads, read from the shapes. It holds no parameters; dropout on the weights
+    while training."""
 
-    def __init__(self, n_heads: int, n_kv_heads: int, dropout: float = 0.0,
+    def __init__(self, dropout: float = 0.0,
                  backend: Literal["auto", "sdpa", "reference"] = "auto") -> None:
         super().__init__()
         if backend not in BACKENDS:
             raise ValueError(f"backend ({backend!r}) must be one of {', '.join(BACKENDS)}")
         check_probability(dropout)
-        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
-        self.group = n_heads // n_kv_heads  # query heads per key/value head
         self.dropout = dropout
         self.backend = backend
 
@@ -87,8 +95,9 @@ class Attention(nn.Module):
         p = self.dropout if self.training else 0.0
         if not need_weights and self.backend != "reference":
             return self.fused(q, k, v, mask, p), None
-        out, weights = scaled_dot_product_attention(q, repeat_kv(k, self.group),
-                                                    repeat_kv(v, self.group), mask, p)
+        group = kv_group(q, k)
+        out, weights = scaled_dot_product_attention(q, repeat_kv(k, group), repeat_kv(v, group),
+                                                    mask, p)
         return out, weights if need_weights else None  # never keep weights nobody asked for
 
     def fused(self, q: Tensor, k: Tensor, v: Tensor, mask: masks.Mask | None, p: float
@@ -99,10 +108,44 @@ class Attention(nn.Module):
         causal = isinstance(mask, masks.Causal) and mask.q_len == mask.k_len
         mask = None if causal else masks.dense(mask, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                              is_causal=causal, enable_gqa=self.group > 1)
+                                              is_causal=causal, enable_gqa=kv_group(q, k) > 1)
 
     def extra_repr(self) -> str:
         return f"backend={self.backend!r}, dropout={self.dropout}"
+
+
+@dataclass(frozen=True)
+class Heads:
+    """How multi-head attention splits its ``d_model`` inputs: ``n_heads`` query heads of
+    ``head_dim`` numbers each (the paper: d_model / n_heads), and ``n_kv_heads`` key/value
+    heads (the paper: as many; fewer is grouped-query attention, Ainslie et al. 2023, each
+    key/value head serving n_heads / n_kv_heads query heads)."""
+
+    d_model: int
+    n_heads: int
+    n_kv_heads: int | None = None  # None: n_heads
+    head_dim: int | None = None  # None: d_model / n_heads
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads and self.head_dim is None:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads "
+                             f"({self.n_heads})")
+        kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+        if self.n_heads % kv:
+            raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({kv})")
+        object.__setattr__(self, "n_kv_heads", kv)
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+
+    @property
+    def q_dim(self) -> int:
+        """The queries' width, n_heads x head_dim (d_model in the paper)."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """The keys' width, and the values': n_kv_heads x head_dim."""
+        return self.n_kv_heads * self.head_dim
 
 
 class MultiHeadAttention(nn.Module):
@@ -111,53 +154,43 @@ class MultiHeadAttention(nn.Module):
     One fused input projection ``in_proj`` holds [W_q; W_k; W_v] stacked by rows, as in
     ``torch.nn.MultiheadAttention``: self-attention does a single matmul for q, k and v;
     cross-attention projects the queries with the first rows and the memory with the rest.
-    ``n_kv_heads < n_heads`` gives grouped-query attention (each k/v head serves
-    ``n_heads // n_kv_heads`` query heads). ``window`` (Gemma 3's local layers): in
-    self-attention each query sees the last ``window`` tokens only.
+
+    The paper's module is ``MultiHeadAttention(Heads(d_model, n_heads), Attention(dropout))``.
+    Later models hand it more parts, each used in self-attention only:
+
+    * ``bias``: biases on both projections (the paper), on neither (False), or a pair
+      (in_proj's, out_proj's): Qwen2 has biases on q, k and v alone, ``(True, False)``;
+    * ``rotary``: a :class:`~vaswani.nn.rotary.Rotary` that turns q and k by their positions;
+    * ``qk_norms``: a norm over each head's queries and another over its keys, applied before
+      the rotation (Gemma 3, Qwen3);
+    * ``window``: each query sees the last ``window`` tokens only (local attention,
+      :mod:`vaswani.nn.window`); 0 = all of them.
     """
 
-    def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
-                 dropout: float = 0.0, bias: bool = True, qkv_bias: bool | None = None,
-                 backend: Literal["auto", "sdpa", "reference"] = "auto",
-                 rope_base: float | None = None, rope_scaling: RopeScaling | None = None,
-                 head_dim: int | None = None,
-                 qk_norm: Callable[[int], nn.Module] | None = None, window: int = 0) -> None:
+    def __init__(self, heads: Heads, attention: Attention | None = None, *,
+                 bias: bool | tuple[bool, bool] = True, rotary: Rotary | None = None,
+                 qk_norms: tuple[nn.Module, nn.Module] | None = None, window: int = 0) -> None:
         super().__init__()
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if d_model % n_heads and head_dim is None:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-        if n_heads % n_kv_heads:
-            raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
-        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
-        self.head_dim = d_model // n_heads if head_dim is None else head_dim
-        self.q_dim = n_heads * self.head_dim
-        self.kv_dim = n_kv_heads * self.head_dim
-        self.attention = Attention(n_heads, n_kv_heads, dropout, backend)
-        self.rope_base = rope_base  # rotary positions on q and k (self-attention) when set
-        self.rope_scaling = rope_scaling  # Llama 3's rescaled frequencies
-        self.window = window  # self-attention over the last this-many tokens (local); 0 = all
-        # qkv_bias: biases on q, k and v only (Qwen2); None: as ``bias``
-        self.in_proj = Linear(d_model, self.q_dim + 2 * self.kv_dim,
-                              bias=bias if qkv_bias is None else qkv_bias)
-        self.out_proj = Linear(self.q_dim, d_model, bias=bias)
-        # qk_norm(width): a norm over each head's queries, another over its keys (Gemma 3)
-        self.q_norm = None if qk_norm is None else qk_norm(self.head_dim)
-        self.k_norm = None if qk_norm is None else qk_norm(self.head_dim)
+        self.heads = heads
+        self.attention = Attention() if attention is None else attention
+        in_bias, out_bias = (bias, bias) if isinstance(bias, bool) else bias
+        self.in_proj = Linear(heads.d_model, heads.q_dim + 2 * heads.kv_dim, bias=in_bias)
+        self.out_proj = Linear(heads.q_dim, heads.d_model, bias=out_bias)
+        self.q_norm, self.k_norm = (None, None) if qk_norms is None else qk_norms
+        self.rotary = rotary
+        self.window = window
 
     def _split_heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape
-        return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, Dh)
-
-    def _project(self, x: Tensor, start: int, stop: int) -> Tensor:
-        """x through output rows ``start:stop`` of ``in_proj`` (cross-attention projects its
-        queries and its memory apart; linear.py and quantized.py keep each part ready)."""
-        return self.in_proj.rows(x, start, stop)
+        return x.view(B, T, n, self.heads.head_dim).transpose(1, 2)  # (B, n, T, Dh)
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values of a cross-attention memory: (B, Hkv, Tk, Dh) each."""
-        k, v = self._project(memory, self.q_dim, self.q_dim + 2 * self.kv_dim).split(
-            self.kv_dim, dim=-1)
-        return self._split_heads(k, self.n_kv_heads), self._split_heads(v, self.n_kv_heads)
+        """Keys and values of a cross-attention memory: (B, Hkv, Tk, Dh) each. Only
+        ``in_proj``'s k and v rows are multiplied (linear.py and quantized.py keep each part
+        ready)."""
+        h = self.heads
+        k, v = self.in_proj.rows(memory, h.q_dim, h.q_dim + 2 * h.kv_dim).split(h.kv_dim, -1)
+        return self._split_heads(k, h.n_kv_heads), self._split_heads(v, h.n_kv_heads)
 
     def forward(self, x: Tensor, *, memory: Tensor | None = None, mask: Tensor | None = None,
                 cache: AttentionCache | None = None, positions: Tensor | None = None,
@@ -173,33 +206,31 @@ class MultiHeadAttention(nn.Module):
         first call and reused afterwards (a cache that already holds them needs no memory).
         The cache runs the attention (its ``attend``), so that it may lay out its rows as it
         keeps them.
-        ``positions`` (Tq,) or (B, Tq) are the new tokens' positions, used by rotary
-        embeddings and a ``window`` (default: after the cached tokens; keys are at positions
-        0 .. Tk-1).
+        ``positions`` (Tq,) or (B, Tq) are the new tokens' positions, used by the rotation
+        and the window (default: after the cached tokens; keys are at positions 0 .. Tk-1).
         Weights are returned only with ``need_weights=True`` (the reference path then runs,
         whatever the backend).
         """
         B, Tq, _ = x.shape
+        h = self.heads
         cross = memory is not None if cross is None else cross
         if not cross:  # self-attention: one matmul for q, k and v
-            q, k, v = self.in_proj(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
-            k, v = self._split_heads(k, self.n_kv_heads), self._split_heads(v, self.n_kv_heads)
-            q = self._split_heads(q, self.n_heads)  # (B, H, Tq, Dh)
+            q, k, v = self.in_proj(x).split([h.q_dim, h.kv_dim, h.kv_dim], dim=-1)
+            q = self._split_heads(q, h.n_heads)  # (B, H, Tq, Dh)
+            k, v = self._split_heads(k, h.n_kv_heads), self._split_heads(v, h.n_kv_heads)
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
-            if positions is None and (self.rope_base is not None or self.window):
+            if positions is None and (self.rotary is not None or self.window):
                 past = 0 if cache is None or cache.k is None else cache.k.size(2)
                 positions = torch.arange(past, past + Tq, device=x.device)
-            if self.rope_base is not None:
-                cos, sin = rope_angles(positions, self.head_dim, self.rope_base,
-                                       self.rope_scaling)
-                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            if self.rotary is not None:
+                q, k = self.rotary(q, k, positions)
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, Hkv, T_cached + Tq, Dh)
             if self.window:  # local attention: the last ``window`` keys of each query only
-                mask = masks.combine(mask, masks.window_mask(positions, k.size(2), self.window))
+                mask = masks.combine(mask, window_mask(positions, k.size(2), self.window))
         else:  # cross-attention: queries from x, keys and values from memory
-            q = self._split_heads(self._project(x, 0, self.q_dim), self.n_heads)
+            q = self._split_heads(self.in_proj.rows(x, 0, h.q_dim), h.n_heads)
             if cache is not None and cache.k is not None:
                 k, v = cache.k, cache.v  # the memory does not change between steps
             elif memory is None:
@@ -213,8 +244,11 @@ class MultiHeadAttention(nn.Module):
             out, weights = cache.attend(q, k, v, mask, self._attend), None
         else:
             out, weights = self.attention(q, k, v, mask, need_weights)
-        out = out.transpose(1, 2).reshape(B, Tq, self.q_dim)  # (B, Tq, H*Dh)
+        out = out.transpose(1, 2).reshape(B, Tq, h.q_dim)  # (B, Tq, H*Dh)
         return self.out_proj(out), weights
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         return self.attention(q, k, v, mask)[0]
+
+    def extra_repr(self) -> str:
+        return f"{self.heads}" + (f", window={self.window}" if self.window else "")

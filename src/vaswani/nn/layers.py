@@ -8,6 +8,13 @@ A layer is two or three residual blocks, each wired one of two ways (``norm_firs
 * pre-LN:               x = x + dropout(sublayer(norm(x)))  ... and one final norm after the
   stack, because otherwise the stack's output is an un-normalised sum of residuals.
 
+Layers take ready-made parts: their attention and feed-forward modules, and ``residual``, a
+function that makes one residual block (its own norm) for each sublayer. The paper's encoder
+layer (d_model 512, 8 heads):
+
+    EncoderLayer(MultiHeadAttention(Heads(512, 8), Attention(0.1)),
+                 FeedForward(512, 2048, dropout=0.1), lambda: Residual(LayerNorm(512), 0.1))
+
 An encoder layer has the same parts as a decoder layer without cross-attention (which is what
 a decoder-only language model uses): what makes it "encode" is the mask it is given (padding
 only, no causal triangle). It stays a class of its own so that its parameters keep the names
@@ -20,8 +27,7 @@ modules.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -32,53 +38,6 @@ from .attention import MultiHeadAttention
 from .dropout import Dropout
 from .feedforward import FeedForward
 from .kv_cache import KVCache, LayerCache
-from .norm import make_norm
-from .rotary import RopeScaling
-
-
-@dataclass(frozen=True)
-class LayerOptions:
-    """What every layer of a stack shares. Plain values: a model builds one from its
-    ``ModelConfig`` (models/common.py). The defaults are the paper's base model."""
-
-    d_model: int = 512
-    n_heads: int = 8
-    d_ff: int = 2048
-    n_kv_heads: int | None = None  # grouped-query attention; None = n_heads
-    dropout: float = 0.1  # on every sublayer's output, and inside the feed-forward block
-    attn_dropout: float | None = None  # on the attention weights; None = dropout
-    norm_first: bool = False  # False: post-LN (the paper); True: pre-LN
-    norm: str = "layernorm"  # or "rmsnorm"
-    norm_eps: float = 1e-5
-    activation: str = "relu"  # "gelu", or gated "swiglu"
-    bias: bool = True  # biases in every Linear and LayerNorm
-    qkv_bias: bool | None = None  # biases on the q, k, v projections; None = bias
-    attention: str = "auto"  # backend: "auto", "sdpa" or "reference"
-    rope_base: float | None = None  # rotary positions in self-attention when set
-    rope_scaling: RopeScaling | None = None  # Llama 3's rescaled rotary frequencies
-    head_dim: int | None = None  # each head's width; None = d_model / n_heads
-    qk_norm: bool = False  # a norm over each head's queries and keys (Gemma 3)
-    post_norms: bool = False  # pre-LN with a norm on each sublayer's output too (Gemma)
-    window: int = 0  # self-attention over the last this-many tokens only (local); 0 = all
-
-
-def _feed_forward(o: LayerOptions) -> FeedForward:
-    return FeedForward(o.d_model, o.d_ff, activation=o.activation, dropout=o.dropout,
-                       bias=o.bias)
-
-
-def _attention(o: LayerOptions, *, rotary: bool) -> MultiHeadAttention:
-    """The multi-head attention of a layer (rotary positions and a window act in
-    self-attention only)."""
-    attn_dropout = o.dropout if o.attn_dropout is None else o.attn_dropout
-    qk_norm = functools.partial(make_norm, o.norm, eps=o.norm_eps, bias=o.bias) \
-        if o.qk_norm else None
-    return MultiHeadAttention(o.d_model, o.n_heads, n_kv_heads=o.n_kv_heads,
-                              dropout=attn_dropout, bias=o.bias, qkv_bias=o.qkv_bias,
-                              backend=o.attention, rope_base=o.rope_base if rotary else None,
-                              rope_scaling=o.rope_scaling if rotary else None,
-                              head_dim=o.head_dim, qk_norm=qk_norm,
-                              window=o.window if rotary else 0)
 
 
 class LayerWeights(NamedTuple):
@@ -90,39 +49,39 @@ class LayerWeights(NamedTuple):
 
 
 class Residual(nn.Module):
-    """One sublayer's residual connection with its norm and dropout, post-LN or pre-LN; with
-    ``post_norms`` (Gemma's "sandwich"), pre-LN with a second norm on the sublayer's output:
-    x = x + dropout(out_norm(sublayer(norm(x))))."""
+    """One sublayer's residual connection with its norm and dropout (see the module):
+    post-LN ``x = norm(x + dropout(sublayer(x)))`` or, with ``norm_first``, pre-LN
+    ``x = x + dropout(sublayer(norm(x)))``."""
 
-    def __init__(self, o: LayerOptions) -> None:
+    def __init__(self, norm: nn.Module, dropout: float = 0.0, norm_first: bool = False) -> None:
         super().__init__()
-        self.norm = make_norm(o.norm, o.d_model, o.norm_eps, o.bias)
-        self.out_norm = make_norm(o.norm, o.d_model, o.norm_eps, o.bias) \
-            if o.post_norms else None
-        self.dropout = Dropout(o.dropout)
-        self.norm_first = o.norm_first
+        self.norm = norm
+        self.dropout = Dropout(dropout)
+        self.norm_first = norm_first
 
     def forward(self, x: Tensor, sublayer: nn.Module, **kwargs) -> tuple[Tensor, Tensor | None]:
         """``sublayer`` reads x (normalised first when pre-LN) with ``kwargs``; returns the new
         x and what else the sublayer returned (attention weights), or None."""
-        out = sublayer(self.norm(x) if self.norm_first else x, **kwargs)
-        out, extra = out if isinstance(out, tuple) else (out, None)
-        if self.out_norm is not None:
-            out = self.out_norm(out)
+        out, extra = outputs(sublayer(self.norm(x) if self.norm_first else x, **kwargs))
         x = x + self.dropout(out)
         return (x if self.norm_first else self.norm(x)), extra
 
 
-class EncoderLayer(nn.Module):
-    """Self-attention, then feed-forward: two residual blocks."""
+def outputs(out: Tensor | tuple[Tensor, Tensor | None]) -> tuple[Tensor, Tensor | None]:
+    """A sublayer's output and its attention weights (None for a feed-forward block)."""
+    return out if isinstance(out, tuple) else (out, None)
 
-    def __init__(self, options: LayerOptions) -> None:
+
+class EncoderLayer(nn.Module):
+    """Self-attention, then feed-forward: two residual blocks, each made by ``residual``."""
+
+    def __init__(self, self_attn: MultiHeadAttention, feed_forward: FeedForward,
+                 residual: Callable[[], Residual]) -> None:
         super().__init__()
-        o = options
-        self.self_attn = _attention(o, rotary=True)
-        self.feed_forward = _feed_forward(o)
-        self.attn_block = Residual(o)
-        self.ff_block = Residual(o)
+        self.self_attn = self_attn
+        self.feed_forward = feed_forward
+        self.attn_block = residual()
+        self.ff_block = residual()
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None, memory: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: LayerCache | None = None,
@@ -146,18 +105,19 @@ class EncoderLayer(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Masked self-attention, cross-attention over the encoder's output (the "memory"), then
-    feed-forward: three residual blocks. ``cross_attention=False`` leaves the middle one out
-    (a decoder-only language model's layer)."""
+    feed-forward: three residual blocks, each made by ``residual``. Without ``cross_attn``
+    the middle one is left out (a decoder-only language model's layer)."""
 
-    def __init__(self, options: LayerOptions, *, cross_attention: bool = True) -> None:
+    def __init__(self, self_attn: MultiHeadAttention, feed_forward: FeedForward,
+                 residual: Callable[[], Residual],
+                 cross_attn: MultiHeadAttention | None = None) -> None:
         super().__init__()
-        o = options
-        self.self_attn = _attention(o, rotary=True)
-        self.self_block = Residual(o)
-        self.cross_attn = _attention(o, rotary=False) if cross_attention else None
-        self.cross_block = Residual(o) if cross_attention else None
-        self.feed_forward = _feed_forward(o)
-        self.ff_block = Residual(o)
+        self.self_attn = self_attn
+        self.self_block = residual()
+        self.cross_attn = cross_attn
+        self.cross_block = None if cross_attn is None else residual()
+        self.feed_forward = feed_forward
+        self.ff_block = residual()
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None, memory: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: LayerCache | None = None,

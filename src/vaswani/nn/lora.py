@@ -115,7 +115,7 @@ def parts_of(module: nn.Module) -> dict[str, dict[str, tuple[int, int]]]:
     """For an attention or feed-forward module, each of its linear layers' adaptable parts:
     {layer attribute: {target: (start, stop) rows}}; {} for any other module."""
     if isinstance(module, MultiHeadAttention):
-        q, kv = module.q_dim, module.kv_dim
+        q, kv = module.heads.q_dim, module.heads.kv_dim
         return {"in_proj": {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)},
                 "out_proj": {"o": (0, module.out_proj.out_features)}}
     if isinstance(module, FeedForward):

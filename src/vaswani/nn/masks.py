@@ -112,12 +112,3 @@ def length_mask(lengths: Tensor, k_len: int) -> Tensor:
     keys = torch.arange(k_len, device=lengths.device)
     return key_padding_mask(keys[None, :] < lengths[:, None])
 
-
-def window_mask(q_positions: Tensor, k_len: int, window: int) -> Tensor:
-    """Local attention (Gemma 3's sliding layers): a query at position p sees only the keys at
-    positions ``p - window + 1 .. p``, the last ``window`` tokens, itself included. Keys are
-    at positions ``0 .. Tk-1``. ``q_positions`` (Tq,) -> ``(Tq, Tk)``; (B, Tq) ->
-    ``(B, 1, Tq, Tk)``. Combine it with the causal mask, which hides the keys after p."""
-    keys = torch.arange(k_len, device=q_positions.device)
-    out = keys > q_positions[..., None] - window  # (..., Tq, Tk)
-    return out if q_positions.dim() == 1 else out[:, None]

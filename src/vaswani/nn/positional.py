@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .dropout import Dropout
@@ -43,41 +44,88 @@ def embedding(num: int, dim: int, *, padding_idx: int | None = None) -> nn.Embed
     return layer
 
 
-class Embeddings(nn.Module):
-    """Token embedding (optionally scaled by sqrt(D), as in the paper; GPT-2 does not scale)
-    plus a sinusoidal or learned positional encoding, then dropout.
+class Positions(nn.Module):
+    """What the embeddings add for each token's position, for positions ``0 .. max_len-1``.
+    This one adds nothing: rotary positions act inside attention (rotary.py), and a model
+    may have none at all. :class:`SinusoidalPositions` (the paper) and
+    :class:`LearnedPositions` (GPT-2, BERT) add a vector."""
 
-    ``"rope"`` and ``"none"`` add no position vector here (rotary positions act inside
-    attention). BERT adds a token-type (segment) embedding and normalises the sum before
-    dropout: ``type_vocab_size`` and ``norm``.
+    def __init__(self, max_len: int) -> None:
+        super().__init__()
+        self.max_len = max_len
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        return x
+
+    def extra_repr(self) -> str:
+        return f"max_len={self.max_len}"
+
+
+class SinusoidalPositions(Positions):
+    """The paper's fixed encoding (:func:`sinusoidal_table`), a constant: not saved with the
+    weights."""
+
+    def __init__(self, max_len: int, d_model: int) -> None:
+        super().__init__(max_len)
+        self.register_buffer("pe", torch.empty(max_len, d_model), persistent=False)
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """Fill the table; on the meta device (shapes only) there is nothing to fill until
+        ``models.materialise`` has allocated it, and ``build_model`` calls this again
+        (``models.common.fill_buffers``)."""
+        if not self.pe.is_meta:
+            self.pe.copy_(sinusoidal_table(self.max_len, self.pe.size(1)))
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        return x + self.pe[positions].to(x.dtype)
+
+
+class LearnedPositions(Positions):
+    """A trained vector per position (GPT-2, BERT): a (max_len, D) table."""
+
+    def __init__(self, max_len: int, d_model: int) -> None:
+        super().__init__(max_len)
+        self.weight = embedding(max_len, d_model).weight
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        return x + F.embedding(positions, self.weight)
+
+
+def positions(kind: str, max_len: int, d_model: int) -> Positions:
+    """``"sinusoidal"``, ``"learned"``, or ``"rope"`` / ``"none"`` (nothing added here)."""
+    if kind == "sinusoidal":
+        return SinusoidalPositions(max_len, d_model)
+    if kind == "learned":
+        return LearnedPositions(max_len, d_model)
+    if kind in ("rope", "none"):
+        return Positions(max_len)
+    raise ValueError(f"positional ({kind!r}) must be 'sinusoidal', 'learned', 'rope' or "
+                     "'none'")
+
+
+class Embeddings(nn.Module):
+    """Token embedding (scaled by sqrt(D) with ``scale``, as in the paper; GPT-2 does not
+    scale) plus its position's encoding (:class:`Positions`), then dropout.
+
+    BERT adds a token-type (segment) embedding and normalises the sum before dropout:
+    ``token_type`` and ``norm``.
     """
 
-    def __init__(self, vocab_size: int, d_model: int, *, max_len: int, pad_id: int | None = None,
-                 positional: str = "sinusoidal", scale: bool = True, dropout: float = 0.0,
-                 type_vocab_size: int = 0, norm: nn.Module | None = None) -> None:
+    def __init__(self, token: nn.Embedding, position: Positions, *, scale: bool = True,
+                 dropout: float = 0.0, token_type: nn.Embedding | None = None,
+                 norm: nn.Module | None = None) -> None:
         super().__init__()
-        if positional not in ("sinusoidal", "learned", "rope", "none"):
-            raise ValueError(f"positional ({positional!r}) must be 'sinusoidal', 'learned', "
-                             "'rope' or 'none'")
-        self.token = embedding(vocab_size, d_model, padding_idx=pad_id)
-        self.scale = math.sqrt(d_model) if scale else 1.0
-        self.max_len = max_len
-        self.positional = positional
-        if positional == "sinusoidal":  # a constant, so not saved with the weights
-            self.register_buffer("pe", torch.empty(max_len, d_model), persistent=False)
-            self.reset_buffers()
-        elif positional == "learned":
-            self.position = embedding(max_len, d_model)
-        self.token_type = embedding(type_vocab_size, d_model) if type_vocab_size else None
+        self.token = token
+        self.scale = math.sqrt(token.embedding_dim) if scale else 1.0
+        self.position = position
+        self.token_type = token_type
         self.norm = norm
         self.dropout = Dropout(dropout)
 
-    def reset_buffers(self) -> None:
-        """Fill the sinusoidal table; on the meta device (shapes only) there is nothing to
-        fill until ``models.materialise`` has allocated it, and ``build_model`` calls this
-        again (``models.common.fill_buffers``)."""
-        if self.positional == "sinusoidal" and not self.pe.is_meta:
-            self.pe.copy_(sinusoidal_table(self.max_len, self.pe.size(1)))
+    @property
+    def max_len(self) -> int:
+        return self.position.max_len
 
     def forward(self, ids: Tensor, *, positions: Tensor | None = None,
                 token_types: Tensor | None = None) -> Tensor:
@@ -99,11 +147,7 @@ class Embeddings(nn.Module):
             raise ValueError(
                 f"position {last} is past max_len ({self.max_len}); "
                 "shorten the input or build the model with a larger max_len")
-        x = self.token(ids) * self.scale
-        if self.positional == "sinusoidal":
-            x = x + self.pe[positions].to(x.dtype)
-        elif self.positional == "learned":
-            x = x + self.position(positions)
+        x = self.position(self.token(ids) * self.scale, positions)
         if self.token_type is not None:
             x = x + (self.token_type.weight[0] if token_types is None
                      else self.token_type(token_types))

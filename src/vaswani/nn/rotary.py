@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 @dataclass(frozen=True)
@@ -71,3 +71,25 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     if cos.dim() == 3:  # per-sequence positions: broadcast over heads
         cos, sin = cos[:, None], sin[:, None]
     return (x * cos + rotate_half(x) * sin).to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """Rotary positions as a part of self-attention (:class:`~vaswani.nn.attention.
+    MultiHeadAttention`'s ``rotary``): turns the queries and the keys by their tokens'
+    positions, with frequencies ``base^(-2i/Dh)`` (rescaled by ``scaling`` when given). It
+    holds no parameters; the angles are computed for the positions of each call."""
+
+    def __init__(self, head_dim: int, base: float = 10000.0,
+                 scaling: RopeScaling | None = None) -> None:
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary positions need an even head dim, got {head_dim}")
+        self.head_dim, self.base, self.scaling = head_dim, base, scaling
+
+    def forward(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """q (B, H, T, Dh), k (B, Hkv, T, Dh), positions (T,) or (B, T) -> both turned."""
+        cos, sin = rope_angles(positions, self.head_dim, self.base, self.scaling)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+    def extra_repr(self) -> str:
+        return f"base={self.base:g}" + ("" if self.scaling is None else f", {self.scaling}")
