@@ -235,8 +235,8 @@ def cache_writes(rounds: int = 4, steps: int = 40, tensors: int = 8, slots: int 
 
 def prefill_burst(rounds: int = 4, n: int = 14, d_model: int = 256, layers: int = 4) -> dict:
     """The first step of an engine given ``n`` prompts of random lengths at once, its prefill
-    rows grouped by length (``prefill_groups``) or all in one pass; milliseconds per round."""
-    import vaswani.engine.engine as engine_module
+    rows grouped by length (the default ``prefill_slack``) or all in one pass (a slack no
+    padding reaches); milliseconds per round."""
     from vaswani import ModelConfig, build_model
     from vaswani.engine import Engine, EngineConfig, Params, Request
 
@@ -247,27 +247,23 @@ def prefill_burst(rounds: int = 4, n: int = 14, d_model: int = 256, layers: int 
     model = build_model(config).eval()
     rng = random.Random(0)
     lengths = [rng.randint(5, 200) for _ in range(n)]
-    ways = {"one pass": lambda rows, slack=32: [rows] if rows else [],
-            "grouped": engine_module.prefill_groups}
+    ways = {"one pass": EngineConfig(max_rows=32, prefill_slack=1 << 30),
+            "grouped": EngineConfig(max_rows=32)}
     times: dict[str, list[float]] = {way: [] for way in ways}
     outputs: dict[str, list] = {}
-    try:
-        for _ in range(rounds):
-            for way, groups in ways.items():
-                engine_module.prefill_groups = groups
-                engine = Engine(model, bos_id=1, eos_id=2, config=EngineConfig(max_rows=32))
-                requests = [Request([5 + i % 50 for i in range(k)], Params(max_new_tokens=4))
-                            for k in lengths]
-                for request in requests:
-                    engine.submit(request)
-                start = time.perf_counter()
+    for _ in range(rounds):
+        for way, engine_config in ways.items():
+            engine = Engine(model, bos_id=1, eos_id=2, config=engine_config)
+            requests = [Request([5 + i % 50 for i in range(k)], Params(max_new_tokens=4))
+                        for k in lengths]
+            for request in requests:
+                engine.submit(request)
+            start = time.perf_counter()
+            engine.step()
+            times[way].append(round((time.perf_counter() - start) * 1e3, 1))
+            while engine.busy:
                 engine.step()
-                times[way].append(round((time.perf_counter() - start) * 1e3, 1))
-                while engine.busy:
-                    engine.step()
-                outputs[way] = [r.output for r in requests]
-    finally:
-        engine_module.prefill_groups = ways["grouped"]
+            outputs[way] = [r.output for r in requests]
     return {"prompt_tokens": sorted(lengths), "first_step_ms": times,
             "one_pass_over_grouped": round(min(times["one pass"]) / min(times["grouped"]), 2),
             "same_outputs": outputs["one pass"] == outputs["grouped"]}

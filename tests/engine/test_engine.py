@@ -328,6 +328,17 @@ def test_prefill_rows_of_unlike_lengths_run_apart_shortest_first():
     requests = [Request(p, params) for p, params in cases]
     eng.run(requests)
     assert passes[0] == [3, 6] and passes[1] == [140, 150]  # one step, two passes
+    wide = engine(lm, max_rows=8, max_step_tokens=1024, shared_chunk=0, prefix_bytes=0,
+                  prefill_slack=1 << 30)  # padding no concern: one pass
+    passes.clear()
+    forward = wide.runner.forward
+    wide.runner.forward = lambda rows: passes.append([n for _, _, n in rows]) or forward(rows)
+    again = [Request(p, params) for p, params in cases]
+    wide.run(again)
+    assert passes[0] == [3, 6, 140, 150]
+    assert [r.output for r in again] == [r.output for r in requests]
+    with pytest.raises(ValueError, match=r"prefill_slack \(-1\)"):
+        EngineConfig(prefill_slack=-1)
     for (p, params), r in zip(cases, requests, strict=True):
         assert r.output == alone(lm, p, params)
 

@@ -39,6 +39,9 @@ class EngineConfig:
     shared_chunk: int = 32  # a prefill of more tokens than this, beside other work, runs in
     # chunks of this many in steps of its own, taking turns with the others by time
     # (scheduler.py); 0: off (an offline call, where only the total time counts)
+    prefill_slack: int = 32  # prompts prefilled in one padded pass may waste this many
+    # positions beyond a quarter of their tokens (scheduler.py length_groups); larger:
+    # fewer, more padded passes
 
     def __post_init__(self) -> None:
         for name in ("max_rows", "max_step_tokens"):
@@ -47,6 +50,8 @@ class EngineConfig:
         if not 0 <= self.prefix_bytes < self.cache_bytes:
             raise ValueError(f"prefix_bytes ({self.prefix_bytes}) must be 0 (none kept) or "
                              f"more, and less than cache_bytes ({self.cache_bytes})")
+        if self.prefill_slack < 0:
+            raise ValueError(f"prefill_slack ({self.prefill_slack}) must be 0 or more")
         if self.shared_chunk < 0:
             raise ValueError(f"shared_chunk ({self.shared_chunk}) must be 0 (off) or more")
         if self.fast_lane is not None and self.fast_lane < 0:

@@ -109,7 +109,7 @@ class Engine:
         for group in length_groups(plan.encode, lambda request: len(request.prompt),
                                    tokens=self.config.max_step_tokens):
             self.runner.encode(group)  # sources of like lengths together, as prefills
-        for group in prefill_groups(plan.prefill):  # first tokens go out before the decode
+        for group in prefill_groups(plan.prefill, self.config.prefill_slack):  # first tokens
             logits = self.runner.forward(group)
             due = []
             for i, (request, seq, n) in enumerate(group):
