@@ -39,6 +39,8 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from vaswani.devices import peak_resident_bytes
+
 from .common import free_port, hardware
 
 MODES = {"ddp": {"parallel": "ddp"}, "fsdp": {"parallel": "fsdp"},
@@ -72,9 +74,7 @@ def _peak(device: torch.device) -> int:
     set on a CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return peak_resident_bytes()
 
 
 def _worker(rank: int, world: int, port: int, cfg_path: str, cache: str, steps: int,

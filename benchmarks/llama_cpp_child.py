@@ -17,11 +17,18 @@ command line and prints one JSON line.
 """
 
 import json
-import resource
+import re
 import sys
 import time
 
 from llama_cpp import Llama
+
+
+def peak_kb() -> int:
+    """This process's own peak resident memory (VmHWM; ru_maxrss would carry over the parent's,
+    as vaswani.devices.peak_resident_bytes explains)."""
+    with open("/proc/self/status") as f:
+        return int(re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.M)[1])
 
 job = json.loads(sys.argv[1])
 llm = Llama(model_path=job["gguf"], n_threads=job["threads"], n_threads_batch=job["threads"],
@@ -62,5 +69,5 @@ for token in llm.generate(job["prompt"], temp=0.0, top_k=1, top_p=1.0, min_p=0.0
 print(json.dumps({
     "prompt_tokens_per_s": round(len(job["long_prompt"]) / best_prefill, 1),
     "generation_tokens_per_s": round(1 / per_token, 1), "generated": tokens,
-    "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    "peak_rss_mb": round(peak_kb() / 1024),
     "greedy_ids": agree}))

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from vaswani.devices import peak_resident_bytes
 
 from .common import (
     ROOT,
@@ -104,7 +105,7 @@ def _measure_one(run_dir: str, precision: str, mode: str) -> dict:
            "generation_tokens_per_s": round(1 / per_token, 1),
            # loading, the prompts and the generation (scoring a long text, next, holds a
            # window's logits: more than any of them)
-           "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+           "peak_rss_mb": round(peak_resident_bytes() / 2**20),
            "prompt_ids": short_ids, "long_prompt_ids": long_ids,
            "greedy_ids": list(greedy.output),
            "perplexity": round(run.score(text)["perplexity"], 3)}

@@ -6,7 +6,7 @@ One vaswani encoder layer (d_model 256, 4 heads, d_ff 1024, no dropout; fp32, or
 autocast) over a batch of one sequence of length 128 .. 4096, with the written-out
 ``reference`` attention (which materialises the (T, T) weights of every head) and with the
 ``sdpa`` backend (PyTorch's fused kernel, which never does). Memory is the process's peak
-resident set (``ru_maxrss``), measured in a fresh subprocess per point so that one point
+resident set (VmHWM), measured in a fresh subprocess per point so that one point
 cannot hide inside another's freed pages; the reference path's (T, T) weights per head make
 it grow quadratically, SDPA's linearly.
 """
@@ -23,8 +23,9 @@ LENGTHS = [128, 256, 512, 1024, 2048, 4096]
 D, HEADS, D_FF = 256, 4, 1024
 
 _CHILD = rf"""
-import json, resource, sys, time
+import json, sys, time
 import torch
+from vaswani.devices import peak_resident_bytes
 from vaswani.nn import (Attention, EncoderLayer, FeedForward, Heads, LayerNorm,
                         MultiHeadAttention, Residual)
 T, backend, bf16 = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "bf16"
@@ -38,11 +39,11 @@ def step():
         out, _ = layer(x, mask=mask)
     out.float().sum().backward()
 step()  # warm-up; allocator and kernels ready
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = peak_resident_bytes() / 1024
 times = []
 for _ in range(3):
     start = time.perf_counter(); step(); times.append(time.perf_counter() - start)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = peak_resident_bytes() / 1024
 print(json.dumps({{"seconds": min(times), "rss_peak_mib": peak / 1024,
                   "rss_before_mib": base / 1024}}))
 """

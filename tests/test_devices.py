@@ -65,3 +65,25 @@ def test_the_cpu_vendor_and_name_come_from_cpuinfo(tmp_path, monkeypatch, vendor
     monkeypatch.setattr(vaswani.devices, "CPUINFO", str(tmp_path / "none"))
     assert cpu_is_intel() is False and cpu_name()  # no file: not Intel, a name from platform
     assert cpu_generation() is None and cpu_simd() == []
+
+
+def test_a_childs_peak_memory_is_its_own_not_its_parents():
+    """peak_resident_bytes is the process's own high-water mark. ru_maxrss, which the
+    benchmarks' children once reported, carries over the parent's: with 400 MB held here, a
+    small child's ru_maxrss says 400 MB or more (llama.cpp's Q4_1 and Q8_0 runs both read
+    228 MB, the benchmark driver's size)."""
+    import subprocess
+    import sys
+
+    from vaswani.devices import peak_resident_bytes
+
+    held = torch.ones(100 * 2**20)  # 400 MB, written: resident
+    assert peak_resident_bytes() > 400 * 2**20
+    child = ("import resource; from vaswani.devices import peak_resident_bytes; "
+             "print(peak_resident_bytes() // 2**20, "
+             "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)")
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         check=True).stdout.split()
+    own, carried = int(out[0]), int(out[1])
+    assert carried - own > 300, (own, carried)  # the child itself: torch, imported
+    del held

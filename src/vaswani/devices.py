@@ -142,3 +142,19 @@ def _measured_bf16_is_fast() -> bool:
             best = min(best, time.perf_counter() - start)
         times[dtype] = best
     return times[torch.bfloat16] < 8 * times[torch.float32]
+
+
+def peak_resident_bytes() -> int:
+    """This process's peak resident memory so far, in bytes: Linux's ``VmHWM`` (the high-water
+    mark of the process's own memory). Not ``ru_maxrss``, which a process started by another
+    carries over from its parent (Linux keeps it across ``fork`` and ``exec``): a child of a
+    400 MB Python reports at least 400 MB, whatever it holds itself. ``ru_maxrss`` where
+    there is no /proc."""
+    try:
+        status = open("/proc/self/status").read()
+    except OSError:
+        import resource
+
+        scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)[1]) * 1024

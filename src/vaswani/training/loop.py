@@ -37,6 +37,7 @@ from ..checkpoint.quantized import load_frozen
 from ..config import RunConfig
 from ..config.family import family
 from ..data.batching import Batch
+from ..devices import peak_resident_bytes
 from ..evaluation.metrics import perplexity
 from ..models.finetune import add_adapters, check_base
 from ..nn.layers import Stack
@@ -345,9 +346,7 @@ class Trainer:
         if self.device.type == "cuda":
             mib = torch.cuda.max_memory_allocated(self.device) / 2**20
         else:
-            import resource
-
-            mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+            mib = peak_resident_bytes() / 2**20
         every = self.dist.all_gather(torch.tensor([mib], dtype=torch.float64,
                                                   device=self.device))
         return [round(float(x), 1) for x in every]
