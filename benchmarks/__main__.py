@@ -14,6 +14,7 @@ and writes DIR/bench-NAME.json (DIR defaults to docs/results) and prints its tab
     export                             a trained translator's exports: needs ``make demo``'s run
     distributed                        sharded against data-parallel training, two processes
     nanogpt                            against nanoGPT's CPU recipe: needs ``--nanogpt CHECKOUT``
+    trees                              this checkout against an earlier one: needs ``--before REV``
     data                               data at scale (gigabytes of scratch, an hour or more)
     gpu                                on a CUDA GPU only
 
@@ -34,11 +35,12 @@ from pathlib import Path
 from .common import ROOT
 
 ORDER = ("train_step", "generation", "scaling", "serve", "offline", "llm", "speculate", "streams",
-         "memory", "finetune", "structured", "export", "distributed", "nanogpt", "data", "gpu")
+         "memory", "finetune", "structured", "export", "distributed", "nanogpt", "trees", "data",
+         "gpu")
 
 
-def plan(name: str, out: Path, work: Path, quick: bool, nanogpt: str | None
-         ) -> list[list[str]] | str:
+def plan(name: str, out: Path, work: Path, quick: bool, nanogpt: str | None,
+         before: str | None = None) -> list[list[str]] | str:
     """The argument lists of ``python -m benchmarks.NAME`` for one benchmark, or why it cannot
     run on this machine."""
     import torch
@@ -77,6 +79,12 @@ def plan(name: str, out: Path, work: Path, quick: bool, nanogpt: str | None
                     "--nanogpt CHECKOUT")
         return [["--nanogpt", nanogpt, "--minutes", "1" if quick else "10",
                  "--work", str(work / "nanogpt"), "--json", f"{out}/bench-nanogpt.json"]]
+    if name == "trees":
+        if not before:
+            return "needs an earlier checkout or revision to race this one against: --before REV"
+        return [[before, str(ROOT), "--work", str(work / "trees"),
+                 *(["--rounds", "1", "--no-smollm2"] if quick else []),
+                 "--json", f"{out}/bench-trees.json"]]
     if name == "data":
         return [[*(["--sizes", "lm:10MB", "pairs:30k"] if quick else []),
                  "--work", str(work / "data"), "--json", f"{out}/bench-data.json"]]
@@ -96,6 +104,8 @@ def main() -> None:
     parser.add_argument("--work", metavar="DIR",
                         help="scratch: imported models, runs, data (default: a temp dir)")
     parser.add_argument("--nanogpt", metavar="CHECKOUT", help="a nanoGPT clone to race")
+    parser.add_argument("--before", metavar="REV", help="an earlier checkout or revision for "
+                        "benchmarks.trees to race this one against")
     parser.add_argument("--only", nargs="+", choices=ORDER, metavar="NAME",
                         help=f"only these, in this order: {', '.join(ORDER)}")
     args = parser.parse_args()
@@ -104,7 +114,7 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-"))
     skipped = []
     for name in args.only or ORDER:
-        runs = plan(name, out, work, args.quick, args.nanogpt)
+        runs = plan(name, out, work, args.quick, args.nanogpt, args.before)
         if isinstance(runs, str):
             print(f"\n# benchmarks.{name}: skipped, {runs}", flush=True)
             skipped.append(f"{name} ({runs})")

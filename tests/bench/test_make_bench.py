@@ -42,7 +42,8 @@ def test_each_benchmark_takes_the_arguments_it_is_given(quick, tmp_path, monkeyp
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse)
     seen = []
     for name in bench.ORDER:
-        runs = bench.plan(name, tmp_path / "out", tmp_path / "work", quick, "/nanoGPT")
+        runs = bench.plan(name, tmp_path / "out", tmp_path / "work", quick, "/nanoGPT",
+                          "HEAD")
         assert isinstance(runs, list) and runs, (name, runs)
         module = importlib.import_module(f"benchmarks.{name}")
         for rest in runs:
@@ -62,4 +63,5 @@ def test_what_a_machine_lacks_is_skipped_with_its_reason(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "make demo" in bench.plan("export", tmp_path, tmp_path, False, None)
     assert "--nanogpt CHECKOUT" in bench.plan("nanogpt", tmp_path, tmp_path, False, None)
+    assert "--before REV" in bench.plan("trees", tmp_path, tmp_path, False, None)
     assert bench.plan("gpu", tmp_path, tmp_path, False, None) == "needs a CUDA GPU"
