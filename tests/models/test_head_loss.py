@@ -96,6 +96,23 @@ def test_a_quantized_frozen_head_gives_its_own_logits_loss_and_input_gradient(bi
     assert_close(got, h64.grad)
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+def test_validation_through_a_quantized_head_never_makes_its_matrix(bits, monkeypatch):
+    """Without gradients the loss needs only the head's own product, chunk by chunk: an int4
+    head (an untied one) is not dequantized whole to find that out, nor an int8 one."""
+    _, _, target = case(torch.float32)
+    q = WeightOnlyLinear.of(nn.Linear(64, 64, bias=False), bits)
+    h64, target = torch.randn(N, 64), target % 64
+    want, want_nll, _ = reference_smoothed_cross_entropy(q(h64), target, smoothing=0.1,
+                                                         pad_id=PAD)
+    monkeypatch.setattr(q, "dequantized", lambda: pytest.fail("the whole matrix made"))
+    monkeypatch.setattr(q, "dequantized_rows", lambda *a: pytest.fail("a block made"))
+    with torch.no_grad():
+        loss, nll, _ = head_cross_entropy(h64, q, target, smoothing=0.1, pad_id=PAD)
+    assert_close(loss, want)
+    assert_close(nll, want_nll)
+
+
 def test_a_head_that_is_more_than_its_matrix_is_applied_whole():
     h, _, target = case()
     head = nn.Linear(D, V).double()  # a bias that trains: no single matrix to chunk by

@@ -231,14 +231,16 @@ def head_cross_entropy(h: Tensor, head: nn.Module, target: Tensor, *, smoothing:
     of float32 logits and gradient a step that never exist. Only the loss carries a gradient
     (the NLL beside it is for reading). A head without a plain weight matrix (an adapter on
     it, a bias that trains) is applied whole instead. Returns (loss sum, NLL sum, count)."""
-    weight, weight_rows = head_matrix(head), None
-    if weight is None and _frozen(head) and getattr(head, "bits", None) == 8:
-        weight_rows = head.dequantized_rows  # an int8 table: a block of words at a time
-    elif weight is None:
+    int8 = _frozen(head) and getattr(head, "bits", None) == 8  # read a block of words at a time
+    if not (int8 or _has_matrix(head)):
         return smoothed_cross_entropy(head(h), target, smoothing=smoothing, pad_id=pad_id)
     keep = torch.ones_like(target, dtype=torch.bool) if pad_id is None else target != pad_id
-    if not torch.is_grad_enabled():  # validation: the loss alone, no gradient on the way
+    if not torch.is_grad_enabled():  # validation: the loss alone, no gradient, no matrix made
         h, weight, weight_rows = h.detach(), None, None
+    elif int8:
+        weight, weight_rows = None, head.dequantized_rows
+    else:
+        weight, weight_rows = head_matrix(head), None
     loss, nll = _HeadCrossEntropy.apply(h, weight, target, keep, smoothing, pad_id, head,
                                         weight_rows)
     return loss, nll, keep.sum()
@@ -249,11 +251,16 @@ def head_matrix(head: nn.Module) -> Tensor | None:
     gradient: a linear layer's weight, a 4-bit layer's weights as it multiplies by them
     (``dequantized()``, frozen); None where that is not all the layer is (a trained bias,
     adapters) or where the weight is read a block of rows at a time (an int8 layer)."""
+    if not _has_matrix(head):
+        return None
+    return head.weight if isinstance(head, nn.Linear) else head.dequantized()
+
+
+def _has_matrix(head: nn.Module) -> bool:
+    """Whether :func:`head_matrix` has a matrix to give, without making it."""
     if isinstance(head, nn.Linear):  # x W^T (cpu/linear.py's faster one too, in training)
-        return head.weight if head.bias is None else None
-    if hasattr(head, "dequantized") and _frozen(head) and getattr(head, "bits", None) != 8:
-        return head.dequantized()
-    return None
+        return head.bias is None
+    return hasattr(head, "dequantized") and _frozen(head) and getattr(head, "bits", None) != 8
 
 
 def _frozen(module: nn.Module) -> bool:
