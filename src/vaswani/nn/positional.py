@@ -86,7 +86,7 @@ class LearnedPositions(Positions):
 
     def __init__(self, max_len: int, d_model: int) -> None:
         super().__init__(max_len)
-        self.weight = embedding(max_len, d_model).weight
+        self.weight = embedding(max_len, d_model).weight  # nn.Embedding's N(0, 1) draw
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         return x + F.embedding(positions, self.weight)
