@@ -116,3 +116,13 @@ def small_runs(tmp_path_factory):
 
 def read_json_line(text: str) -> dict:
     return json.loads(text.strip().splitlines()[-1])
+
+
+def restart_peak() -> int:
+    """Start this process's peak resident memory (VmHWM) again from now (Linux's clear_refs)
+    and return it, in bytes: what a test then measures is what it allocated, not hidden under
+    an earlier test's higher peak (which ru_maxrss, a high-water mark, keeps)."""
+    from vaswani.devices import peak_resident_bytes
+
+    Path("/proc/self/clear_refs").write_text("5")
+    return peak_resident_bytes()

@@ -4,7 +4,6 @@ transformers itself reads one way (a tied config with its own head, an older fil
 ``rope_scaling`` beside ``rope_parameters``) is read that way, logits equal to transformers'."""
 
 import json
-import resource
 
 import pytest
 import torch
@@ -12,8 +11,10 @@ from safetensors.torch import load_file, save_file
 from torch.testing import assert_close
 
 import vaswani
+from tests.conftest import restart_peak
 from tests.pretrained.test_hf_import import hf_folder, reference
 from vaswani.cli import main
+from vaswani.devices import peak_resident_bytes
 
 pytest.importorskip("transformers", reason="transformers is a test dependency")
 
@@ -61,10 +62,10 @@ BAD_CONFIGS = [  # (family, a change to config.json, what the one line says)
                               enumerate(BAD_CONFIGS)])
 def test_a_config_of_wrong_types_ranges_or_sizes_is_one_line(tmp_path, capsys, family, change,
                                                              says):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = restart_peak()
     line = refused(edited(tmp_path, family, change), tmp_path, capsys)
     assert says in line and line.startswith("vaswani: error: "), line
-    grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before  # KiB
+    grew = (peak_resident_bytes() - before) // 1024  # KiB
     assert grew < 500_000, f"the refusal grew the peak RSS by {grew / 1024:.0f} MiB"
 
 

@@ -153,18 +153,19 @@ GGUF = [
 
 @pytest.mark.parametrize("name, make, message", GGUF, ids=[c[0] for c in GGUF])
 def test_bad_gguf_files(tmp_path, capsys, name, make, message):
-    import resource
+    from tests.conftest import restart_peak
+    from vaswani.devices import peak_resident_bytes
 
     path = tmp_path / "m.gguf"
     make(path)
     out = tmp_path / "out"
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = restart_peak()
     assert main(["import", "gguf", str(path), "--out", str(out), "--cache",
                  str(tmp_path / "cache")]) == 2
     assert message in one_line_error(capsys)
     assert not out.exists()
     # refused before allocating: the peak resident memory grew by less than 200 MiB
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024
+    assert peak_resident_bytes() - before < 200 * 2**20
 
 
 def test_bad_bert_sources(tmp_path, capsys):
