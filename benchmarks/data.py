@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import ROOT
+from .common import ROOT, hardware
 
 CACHE = Path(os.environ.get("VASWANI_CACHE") or Path.home() / ".cache" / "vaswani")
 MIB = 1 << 20
@@ -249,13 +249,13 @@ SIZES = {"lm": {"10MB": 10, "100MB": 100, "1GB": 1024}, "lm-bpe": {"100MB": 100}
          "pairs": {"30k": 30_000, "300k": 300_000, "3M": 3_000_000}}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="*", help="e.g. lm:10MB pairs:30k (default: all)")
     parser.add_argument("--before", help="an older checkout to run `vaswani train` from")
     parser.add_argument("--work", default="/tmp/vaswani-bench-data", help="scratch folder")
     parser.add_argument("--json", default=str(ROOT / "docs/results/bench-data.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     wanted = [tuple(s.split(":")) for s in args.sizes] if args.sizes else \
@@ -268,6 +268,8 @@ def main() -> None:
         amount = SIZES[kind][size]
         corpus = lm_corpus(work, amount) if kind.startswith("lm") else pair_corpus(work, amount)
         result = row(kind, size, corpus, work, Path(args.before) if args.before else None)
+        result.update(machine=hardware(), date=time.strftime("%Y-%m-%d"))  # rows of other
+        # calls, kept above, may come from other machines: each row says its own
         results.append(result)
         print(json.dumps(result), flush=True)
         Path(args.json).write_text(json.dumps(results, indent=2))
