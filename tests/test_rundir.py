@@ -174,13 +174,14 @@ def test_reading_a_weights_file_keeps_no_more_of_it_resident_than_the_tensor_at_
     path = tmp_path / "model.safetensors"
     checkpoint.write_tensors(path, {f"t{i}": torch.randn(1024, 2048) for i in range(12)})
     child = r"""
-import hashlib, re, sys
+import hashlib, sys
 from pathlib import Path
 import torch
 from safetensors import safe_open
 from vaswani import checkpoint
-def peak_mb():  # VmHWM: this process's own peak (ru_maxrss carries the parent's over exec)
-    return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())[1]) // 1024
+from vaswani.devices import peak_resident_bytes
+def peak_mb():  # this process's own peak (ru_maxrss carries the parent's over exec)
+    return peak_resident_bytes() // 2**20
 path, way = Path(sys.argv[1]), sys.argv[2]
 base = peak_mb()
 h = hashlib.sha256()
