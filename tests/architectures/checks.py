@@ -16,6 +16,7 @@ test_qwen3.py is one).
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from torch.testing import assert_close
@@ -108,6 +109,8 @@ def exports_back(transformers, model, run_dir, out):
     cls = type(model).__name__
     assert json.loads((out / "config.json").read_text())["architectures"] == [cls]
     back = transformers.AutoModelForCausalLM.from_pretrained(out).double().eval()
+    if getattr(model.config, "_experts_implementation", None):  # float64 needs "eager"
+        back.config._experts_implementation = model.config._experts_implementation
     assert type(back).__name__ == cls
     ids = torch.randint(1, VOCAB, (1, 30))
     with torch.no_grad():
@@ -126,7 +129,7 @@ def write_gguf(gguf, model, arch: str, path, pre: str = "default", rotated: int 
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     tokens, merges = vocabulary()
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), record.name or arch)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
     w.add_block_count(c.num_hidden_layers)
@@ -140,6 +143,10 @@ def write_gguf(gguf, model, arch: str, path, pre: str = "default", rotated: int 
     w.add_rope_dimension_count(rotated or head_dim)
     if getattr(c, "sliding_window", None):
         w.add_sliding_window(c.sliding_window)
+    if getattr(c, "num_experts", None):
+        w.add_expert_count(c.num_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
@@ -157,6 +164,13 @@ def write_gguf(gguf, model, arch: str, path, pre: str = "default", rotated: int 
             w.add_tensor(top[name], t)
             continue
         block, rest = name.removeprefix("model.layers.").split(".", 1)
+        if rest.startswith("mlp.experts."):  # stacked: gate and up apart, (E, I, D) each
+            parts = dict(zip(("ffn_gate_exps", "ffn_up_exps"), np.split(t, 2, axis=1),
+                             strict=True)) if rest.endswith("gate_up_proj") else \
+                {"ffn_down_exps": t}
+            for kind, part in parts.items():
+                w.add_tensor(f"blk.{block}.{kind}.weight", np.ascontiguousarray(part))
+            continue
         module, suffix = rest.rsplit(".", 1)
         heads = {"self_attn.q_proj": c.num_attention_heads,
                  "self_attn.k_proj": c.num_key_value_heads}.get(module)
@@ -215,9 +229,10 @@ def quantized_near(run_dir):
             assert error < {"int8": 0.05, "int4": 0.2}[kind], (kind, error)
 
 
-def lora_loads_in_peft(transformers, run_dir, root):
-    """Two LoRA steps on the imported run (every projection adapted), exported: peft loads
-    the adapters on the exported base with vaswani's logits (1e-4)."""
+def lora_loads_in_peft(transformers, run_dir, root,
+                       targets=("q", "k", "v", "o", "gate", "up", "down")):
+    """Two LoRA steps on the imported run (``targets``: every projection adapted), exported:
+    peft loads the adapters on the exported base with vaswani's logits (1e-4)."""
     peft = pytest.importorskip("peft")
     from tests.training.fixtures import config, text_file
     from vaswani.config import dump_toml
@@ -231,7 +246,7 @@ def lora_loads_in_peft(transformers, run_dir, root):
                         "init_from": str(run_dir)})
     cfg.write_text(cfg.read_text() + "\n" + dump_toml({"finetune": {
         "method": "lora", "rank": 4, "alpha": 8.0,
-        "targets": ["q", "k", "v", "o", "gate", "up", "down"]}}))
+        "targets": list(targets)}}))
     train(str(cfg), [], out=str(root / "lora"), launch=Launch(progress=False))
     out = export(root / "lora", "hf", root / "lora-hf")
     theirs = peft.PeftModel.from_pretrained(
@@ -252,6 +267,7 @@ class Checks:
     architecture: str
     no_gguf = ""  # why this model has no GGUF file as llama.cpp writes it
     no_peft = ""  # why its adapters do not load in peft
+    lora_targets = ("q", "k", "v", "o", "gate", "up", "down")  # what peft's check adapts
 
     @staticmethod
     def build(transformers):
@@ -291,4 +307,4 @@ class Checks:
     def test_lora_adapters_load_in_peft(self, transformers, imported, tmp_path):
         if self.no_peft:
             pytest.skip(self.no_peft)
-        lora_loads_in_peft(transformers, imported[2], tmp_path)
+        lora_loads_in_peft(transformers, imported[2], tmp_path, self.lora_targets)

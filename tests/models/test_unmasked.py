@@ -91,7 +91,7 @@ def test_the_tasks_losses_pass_no_explicit_mask(monkeypatch):
 
     lm = model("decoder", "sdpa")
     task = LanguageModelling.__new__(LanguageModelling)
-    task.config = SimpleNamespace(train=TrainConfig())
+    task.config = SimpleNamespace(train=TrainConfig(), model=lm.config)
     ids = torch.randint(3, 23, (2, 8))
     task.loss(lm, Batch({"input": ids, "target": ids}, targets=16, tokens=16), 0.0)
     assert seen == ["causal", "causal"]

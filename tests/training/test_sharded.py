@@ -244,3 +244,21 @@ def test_muon_on_ddp_and_fsdp_equals_one_process(runs):
     muon_weights = load_file(str(tmp / "muon-1/last/model.safetensors"))
     assert not torch.allclose(straight["decoder.layers.0.feed_forward.linear1.weight"],
                               muon_weights["decoder.layers.0.feed_forward.linear1.weight"])
+
+
+def test_a_mixture_of_experts_trains_alike_sharded(tmp_path):
+    """FSDP over two processes trains a language model of sixteen experts, one a token (on
+    each rank, each step, some expert no token chose: its gradient is zero, not missing, so
+    the ranks' reductions match), as one process does."""
+    from tests.training.fixtures import text_file
+
+    cfg = config(tmp_path / "c.toml", "decoder", text_file(tmp_path / "text.txt", n=600),
+                 model={"n_experts": 16, "experts_per_token": 1, "expert_d_ff": 8,
+                        "activation": "swiglu", "norm_first": True, "bias": False,
+                        "router_aux_loss": 0.0},
+                 data={"batch_size": 2, "block_size": 8},
+                 train={"max_steps": 4, "eval_every": 4, "save_every": 4})
+    vaswani("train", str(cfg), "--out", str(tmp_path / "one"))
+    vaswani("train", str(cfg), "--out", str(tmp_path / "two"), "--set", "train.parallel=fsdp",
+            nproc=2)
+    assert_same_run(tmp_path / "one", tmp_path / "two", steps=4)

@@ -485,3 +485,27 @@ def test_batch_tokens_sets_the_accumulation_a_step_needs(tmp_path):
     with pytest.raises(ValueError, match=r"batch_tokens \(1000\) sets grad_accum"):
         train(str(cfg), ["data.batch_tokens=1000", "train.grad_accum=2"],
               out=str(tmp_path / "two"), launch=Launch(progress=False))
+
+
+def test_a_mixture_of_experts_trains_alike_in_two_ddp_processes(tmp_path):
+    """A language model whose feed-forward blocks are sixteen experts, one a token: two DDP
+    processes (each step, some expert no token of a rank chose: its gradient there is zero,
+    not missing) give one process's losses and weights. The load-balancing loss is each
+    micro-batch's own, as transformers computes it per forward, so it is off here: over the
+    combined batch it is not the sum of the halves'."""
+    data = text_file(tmp_path / "text.txt", n=600)
+    cfg = cpu_config(tmp_path / "c.toml", "decoder", data,  # 16 experts, 8 tokens a rank
+                     model={"n_experts": 16, "experts_per_token": 1, "expert_d_ff": 8,
+                            "activation": "swiglu", "norm_first": True, "bias": False,
+                            "router_aux_loss": 0.0},
+                     data={"batch_size": 2, "block_size": 8},
+                     train={"max_steps": 4, "eval_every": 4, "save_every": 4})
+    train_in_one_and_two_processes(cfg, tmp_path)
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert a.keys() == b.keys() and len(a) == 4
+    for step in a:
+        assert abs(a[step] - b[step]) <= 1e-5
+    wa, wb = weights(tmp_path / "one"), weights(tmp_path / "two")
+    assert any(".experts.15." in name for name in wa)
+    for name in wa:
+        assert_close(wa[name], wb[name], rtol=0, atol=1e-5, msg=name)

@@ -33,13 +33,15 @@ from ..config.family import family
 @dataclass(frozen=True)
 class GGUF:
     """How llama.cpp's converter writes an architecture into a GGUF file (its
-    ``general.architecture`` is the architecture's name); pretrained/gguf.py reads any."""
+    ``general.architecture`` is ``name``, or the architecture's name); pretrained/gguf.py
+    reads any."""
 
     blocks: dict[str, str]  # a block's tensor ("attn_q") -> Hugging Face's ("self_attn.q_proj")
     settings: Callable[[Callable], dict]  # read(key, default) -> config.json's other fields
     biased: tuple[str, ...] = ()  # the block tensors that have a bias too
     permuted: bool = False  # q and k rows permuted into interleaved rotary pairs
     norms_plus_one: bool = False  # norm weights stored with Gemma's 1 added
+    name: str = ""  # llama.cpp's name for it, where not the architecture's ("qwen3moe")
 
 
 @dataclass(frozen=True)
@@ -108,9 +110,10 @@ def named(name: str) -> Architecture:
 
 def for_gguf(name: str, where: str) -> Architecture:
     """The architecture of a GGUF file whose ``general.architecture`` is ``name``."""
-    if name in known() and known()[name].gguf is not None:
-        return known()[name]
-    ours = ", ".join(n for n, a in known().items() if a.gguf is not None)
+    for record in known().values():
+        if record.gguf is not None and (record.gguf.name or record.name) == name:
+            return record
+    ours = ", ".join(a.gguf.name or n for n, a in known().items() if a.gguf is not None)
     raise ValueError(f"{where}: architecture {name!r} is not supported ({ours})")
 
 
@@ -127,9 +130,9 @@ def for_hf(model_type, where: str = "config.json") -> Architecture:
 def of(c: ModelConfig) -> Architecture:
     """The architecture of a run: the one ``[model] architecture`` names, or for a run that
     names none, the one its fields match (an encoder is BERT; a decoder with rotary positions
-    Gemma 3 where it has Gemma's norms, window or activation, else Qwen2 with biases on q, k
-    and v alone, Mistral where it was imported from one, else LLaMA; any other decoder
-    GPT-2). A translator has none."""
+    Qwen3-MoE where it has experts, Gemma 3 where it has Gemma's norms, window or activation,
+    else Qwen2 with biases on q, k and v alone, Mistral where it was imported from one, else
+    LLaMA; any other decoder GPT-2). A translator has none."""
     if c.architecture:
         return named(c.architecture)
     kind = family(c.arch)
@@ -142,6 +145,8 @@ def of(c: ModelConfig) -> Architecture:
         return named("bert")
     if c.positional != "rope":
         return named("gpt2")
+    if c.n_experts:
+        return named("qwen3_moe")
     if c.qk_norm or c.post_norms or c.sliding_window or c.activation == "geglu_tanh":
         return named("gemma3")
     if c.qkv_bias:

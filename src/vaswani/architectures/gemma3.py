@@ -178,7 +178,7 @@ def refuse(c: ModelConfig) -> None:
     require(c, {"norm_first": True, "norm": "rmsnorm", "activation": "geglu_tanh",
                 "bias": False, "qk_norm": True, "post_norms": True, "scale_embeddings": True,
                 "rope_scaling": "none", "positional": "rope", "embed_norm": False,
-                "type_vocab_size": 0, "nope_every": 0},
+                "type_vocab_size": 0, "nope_every": 0, "n_experts": 0},
             "Gemma 3 (RMSNorm before and after each sublayer and on q and k, gated "
             "GELU-tanh, scaled embeddings, rotary positions)")
     if c.qkv_bias:

@@ -21,7 +21,7 @@ from .maps import as_float, input_embeddings, projections, projections_back, spe
 DESCRIBED = "LLaMA (pre-norm, RMSNorm, SwiGLU, no biases, rotary positions)"
 NEEDS = {"norm_first": True, "norm": "rmsnorm", "activation": "swiglu", "bias": False,
          "positional": "rope", "qk_norm": False, "post_norms": False, "embed_norm": False,
-         "type_vocab_size": 0, "sliding_window": 0, "nope_every": 0}
+         "type_vocab_size": 0, "sliding_window": 0, "nope_every": 0, "n_experts": 0}
 
 
 def llama_config(*, vocab_size: int, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int,

@@ -47,23 +47,44 @@ def projections(hf: dict[str, Tensor], h: str, o: str, config: ModelConfig, *,
     """One layer's linear weights, taken out of Hugging Face's LLaMA names (prefix ``h``)
     into vaswani's (prefix ``o``), each checked against ``config``'s sizes: q, k, v (and their
     biases) stacked into ``in_proj``, gate and up into the gated feed-forward's ``linear1``."""
-    d, ff, rows = config.d_model, config.d_ff, widths(config)
+    return {**attention_projections(hf, h, o, config, bias=bias),
+            **gated_feed_forward(hf, h + "mlp.", o + "feed_forward.", config.d_model,
+                                 config.d_ff)}
+
+
+def attention_projections(hf: dict[str, Tensor], h: str, o: str, config: ModelConfig, *,
+                          bias: bool = False) -> dict[str, Tensor]:
+    """:func:`projections`' attention part: q, k, v into ``in_proj``, o into ``out_proj``."""
+    d, rows = config.d_model, widths(config)
     out = {o + "self_attn.in_proj.weight": torch.cat(
         [take(hf, h + f"self_attn.{n}_proj.weight", rows[n], d) for n in ("q", "k", "v")])}
     if bias:
         out[o + "self_attn.in_proj.bias"] = torch.cat(
             [take(hf, h + f"self_attn.{n}_proj.bias", rows[n]) for n in ("q", "k", "v")])
     out[o + "self_attn.out_proj.weight"] = take(hf, h + "self_attn.o_proj.weight", d, rows["q"])
-    out[o + "feed_forward.linear1.weight"] = torch.cat(
-        [take(hf, h + f"mlp.{n}_proj.weight", ff, d) for n in ("gate", "up")])
-    out[o + "feed_forward.linear2.weight"] = take(hf, h + "mlp.down_proj.weight", d, ff)
     return out
+
+
+def gated_feed_forward(hf: dict[str, Tensor], h: str, o: str, d: int, ff: int
+                       ) -> dict[str, Tensor]:
+    """A gated feed-forward block's ``gate_proj``, ``up_proj`` and ``down_proj`` (prefix
+    ``h``) -> vaswani's ``linear1`` (gate and up stacked) and ``linear2`` (prefix ``o``)."""
+    return {o + "linear1.weight": torch.cat([take(hf, h + f"{n}_proj.weight", ff, d)
+                                             for n in ("gate", "up")]),
+            o + "linear2.weight": take(hf, h + "down_proj.weight", d, ff)}
 
 
 def projections_back(sd: dict[str, Tensor], o: str, h: str, c: ModelConfig, *,
                      bias: bool = False) -> dict[str, Tensor]:
     """:func:`projections` the other way: vaswani's ``in_proj`` and ``linear1`` (prefix
     ``o``) split into LLaMA's q, k, v and gate, up (prefix ``h``)."""
+    return {**attention_projections_back(sd, o, h, c, bias=bias),
+            **gated_feed_forward_back(sd, o + "feed_forward.", h + "mlp.")}
+
+
+def attention_projections_back(sd: dict[str, Tensor], o: str, h: str, c: ModelConfig, *,
+                               bias: bool = False) -> dict[str, Tensor]:
+    """:func:`attention_projections` the other way."""
     rows = widths(c)
     sizes = [rows["q"], rows["k"], rows["v"]]
     out = dict(zip((h + f"self_attn.{n}_proj.weight" for n in "qkv"),
@@ -71,11 +92,15 @@ def projections_back(sd: dict[str, Tensor], o: str, h: str, c: ModelConfig, *,
     if bias:
         out.update(zip((h + f"self_attn.{n}_proj.bias" for n in "qkv"),
                        sd[o + "self_attn.in_proj.bias"].split(sizes), strict=True))
-    gate, up = sd[o + "feed_forward.linear1.weight"].chunk(2)
-    out.update({h + "self_attn.o_proj.weight": sd[o + "self_attn.out_proj.weight"],
-                h + "mlp.gate_proj.weight": gate, h + "mlp.up_proj.weight": up,
-                h + "mlp.down_proj.weight": sd[o + "feed_forward.linear2.weight"]})
+    out[h + "self_attn.o_proj.weight"] = sd[o + "self_attn.out_proj.weight"]
     return out
+
+
+def gated_feed_forward_back(sd: dict[str, Tensor], o: str, h: str) -> dict[str, Tensor]:
+    """:func:`gated_feed_forward` the other way."""
+    gate, up = sd[o + "linear1.weight"].chunk(2)
+    return {h + "gate_proj.weight": gate, h + "up_proj.weight": up,
+            h + "down_proj.weight": sd[o + "linear2.weight"]}
 
 
 def input_embeddings(model, c: ModelConfig) -> Tensor:

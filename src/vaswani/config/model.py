@@ -112,6 +112,19 @@ class ModelConfig(ConfigBase):
     nope_every: int = 0
     """With rotary positions: every this-many-th layer (the 4th, 8th, ... for 4) takes no
     positions at all, "NoPE" (SmolLM3: 4); 0 = every layer rotates its queries and keys."""
+    n_experts: int = 0
+    """A language model's feed-forward blocks as a mixture of this many experts, each a
+    feed-forward block of `expert_d_ff` (Qwen3-MoE: 128); 0 = one dense block of `d_ff`."""
+    experts_per_token: int = 2
+    """With `n_experts`: the experts each token is routed to (Qwen3-MoE: 8)."""
+    expert_d_ff: int | None = None
+    """With `n_experts`: each expert's inner width; None = `d_ff`."""
+    renormalize_experts: bool = False
+    """With `n_experts`: the chosen experts' router probabilities rescaled to sum to 1."""
+    router_aux_loss: float = 0.001
+    """With `n_experts`: the load-balancing loss's weight in the training loss (the Switch
+    Transformer's, over each micro-batch's tokens, as transformers takes it over each
+    forward's; 0 = none)."""
     type_vocab_size: int = 0
     """BERT token-type (segment) embeddings; 0 = none."""
     embed_norm: bool = False
@@ -179,10 +192,22 @@ class ModelConfig(ConfigBase):
         for name in ["sliding_window", "global_every", "nope_every"]:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must not be negative")
+        kind = family(self.arch)
+        if self.n_experts:
+            if not kind.language_model:
+                raise ValueError(f"n_experts ({self.n_experts}) is only used by arch "
+                                 f"{named(lambda f: f.language_model)}")
+            if not 1 <= self.experts_per_token <= self.n_experts:
+                raise ValueError(f"experts_per_token ({self.experts_per_token}) must be "
+                                 f"between 1 and n_experts ({self.n_experts})")
+            if self.expert_d_ff <= 0 or self.router_aux_loss < 0:
+                raise ValueError(f"expert_d_ff ({self.expert_d_ff}) must be positive and "
+                                 f"router_aux_loss ({self.router_aux_loss}) not negative")
+        elif self.n_experts < 0:
+            raise ValueError(f"n_experts ({self.n_experts}) must not be negative")
         if self.post_norms and not self.norm_first:
             raise ValueError("post_norms (True) needs norm_first (True): the second norm of "
                              "a pre-norm block")
-        kind = family(self.arch)
         if self.sliding_window and not kind.language_model:
             raise ValueError(f"sliding_window ({self.sliding_window}) is only used by "
                              f"arch {named(lambda f: f.language_model)}")
@@ -210,7 +235,10 @@ class ModelConfig(ConfigBase):
         head_dim = self.head_dim or d // heads
         kv = head_dim * (self.n_kv_heads or heads)
         attention = 2 * d * head_dim * heads + 2 * d * kv
-        feed_forward = (3 if self.activation in ("swiglu", "geglu_tanh") else 2) * d * self.d_ff
+        gated = 3 if self.activation in ("swiglu", "geglu_tanh") else 2
+        feed_forward = gated * d * self.d_ff
+        if self.n_experts:  # each expert's block, and the router
+            feed_forward = self.n_experts * (gated * d * (self.expert_d_ff or self.d_ff) + d)
         kind = family(self.arch)
         encoder = self.n_encoder_layers if kind.encoder else 0
         decoder = self.n_decoder_layers if kind.decoder else 0
@@ -235,7 +263,7 @@ class ModelConfig(ConfigBase):
         ``d_model / n_heads`` wide, and the target vocabulary is the source's. Fields a model
         family does not use stay None."""
         out = {"n_kv_heads": self.n_heads, "attn_dropout": self.dropout,
-               "head_dim": self.d_model // max(self.n_heads, 1)}
+               "head_dim": self.d_model // max(self.n_heads, 1), "expert_d_ff": self.d_ff}
         kind = family(self.arch)
         if kind.encoder:
             out["n_encoder_layers"] = self.n_layers

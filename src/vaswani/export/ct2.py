@@ -56,7 +56,8 @@ def check(config) -> None:
     if c.activation not in ACTIVATIONS:
         raise refuse("ct2", "activation", c.activation, ", ".join(ACTIVATIONS))
     for option, value in (("qk_norm", False), ("post_norms", False), ("sliding_window", 0),
-                          ("nope_every", 0), ("head_dim", c.d_model // c.n_heads)):
+                          ("nope_every", 0), ("n_experts", 0),
+                          ("head_dim", c.d_model // c.n_heads)):
         if getattr(c, option) != value:
             raise refuse("ct2", option, getattr(c, option), f"{value!r} only")
     if family(c.arch).cross and c.n_kv_heads not in (c.n_heads, 1):

@@ -16,6 +16,7 @@ from ..nn.attention import Attention, Heads, MultiHeadAttention
 from ..nn.feedforward import FeedForward
 from ..nn.layers import DecoderLayer, EncoderLayer, LayerWeights, Residual
 from ..nn.linear import Linear
+from ..nn.moe import MixtureOfExperts, Router
 from ..nn.norm import make_norm
 from ..nn.positional import Embeddings, embedding, positions
 from ..nn.rotary import RopeScaling, Rotary
@@ -66,9 +67,15 @@ def norm(c: ModelConfig, width: int | None = None) -> nn.Module:
     return make_norm(c.norm, c.d_model if width is None else width, c.norm_eps, c.bias)
 
 
-def feed_forward(c: ModelConfig) -> FeedForward:
-    return FeedForward(c.d_model, c.d_ff, activation=c.activation, dropout=c.dropout,
-                       bias=c.bias)
+def feed_forward(c: ModelConfig) -> FeedForward | MixtureOfExperts:
+    """Each layer's feed-forward block, or with ``n_experts`` a mixture of that many."""
+    if not c.n_experts:
+        return FeedForward(c.d_model, c.d_ff, activation=c.activation, dropout=c.dropout,
+                           bias=c.bias)
+    experts = [FeedForward(c.d_model, c.expert_d_ff, activation=c.activation,
+                           dropout=c.dropout, bias=c.bias) for _ in range(c.n_experts)]
+    return MixtureOfExperts(Router(c.d_model, c.n_experts), experts,
+                            top_k=c.experts_per_token, renormalize=c.renormalize_experts)
 
 
 def residual(c: ModelConfig) -> Residual:

@@ -32,6 +32,8 @@ import functools
 import torch
 from torch import Tensor, nn
 
+from ..nn.moe import MixtureOfExperts, load_balancing_loss
+
 
 def reference_smoothed_cross_entropy(logits: Tensor, target: Tensor, *, smoothing: float = 0.0,
                                      pad_id: int | None = None
@@ -330,3 +332,14 @@ class _HeadCrossEntropy(torch.autograd.Function):
         grad_h = (grad_h * g_loss).to(ctx.dtypes[0])
         grad_w = None if grad_w is None else (grad_w * g_loss).to(ctx.dtypes[1])
         return grad_h, grad_w, None, None, None, None, None, None
+
+
+def router_loss(model: nn.Module, keep: Tensor | None = None) -> Tensor | None:
+    """The load-balancing loss (nn/moe.py ``load_balancing_loss``) of the router scores that
+    ``model``'s mixture-of-experts blocks kept from its last training forward, over the rows
+    ``keep`` (B, T) marks; None where it has none."""
+    blocks = [m for m in model.modules()
+              if isinstance(m, MixtureOfExperts) and m.router_logits is not None]
+    if not blocks:
+        return None
+    return load_balancing_loss([b.router_logits for b in blocks], blocks[0].top_k, keep)

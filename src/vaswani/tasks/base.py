@@ -178,10 +178,18 @@ class Task:
         logits are made and :meth:`criterion` takes them."""
         target = target.flatten()
         if ids.device.type == "cpu" and not self.config.train.compiles(ids.device):
-            return model(ids, mask=True, loss=functools.partial(
+            loss, nll, n = model(ids, mask=True, loss=functools.partial(
                 losses.head_cross_entropy, target=target, smoothing=smoothing, pad_id=pad_id))
-        logits = model(ids, mask=True)
-        return self.criterion(logits.flatten(0, 1), target, smoothing=smoothing, pad_id=pad_id)
+        else:
+            logits = model(ids, mask=True)
+            loss, nll, n = self.criterion(logits.flatten(0, 1), target, smoothing=smoothing,
+                                          pad_id=pad_id)
+        weight = self.config.model.router_aux_loss if self.config.model.n_experts else 0.0
+        balance = losses.router_loss(model, None if pad_id is None else ids != pad_id) \
+            if weight else None
+        if balance is not None:  # a mixture of experts' load balancing, per target counted
+            loss = loss + weight * balance * n
+        return loss, nll, n
 
     @torch.no_grad()
     def metric(self, model: nn.Module, data: TaskData, batches, n_examples: int,
