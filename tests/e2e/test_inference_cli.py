@@ -216,8 +216,9 @@ def test_quantize_int8_translates_from_python_and_the_cli(copy_run, tmp_path, ca
     assert capsys.readouterr().out == "abcdefgh\n"
     with pytest.raises(ValueError, match=r"quantize \('int2'\) must be one of int8, int4"):
         vaswani.load(copy_run[0], quantize="int2")
-    with pytest.raises(ValueError, match="--quantize int4 is for language models"):
-        vaswani.load(copy_run[0], quantize="int4")
+    for kind in ("int4", "int4-g64"):
+        with pytest.raises(ValueError, match=f"--quantize {kind} is for language models"):
+            vaswani.load(copy_run[0], quantize=kind)
     with pytest.raises(ValueError, match="a CTranslate2 export is quantized when it is made"):
         vaswani.load(copy_run[0], engine="ct2", quantize="int8")
 

@@ -69,7 +69,7 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR",
                    help="a run that decodes (a translator or a language model)")
     p.add_argument("--quantize", choices=QUANTIZE,
-                   help="compile the step of the run loaded with --quantize int8|int4 (a "
+                   help="compile the step of the run loaded with --quantize int8|int4|int4-g64 (a "
                         "separate package; the float one is kept)")
     p.add_argument("--weights", choices=["best", "last", "averaged"], default="best",
                    help="the weights to compile in (default best)")

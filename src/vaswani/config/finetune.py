@@ -36,9 +36,9 @@ class FinetuneConfig(ConfigBase):
     targets: list[str] = dataclasses.field(default_factory=lambda: ["q", "v"])
     """LoRA: the projections adapted, among q, k, v, o (attention's) and gate, up, down (the
     feed-forward's; a plain feed-forward has up and down)."""
-    quantize: Literal["", "int8", "int4"] = ""
-    """QLoRA: the frozen weights kept in int8 or int4 while the adapters train (language
-    models, on a CPU); "" = float."""
+    quantize: Literal["", "int8", "int4", "int4-g64"] = ""
+    """QLoRA: the frozen weights kept in int8 or int4 (in groups of 32; "int4-g64": of 64)
+    while the adapters train (language models, on a CPU); "" = float."""
     base_sha256: str = ""
     """LoRA: filled in when the run starts, the checksum of the init_from weights the
     adapters are trained on; a base whose weights have changed since is refused."""

@@ -11,8 +11,9 @@ Two ways, for two kinds of work:
   on its own. A row's result depends only on that row, so a completion is the same alone and
   in any batch (a test checks it bit for bit), and a decode step, which reads every weight
   for a few rows, reads a quarter (int8) or an eighth (int4) of the bytes. int8: one
-  symmetric scale per output row; int4: a scale and an offset per group of ``GROUP`` inputs of
-  each output row (asymmetric: 16 levels from the group's least to its largest value).
+  symmetric scale per output row; int4: a scale and an offset per group of ``GROUP`` (32)
+  inputs of each output row (asymmetric: 16 levels from the group's least to its largest
+  value), or of 64 (``int4-g64``).
 * :class:`Int8Linear` (``int8`` for a translator or an encoder): the weight in int8, one scale
   per output row, and on every call the *input* quantized to 8 bits with a scale and zero
   point from its own range (7 bits, 0..127, as PyTorch's x86 default: fbgemm's AVX2 kernels
@@ -98,6 +99,8 @@ def reference_int8_linear(x: Tensor, qweight: Tensor, bias: Tensor | None) -> Te
 
 
 GROUP = 32  # int4: inputs per scale and offset (llama.cpp's Q4 blocks hold 32 too)
+# each int4 choice's group: "int4" is llama.cpp's Q4 groups, "int4-g64" reads 10% fewer bytes
+INT4_GROUPS = {"int4": GROUP, "int4-g64": 64}
 
 
 ROWS = 4096  # rows quantized at a time: a vocabulary-sized weight's temporaries stay small
@@ -143,12 +146,12 @@ def int4_groups(weight: Tensor, group: int = GROUP) -> tuple[Tensor, Tensor, Ten
     return levels.clamp(0, 15).to(torch.int32).view(weight.shape), scales, offsets
 
 
-def int4_packed(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """(the kernel's packed int4 weight, its (in / GROUP, out, 2) bf16 scales and offsets),
+def int4_packed(weight: Tensor, group: int = GROUP) -> tuple[Tensor, Tensor]:
+    """(the kernel's packed int4 weight, its (in / group, out, 2) bf16 scales and offsets),
     ``ROWS`` output rows at a time (each row is packed on its own)."""
     packed, pairs = [], []
     for a in range(0, weight.size(0), ROWS):
-        levels, scales, offsets = int4_groups(weight[a:a + ROWS])
+        levels, scales, offsets = int4_groups(weight[a:a + ROWS], group)
         packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1))
         pairs.append(torch.stack([scales, offsets], -1).transpose(0, 1).to(torch.bfloat16))
     return torch.cat(packed), torch.cat(pairs, dim=1).contiguous()
@@ -173,25 +176,26 @@ def int4_fits(linear: nn.Linear, group: int = GROUP) -> bool:
 
 class WeightOnlyLinear(nn.Module):
     """``nn.Linear`` with an int8 or int4 weight and a float input (see the module's
-    docstring): ``bits`` 8 or 4."""
+    docstring): ``bits`` 8 or 4, the latter in groups of ``group`` inputs."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, bits: int) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None, bits: int,
+                 group: int = GROUP) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.bits = bits
+        self.bits, self.group = bits, group
         self.bias = None if bias is None else bias.detach().float().clone()
         if bits == 8:
             self.qweight, scales = int8_rows(weight)
             self.scales = scales.to(torch.bfloat16)
         elif bits == 4:
-            # (in / GROUP, out, 2) scales: each group's scale and offset, as the kernel reads
-            self.qweight, self.scales = int4_packed(weight)
+            # (in / group, out, 2) scales: each group's scale and offset, as the kernel reads
+            self.qweight, self.scales = int4_packed(weight, group)
         else:
             raise ValueError(f"bits ({bits}) must be 8 or 4")
 
     @classmethod
-    def of(cls, linear: nn.Linear, bits: int) -> WeightOnlyLinear:
-        return cls(linear.weight, linear.bias, bits)
+    def of(cls, linear: nn.Linear, bits: int, group: int = GROUP) -> WeightOnlyLinear:
+        return cls(linear.weight, linear.bias, bits, group)
 
     @classmethod
     def sharing(cls, table: Int8Embedding) -> WeightOnlyLinear:
@@ -201,7 +205,7 @@ class WeightOnlyLinear(nn.Module):
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.out_features, layer.in_features = table.qweight.shape
-        layer.bits, layer.bias = 8, None
+        layer.bits, layer.group, layer.bias = 8, GROUP, None
         layer.qweight, layer.scales = table.qweight, table.scales.to(torch.bfloat16)
         return layer
 
@@ -221,7 +225,7 @@ class WeightOnlyLinear(nn.Module):
         flat = flat.to(torch.bfloat16)
         if self.bits == 8:
             return torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.qweight, GROUP,
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.qweight, self.group,
                                                           self.scales)
 
     def dequantized(self) -> Tensor:
@@ -229,9 +233,9 @@ class WeightOnlyLinear(nn.Module):
         :func:`reference_weight_only` computes from the float weight)."""
         if self.bits == 8:
             return self.qweight.float() * self.scales.float()[:, None]
-        scales, offsets = self.scales.float().unbind(-1)  # (in / GROUP, out) each
+        scales, offsets = self.scales.float().unbind(-1)  # (in / group, out) each
         levels = int4_unpacked(self.qweight, self.out_features, self.in_features)
-        w = (levels.view(self.out_features, -1, GROUP).float() - 8) * scales.T[..., None]
+        w = (levels.view(self.out_features, -1, self.group).float() - 8) * scales.T[..., None]
         return (w + offsets.T[..., None]).view(self.out_features, self.in_features)
 
     def dequantized_rows(self, start: int, stop: int) -> Tensor:
@@ -246,8 +250,9 @@ class WeightOnlyLinear(nn.Module):
         return self.forward(x)[..., start:stop]
 
     def extra_repr(self) -> str:
+        groups = f" in groups of {self.group}" if self.bits == 4 else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"int{self.bits} weights")
+                f"int{self.bits} weights{groups}")
 
 
 class FrozenProduct(torch.autograd.Function):
@@ -305,9 +310,9 @@ def reference_weight_only(x: Tensor, layer: WeightOnlyLinear, weight: Tensor) ->
         q, scales = int8_rows(weight)
         w = q.float() * scales.to(torch.bfloat16).float()[:, None]
     else:
-        levels, scales, offsets = int4_groups(weight)
+        levels, scales, offsets = int4_groups(weight, layer.group)
         s, o = (t.to(torch.bfloat16).float()[..., None] for t in (scales, offsets))
-        w = ((levels.view(*scales.shape, GROUP).float() - 8) * s + o).view(weight.shape)
+        w = ((levels.view(*scales.shape, layer.group).float() - 8) * s + o).view(weight.shape)
     return F.linear(x.to(torch.bfloat16).float(), w, layer.bias)
 
 
@@ -331,7 +336,7 @@ class Int8Embedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, int8 rows"
 
 
-QUANTIZE = ("int8", "int4")
+QUANTIZE = ("int8", *INT4_GROUPS)
 
 
 def quantize_linears(model: nn.Module, kind: str = "int8", *, weight_only: bool = False
@@ -365,11 +370,12 @@ def quantize_linears(model: nn.Module, kind: str = "int8", *, weight_only: bool 
 
 def quantized(linear: nn.Linear, kind: str, *, weight_only: bool = False) -> nn.Module:
     """One layer of :func:`quantize_linears` (``linear`` itself where no kernel takes it)."""
-    if kind == "int4" and int4_fits(linear):
-        return WeightOnlyLinear.of(linear, 4)
-    if (kind == "int4" or weight_only) and not int8_fits(linear.in_features):
+    group = INT4_GROUPS.get(kind)
+    if group and int4_fits(linear, group):
+        return WeightOnlyLinear.of(linear, 4, group)
+    if (group or weight_only) and not int8_fits(linear.in_features):
         return linear
-    if kind == "int4":
+    if group:
         return WeightOnlyLinear.of(linear, 8)
     if weight_only:
         return WeightOnlyLinear.of(linear, 8)

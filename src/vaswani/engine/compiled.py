@@ -61,7 +61,7 @@ STEP_VERSION = 2  # the exported step's signature and code; a package of another
 # timings taken on a loaded machine pick badly (pytorch#148494). Inductor's C++ GEMM
 # templates ("CPP") for float and int8 weights, faster than ATen's on the CPUs tried; ATen's
 # own int4 kernel, which Inductor's int4 template (AVX-512 only) cannot replace everywhere.
-GEMM = {None: "CPP", "int8": "CPP", "int4": "ATEN"}
+GEMM = {None: "CPP", "int8": "CPP", "int4": "ATEN", "int4-g64": "ATEN"}
 # Rows of a decode step from which the eager step is used instead: a step of many rows costs
 # its arithmetic and memory traffic, not its operators' count, and there the eager step's
 # layouts win (a beam's hypotheses reading their source once, attention in parts of like

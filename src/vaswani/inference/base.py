@@ -29,7 +29,7 @@ from .. import checkpoint, rundir
 from ..checkpoint.quantized import load_quantized
 from ..config import DecodeConfig, RunConfig
 from ..config.family import Family, families, family
-from ..cpu.quantized import QUANTIZE, quantize_linears
+from ..cpu.quantized import INT4_GROUPS, QUANTIZE, quantize_linears
 from ..data.files import ReadReport
 from ..data.prepare import split_files
 from ..data.tokenizers import Tokenizer
@@ -272,8 +272,8 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
                              f"{tok.vocab_size} tokens but the model expects {expected}: "
                              "the tokenizer does not belong to this model")
     language_model = kind.language_model
-    if quantize == "int4" and not language_model:
-        raise ValueError(f"--quantize int4 is for language models; {run_dir} holds "
+    if quantize in INT4_GROUPS and not language_model:
+        raise ValueError(f"--quantize {quantize} is for language models; {run_dir} holds "
                          f"{kind.describes}: use --quantize int8")
     path = checkpoint.weights_path(run_dir, weights)
     if weights == "best" and path.parent != run_dir:
