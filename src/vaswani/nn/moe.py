@@ -74,17 +74,16 @@ class MixtureOfExperts(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.size(-1))
         logits, weights, chosen = self.route(flat)
-        self.router_logits = logits if self.training and torch.is_grad_enabled() else None
+        training = self.training and torch.is_grad_enabled()
+        self.router_logits = logits if training else None
+        out = torch.zeros_like(flat)
         if static_shapes():
             gates = torch.zeros_like(logits).scatter(-1, chosen, weights)  # (N, E), k nonzero
-            out = torch.zeros_like(flat)
             for e, expert in enumerate(self.experts):
                 out = out + gates[:, e, None] * expert(flat)
             return out.view_as(x)
-        out = torch.zeros_like(flat)
         # while training every expert runs, on no rows where none chose it: each gets its
         # gradient, zero if unused, so that processes averaging gradients agree on which exist
-        training = self.training and torch.is_grad_enabled()
         for e in range(len(self.experts)) if training else chosen.unique().tolist():
             rows, place = torch.where(chosen == e)  # row, its place in the k
             out.index_add_(0, rows, self.experts[e](flat[rows]) * weights[rows, place, None])
