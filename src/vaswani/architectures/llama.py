@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from . import GGUF, Architecture, Refused, require, unsupported
-from .maps import as_float, input_embeddings, projections, projections_back, specials, take, tied
+from .maps import as_float, ends, ends_back, projections, projections_back, specials, tied
 
 DESCRIBED = "LLaMA (pre-norm, RMSNorm, SwiGLU, no biases, rotary positions)"
 NEEDS = {"norm_first": True, "norm": "rmsnorm", "activation": "swiglu", "bias": False,
@@ -121,12 +121,7 @@ def from_hf(hf: dict[str, Tensor], config: ModelConfig, settings: dict) -> dict[
     their biases) stacked into ``in_proj``, gate and up into the SwiGLU ``linear1``. Each
     tensor is taken out of ``hf`` as it is converted, so that an import never holds the
     checkpoint twice."""
-    out = {"embed.token.weight": take(hf, "model.embed_tokens.weight", config.vocab_size,
-                                      config.d_model),
-           "decoder.norm.weight": take(hf, "model.norm.weight", config.d_model)}
-    if not config.tie_embeddings:
-        out["output_proj.weight"] = take(hf, "lm_head.weight", config.vocab_size,
-                                         config.d_model)
+    out = ends(hf, config)
     for i in range(config.n_decoder_layers):
         h, o = f"model.layers.{i}.", f"decoder.layers.{i}."
         out.update(projections(hf, h, o, config, bias=bool(config.qkv_bias)))
@@ -139,9 +134,7 @@ def to_hf(model, c: ModelConfig) -> dict[str, Tensor]:
     """DecoderLM -> ``LlamaForCausalLM``'s names (Qwen2's, Mistral's): :func:`from_hf`
     run the other way."""
     sd = model.state_dict()
-    out = {"model.embed_tokens.weight": input_embeddings(model, c),
-           "model.norm.weight": sd["decoder.norm.weight"],
-           "lm_head.weight": sd["output_proj.weight"]}
+    out = ends_back(model, c, sd)
     for i in range(c.n_decoder_layers):
         o, h = f"decoder.layers.{i}.", f"model.layers.{i}."
         out.update(projections_back(sd, o, h, c, bias=bool(c.qkv_bias)))

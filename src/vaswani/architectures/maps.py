@@ -103,6 +103,24 @@ def gated_feed_forward_back(sd: dict[str, Tensor], o: str, h: str) -> dict[str, 
             h + "down_proj.weight": sd[o + "linear2.weight"]}
 
 
+def ends(hf: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+    """The tensors outside the layers of a LLaMA-layout checkpoint, taken out of ``hf``: the
+    token table, the final norm and, where untied, the head."""
+    d = config.d_model
+    out = {"embed.token.weight": take(hf, "model.embed_tokens.weight", config.vocab_size, d),
+           "decoder.norm.weight": take(hf, "model.norm.weight", d)}
+    if not config.tie_embeddings:
+        out["output_proj.weight"] = take(hf, "lm_head.weight", config.vocab_size, d)
+    return out
+
+
+def ends_back(model, c: ModelConfig, sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """:func:`ends` the other way (``sd``: the model's state dict)."""
+    return {"model.embed_tokens.weight": input_embeddings(model, c),
+            "model.norm.weight": sd["decoder.norm.weight"],
+            "lm_head.weight": sd["output_proj.weight"]}
+
+
 def input_embeddings(model, c: ModelConfig) -> Tensor:
     """The token table as a checkpoint that does not scale its embeddings adds it:
     vaswani's sqrt(d_model) folded in."""

@@ -13,7 +13,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from . import GGUF, Architecture, Refused, unsupported
 from .llama import check_common, gguf_settings, hf_fields, llama_config, refuse_layout, sizes
-from .maps import as_float, input_embeddings, take, widths
+from .maps import as_float, ends, ends_back, take, widths
 
 # a block's tensors: Phi-3's names -> vaswani's, both ways
 LAYER = {"self_attn.qkv_proj": "self_attn.in_proj", "self_attn.o_proj": "self_attn.out_proj",
@@ -45,11 +45,8 @@ def _shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 def from_hf(hf: dict[str, Tensor], config: ModelConfig, settings: dict) -> dict[str, Tensor]:
     """``Phi3ForCausalLM`` weights -> DecoderLM state dict, renamed only (each checked
     against the config's sizes and taken out of ``hf`` as it is converted)."""
-    d, shapes = config.d_model, _shapes(config)
-    out = {"embed.token.weight": take(hf, "model.embed_tokens.weight", config.vocab_size, d),
-           "decoder.norm.weight": take(hf, "model.norm.weight", d)}
-    if not config.tie_embeddings:
-        out["output_proj.weight"] = take(hf, "lm_head.weight", config.vocab_size, d)
+    shapes = _shapes(config)
+    out = ends(hf, config)
     for i in range(config.n_decoder_layers):
         for theirs, ours in LAYER.items():
             out[f"decoder.layers.{i}.{ours}.weight"] = take(
@@ -59,9 +56,7 @@ def from_hf(hf: dict[str, Tensor], config: ModelConfig, settings: dict) -> dict[
 
 def to_hf(model, c: ModelConfig) -> dict[str, Tensor]:
     sd = model.state_dict()
-    out = {"model.embed_tokens.weight": input_embeddings(model, c),
-           "model.norm.weight": sd["decoder.norm.weight"],
-           "lm_head.weight": sd["output_proj.weight"]}
+    out = ends_back(model, c, sd)
     for i in range(c.n_decoder_layers):
         for theirs, ours in LAYER.items():
             out[f"model.layers.{i}.{theirs}.weight"] = sd[f"decoder.layers.{i}.{ours}.weight"]

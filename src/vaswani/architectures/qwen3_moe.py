@@ -33,13 +33,14 @@ from .maps import (
     as_float,
     attention_projections,
     attention_projections_back,
+    ends,
+    ends_back,
     gated_feed_forward,
-    input_embeddings,
     take,
 )
+from .qwen3 import NORMS
 
 DESCRIBED = "Qwen3-MoE (Qwen3's attention, a mixture of experts in every layer)"
-NORMS = ("self_attn.q_norm", "self_attn.k_norm")
 
 
 def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
@@ -89,10 +90,7 @@ def from_hf(hf: dict[str, Tensor], config: ModelConfig, settings: dict) -> dict[
     """``Qwen3MoeForCausalLM`` weights -> DecoderLM state dict: Qwen3's attention, and each
     layer's router and experts under ``feed_forward``."""
     c, d = config, config.d_model
-    out = {"embed.token.weight": take(hf, "model.embed_tokens.weight", c.vocab_size, d),
-           "decoder.norm.weight": take(hf, "model.norm.weight", d)}
-    if not c.tie_embeddings:
-        out["output_proj.weight"] = take(hf, "lm_head.weight", c.vocab_size, d)
+    out = ends(hf, c)
     for i in range(c.n_decoder_layers):
         h, o = f"model.layers.{i}.", f"decoder.layers.{i}."
         out.update(attention_projections(hf, h, o, c))
@@ -109,9 +107,7 @@ def to_hf(model, c: ModelConfig) -> dict[str, Tensor]:
     ``transformers`` holds in memory (``save_pretrained`` writes them one per expert, as the
     Hub's checkpoints hold them)."""
     sd = model.state_dict()
-    out = {"model.embed_tokens.weight": input_embeddings(model, c),
-           "model.norm.weight": sd["decoder.norm.weight"],
-           "lm_head.weight": sd["output_proj.weight"]}
+    out = ends_back(model, c, sd)
     for i in range(c.n_decoder_layers):
         o, h = f"decoder.layers.{i}.", f"model.layers.{i}."
         out.update(attention_projections_back(sd, o, h, c))
