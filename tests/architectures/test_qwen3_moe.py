@@ -132,3 +132,37 @@ def test_other_architectures_refuse_experts():
         check(moe)
     with pytest.raises(ValueError, match="n_experts"):
         ModelConfig(arch="encoder", vocab_size=10, n_experts=2)
+
+
+def test_adapters_on_the_experts_train_merge_and_are_refused_by_peft_by_name(transformers,
+                                                                              tmp_path):
+    """LoRA on every expert's gate, up and down (each expert its own adapters): two steps
+    train only adapters; the hf export refuses peft's format by name and writes the merged
+    model with ``--merge``, whose logits in transformers are vaswani's."""
+    from tests.training.fixtures import config, text_file
+    from vaswani.config import dump_toml
+    from vaswani.export import ExportError, export
+    from vaswani.training.train import Launch, train
+
+    model = TestQwen3Moe.build(transformers)
+    run_dir = imported(model, tmp_path)[1]
+    cfg = config(tmp_path / "lora.toml", "decoder", text_file(tmp_path / "text.txt", n=400),
+                 data={"block_size": 16, "batch_size": 4},
+                 train={"max_steps": 2, "eval_every": 2, "lr": 1e-2, "warmup": 0,
+                        "schedule": "constant", "metric_examples": 0,
+                        "init_from": str(run_dir)})
+    cfg.write_text(cfg.read_text() + "\n" + dump_toml({"finetune": {
+        "method": "lora", "rank": 4, "alpha": 8.0, "targets": ["q", "gate", "up", "down"]}}))
+    train(str(cfg), [], out=str(tmp_path / "lora"), launch=Launch(progress=False))
+    with pytest.raises(ExportError, match="an expert of a mixture of experts"):
+        export(tmp_path / "lora", "hf", tmp_path / "peft")
+    assert not (tmp_path / "peft").exists()
+    out = export(tmp_path / "lora", "hf", tmp_path / "merged", merge=True)
+    merged = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    merged.config._experts_implementation = "eager"
+    ours = vaswani.load(tmp_path / "lora").model
+    ids = torch.randint(1, VOCAB, (2, 12))
+    with torch.no_grad():
+        base = vaswani.load(run_dir).model
+        assert (base(ids) - ours(ids)).abs().max() > 1e-3  # the adapters changed the model
+        assert_close(merged(input_ids=ids).logits, ours(ids), rtol=1e-4, atol=1e-4)

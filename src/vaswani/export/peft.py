@@ -27,6 +27,11 @@ NAME = re.compile(r"decoder\.layers\.(\d+)\.\w+\.\w+\.lora_([AB])\.(\w+)")
 def peft_name(name: str, where: Path | str = "the run") -> str:
     """peft's name for one of vaswani's adapter tensors (``decoder.layers.0.self_attn.
     in_proj.lora_A.q`` -> ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``)."""
+    if ".experts." in name:
+        raise ExportError(f"{where}: {name!r} adapts an expert of a mixture of experts, which "
+                          "peft's format has no place for (transformers keeps the experts "
+                          "as 3D tensors); pass --merge for the merged model, or train "
+                          "adapters on q, k, v and o only")
     match = NAME.fullmatch(name)
     if match is None:  # a bug, or a file of another kind of run
         raise ExportError(f"{where}: {name!r} is not a LoRA adapter of a language model's "
