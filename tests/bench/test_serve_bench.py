@@ -129,6 +129,8 @@ def test_the_speculate_benchmark_times_plain_and_guessing_decoding_alike(small_r
     assert plain["ids"] == fast["ids"] and len(plain["ids"]) == plain["generated"] > 0
     assert plain["guessed"] == 0 and fast["passes"] > 0 and fast["guessed"] > 0
     assert fast["generation_tokens_per_s"] > 0 and not fast["compiled"]
+    four = measure(str(lm), False, prompt, 16, 4, "int4")  # --quantize int4's weights
+    assert four["generated"] > 0 and four["guessed"] > 0
 
 
 def test_the_speculate_benchmark_times_a_pass_of_each_number_of_places(small_runs):
