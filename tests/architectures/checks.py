@@ -229,14 +229,10 @@ def quantized_near(run_dir):
             assert error < {"int8": 0.05, "int4": 0.2}[kind], (kind, error)
 
 
-def lora_loads_in_peft(transformers, run_dir, root,
-                       targets=("q", "k", "v", "o", "gate", "up", "down")):
-    """Two LoRA steps on the imported run (``targets``: every projection adapted), exported:
-    peft loads the adapters on the exported base with vaswani's logits (1e-4)."""
-    peft = pytest.importorskip("peft")
+def lora_steps(run_dir, root, targets) -> None:
+    """Two LoRA steps (rank 4, ``targets`` adapted) on the imported run, into ``root/lora``."""
     from tests.training.fixtures import config, text_file
     from vaswani.config import dump_toml
-    from vaswani.export import export
     from vaswani.training.train import Launch, train
 
     cfg = config(root / "lora.toml", "decoder", text_file(root / "text.txt", n=400),
@@ -248,6 +244,16 @@ def lora_loads_in_peft(transformers, run_dir, root,
         "method": "lora", "rank": 4, "alpha": 8.0,
         "targets": list(targets)}}))
     train(str(cfg), [], out=str(root / "lora"), launch=Launch(progress=False))
+
+
+def lora_loads_in_peft(transformers, run_dir, root,
+                       targets=("q", "k", "v", "o", "gate", "up", "down")):
+    """Two LoRA steps on the imported run (``targets``: every projection adapted), exported:
+    peft loads the adapters on the exported base with vaswani's logits (1e-4)."""
+    peft = pytest.importorskip("peft")
+    from vaswani.export import export
+
+    lora_steps(run_dir, root, targets)
     out = export(root / "lora", "hf", root / "lora-hf")
     theirs = peft.PeftModel.from_pretrained(
         transformers.AutoModelForCausalLM.from_pretrained(out), out / "adapter").eval()

@@ -12,7 +12,7 @@ import vaswani
 from vaswani.architectures.qwen3_moe import config_from_hf, from_hf
 from vaswani.nn.moe import load_balancing_loss
 
-from .checks import SIZES, VOCAB, Checks, imported, random_model
+from .checks import SIZES, VOCAB, Checks, imported, lora_steps, random_model
 
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, head_dim=16,
            norm_topk_prob=True, tie_word_embeddings=False,
@@ -139,21 +139,11 @@ def test_adapters_on_the_experts_train_merge_and_are_refused_by_peft_by_name(tra
     """LoRA on every expert's gate, up and down (each expert its own adapters): two steps
     train only adapters; the hf export refuses peft's format by name and writes the merged
     model with ``--merge``, whose logits in transformers are vaswani's."""
-    from tests.training.fixtures import config, text_file
-    from vaswani.config import dump_toml
     from vaswani.export import ExportError, export
-    from vaswani.training.train import Launch, train
 
     model = TestQwen3Moe.build(transformers)
     run_dir = imported(model, tmp_path)[1]
-    cfg = config(tmp_path / "lora.toml", "decoder", text_file(tmp_path / "text.txt", n=400),
-                 data={"block_size": 16, "batch_size": 4},
-                 train={"max_steps": 2, "eval_every": 2, "lr": 1e-2, "warmup": 0,
-                        "schedule": "constant", "metric_examples": 0,
-                        "init_from": str(run_dir)})
-    cfg.write_text(cfg.read_text() + "\n" + dump_toml({"finetune": {
-        "method": "lora", "rank": 4, "alpha": 8.0, "targets": ["q", "gate", "up", "down"]}}))
-    train(str(cfg), [], out=str(tmp_path / "lora"), launch=Launch(progress=False))
+    lora_steps(run_dir, tmp_path, ["q", "gate", "up", "down"])
     with pytest.raises(ExportError, match="an expert of a mixture of experts"):
         export(tmp_path / "lora", "hf", tmp_path / "peft")
     assert not (tmp_path / "peft").exists()
