@@ -32,8 +32,14 @@ def test_frozen():
     (dict(pad_id=10), r"pad_id \(10\) must be in \[0, vocab_size=10\)"),
     (dict(n_layers=0), r"n_layers \(0\) must be positive"),
     (dict(n_classes=3), r"n_classes \(3\) is only used by arch 'encoder'"),
-    (dict(nope_every=2), r"nope_every \(2\) takes rotary positions away .* not 'rope'"),
-    (dict(nope_every=-1, positional="rope"), r"nope_every \(-1\) must not be negative"),
+    (dict(rope={"nope_every": 2}),
+     r"\[model.rope\] nope_every \(2\) takes rotary positions away .* not 'rope'"),
+    (dict(rope={"nope_every": -1}, positional="rope"),
+     r"\[model.rope\] nope_every \(-1\) must not be negative"),
+    (dict(experts={"count": 2, "per_token": 3}, arch="decoder"),
+     r"\[model.experts\] per_token \(3\) must be between 1 and count \(2\)"),
+    (dict(rope={"bse": 1.0}), r"unknown key \[model.rope\] 'bse'; did you mean 'base'"),
+    (dict(window=8), r"window \(8\) must be a section, \[model.window\]"),
     (dict(share_embeddings=True, tgt_vocab_size=7),
      r"share_embeddings \(True\) needs tgt_vocab_size \(7\)"),
 ])
@@ -132,3 +138,83 @@ def test_a_config_saved_with_a_byte_order_mark_is_read(tmp_path):
     path = tmp_path / "bom.toml"
     path.write_bytes(b"\xef\xbb\xbf[model]\narch = \"decoder\"\nd_model = 16\nn_heads = 2\n")
     assert load_run_config(path).model.d_model == 16
+
+
+# An imported Gemma 3 / Llama 3.1 / Qwen3-MoE mix's [model] as vaswani wrote it before
+# [model.rope], [model.window] and [model.experts] existed: every moved key, flat.
+FLAT_MODEL = """
+[model]
+arch = "decoder"
+vocab_size = 50
+d_model = 16
+n_heads = 2
+d_ff = 32
+n_layers = 4
+positional = "rope"
+rope_base = 500000.0
+rope_scaling = "llama3"
+rope_factor = 32.0
+rope_low_freq_factor = 2.0
+rope_high_freq_factor = 8.0
+rope_original_max_len = 1024
+local_rope_base = 1000.0
+nope_every = 4
+sliding_window = 8
+global_every = 2
+n_experts = 4
+experts_per_token = 3
+expert_d_ff = 24
+renormalize_experts = true
+router_aux_loss = 0.25
+"""
+
+
+def test_an_older_runs_flat_keys_are_read_into_their_sections(tmp_path):
+    from vaswani.config import RunConfig, load_run_config
+
+    path = tmp_path / "config.toml"
+    path.write_text(FLAT_MODEL)
+    model = load_run_config(path).model
+    assert dataclasses.asdict(model.rope) == {
+        "base": 500000.0, "scaling": "llama3", "factor": 32.0, "low_freq_factor": 2.0,
+        "high_freq_factor": 8.0, "original_max_len": 1024, "local_base": 1000.0,
+        "nope_every": 4}
+    assert dataclasses.asdict(model.window) == {"size": 8, "global_every": 2}
+    assert dataclasses.asdict(model.experts) == {
+        "count": 4, "per_token": 3, "d_ff": 24, "renormalize": True, "aux_loss": 0.25}
+    written = RunConfig(model=model).to_toml()  # written back: the sections, no flat key
+    assert "[model.rope]\nbase = 500000.0" in written and "[model.experts]\ncount = 4" in written
+    assert "rope_base" not in written and "n_experts" not in written
+    path.write_text(written)
+    assert load_run_config(path).model == model
+    # the older names still work where a person types them: --set and replace()
+    assert load_run_config(path, ["model.rope_base=7", "model.sliding_window=3"]).model \
+        == model.replace(rope={"base": 7.0}, window={"size": 3})
+    assert model.replace(n_experts=8, expert_d_ff=12).experts.count == 8
+    path.write_text(FLAT_MODEL + "\n[model.rope]\nbase = 2.0\n")
+    with pytest.raises(ValueError, match=r"\[model\] rope_base and \[model.rope\] base are the "
+                                         "same setting"):
+        load_run_config(path)
+
+
+def test_a_section_unused_is_not_written_and_an_expert_follows_d_ff():
+    plain = ModelConfig(vocab_size=10)
+    assert not {"rope", "window", "experts"} & set(plain.to_dict())
+    moe = ModelConfig(arch="decoder", vocab_size=10, experts={"count": 2})
+    assert moe.experts.d_ff == 2048 and moe.to_dict()["experts"]["d_ff"] is None
+    assert moe.replace(d_ff=64).experts.d_ff == 64  # followed: it follows again
+    pinned = moe.replace(experts={"d_ff": 24})
+    assert pinned.replace(d_ff=64).experts.d_ff == 24  # given: it stays
+
+
+def test_set_reaches_a_sections_key():
+    from vaswani.config import apply_overrides
+
+    data = apply_overrides({"model": {"arch": "decoder"}},
+                           ["model.rope.scaling=llama3", "model.experts.count=2"])
+    assert data["model"] == {"arch": "decoder", "rope": {"scaling": "llama3"},
+                             "experts": {"count": 2}}
+    with pytest.raises(ValueError, match=r"unknown key \[model.rope\] 'bse'; did you mean"):
+        apply_overrides({}, ["model.rope.bse=1"])
+    with pytest.raises(ValueError, match=r"--set model.window.size=x: expected int"):
+        apply_overrides({}, ["model.window.size=x"])

@@ -66,9 +66,9 @@ def test_the_config_rules_and_the_model_follow_the_records_structure(toy):
         small(arch="toy", n_classes=3)
     with pytest.raises(ValueError, match="tgt_vocab_size .* only used by arch 'encoder-decoder'"):
         small(arch="toy", tgt_vocab_size=50)
-    small(arch="toy", sliding_window=8)  # a decoder alone: a sliding window is allowed
-    with pytest.raises(ValueError, match="sliding_window .* arch 'decoder' or 'toy'"):
-        small(arch="encoder", n_classes=2, sliding_window=8)
+    small(arch="toy", window={"size": 8})  # a decoder alone: a sliding window is allowed
+    with pytest.raises(ValueError, match=r"\[model.window\] size .* arch 'decoder' or 'toy'"):
+        small(arch="encoder", n_classes=2, window={"size": 8})
 
 
 def test_a_toy_family_trains_loads_and_is_served_by_its_record(toy, tmp_path):

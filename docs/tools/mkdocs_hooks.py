@@ -40,12 +40,21 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def sections() -> list[type]:
+    """Every config section's class, each followed by its own sections (``[model.rope]``)."""
+    from vaswani.config import SECTIONS, ConfigBase
+
+    out = []
+    for cls in SECTIONS.values():
+        hints = [typing.get_type_hints(cls)[f.name] for f in dataclasses.fields(cls)]
+        out += [cls, *(h for h in hints if isinstance(h, type) and issubclass(h, ConfigBase))]
+    return out
+
+
 def undocumented_keys() -> list[str]:
     """``section.key`` for every config key without a docstring (should be none)."""
-    from vaswani.config import SECTIONS
-
     missing = []
-    for cls in SECTIONS.values():
+    for cls in sections():
         docs = field_docs(cls)
         missing += [f"{cls.SECTION}.{f.name}" for f in dataclasses.fields(cls)
                     if not docs.get(f.name)]
@@ -78,8 +87,6 @@ def _cell(text: str) -> str:
 
 
 def config_reference() -> str:
-    from vaswani.config import SECTIONS
-
     missing = undocumented_keys()
     if missing:
         raise ValueError(f"config keys without a docstring: {', '.join(missing)}")
@@ -88,13 +95,18 @@ def config_reference() -> str:
            "`src/vaswani/config/` (the docstring under each field). Any key can be "
            "set on the command line: `vaswani train CONFIG.toml --set section.key=value`; a "
            "misspelt key is an error naming the closest one.", ""]
-    for cls in SECTIONS.values():
+    parts = sections()
+    for cls in parts:
         hints = typing.get_type_hints(cls, include_extras=False)
         docs = field_docs(cls)
         out += [f"## [{cls.SECTION}]", "", inspect.cleandoc(cls.__doc__ or ""), "",
                 "| key | type | default | what |", "|---|---|---|---|"]
         for f in dataclasses.fields(cls):
-            out.append(f"| `{f.name}` | {_cell(_type_name(hints[f.name]))} | "
+            hint = hints[f.name]
+            if hint in parts:  # a section of its own, listed below
+                out.append(f"| `{f.name}` | section | its keys below | {_cell(docs[f.name])} |")
+                continue
+            out.append(f"| `{f.name}` | {_cell(_type_name(hint))} | "
                        f"`{_default(f)}` | {_cell(docs[f.name])} |")
         out.append("")
     return "\n".join(out)

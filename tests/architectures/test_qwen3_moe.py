@@ -45,7 +45,7 @@ def test_training_loss_and_gradients_are_transformers_with_load_balancing(transf
     model = random_model(transformers, "Qwen3MoeForCausalLM", transformers.Qwen3MoeConfig(
         **SIZES, **{**MOE, "router_aux_loss_coef": 0.5}))
     run = vaswani.load(imported(model, tmp_path)[1])
-    assert run.config.model.router_aux_loss == 0.5
+    assert run.config.model.experts.aux_loss == 0.5
     ids = torch.randint(1, VOCAB, (2, 17))
     inputs, target = ids[:, :-1], ids[:, 1:].contiguous()
     ours = run.model.double().train()
@@ -122,16 +122,17 @@ def test_other_architectures_refuse_experts():
     from vaswani.export.ct2 import check
 
     llama = named("llama").config_from_hf({**SIZES, "hidden_act": "silu"})
-    moe = llama.replace(n_experts=4, expert_d_ff=24)
+    moe = llama.replace(experts={"count": 4, "d_ff": 24})
     assert of(moe.replace(architecture="")).name == "qwen3_moe"
-    with pytest.raises(Refused, match="n_experts"):
+    named_count = r"\[model.experts\] count = [04]"
+    with pytest.raises(Refused, match=named_count):
         named("llama").refuse(moe)
-    with pytest.raises(Refused, match="n_experts"):
+    with pytest.raises(Refused, match=named_count):
         named("qwen3_moe").refuse(llama.replace(qk_norm=True))
-    with pytest.raises(ExportError, match="n_experts"):
+    with pytest.raises(ExportError, match=named_count):
         check(moe)
-    with pytest.raises(ValueError, match="n_experts"):
-        ModelConfig(arch="encoder", vocab_size=10, n_experts=2)
+    with pytest.raises(ValueError, match=r"\[model.experts\] count \(2\)"):
+        ModelConfig(arch="encoder", vocab_size=10, experts={"count": 2})
 
 
 def test_adapters_on_the_experts_train_merge_and_are_refused_by_peft_by_name(transformers,

@@ -326,7 +326,7 @@ def test_int4_g64_as_read_equals_int4_g64_after_a_float_load(tmp_path):
 
     config = ModelConfig(arch="decoder", vocab_size=64, d_model=128, n_heads=4, d_ff=256,
                          n_layers=1, norm_first=True, activation="swiglu", bias=False,
-                         positional="rope", n_experts=2, experts_per_token=1)
+                         positional="rope", experts={"count": 2, "per_token": 1})
     torch.manual_seed(0)
     model = build_model(config, fast=False).eval()
     save_weights(model, tmp_path / "model.safetensors")

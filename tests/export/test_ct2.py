@@ -182,7 +182,7 @@ def test_llama_options_greedy_is_vaswanis(tmp_path):
     ({"type_vocab_size": 2}, "[model] type_vocab_size = 2"),
     ({"n_kv_heads": 2}, "[model] n_kv_heads = 2"),
     ({"qkv_bias": False}, "[model] qkv_bias = False"),
-    ({"rope_scaling": "llama3"}, "[model] rope_scaling = 'llama3'"),
+    ({"rope": {"scaling": "llama3"}}, "[model.rope] scaling = 'llama3'"),
 ])
 def test_options_without_a_counterpart_are_refused(copy_export, change, message):
     run, _ = copy_export

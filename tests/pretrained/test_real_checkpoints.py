@@ -87,7 +87,7 @@ def test_smollm2_logits_match_llama_for_causal_lm(smollm):
         vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
         num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
         num_key_value_heads=c.n_kv_heads, max_position_embeddings=c.max_len,
-        rope_theta=c.rope_base, rms_norm_eps=c.norm_eps, tie_word_embeddings=True)
+        rope_theta=c.rope.base, rms_norm_eps=c.norm_eps, tie_word_embeddings=True)
     hf = transformers.LlamaForCausalLM(hf_config).eval()
     missing, unexpected = hf.load_state_dict(hf_state, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}
@@ -216,6 +216,6 @@ def test_gemma3_logits_equal_transformers_on_its_export(gemma, tmp_path):
     ids = run.source_tokenizer.encode_prompt(" ".join(SENTENCES))[:48]
     assert logit_difference("Gemma 3 270M", run, hf, ids) <= 1e-3
     long = run.source_tokenizer.encode_prompt(" ".join(SENTENCES * 12))[:560]
-    assert len(long) == 560 > run.config.model.sliding_window  # the local layers' window acts
+    assert len(long) == 560 > run.config.model.window.size  # the local layers' window acts
     assert logit_difference("Gemma 3 270M, 560 tokens", run, hf, long) <= 1e-3
 

@@ -253,9 +253,8 @@ def test_a_mixture_of_experts_trains_alike_sharded(tmp_path):
     from tests.training.fixtures import text_file
 
     cfg = config(tmp_path / "c.toml", "decoder", text_file(tmp_path / "text.txt", n=600),
-                 model={"n_experts": 16, "experts_per_token": 1, "expert_d_ff": 8,
-                        "activation": "swiglu", "norm_first": True, "bias": False,
-                        "router_aux_loss": 0.0},
+                 model={"experts": {"count": 16, "per_token": 1, "d_ff": 8, "aux_loss": 0.0},
+                        "activation": "swiglu", "norm_first": True, "bias": False},
                  data={"batch_size": 2, "block_size": 8},
                  train={"max_steps": 4, "eval_every": 4, "save_every": 4})
     vaswani("train", str(cfg), "--out", str(tmp_path / "one"))

@@ -495,9 +495,8 @@ def test_a_mixture_of_experts_trains_alike_in_two_ddp_processes(tmp_path):
     combined batch it is not the sum of the halves'."""
     data = text_file(tmp_path / "text.txt", n=600)
     cfg = cpu_config(tmp_path / "c.toml", "decoder", data,  # 16 experts, 8 tokens a rank
-                     model={"n_experts": 16, "experts_per_token": 1, "expert_d_ff": 8,
-                            "activation": "swiglu", "norm_first": True, "bias": False,
-                            "router_aux_loss": 0.0},
+                     model={"experts": {"count": 16, "per_token": 1, "d_ff": 8, "aux_loss": 0.0},
+                            "activation": "swiglu", "norm_first": True, "bias": False},
                      data={"batch_size": 2, "block_size": 8},
                      train={"max_steps": 4, "eval_every": 4, "save_every": 4})
     train_in_one_and_two_processes(cfg, tmp_path)

@@ -75,7 +75,7 @@ class Refused(ValueError):
     """A run option an architecture has no place for: ``[model] option = value``."""
 
     def __init__(self, option: str, value, why: str) -> None:
-        super().__init__(f"[model] {option} = {value!r}: {why}")
+        super().__init__(f"{ModelConfig.where(option)} = {value!r}: {why}")
         self.option, self.value, self.why = option, value, why
 
 
@@ -83,8 +83,8 @@ def require(c: ModelConfig, needs: dict[str, Any], described: str) -> None:
     """Refuse the first option of ``c`` that differs from ``needs``, saying that
     ``described`` needs it."""
     for option, value in needs.items():
-        if getattr(c, option) != value:
-            raise Refused(option, getattr(c, option), f"{described} needs {value!r}")
+        if c.setting(option) != value:
+            raise Refused(option, c.setting(option), f"{described} needs {value!r}")
 
 
 @cache
@@ -145,9 +145,9 @@ def of(c: ModelConfig) -> Architecture:
         return named("bert")
     if c.positional != "rope":
         return named("gpt2")
-    if c.n_experts:
+    if c.experts.count:
         return named("qwen3_moe")
-    if c.qk_norm or c.post_norms or c.sliding_window or c.activation == "geglu_tanh":
+    if c.qk_norm or c.post_norms or c.window.size or c.activation == "geglu_tanh":
         return named("gemma3")
     if c.qkv_bias:
         return named("qwen2")

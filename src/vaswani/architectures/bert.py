@@ -114,7 +114,7 @@ def refuse(c: ModelConfig) -> None:
         raise Refused("activation", c.activation, "BERT takes gelu or relu")
     require(c, {"norm_first": False, "norm": "layernorm", "bias": True, "embed_norm": True,
                 "qk_norm": False, "post_norms": False, "head_dim": c.d_model // c.n_heads,
-                "n_kv_heads": c.n_heads, "n_experts": 0}, DESCRIBED)
+                "n_kv_heads": c.n_heads, "experts.count": 0}, DESCRIBED)
     if c.qkv_bias is not None and c.qkv_bias != c.bias:
         raise Refused("qkv_bias", c.qkv_bias, "BERT has biases on every projection or none")
 

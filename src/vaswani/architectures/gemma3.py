@@ -12,8 +12,8 @@ with five differences, each a ``ModelConfig`` option:
 
 Its norms multiply by ``1 + weight``; the weights are stored here with the 1 added, as
 llama.cpp's converter stores them, so the norm is vaswani's plain RMSNorm. Five of every six
-layers are local: they attend to the last ``sliding_window`` tokens with their own rotary
-base (``local_rope_base``, ``global_every``).
+layers are local: they attend to the last ``[model.window] size`` tokens with their own
+rotary base (``[model.rope] local_base``; ``[model.window] global_every``).
 """
 
 from __future__ import annotations
@@ -104,10 +104,10 @@ def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
         max_len=hf["max_position_embeddings"],
         pad_id=(hf.get("pad_token_id") or 0) if pad_id is None else pad_id, norm_first=True,
         norm="rmsnorm", norm_eps=hf.get("rms_norm_eps", 1e-6), activation="geglu_tanh",
-        bias=False, positional="rope", rope_base=rope_base, scale_embeddings=True,
+        bias=False, positional="rope", scale_embeddings=True,
         tie_embeddings=bool(hf.get("tie_word_embeddings", True)), qk_norm=True,
-        post_norms=True, sliding_window=window, global_every=every if window else 0,
-        local_rope_base=local_base)
+        post_norms=True, rope={"base": rope_base, "local_base": local_base},
+        window={"size": window, "global_every": every if window else 0})
 
 
 def from_hf(hf: dict[str, Tensor], config: ModelConfig, settings: dict) -> dict[str, Tensor]:
@@ -157,18 +157,18 @@ def to_hf(model, c: ModelConfig) -> dict[str, Tensor]:
 def hf_model(c: ModelConfig, ids: dict[str, int]):
     import transformers
 
-    every = c.global_every if c.sliding_window else 1
+    every = c.window.global_every if c.window.size else 1
     config = transformers.Gemma3TextConfig(
         vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
         num_hidden_layers=c.n_decoder_layers, num_attention_heads=c.n_heads,
         num_key_value_heads=c.n_kv_heads, head_dim=c.head_dim,
         query_pre_attn_scalar=c.head_dim, max_position_embeddings=c.max_len,
-        rms_norm_eps=c.norm_eps, sliding_window=c.sliding_window or c.max_len,
+        rms_norm_eps=c.norm_eps, sliding_window=c.window.size or c.max_len,
         layer_types=["full_attention" if every and (i + 1) % every == 0
                      else "sliding_attention" for i in range(c.n_decoder_layers)],
         rope_parameters={
-            "full_attention": {"rope_type": "default", "rope_theta": c.rope_base},
-            "sliding_attention": {"rope_type": "default", "rope_theta": c.local_rope_base}},
+            "full_attention": {"rope_type": "default", "rope_theta": c.rope.base},
+            "sliding_attention": {"rope_type": "default", "rope_theta": c.rope.local_base}},
         tie_word_embeddings=c.tie_embeddings, architectures=["Gemma3ForCausalLM"],
         **specials(ids))
     return transformers.Gemma3ForCausalLM(config)
@@ -177,8 +177,8 @@ def hf_model(c: ModelConfig, ids: dict[str, int]):
 def refuse(c: ModelConfig) -> None:
     require(c, {"norm_first": True, "norm": "rmsnorm", "activation": "geglu_tanh",
                 "bias": False, "qk_norm": True, "post_norms": True, "scale_embeddings": True,
-                "rope_scaling": "none", "positional": "rope", "embed_norm": False,
-                "type_vocab_size": 0, "nope_every": 0, "n_experts": 0},
+                "rope.scaling": "none", "positional": "rope", "embed_norm": False,
+                "type_vocab_size": 0, "rope.nope_every": 0, "experts.count": 0},
             "Gemma 3 (RMSNorm before and after each sublayer and on q and k, gated "
             "GELU-tanh, scaled embeddings, rotary positions)")
     if c.qkv_bias:

@@ -106,7 +106,7 @@ def refuse(c: ModelConfig) -> None:
     if c.n_kv_heads != c.n_heads:
         raise Refused("n_kv_heads", c.n_kv_heads, "GPT-2 has one key/value head per query head")
     require(c, {"qk_norm": False, "post_norms": False, "head_dim": c.d_model // c.n_heads,
-                "n_experts": 0}, DESCRIBED)
+                "experts.count": 0, "window.size": 0}, DESCRIBED)
     if c.qkv_bias is not None and c.qkv_bias != c.bias:
         raise Refused("qkv_bias", c.qkv_bias, "GPT-2 has no biases on q, k and v alone "
                       "(Qwen2 does, with rotary positions)")

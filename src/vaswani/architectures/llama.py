@@ -21,24 +21,25 @@ from .maps import as_float, ends, ends_back, projections, projections_back, spec
 DESCRIBED = "LLaMA (pre-norm, RMSNorm, SwiGLU, no biases, rotary positions)"
 NEEDS = {"norm_first": True, "norm": "rmsnorm", "activation": "swiglu", "bias": False,
          "positional": "rope", "qk_norm": False, "post_norms": False, "embed_norm": False,
-         "type_vocab_size": 0, "sliding_window": 0, "nope_every": 0, "n_experts": 0}
+         "type_vocab_size": 0, "window.size": 0, "rope.nope_every": 0, "experts.count": 0}
 
 
 def llama_config(*, vocab_size: int, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int,
-                 n_layers: int, max_len: int, rope_base: float, norm_eps: float,
+                 n_layers: int, max_len: int, rope: dict, norm_eps: float,
                  tie_embeddings: bool, pad_id: int = 0, **more) -> ModelConfig:
-    """A ModelConfig of LLaMA's layout with these sizes (``more``: further fields)."""
+    """A ModelConfig of LLaMA's layout with these sizes and [model.rope] (``more``: further
+    fields)."""
     return ModelConfig(
         arch="decoder", vocab_size=vocab_size, d_model=d_model, n_heads=n_heads,
         n_kv_heads=n_kv_heads, d_ff=d_ff, n_layers=n_layers, dropout=0.0, max_len=max_len,
         pad_id=pad_id, norm_first=True, norm="rmsnorm", norm_eps=norm_eps,
-        activation="swiglu", bias=False, positional="rope", rope_base=rope_base,
+        activation="swiglu", bias=False, positional="rope", rope=rope,
         scale_embeddings=False, tie_embeddings=tie_embeddings, **more)
 
 
 def rope_options(hf: dict) -> dict:
     """The rotary settings of a config (``rope_parameters`` in transformers 5, ``rope_theta``
-    and ``rope_scaling`` before) as ModelConfig fields."""
+    and ``rope_scaling`` before) as [model.rope]'s fields."""
     field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
     params = hf.get(field) or {}  # transformers takes an older file's rope_scaling whole
     if not isinstance(params, dict):
@@ -47,7 +48,7 @@ def rope_options(hf: dict) -> dict:
     base = params.get("rope_theta")
     base = hf.get("rope_theta", 10000.0) if base is None else base
     if kind == "default":
-        return {"rope_base": _positive(field, "rope_theta", base)}
+        return {"base": _positive(field, "rope_theta", base)}
     if kind != "llama3":
         raise unsupported(field, kind, "plain rotary frequencies or Llama 3's "
                           "(\"llama3\") only")
@@ -61,9 +62,9 @@ def rope_options(hf: dict) -> dict:
     if isinstance(original, bool) or not isinstance(original, int) or original < 1:
         raise ValueError(f"config.json: {field}'s original_max_position_embeddings "
                          f"({original!r}) must be a whole number >= 1")
-    return {"rope_base": _positive(field, "rope_theta", base), "rope_scaling": "llama3",
-            "rope_factor": factor, "rope_low_freq_factor": low, "rope_high_freq_factor": high,
-            "rope_original_max_len": original}
+    return {"base": _positive(field, "rope_theta", base), "scaling": "llama3",
+            "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+            "original_max_len": original}
 
 
 def _positive(field: str, key: str, value) -> float:
@@ -104,7 +105,7 @@ def sizes(hf: dict, pad_id: int | None) -> dict:
         d_ff=hf["intermediate_size"], n_layers=hf["num_hidden_layers"],
         max_len=hf["max_position_embeddings"], norm_eps=hf.get("rms_norm_eps", 1e-6),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        pad_id=(hf.get("pad_token_id") or 0) if pad_id is None else pad_id, **rope_options(hf))
+        pad_id=(hf.get("pad_token_id") or 0) if pad_id is None else pad_id, rope=rope_options(hf))
 
 
 def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
@@ -145,12 +146,12 @@ def to_hf(model, c: ModelConfig) -> dict[str, Tensor]:
 
 def hf_fields(c: ModelConfig, ids: dict[str, int]) -> dict:
     """The config fields LLaMA, Qwen2 and Mistral share, from a run's config."""
-    rope = {"rope_type": "default", "rope_theta": c.rope_base}
-    if c.rope_scaling == "llama3":
-        rope = {"rope_type": "llama3", "rope_theta": c.rope_base, "factor": c.rope_factor,
-                "low_freq_factor": c.rope_low_freq_factor,
-                "high_freq_factor": c.rope_high_freq_factor,
-                "original_max_position_embeddings": c.rope_original_max_len}
+    r = c.rope
+    rope = {"rope_type": "default", "rope_theta": r.base}
+    if r.scaling == "llama3":
+        rope = {"rope_type": "llama3", "rope_theta": r.base, "factor": r.factor,
+                "low_freq_factor": r.low_freq_factor, "high_freq_factor": r.high_freq_factor,
+                "original_max_position_embeddings": r.original_max_len}
     return dict(vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
                 num_hidden_layers=c.n_decoder_layers, num_attention_heads=c.n_heads,
                 num_key_value_heads=c.n_kv_heads, max_position_embeddings=c.max_len,

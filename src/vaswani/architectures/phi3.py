@@ -31,7 +31,7 @@ def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
     window = hf.get("sliding_window") or 0
     config = llama_config(**sizes(hf, pad_id))
     if window and window < config.max_len:  # every layer attends to the last `window` tokens
-        config = config.replace(sliding_window=window, local_rope_base=config.rope_base)
+        config = config.replace(window={"size": window}, rope={"local_base": config.rope.base})
     return config
 
 
@@ -66,7 +66,7 @@ def to_hf(model, c: ModelConfig) -> dict[str, Tensor]:
 def hf_model(c: ModelConfig, ids: dict[str, int]):
     import transformers
 
-    config = transformers.Phi3Config(**hf_fields(c, ids), sliding_window=c.sliding_window or None,
+    config = transformers.Phi3Config(**hf_fields(c, ids), sliding_window=c.window.size or None,
                                      original_max_position_embeddings=c.max_len,
                                      architectures=["Phi3ForCausalLM"])
     return transformers.Phi3ForCausalLM(config)
@@ -74,12 +74,12 @@ def hf_model(c: ModelConfig, ids: dict[str, int]):
 
 def refuse(c: ModelConfig) -> None:
     refuse_layout(c, "Phi-3 (LLaMA's layout, fused projections)",
-                  sliding_window=c.sliding_window)
-    if c.sliding_window and (c.global_every or c.local_rope_base != c.rope_base):
-        raise Refused("global_every", c.global_every, "Phi-3's window is every layer's, with "
-                      "one rotary base")
-    if c.rope_scaling != "none":
-        raise Refused("rope_scaling", c.rope_scaling, "Phi-3 here takes plain rotary "
+                  **{"window.size": c.window.size})
+    if c.window.size and (c.window.global_every or c.rope.local_base != c.rope.base):
+        raise Refused("window.global_every", c.window.global_every, "Phi-3's window is every "
+                      "layer's, with one rotary base")
+    if c.rope.scaling != "none":
+        raise Refused("rope.scaling", c.rope.scaling, "Phi-3 here takes plain rotary "
                       "frequencies")
 
 

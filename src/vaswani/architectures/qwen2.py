@@ -37,8 +37,8 @@ def hf_model(c: ModelConfig, ids: dict[str, int]):
 
 def refuse(c: ModelConfig) -> None:
     refuse_layout(c, DESCRIBED, qkv_bias=True)
-    if c.rope_scaling != "none":
-        raise Refused("rope_scaling", c.rope_scaling, "Qwen2 takes plain rotary frequencies")
+    if c.rope.scaling != "none":
+        raise Refused("rope.scaling", c.rope.scaling, "Qwen2 takes plain rotary frequencies")
 
 
 ARCHITECTURE = Architecture(

@@ -57,17 +57,17 @@ def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
     experts = hf.get("num_experts", hf.get("num_local_experts"))
     head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
     return llama_config(**sizes(hf, pad_id), head_dim=head_dim, qk_norm=True,
-                        n_experts=experts, experts_per_token=hf["num_experts_per_tok"],
-                        expert_d_ff=hf["moe_intermediate_size"],
-                        renormalize_experts=bool(hf.get("norm_topk_prob", False)),
-                        router_aux_loss=float(hf.get("router_aux_loss_coef", 0.001)))
+                        experts={"count": experts, "per_token": hf["num_experts_per_tok"],
+                                 "d_ff": hf["moe_intermediate_size"],
+                                 "renormalize": bool(hf.get("norm_topk_prob", False)),
+                                 "aux_loss": float(hf.get("router_aux_loss_coef", 0.001))})
 
 
 def _experts(hf: dict[str, Tensor], h: str, o: str, c: ModelConfig) -> dict[str, Tensor]:
     """One layer's router and experts: one tensor per expert (the Hub's files), or the
     experts stacked into 3D tensors, gate and up together (transformers' in memory) or
     apart (llama.cpp's GGUF files)."""
-    d, ff, n = c.d_model, c.expert_d_ff, c.n_experts
+    d, ff, n = c.d_model, c.experts.d_ff, c.experts.count
     out = {o + "router.weight": take(hf, h + "gate.weight", n, d)}
     if h + "experts.0.gate_proj.weight" in hf:
         for e in range(n):
@@ -114,7 +114,7 @@ def to_hf(model, c: ModelConfig) -> dict[str, Tensor]:
         out[h + "mlp.gate.weight"] = sd[o + "feed_forward.router.weight"]
         for ours, theirs in (("linear1", "gate_up_proj"), ("linear2", "down_proj")):
             out[f"{h}mlp.experts.{theirs}"] = torch.stack(
-                [sd[f"{o}feed_forward.experts.{e}.{ours}.weight"] for e in range(c.n_experts)])
+                [sd[f"{o}feed_forward.experts.{e}.{ours}.weight"] for e in range(c.experts.count)])
         out[h + "input_layernorm.weight"] = sd[o + "self_block.norm.weight"]
         out[h + "post_attention_layernorm.weight"] = sd[o + "ff_block.norm.weight"]
         for n in NORMS:
@@ -127,17 +127,18 @@ def hf_model(c: ModelConfig, ids: dict[str, int]):
 
     config = transformers.Qwen3MoeConfig(
         **hf_fields(c, ids), head_dim=c.head_dim, attention_bias=False,
-        use_sliding_window=False, num_experts=c.n_experts,
-        num_experts_per_tok=c.experts_per_token, moe_intermediate_size=c.expert_d_ff,
-        norm_topk_prob=c.renormalize_experts, router_aux_loss_coef=c.router_aux_loss,
+        use_sliding_window=False, num_experts=c.experts.count,
+        num_experts_per_tok=c.experts.per_token, moe_intermediate_size=c.experts.d_ff,
+        norm_topk_prob=c.experts.renormalize, router_aux_loss_coef=c.experts.aux_loss,
         decoder_sparse_step=1, mlp_only_layers=[], architectures=["Qwen3MoeForCausalLM"])
     return transformers.Qwen3MoeForCausalLM(config)
 
 
 def refuse(c: ModelConfig) -> None:
-    if not c.n_experts:
-        raise Refused("n_experts", c.n_experts, f"{DESCRIBED} needs experts")
-    refuse_layout(c, DESCRIBED, qk_norm=True, head_dim=c.head_dim, n_experts=c.n_experts)
+    if not c.experts.count:
+        raise Refused("experts.count", c.experts.count, f"{DESCRIBED} needs experts")
+    refuse_layout(c, DESCRIBED, qk_norm=True, head_dim=c.head_dim,
+                  **{"experts.count": c.experts.count})
 
 
 def _gguf_settings(read) -> dict:

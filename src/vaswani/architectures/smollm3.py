@@ -1,6 +1,6 @@
 """SmolLM3 (Hugging Face ``SmolLM3ForCausalLM``) on vaswani's own modules: LLaMA's layout
 in which every fourth layer (``no_rope_layer_interval``) takes no positions at all, "NoPE"
-(``nope_every``): its queries and keys are not rotated. Any other pattern of
+(``[model.rope] nope_every``): its queries and keys are not rotated. Any other pattern of
 ``no_rope_layers`` and a sliding window that would act are refused."""
 
 from __future__ import annotations
@@ -29,13 +29,15 @@ def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
     n = hf["num_hidden_layers"]
     interval = hf.get("no_rope_layer_interval", 4)
     layers = hf.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
-    return llama_config(**sizes(hf, pad_id), nope_every=nope_every(layers))
+    given = sizes(hf, pad_id)
+    rope = {**given.pop("rope"), "nope_every": nope_every(layers)}
+    return llama_config(**given, rope=rope)
 
 
 def hf_model(c: ModelConfig, ids: dict[str, int]):
     import transformers
 
-    every = c.nope_every
+    every = c.rope.nope_every
     config = transformers.SmolLM3Config(
         **hf_fields(c, ids), use_sliding_window=False, attention_bias=False,
         no_rope_layers=[0 if every and (i + 1) % every == 0 else 1
@@ -47,7 +49,7 @@ def hf_model(c: ModelConfig, ids: dict[str, int]):
 
 def refuse(c: ModelConfig) -> None:
     refuse_layout(c, "SmolLM3 (LLaMA's layout, some layers without positions)",
-                  nope_every=c.nope_every)
+                  **{"rope.nope_every": c.rope.nope_every})
 
 
 ARCHITECTURE = Architecture(

@@ -45,6 +45,17 @@ def coerce(name: str, value: Any, hint: Any) -> Any:
             except ValueError as e:
                 errors.append(str(e))
         raise ValueError(errors[0] if len(errors) == 1 else f"{name} ({value!r}) must be {hint}")
+    if isinstance(hint, type) and issubclass(hint, ConfigBase):  # a section of its own
+        if isinstance(value, hint):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"{name} ({value!r}) must be a section, [{hint.SECTION}]")
+        try:
+            return hint.from_dict(value)
+        except ValueError as e:
+            message = str(e)
+            raise ValueError(message if message.startswith("unknown key")
+                             else f"[{hint.SECTION}] {message}") from None
     origin = typing.get_origin(hint)
     if origin is Literal:
         if value not in typing.get_args(hint):
@@ -127,10 +138,15 @@ class ConfigBase:
                                  "at most 2**63 - 1")
             object.__setattr__(self, f.name, value)
         follows = self.follows()
-        followed = frozenset(name for name in follows if getattr(self, name) is None)
+        followed = frozenset(name for name in follows
+                             if "." not in name and getattr(self, name) is None)
         for name in followed:
             object.__setattr__(self, name, follows[name])
         object.__setattr__(self, "_followed", followed)
+        for name, value in follows.items():  # "section.field": a section's field follows
+            section, dot, key = name.partition(".")
+            if dot:
+                object.__setattr__(self, section, getattr(self, section).following(key, value))
         self.validate()
 
     def validate(self) -> None:
@@ -139,8 +155,18 @@ class ConfigBase:
     def follows(self) -> dict[str, Any]:
         """Fields whose ``None`` means "the value of another field": ``{field: that value}``.
         They are filled in once, when the object is built, so the rest of vaswani reads one
-        name per concept. Subclasses override."""
+        name per concept. ``"section.field"`` names a field of a section of this one.
+        Subclasses override."""
         return {}
+
+    def following(self, name: str, value: Any):
+        """This section with ``name`` set to ``value`` where it is None (or followed before),
+        as the section it belongs to decides; a value given stays."""
+        if getattr(self, name) is not None and name not in self._followed:
+            return self
+        copy = dataclasses.replace(self, **{name: value})
+        object.__setattr__(copy, "_followed", copy._followed | {name})
+        return copy
 
     def to_dict(self) -> dict[str, Any]:
         """Field values; a field that followed another is written as None (as it was given),
@@ -148,6 +174,8 @@ class ConfigBase:
         out = {}
         for f in dataclasses.fields(self):
             value = None if f.name in self._followed else getattr(self, f.name)
+            if isinstance(value, ConfigBase):
+                value = value.to_dict()
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 
@@ -181,15 +209,20 @@ def _toml_value(value: Any) -> str:
 
 
 def dump_toml(sections: dict[str, dict[str, Any]]) -> str:
-    """Write ``{section: {key: scalar}}`` as TOML. ``None`` values are left out (TOML has no
-    null, and every field whose value may be None has None as its default)."""
+    """Write ``{section: {key: scalar}}`` as TOML; a value that is itself a dict is a
+    section's own section, written after it (``[model.rope]``). ``None`` values are left out
+    (TOML has no null, and every field whose value may be None has None as its default)."""
     lines = []
     for section, values in sections.items():
         lines.append(f"[{section}]")
         for key, value in values.items():
-            if value is not None:
+            if value is not None and not isinstance(value, dict):
                 lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")
+        inner = {f"{section}.{key}": value for key, value in values.items()
+                 if isinstance(value, dict)}
+        if inner:
+            lines.append(dump_toml(inner))
     return "\n".join(lines)
 
 

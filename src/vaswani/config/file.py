@@ -12,6 +12,7 @@ from typing import Any
 from .base import ConfigBase, dump_toml, load_toml, parse_text, unknown_key_error
 from .finetune import FinetuneConfig
 from .model import ModelConfig
+from .parts import FLAT, nest
 from .sections import DataConfig, DecodeConfig, TrainConfig
 
 SECTIONS: dict[str, type[ConfigBase]] = {
@@ -51,15 +52,28 @@ class RunConfig:
 
 
 def parse_value(section: str, key: str, text: str) -> Any:
-    """Parse the text of ``--set section.key=TEXT`` by the type of that field."""
-    kind = SECTIONS[section]
+    """Parse the text of ``--set section.key=TEXT`` by the type of that field; ``key`` may
+    name a field of a section's own section (``model.rope.base``)."""
+    kind: type[ConfigBase] = SECTIONS[section]
+    *within, key = key.split(".")
+    for name in within:  # down to [model.rope]
+        hint = typing.get_type_hints(kind).get(name)
+        if not (isinstance(hint, type) and issubclass(hint, ConfigBase)):
+            raise unknown_key_error(kind.SECTION, name, _sections_of(kind))
+        kind = hint
     fields = {f.name for f in dataclasses.fields(kind)}
     if key not in fields:
-        raise unknown_key_error(section, key, fields)
+        raise unknown_key_error(kind.SECTION, key, fields)
     try:
         return parse_text(text, typing.get_type_hints(kind)[key])
     except ValueError as e:
-        raise ValueError(f"--set {section}.{key}={text}: {e}") from None
+        raise ValueError(f"--set {'.'.join([section, *within, key])}={text}: {e}") from None
+
+
+def _sections_of(kind: type[ConfigBase]) -> list[str]:
+    hints = typing.get_type_hints(kind)
+    return [f.name for f in dataclasses.fields(kind)
+            if isinstance(hints[f.name], type) and issubclass(hints[f.name], ConfigBase)]
 
 
 def _check_sections(data: dict[str, Any]) -> None:
@@ -75,6 +89,8 @@ def apply_overrides(data: dict[str, Any], overrides: typing.Iterable[str]) -> di
     """Apply ``section.key=value`` strings to a config dict (a new dict is returned)."""
     _check_sections(data)
     out = {name: dict(values) for name, values in data.items()}
+    if "model" in out:
+        out["model"] = nest(out["model"])  # an older file's flat keys, where --set puts them
     for item in overrides:
         name, sep, text = item.partition("=")
         section, dot, key = name.strip().partition(".")
@@ -82,7 +98,15 @@ def apply_overrides(data: dict[str, Any], overrides: typing.Iterable[str]) -> di
             raise ValueError(f"--set {item!r}: expected section.key=value, e.g. train.lr=3e-4")
         if section not in SECTIONS:
             raise unknown_key_error("", section, SECTIONS)
-        out.setdefault(section, {})[key] = parse_value(section, key, text.strip())
+        if section == "model" and key in FLAT:  # its name before [model.rope] and the others
+            key = ".".join(FLAT[key])
+        value = parse_value(section, key, text.strip())
+        *within, key = key.split(".")
+        place = out.setdefault(section, {})
+        for part in within:
+            place[part] = dict(place.get(part) or {})
+            place = place[part]
+        place[key] = value
     return out
 
 

@@ -21,6 +21,7 @@ from typing import Literal
 
 from .base import ConfigBase
 from .family import family, named
+from .parts import ExpertsConfig, RopeConfig, WindowConfig, nest
 
 
 @dataclass(frozen=True)
@@ -86,45 +87,8 @@ class ModelConfig(ConfigBase):
     """With `norm_first`: a second norm on each sublayer's output, before the residual sum
     (Gemma's "sandwich" norms)."""
     positional: Literal["sinusoidal", "learned", "rope", "none"] = "sinusoidal"
-    """Positions: the paper's sinusoids, a learned table, rotary embeddings (RoPE) or none."""
-    rope_base: float = 10000.0
-    """With `positional = "rope"`: the rotary embeddings' base."""
-    rope_scaling: Literal["none", "llama3"] = "none"
-    """Rescaled rotary frequencies for a longer context: "llama3" (Llama 3.1's), with the
-    four `rope_*` factors below."""
-    rope_factor: float = 8.0
-    """With `rope_scaling = "llama3"`: how much the longest wavelengths are stretched."""
-    rope_low_freq_factor: float = 1.0
-    """With `rope_scaling = "llama3"`: wavelengths over original / this are stretched."""
-    rope_high_freq_factor: float = 4.0
-    """With `rope_scaling = "llama3"`: wavelengths under original / this are kept."""
-    rope_original_max_len: int = 8192
-    """With `rope_scaling = "llama3"`: the context the model was first trained on."""
-    sliding_window: int = 0
-    """Local layers (Gemma 3) attend to the last this-many tokens, themselves included;
-    0 = none."""
-    global_every: int = 0
-    """With `sliding_window`: every this-many-th layer is global (Gemma 3: 6), the others
-    local; 0 = every layer local."""
-    local_rope_base: float = 10000.0
-    """With `sliding_window` and rotary positions: the local layers' base (`rope_base` is
-    the global layers')."""
-    nope_every: int = 0
-    """With rotary positions: every this-many-th layer (the 4th, 8th, ... for 4) takes no
-    positions at all, "NoPE" (SmolLM3: 4); 0 = every layer rotates its queries and keys."""
-    n_experts: int = 0
-    """A language model's feed-forward blocks as a mixture of this many experts, each a
-    feed-forward block of `expert_d_ff` (Qwen3-MoE: 128); 0 = one dense block of `d_ff`."""
-    experts_per_token: int = 2
-    """With `n_experts`: the experts each token is routed to (Qwen3-MoE: 8)."""
-    expert_d_ff: int | None = None
-    """With `n_experts`: each expert's inner width; None = `d_ff`."""
-    renormalize_experts: bool = False
-    """With `n_experts`: the chosen experts' router probabilities rescaled to sum to 1."""
-    router_aux_loss: float = 0.001
-    """With `n_experts`: the load-balancing loss's weight in the training loss (the Switch
-    Transformer's, over each micro-batch's tokens, as transformers takes it over each
-    forward's; 0 = none)."""
+    """Positions: the paper's sinusoids, a learned table, rotary embeddings (RoPE, set in
+    [model.rope]) or none."""
     type_vocab_size: int = 0
     """BERT token-type (segment) embeddings; 0 = none."""
     embed_norm: bool = False
@@ -150,6 +114,12 @@ class ModelConfig(ConfigBase):
     attention: Literal["auto", "sdpa", "reference"] = "auto"
     """Attention kernel: "reference" (written-out matmuls), "sdpa" (PyTorch's fused
     kernel), or "auto": reference for bf16 on a CPU up to 512 keys, sdpa elsewhere."""
+    rope: RopeConfig = RopeConfig()
+    """[model.rope]: the rotary embeddings' frequencies (with `positional = "rope"`)."""
+    window: WindowConfig = WindowConfig()
+    """[model.window]: a language model's local layers (sliding-window attention)."""
+    experts: ExpertsConfig = ExpertsConfig()
+    """[model.experts]: a language model's feed-forward blocks as a mixture of experts."""
 
     def validate(self) -> None:
         positive = ["d_model", "n_heads", "d_ff", "n_layers", "max_len"]
@@ -178,38 +148,25 @@ class ModelConfig(ConfigBase):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} ({value}) must be in [0, 1)")
-        if self.rope_base <= 0:
-            raise ValueError(f"rope_base ({self.rope_base}) must be positive")
         if self.type_vocab_size < 0:
             raise ValueError(f"type_vocab_size ({self.type_vocab_size}) must not be negative")
         if self.positional == "rope" and self.head_dim % 2:
             raise ValueError(f"positional 'rope' needs an even head dim, got {self.head_dim}")
         if self.head_dim <= 0:
             raise ValueError(f"head_dim ({self.head_dim}) must be positive")
-        if self.nope_every and self.positional != "rope":
-            raise ValueError(f"nope_every ({self.nope_every}) takes rotary positions away from "
-                             f"some layers; positional is {self.positional!r}, not 'rope'")
-        for name in ["sliding_window", "global_every", "nope_every"]:
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} ({getattr(self, name)}) must not be negative")
+        if self.rope.nope_every and self.positional != "rope":
+            raise ValueError(f"[model.rope] nope_every ({self.rope.nope_every}) takes rotary "
+                             "positions away from some layers; positional is "
+                             f"{self.positional!r}, not 'rope'")
         kind = family(self.arch)
-        if self.n_experts:
-            if not kind.language_model:
-                raise ValueError(f"n_experts ({self.n_experts}) is only used by arch "
-                                 f"{named(lambda f: f.language_model)}")
-            if not 1 <= self.experts_per_token <= self.n_experts:
-                raise ValueError(f"experts_per_token ({self.experts_per_token}) must be "
-                                 f"between 1 and n_experts ({self.n_experts})")
-            if self.expert_d_ff <= 0 or self.router_aux_loss < 0:
-                raise ValueError(f"expert_d_ff ({self.expert_d_ff}) must be positive and "
-                                 f"router_aux_loss ({self.router_aux_loss}) not negative")
-        elif self.n_experts < 0:
-            raise ValueError(f"n_experts ({self.n_experts}) must not be negative")
+        if self.experts.count and not kind.language_model:
+            raise ValueError(f"[model.experts] count ({self.experts.count}) is only used by "
+                             f"arch {named(lambda f: f.language_model)}")
         if self.post_norms and not self.norm_first:
             raise ValueError("post_norms (True) needs norm_first (True): the second norm of "
                              "a pre-norm block")
-        if self.sliding_window and not kind.language_model:
-            raise ValueError(f"sliding_window ({self.sliding_window}) is only used by "
+        if self.window.size and not kind.language_model:
+            raise ValueError(f"[model.window] size ({self.window.size}) is only used by "
                              f"arch {named(lambda f: f.language_model)}")
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps ({self.norm_eps}) must be positive")
@@ -237,8 +194,8 @@ class ModelConfig(ConfigBase):
         attention = 2 * d * head_dim * heads + 2 * d * kv
         gated = 3 if self.activation in ("swiglu", "geglu_tanh") else 2
         feed_forward = gated * d * self.d_ff
-        if self.n_experts:  # each expert's block, and the router
-            feed_forward = self.n_experts * (gated * d * (self.expert_d_ff or self.d_ff) + d)
+        if self.experts.count:  # each expert's block, and the router
+            feed_forward = self.experts.count * (gated * d * self.experts.d_ff + d)
         kind = family(self.arch)
         encoder = self.n_encoder_layers if kind.encoder else 0
         decoder = self.n_decoder_layers if kind.decoder else 0
@@ -260,10 +217,10 @@ class ModelConfig(ConfigBase):
     def follows(self) -> dict:
         """What ``None`` means, decided once: the number of k/v heads is the number of heads,
         each stack has ``n_layers`` layers, attention dropout is the dropout, a head is
-        ``d_model / n_heads`` wide, and the target vocabulary is the source's. Fields a model
-        family does not use stay None."""
+        ``d_model / n_heads`` wide, an expert as wide as the feed-forward block, and the
+        target vocabulary is the source's. Fields a model family does not use stay None."""
         out = {"n_kv_heads": self.n_heads, "attn_dropout": self.dropout,
-               "head_dim": self.d_model // max(self.n_heads, 1), "expert_d_ff": self.d_ff}
+               "head_dim": self.d_model // max(self.n_heads, 1), "experts.d_ff": self.d_ff}
         kind = family(self.arch)
         if kind.encoder:
             out["n_encoder_layers"] = self.n_layers
@@ -272,3 +229,42 @@ class ModelConfig(ConfigBase):
         if kind.cross:
             out["tgt_vocab_size"] = self.vocab_size
         return out
+
+    def to_dict(self) -> dict:
+        """As every section's, with [model.rope], [model.window] and [model.experts] left out
+        where a model does not use them (all their values the defaults)."""
+        out = super().to_dict()
+        for name, part in PARTS.items():
+            if out[name] == part().to_dict():
+                del out[name]
+        return out
+
+    def setting(self, name: str):
+        """The value of ``name``, a field of [model] or of one of its sections
+        (``"window.size"``)."""
+        section, dot, key = name.rpartition(".")
+        return getattr(getattr(self, section) if dot else self, key)
+
+    @staticmethod
+    def where(name: str) -> str:
+        """How a config file names the setting ``name``: ``"[model.window] size"``."""
+        section, dot, key = name.rpartition(".")
+        return f"[model.{section}] {key}" if dot else f"[model] {name}"
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        """A ``[model]`` dict, an older run's flat keys (``rope_base``, ...) moved into their
+        sections first (:func:`~vaswani.config.parts.nest`)."""
+        return super().from_dict(nest(data))
+
+    def replace(self, **changes):
+        """A copy with ``changes``, which may name a section's fields the older, flat way
+        (``rope_base=``)."""
+        nested = nest(changes)
+        for name in PARTS:
+            if isinstance(nested.get(name), dict):
+                nested[name] = getattr(self, name).replace(**nested[name])
+        return super().replace(**nested)
+
+
+PARTS = {"rope": RopeConfig, "window": WindowConfig, "experts": ExpertsConfig}

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .. import checkpoint, rundir
 from ..atomic import atomic_write_text, private_dir
+from ..config import ModelConfig
 
 FORMATS = ("hf", "onnx", "ct2")
 SOURCE = "vaswani"  # the folder, inside an export, that holds the run's config and tokenizer
@@ -36,8 +37,8 @@ class ExportError(ValueError):
 
 
 def refuse(fmt: str, option: str, value, supported: str) -> ExportError:
-    return ExportError(f"cannot export to {fmt}: [model] {option} = {value!r} has no "
-                       f"counterpart there ({supported})")
+    return ExportError(f"cannot export to {fmt}: {ModelConfig.where(option)} = {value!r} "
+                       f"has no counterpart there ({supported})")
 
 
 def how_to_use(fmt: str, out: Path) -> str:

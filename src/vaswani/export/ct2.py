@@ -51,15 +51,15 @@ def check(config) -> None:
                      "learned positions")
     if c.qkv_bias is not None and c.qkv_bias != c.bias:
         raise refuse("ct2", "qkv_bias", c.qkv_bias, "biases on every projection or none")
-    if c.rope_scaling != "none":
-        raise refuse("ct2", "rope_scaling", c.rope_scaling, "plain rotary frequencies")
+    if c.rope.scaling != "none":
+        raise refuse("ct2", "rope.scaling", c.rope.scaling, "plain rotary frequencies")
     if c.activation not in ACTIVATIONS:
         raise refuse("ct2", "activation", c.activation, ", ".join(ACTIVATIONS))
-    for option, value in (("qk_norm", False), ("post_norms", False), ("sliding_window", 0),
-                          ("nope_every", 0), ("n_experts", 0),
+    for option, value in (("qk_norm", False), ("post_norms", False), ("window.size", 0),
+                          ("rope.nope_every", 0), ("experts.count", 0),
                           ("head_dim", c.d_model // c.n_heads)):
-        if getattr(c, option) != value:
-            raise refuse("ct2", option, getattr(c, option), f"{value!r} only")
+        if c.setting(option) != value:
+            raise refuse("ct2", option, c.setting(option), f"{value!r} only")
     if family(c.arch).cross and c.n_kv_heads not in (c.n_heads, 1):
         raise refuse("ct2", "n_kv_heads", c.n_kv_heads, "a translator takes n_heads or 1")
 
@@ -168,7 +168,7 @@ def build_spec(run):
         spec = transformer_spec.TransformerDecoderModelSpec.from_config(
             c.n_decoder_layers, c.n_heads, pre_norm=c.norm_first, activation=activation,
             ffn_glu=glu, rms_norm=rms, rotary_dim=0 if rope else None, rotary_interleave=False,
-            rotary_base=c.rope_base,
+            rotary_base=c.rope.base,
             num_heads_kv=None if c.n_kv_heads == c.n_heads else c.n_kv_heads)
         _embeddings(spec.decoder, model.embed, c)
         _layers(spec.decoder, sd, "decoder", c, cross=False)

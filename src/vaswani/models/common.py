@@ -29,12 +29,13 @@ def heads(c: ModelConfig) -> Heads:
 def self_attention(c: ModelConfig, layer: int = 0) -> MultiHeadAttention:
     """Layer ``layer``'s self-attention: the same for every layer, but for Gemma 3's local
     layers (a window and their own rotary base) and SmolLM3's layers without positions."""
-    rope = c.positional == "rope" and not (c.nope_every and (layer + 1) % c.nope_every == 0)
-    local = c.sliding_window > 0 and (c.global_every == 0 or (layer + 1) % c.global_every)
-    rotary = Rotary(heads(c).head_dim, c.local_rope_base if local else c.rope_base,
+    nope, window = c.rope.nope_every, c.window
+    rope = c.positional == "rope" and not (nope and (layer + 1) % nope == 0)
+    local = window.size > 0 and (window.global_every == 0 or (layer + 1) % window.global_every)
+    rotary = Rotary(heads(c).head_dim, c.rope.local_base if local else c.rope.base,
                     rope_scaling(c)) if rope else None
     return MultiHeadAttention(heads(c), attention(c), bias=biases(c), rotary=rotary,
-                              qk_norms=qk_norms(c), window=c.sliding_window if local else 0)
+                              qk_norms=qk_norms(c), window=window.size if local else 0)
 
 
 def cross_attention(c: ModelConfig) -> MultiHeadAttention:
@@ -53,8 +54,9 @@ def biases(c: ModelConfig) -> tuple[bool, bool]:
 
 
 def rope_scaling(c: ModelConfig) -> RopeScaling | None:
-    return None if c.rope_scaling == "none" else RopeScaling(
-        c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_max_len)
+    r = c.rope
+    return None if r.scaling == "none" else RopeScaling(
+        r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_len)
 
 
 def qk_norms(c: ModelConfig) -> tuple[nn.Module, nn.Module] | None:
@@ -68,14 +70,15 @@ def norm(c: ModelConfig, width: int | None = None) -> nn.Module:
 
 
 def feed_forward(c: ModelConfig) -> FeedForward | MixtureOfExperts:
-    """Each layer's feed-forward block, or with ``n_experts`` a mixture of that many."""
-    if not c.n_experts:
+    """Each layer's feed-forward block, or with [model.experts] a mixture of them."""
+    e = c.experts
+    if not e.count:
         return FeedForward(c.d_model, c.d_ff, activation=c.activation, dropout=c.dropout,
                            bias=c.bias)
-    experts = [FeedForward(c.d_model, c.expert_d_ff, activation=c.activation,
-                           dropout=c.dropout, bias=c.bias) for _ in range(c.n_experts)]
-    return MixtureOfExperts(Router(c.d_model, c.n_experts), experts,
-                            top_k=c.experts_per_token, renormalize=c.renormalize_experts)
+    experts = [FeedForward(c.d_model, e.d_ff, activation=c.activation, dropout=c.dropout,
+                           bias=c.bias) for _ in range(e.count)]
+    return MixtureOfExperts(Router(c.d_model, e.count), experts, top_k=e.per_token,
+                            renormalize=e.renormalize)
 
 
 def residual(c: ModelConfig) -> Residual:

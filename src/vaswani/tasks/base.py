@@ -184,7 +184,8 @@ class Task:
             logits = model(ids, mask=True)
             loss, nll, n = self.criterion(logits.flatten(0, 1), target, smoothing=smoothing,
                                           pad_id=pad_id)
-        weight = self.config.model.router_aux_loss if self.config.model.n_experts else 0.0
+        experts = self.config.model.experts
+        weight = experts.aux_loss if experts.count else 0.0
         balance = losses.router_loss(model, None if pad_id is None else ids != pad_id) \
             if weight else None
         if balance is not None:  # a mixture of experts' load balancing, per target counted
