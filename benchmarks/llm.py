@@ -14,7 +14,8 @@ time ``vaswani.load`` took (``load_s``: a compiled run loads its package too) an
 * peak resident memory of the process while it loads the model and runs those prompts (the
   quality measures after it hold more), under the malloc settings the ``vaswani`` command
   sets for itself (cli/process.py);
-* quality: perplexity on a held-out text (docs/index.md, which no checkpoint trained on),
+* quality: perplexity on a held-out text (benchmarks/texts/held-out.md, a frozen copy of
+  docs/index.md, which no checkpoint trained on),
   how many of five factual prompts' greedy continuations (12 tokens, as the README's short
   answers, and 32) equal float32's, and how many of 16 greedy completions decoded together
   on the engine equal each decoded alone.
@@ -62,6 +63,7 @@ KNOWN = (*PRECISIONS, "int4-g64")
 ANSWER_TOKENS = (12, 32)  # the README asks for 6; a longer continuation too
 AGREE_TOKENS = 32  # greedy tokens compared with llama.cpp's
 LLAMA_CPP = ["llama-cpp-python[server]==0.3.36"]
+HELD_OUT = ROOT / "benchmarks" / "texts" / "held-out.md"  # frozen: figures stay comparable
 STREAMS, STREAM_TOKENS = 8, 128  # concurrent streaming clients, and the tokens each asks for
 PROMPTS = ["The capital of France is", "The largest planet in our solar system is",
            "Water boils at a temperature of", "The author of Romeo and Juliet is",
@@ -86,7 +88,7 @@ def _measure_one(run_dir: str, precision: str, mode: str) -> dict:
                        compiled=mode == "compiled")
     load_s = time.perf_counter() - start
     tok = run.source_tokenizer
-    text = (ROOT / "docs" / "index.md").read_text()
+    text = HELD_OUT.read_text()
     long_ids = tok.encode(text * 4)[:256]
     short_ids = tok.encode(text)[:65]
     engine = run.engine_for(1)
@@ -210,7 +212,7 @@ def streams(run_dir: Path, python: Path) -> dict:
     """One and :data:`STREAMS` concurrent streams through `vaswani serve` (float32 and
     ``--quantize int4``) and through llama_cpp.server on the Q4_1 file, each server alone
     on the machine in turn, the same text prompt."""
-    prompt = (ROOT / "docs" / "index.md").read_text()[:300]
+    prompt = HELD_OUT.read_text()[:300]
     out = {}
     for name, extra in (("vaswani_fp32", []), ("vaswani_int4", ["--quantize", "int4"])):
         with ServeProcess([str(run_dir), "--name", "lm", *extra]) as server:

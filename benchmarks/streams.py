@@ -13,8 +13,9 @@ it: 2 threads, ``--parallel 8`` slots decoding together (continuous batching, it
 a context of 1,024 tokens a slot. Each server alone on the machine in its turn, the two
 alternating for ``--rounds`` rounds, the best round kept. Each measure: N clients at once,
 each streaming 128 greedy tokens after a prompt of its own (300 characters of
-docs/architecture.md; ``--same-prompt``: one for all, which llama-server, caching prefixes,
-prefills once) through ``/v1/completions`` (after a one-client warm-up on another prompt):
+benchmarks/texts/prompts.md, a frozen copy of docs/architecture.md's start;
+``--same-prompt``: one for all, which llama-server, caching prefixes, prefills once)
+through ``/v1/completions`` (after a one-client warm-up on another prompt):
 the tokens of all of them over the wall time (aggregate tokens/s), and the slowest client's
 time to its first token. Apart from the timing, the first
 stream's text from each server is kept and compared.
@@ -80,9 +81,13 @@ def llama_server(binary: Path, gguf: Path, start_s: float = 300):
 
 
 def prompts(n: int, same: bool = False, chars: int = 300) -> list[str]:
-    """``n`` prompts of ``chars`` characters of our own docs (docs/architecture.md), one
-    after another, each its own (``same``: the first, n times), and one more for a warm-up."""
-    text = (ROOT / "docs" / "architecture.md").read_text()
+    """``n`` prompts of ``chars`` characters of our own docs (benchmarks/texts/prompts.md),
+    one after another, each its own (``same``: the first, n times), and one more for a
+    warm-up."""
+    text = (ROOT / "benchmarks" / "texts" / "prompts.md").read_text()
+    if len(text) < chars * (n + 1):
+        raise ValueError(f"benchmarks/texts/prompts.md has {len(text)} characters: "
+                         f"{n} clients and a warm-up of {chars} each need {chars * (n + 1)}")
     out = [text[chars * i:chars * (i + 1)] for i in range(n + 1)]
     return [out[0]] * n + [out[0]] if same else out
 

@@ -207,6 +207,8 @@ def test_the_streams_benchmarks_clients_each_read_their_stream_to_the_end(small_
     texts = streams.prompts(8)  # each client's own, and the warm-up's
     assert len(set(texts)) == 9 and all(len(t) == 300 for t in texts)
     assert set(streams.prompts(8, same=True)) == {texts[0]}
+    with pytest.raises(ValueError, match="prompts.md has 9000 characters: 30 clients"):
+        streams.prompts(30)  # past the frozen text: refused, not empty prompts
 
 
 def test_a_peer_server_that_exits_before_answering_is_named_with_its_stderr():
