@@ -7,7 +7,8 @@ of the same file (int8), or the Q4_1 file itself (int4).
     python -m benchmarks.speculate [--json OUT.json] [--work DIR] [--tokens 128]
                                    [--guesses 8] [--rounds 2] [--no-compiled] [--no-llama-cpp]
                                    [--quantize int8|int4]
-    python -m benchmarks.speculate --pass-costs [--no-compiled] [--json OUT.json]
+    python -m benchmarks.speculate --pass-costs [--quantize int8|int4] [--no-compiled]
+                                   [--json OUT.json]
 
 Contenders, each in a process of its own, in alternating rounds (the best round kept):
 vaswani eager and with the decode step ``vaswani compile --quantize int8`` builds (built
@@ -94,18 +95,19 @@ def measure(run_dir: str, compiled: bool, prompt: list[int], tokens: int, guesse
 
 
 def pass_costs(run_dir: str, compiled: bool, prompt: list[int], places: int = 9,
-               repeats: int = 20) -> dict:
+               repeats: int = 20, quantize: str = "int8") -> dict:
     """In this process: the milliseconds of one pass that checks T places (a row's token and
-    T - 1 guesses after it), T = 1 .. ``places``, after ``prompt`` (int8; the best of 3
-    rounds of ``repeats`` passes each), and each against T = 1's: what a guessed place
-    costs. The guesses' keys go past the row's length, where the next pass writes anyway."""
+    T - 1 guesses after it), T = 1 .. ``places``, after ``prompt`` (``quantize``'s weights;
+    the best of 3 rounds of ``repeats`` passes each), and each against T = 1's: what a
+    guessed place costs. The guesses' keys go past the row's length, where the next pass
+    writes anyway."""
     import torch
 
     import vaswani
     from vaswani.engine import EngineConfig, Params, Request
 
     torch.set_num_threads(2)
-    run = vaswani.load(run_dir, quantize="int8", compiled=compiled)
+    run = vaswani.load(run_dir, quantize=quantize, compiled=compiled)
     engine = run.new_engine(EngineConfig(max_rows=1))
     engine.submit(Request(list(prompt), Params(max_new_tokens=2)))
     engine.step()  # the prompt prefilled: one token made, its keys not yet in the cache
@@ -124,7 +126,7 @@ def pass_costs(run_dir: str, compiled: bool, prompt: list[int], places: int = 9,
             del seq.tokens[len(seq.tokens) - (t - 1):]
 
     best = {t: min(timed(t) for _ in range(3)) for t in range(1, places + 1)}
-    return {"context": len(prompt), "compiled": run.compiled is not None,
+    return {"context": len(prompt), "compiled": run.compiled is not None, "quantize": quantize,
             "ms": {t: round(ms, 2) for t, ms in best.items()},
             "steps": {t: round(ms / best[1], 2) for t, ms in best.items()}}
 
@@ -171,7 +173,7 @@ def main() -> None:
     parser.add_argument("--no-llama-cpp", action="store_true", help="leave llama.cpp out")
     parser.add_argument("--quantize", choices=["int8", "int4"], default="int8",
                         help="vaswani's weights (default int8), against llama.cpp's Q8_0 copy "
-                             "(int8) or the Q4_1 file (int4); --pass-costs takes int8")
+                             "(int8) or the Q4_1 file (int4); --pass-costs: the weights timed")
     parser.add_argument("--pass-costs", action="store_true",
                         help="instead: what a pass that checks 1 .. 9 places costs (compiled, "
                              "and eager with --no-compiled), after the code prompt")
@@ -190,11 +192,11 @@ def main() -> None:
     import vaswani
 
     tok = vaswani.load(run_dir).source_tokenizer
-    built = None if args.no_compiled else ready_package(
-        run_dir, "int8" if args.pass_costs else args.quantize)
+    built = None if args.no_compiled else ready_package(run_dir, args.quantize)
     if args.pass_costs:
-        costs = pass_costs(str(run_dir), not args.no_compiled, tok.encode_prompt(PROMPTS["code"]))
-        report("A pass that checks T places (SmolLM2-135M int8, batch 1)",
+        costs = pass_costs(str(run_dir), not args.no_compiled, tok.encode_prompt(PROMPTS["code"]),
+                           quantize=args.quantize)
+        report(f"A pass that checks T places (SmolLM2-135M {args.quantize}, batch 1)",
                [(f"T = {t}", f"{ms} ms, {costs['steps'][t]}x T = 1")
                 for t, ms in costs["ms"].items()], costs, args.json)
         return

@@ -134,15 +134,17 @@ def test_the_speculate_benchmark_times_plain_and_guessing_decoding_alike(small_r
 
 
 def test_the_speculate_benchmark_times_a_pass_of_each_number_of_places(small_runs):
-    """``--pass-costs`` on a tiny LM (int8, eager): one timing per number of places, and
-    each relative to one place's."""
+    """``--pass-costs`` on a tiny LM (int8 and int4, eager): one timing per number of places,
+    and each relative to one place's."""
     from benchmarks.speculate import pass_costs
 
     lm, _ = small_runs["decoder"]
-    got = pass_costs(str(lm), False, [5, 6, 7, 8, 5, 6, 7, 8], places=4, repeats=2)
-    assert set(got["ms"]) == {1, 2, 3, 4} and got["steps"][1] == 1.0
-    assert all(ms > 0 for ms in got["ms"].values()) and not got["compiled"]
-    assert got["context"] == 8
+    for quantize in ("int8", "int4"):
+        got = pass_costs(str(lm), False, [5, 6, 7, 8, 5, 6, 7, 8], places=4, repeats=2,
+                         quantize=quantize)
+        assert set(got["ms"]) == {1, 2, 3, 4} and got["steps"][1] == 1.0
+        assert all(ms > 0 for ms in got["ms"].values()) and not got["compiled"]
+        assert got["context"] == 8 and got["quantize"] == quantize
 
 
 FAKE_LLAMA_CPP = """
