@@ -42,13 +42,9 @@ def field_docs(cls: type) -> dict[str, str]:
 
 def sections() -> list[type]:
     """Every config section's class, each followed by its own sections (``[model.rope]``)."""
-    from vaswani.config import SECTIONS, ConfigBase
+    from vaswani.config import SECTIONS
 
-    out = []
-    for cls in SECTIONS.values():
-        hints = [typing.get_type_hints(cls)[f.name] for f in dataclasses.fields(cls)]
-        out += [cls, *(h for h in hints if isinstance(h, type) and issubclass(h, ConfigBase))]
-    return out
+    return [part for cls in SECTIONS.values() for part in (cls, *cls.parts().values())]
 
 
 def undocumented_keys() -> list[str]:

@@ -159,6 +159,13 @@ class ConfigBase:
         Subclasses override."""
         return {}
 
+    @classmethod
+    def parts(cls) -> dict[str, type[ConfigBase]]:
+        """This section's own sections, by field name (``[model]``'s ``rope``, ...)."""
+        hints = typing.get_type_hints(cls)
+        return {f.name: hints[f.name] for f in dataclasses.fields(cls)
+                if isinstance(hints[f.name], type) and issubclass(hints[f.name], ConfigBase)}
+
     def following(self, name: str, value: Any):
         """This section with ``name`` set to ``value`` where it is None (or followed before),
         as the section it belongs to decides; a value given stays."""

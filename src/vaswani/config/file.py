@@ -57,10 +57,9 @@ def parse_value(section: str, key: str, text: str) -> Any:
     kind: type[ConfigBase] = SECTIONS[section]
     *within, key = key.split(".")
     for name in within:  # down to [model.rope]
-        hint = typing.get_type_hints(kind).get(name)
-        if not (isinstance(hint, type) and issubclass(hint, ConfigBase)):
-            raise unknown_key_error(kind.SECTION, name, _sections_of(kind))
-        kind = hint
+        if name not in kind.parts():
+            raise unknown_key_error(kind.SECTION, name, kind.parts())
+        kind = kind.parts()[name]
     fields = {f.name for f in dataclasses.fields(kind)}
     if key not in fields:
         raise unknown_key_error(kind.SECTION, key, fields)
@@ -68,12 +67,6 @@ def parse_value(section: str, key: str, text: str) -> Any:
         return parse_text(text, typing.get_type_hints(kind)[key])
     except ValueError as e:
         raise ValueError(f"--set {'.'.join([section, *within, key])}={text}: {e}") from None
-
-
-def _sections_of(kind: type[ConfigBase]) -> list[str]:
-    hints = typing.get_type_hints(kind)
-    return [f.name for f in dataclasses.fields(kind)
-            if isinstance(hints[f.name], type) and issubclass(hints[f.name], ConfigBase)]
 
 
 def _check_sections(data: dict[str, Any]) -> None:

@@ -234,7 +234,7 @@ class ModelConfig(ConfigBase):
         """As every section's, with [model.rope], [model.window] and [model.experts] left out
         where a model does not use them (all their values the defaults)."""
         out = super().to_dict()
-        for name, part in PARTS.items():
+        for name, part in self.parts().items():
             if out[name] == part().to_dict():
                 del out[name]
         return out
@@ -261,10 +261,7 @@ class ModelConfig(ConfigBase):
         """A copy with ``changes``, which may name a section's fields the older, flat way
         (``rope_base=``)."""
         nested = nest(changes)
-        for name in PARTS:
+        for name in self.parts():
             if isinstance(nested.get(name), dict):
                 nested[name] = getattr(self, name).replace(**nested[name])
         return super().replace(**nested)
-
-
-PARTS = {"rope": RopeConfig, "window": WindowConfig, "experts": ExpertsConfig}
