@@ -33,7 +33,11 @@ ready), each also above what the process held once its libraries were imported (
 vaswani's; torch, transformers and peft's), and the loss of every step. With
 ``--checkpoint-activations`` every contender keeps only each layer's input for the backward
 pass and recomputes the rest (vaswani's ``[train] checkpoint_activations``, transformers'
-``gradient_checkpointing_enable()``): what a memory-bound fine-tune turns on. Apart from the
+``gradient_checkpointing_enable()``): what a memory-bound fine-tune turns on. vaswani's
+contenders run under the malloc settings the ``vaswani`` command sets for itself
+(cli/process.py: glibc's thresholds pinned, ``malloc_pinned`` in the results; left alone
+where the environment sets malloc's variables), peft under Python's defaults, as each is run
+by its users. Apart from the
 timing, the largest difference between
 vaswani's and peft's loss curves (same math: they should agree to float32's rounding).
 peft's own QLoRA needs bitsandbytes' GPU kernels and is not a contender on this CPU.
@@ -97,6 +101,7 @@ def _timed(step, data, imported: int) -> dict:
 def vaswani_child(job: dict) -> dict:
     from vaswani import checkpoint, rundir
     from vaswani.checkpoint.quantized import load_frozen
+    from vaswani.cli.process import keep_freed_memory
     from vaswani.config import FinetuneConfig, TrainConfig
     from vaswani.models import build_model
     from vaswani.models.finetune import add_adapters
@@ -104,6 +109,7 @@ def vaswani_child(job: dict) -> dict:
     from vaswani.nn.layers import Stack
     from vaswani.training.optimizers import make_optimizer
 
+    pinned = keep_freed_memory()  # the malloc settings `vaswani train` runs under
     imported = status_mb("VmRSS")["VmRSS"]
     torch.set_num_threads(2)
     torch.manual_seed(0)
@@ -142,7 +148,7 @@ def vaswani_child(job: dict) -> dict:
         optimizer.zero_grad(set_to_none=True)
         return loss.item()
 
-    out = _timed(step, job["batches"], imported)
+    out = {**_timed(step, job["batches"], imported), "malloc_pinned": pinned}
     if not job["quantize"]:  # the FLOPs of one step (the kernels of QLoRA are not counted)
         from torch.utils.flop_counter import FlopCounterMode
 

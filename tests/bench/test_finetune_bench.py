@@ -51,3 +51,5 @@ def test_the_finetune_benchmark_races_vaswani_and_peft_on_the_same_steps(tmp_pat
     assert result["step_flops"] > 0 and "vaswani LoRA / peft LoRA" in done.stdout
     assert result["checkpoint_activations"] and "activations recomputed" in done.stdout
     assert result["allocator_environment"] == {"MALLOC_ARENA_MAX": "2"}  # as each child ran
+    for name, r in result["results"].items():  # vaswani's under `vaswani train`'s malloc
+        assert r.get("malloc_pinned") is (True if name.startswith("vaswani") else None), name
