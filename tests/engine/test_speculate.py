@@ -92,6 +92,7 @@ def test_a_guess_that_holds_saves_forward_passes(lm):
     takes far fewer passes than tokens."""
     prompt = repeating(1)[0]
     engine = Engine(lm, bos_id=BOS, eos_id=EOS, config=EngineConfig())
+    engine.pass_costs = None  # the window alone decides, whatever this machine's timings
     request = Request(prompt, Params(max_new_tokens=40, speculate=6))
     engine.run([request])
     plain = Request(prompt, Params(max_new_tokens=40))
@@ -158,3 +159,52 @@ def test_the_guess_grows_while_guesses_hold_and_shrinks_when_they_fail():
     a.add(1, 0)
     assert a.window == 1 and (a.guessed, a.accepted, a.passes) == (11, 6, 3)
     assert a.as_dict()["acceptance"] == round(6 / 11, 4)
+
+
+def test_a_pass_guesses_as_many_as_pay_best_by_its_timed_costs():
+    """With the passes' costs timed, a row guesses the number (within its window) whose pass
+    makes the most tokens a second, by its acceptance so far; before a plain step and a pass
+    of that size are timed, the window alone."""
+    from vaswani.engine.request import Acceptance
+    from vaswani.engine.speculate import PassCosts
+
+    a = Acceptance()
+    a.add(4, 4)  # first guesses held 1 in 1, guesses after a held one 3 in 3 (priors: +1, +2)
+    assert a.expected(0) == 1 and a.expected(2) == pytest.approx(1 + 2 / 3 * (1 + 0.8))
+    costs = PassCosts()
+    assert costs.guesses(8, a) == 8  # nothing timed yet
+    for places, seconds in {1: 1.0, 2: 1.28, 3: 1.67, 4: 2.11, 5: 3.40, 9: 5.25}.items():
+        costs.add(places, seconds)  # a 4-bit pass's steps on the AVX-512 Xeon
+    costs.add(2, 9.0)
+    costs.add(2, 1.28)  # the median of the last few: one slow pass does not decide
+    assert costs.cost(2) == 1.28
+    assert costs.guesses(8, a) == 2  # 2.2 tokens for 1.67 steps pays best
+    assert costs.guesses(5, a) == 5  # a pass of 6 places not yet timed: the window's
+    sure, fails = Acceptance(), Acceptance()
+    for _ in range(20):
+        sure.add(8, 8)
+        fails.add(2, 0)
+    assert costs.guesses(8, sure) == 3  # 5 places cost as much as 8: past 4, a guess loses
+    assert costs.guesses(8, fails) == 1  # at least one guess, to see whether they hold again
+
+
+def test_an_engine_whose_passes_cost_more_than_guesses_make_guesses_one(lm):
+    """The engine's own costs decide: with places past the second priced far above what they
+    make, every pass checks one guess, and the tokens are still plain decoding's."""
+    from vaswani.engine.speculate import PassCosts
+
+    class Priced(PassCosts):
+        def add(self, places, seconds):  # a fixed table, not this machine's timings
+            pass
+
+    prompt = repeating(1)[0]
+    plain, _ = decode(lm, [prompt], [Params(max_new_tokens=40)])
+    engine = Engine(lm, bos_id=BOS, eos_id=EOS, config=EngineConfig())
+    engine.pass_costs = Priced()
+    for places in range(1, 8):
+        PassCosts.add(engine.pass_costs, places, {1: 1.0, 2: 1.01}.get(places, 100.0))
+    request = Request(prompt, Params(max_new_tokens=40, speculate=6))
+    engine.run([request])
+    assert (request.output, request.logprobs, request.reason) == plain[0]
+    s = request.speculation
+    assert s.passes > 5 and s.guessed == s.passes  # one guess a pass

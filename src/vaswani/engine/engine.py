@@ -56,6 +56,8 @@ class Engine:
                                device=self.device)
         self.tokens_out = self.steps = 0  # tokens generated and steps run so far (throughput)
         self.speculation = Acceptance()  # every request's guesses (speculate.py)
+        # one-row passes timed on a CPU, which decide how many places a guess checks
+        self.pass_costs = speculate.PassCosts() if self.device.type == "cpu" else None
         self.guesser = speculate.lookup  # how rows guess: speculate.py, or draft.py's
 
     # --- requests in ----------------------------------------------------------------------
@@ -121,16 +123,17 @@ class Engine:
         if plan.decode:
             self.cache.compact()  # rows that finished in the prefill left holes
             plain, guessed = speculate.split(plan.decode, self.cache.width, self.max_len,
-                                             self.guesser)
+                                             self.guesser, self.pass_costs)
             if plain:
-                logits, at = self.runner.decode(plain)
+                alone = self.pass_costs if len(plain) == 1 and not guessed else None
+                logits, at = speculate.timed(alone, 1, lambda: self.runner.decode(plain))
                 for _, seq in plain:
                     self.scheduler.fed(seq, 1)
                 self._advance(plain, logits, at, finished)
             if guessed:  # rows that feed guesses after their token (speculate.py)
                 speculate.verify(self.runner, self.sampler, guessed, self.scheduler.fed,
                                  lambda r, s, token: self._extend(r, s, token, finished),
-                                 self.speculation)
+                                 self.speculation, self.pass_costs)
         self.scheduler.took(plan)  # the step's time, counted to its turn
         return finished
 

@@ -53,14 +53,30 @@ class Acceptance:
     accepted: int = 0
     passes: int = 0  # forward passes that verified guesses
     window: int = 0  # tokens to guess next (0: as many as asked), as guesses fare
+    firsts_held: int = 0  # passes whose first guess held
+    chained: int = 0  # guesses checked after one that held ...
+    chained_held: int = 0  # ... and those that held too
 
     def add(self, guessed: int, accepted: int) -> None:
         self.guessed += guessed
         self.accepted += accepted
         self.passes += 1
+        if accepted:
+            self.firsts_held += 1
+            self.chained += min(accepted, guessed - 1)
+            self.chained_held += accepted - 1
         # a guess that held whole: guess two more next time; else one fewer (Hugging Face's
         # schedule for assisted generation): a pass costs more for each place it checks
         self.window = guessed + 2 if accepted == guessed else max(1, guessed - 1)
+
+    def expected(self, k: int) -> float:
+        """The tokens a pass that guesses ``k`` is expected to make: its own, and each guess
+        that holds, the first with the share of first guesses that held so far and each
+        next with the share of guesses after a held one that held (one prior success and
+        failure each: a row with no history expects half)."""
+        first = (self.firsts_held + 1) / (self.passes + 2)
+        after = (self.chained_held + 1) / (self.chained + 2)
+        return 1 + first * sum(after ** i for i in range(k))
 
     @property
     def rate(self) -> float:

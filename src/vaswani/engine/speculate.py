@@ -22,10 +22,20 @@ a summary quoting its source, a list continued) is guessed well; other text make
 and decodes plainly. One token seen before guesses badly (a pass costs more for each place
 it checks, and most of those guesses fail), so a match is two tokens at least. The guesses
 may come from a draft model instead (draft.py); the check is the same.
+
+How many to guess: as many as asked while guesses hold whole, one fewer after a pass where
+one failed (``Acceptance.window``), and, once the engine has timed its passes on this
+machine (:class:`PassCosts`), the number within that which makes the most tokens per second
+from the pass's cost and the row's acceptance so far. A checked place is far from free on
+a CPU, and not evenly priced: a 4-bit pass of five places costs as much as one of eight on
+an AVX-512 Xeon (docs/performance.md).
 """
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections import deque
 from collections.abc import Callable
 
 from .request import Acceptance, Request, Sequence, Status
@@ -55,20 +65,57 @@ def prompt_lookup(context: list[int], tokens: int, ngram: int = NGRAM,
     return []
 
 
+class PassCosts:
+    """The seconds of a one-row pass that checks T places (T = 1: a plain step), as the engine
+    times them on its CPU: the median of the last few of each. A GPU's passes are not timed
+    (its kernels return before they run), and with no table the window alone decides."""
+
+    KEEP = 8  # passes of each size remembered
+
+    def __init__(self) -> None:
+        self.seconds: dict[int, deque[float]] = {}
+
+    def add(self, places: int, seconds: float) -> None:
+        self.seconds.setdefault(places, deque(maxlen=self.KEEP)).append(seconds)
+
+    def cost(self, places: int) -> float | None:
+        times = self.seconds.get(places)
+        return statistics.median(times) if times else None
+
+    def guesses(self, k: int, acceptance: Acceptance) -> int:
+        """Of 1 .. ``k`` guesses, the number whose pass is expected to make the most tokens a
+        second (``acceptance.expected`` over the pass's cost); ``k`` itself until a plain
+        step and a pass of ``k + 1`` places have been timed (so that it is)."""
+        if k <= 1 or self.cost(1) is None or self.cost(k + 1) is None:
+            return k
+        timed = [n for n in range(1, k + 1) if self.cost(n + 1) is not None]
+        return max(timed, key=lambda n: acceptance.expected(n) / self.cost(n + 1))
+
+
+def timed(costs: PassCosts | None, places: int, run: Callable[[], object]):
+    """``run()``, its seconds added to ``costs`` as a pass of ``places`` (None: not timed)."""
+    start = time.perf_counter()
+    out = run()
+    if costs is not None:
+        costs.add(places, time.perf_counter() - start)
+    return out
+
+
 def lookup(seq: Sequence, tokens: int) -> list[int]:
     """A guesser: :func:`prompt_lookup` in ``seq``'s context."""
     return prompt_lookup(seq.tokens[seq.offset:], tokens)
 
 
 def split(rows: list[Row], width: int, max_len: int,
-          guesser: Callable[[Sequence, int], list[int]] = lookup
-          ) -> tuple[list[Row], list[Guessed]]:
+          guesser: Callable[[Sequence, int], list[int]] = lookup,
+          costs: PassCosts | None = None) -> tuple[list[Row], list[Guessed]]:
     """A decode step's rows: those that decode plainly, and those that feed a guess (a
     one-row request with ``Params.speculate``, whose context guesses something): as many
     tokens as it asks for, within its slot's ``width`` (the last column is the scratch's),
     the model's ``max_len`` and the tokens its request may still make, and as far as its
-    guesses so far have held (``Acceptance.window``); ``guesser(seq, n)`` guesses up to n
-    tokens (:func:`lookup`, or a draft model: draft.py)."""
+    guesses so far have held (``Acceptance.window``), and where ``costs`` has timed this
+    machine's passes, as many as pay best (:meth:`PassCosts.guesses`); ``guesser(seq, n)``
+    guesses up to n tokens (:func:`lookup`, or a draft model: draft.py)."""
     plain: list[Row] = []
     guessed: list[Guessed] = []
     for request, seq in rows:
@@ -79,6 +126,8 @@ def split(rows: list[Row], width: int, max_len: int,
             k = min(k, request.speculation.window or k, width - 2 - seq.cached,
                     max_len - seq.context,
                     request.limit - request.generated - 1)
+            if costs is not None:
+                k = costs.guesses(k, request.speculation)
         guess = guesser(seq, k) if k > 0 else []
         if guess:
             guessed.append((request, seq, guess))
@@ -88,16 +137,20 @@ def split(rows: list[Row], width: int, max_len: int,
 
 
 def verify(runner, sampler, rows: list[Guessed], fed: Callable[[Sequence, int], None],
-           extend: Callable[[Request, Sequence, int], None], totals: Acceptance) -> None:
+           extend: Callable[[Request, Sequence, int], None], totals: Acceptance,
+           costs: PassCosts | None = None) -> None:
     """One forward pass over ``rows``, each feeding its uncached token and its guess; then
     each row's tokens chosen place by place (``sampler``), moved on with ``extend`` (the
     engine's own, which ends a request at ``<eos>``, its limit or its stop), while the token
     chosen is the guess's next. ``fed`` counts the keys that hold into the row's cache; the
-    guesses and how many held go to the request's ``speculation`` and to ``totals``."""
+    guesses and how many held go to the request's ``speculation`` and to ``totals``; a
+    one-row pass's seconds to ``costs``."""
     for _, seq, guess in rows:  # fed as the row's own, then taken back
         seq.tokens.extend(guess)
     try:
-        logits = runner.verify([(r, s, 1 + len(g)) for r, s, g in rows])
+        places = [(r, s, 1 + len(g)) for r, s, g in rows]
+        logits = timed(costs if len(rows) == 1 else None, places[0][2],
+                       lambda: runner.verify(places))
     finally:
         for _, seq, guess in rows:
             del seq.tokens[len(seq.tokens) - len(guess):]
