@@ -88,8 +88,9 @@ class PassCosts:
         step and a pass of ``k + 1`` places have been timed (so that it is)."""
         if k <= 1 or self.cost(1) is None or self.cost(k + 1) is None:
             return k
-        timed = [n for n in range(1, k + 1) if self.cost(n + 1) is not None]
-        return max(timed, key=lambda n: acceptance.expected(n) / self.cost(n + 1))
+        costs = {n: self.cost(n + 1) for n in range(1, k + 1)}  # each median once
+        timed = [n for n, cost in costs.items() if cost is not None]
+        return max(timed, key=lambda n: acceptance.expected(n) / costs[n])
 
 
 def timed(costs: PassCosts | None, places: int, run: Callable[[], object]):
