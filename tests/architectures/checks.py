@@ -292,6 +292,23 @@ class Checks:
         model, _, run_dir = imported
         logits_equal(model, run_dir, self.architecture)
 
+    def test_the_run_names_its_architecture_and_only_what_varies(self, imported):
+        """The import's config.toml: the architecture's name first, none of the settings it
+        fixes; read, the run has every one of them."""
+        import tomllib
+
+        from vaswani import rundir
+        from vaswani.architectures import fixes
+
+        model = tomllib.loads((imported[2] / "config.toml").read_text())["model"]
+        assert list(model)[0] == "architecture" and model["architecture"] == self.architecture
+        for option in fixes(self.architecture):
+            section, _, key = option.rpartition(".")
+            assert key not in (model.get(section, {}) if section else model), option
+        config = rundir.read_config(imported[2]).model
+        assert {o: config.setting(o) for o in fixes(self.architecture)} == fixes(
+            self.architecture)
+
     def test_greedy_tokens_equal_transformers_and_the_engine(self, imported):
         model, _, run_dir = imported
         greedy_tokens_equal(model, run_dir)

@@ -78,3 +78,64 @@ def test_a_run_that_names_an_unknown_architecture_is_refused_when_read(tmp_path)
         rundir.read_config(run)
     config.write_text(config.read_text().replace('"lama"', '"gpt2"'))
     assert rundir.read_config(run).model.architecture == "gpt2"
+
+
+SIZES = dict(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_layers=1)
+
+
+@pytest.mark.parametrize("name", sorted(known()))
+def test_an_architectures_fixed_settings_and_any_sizes_make_a_run_it_exports(name):
+    """A [model] that names an architecture and gives only sizes is completed by what the
+    architecture fixes, into a config its own export takes; written, it leaves them out and
+    reads back the same."""
+    from vaswani.architectures import fixes
+
+    sizes = dict(SIZES, experts={"count": 2}) if name == "qwen3_moe" else SIZES
+    config = ModelConfig.from_dict({"architecture": name, **sizes}, fixes)
+    assert all(config.setting(option) == value for option, value in fixes(name).items())
+    named(name).refuse(config)  # nothing refused
+    written = config.to_dict(fixes)
+    assert list(written)[0] == "architecture"
+    for option in fixes(name):
+        section, _, key = option.rpartition(".")
+        assert key not in (written.get(section, {}) if section else written), option
+    assert ModelConfig.from_dict(written, fixes) == config
+
+
+def test_a_named_run_holds_only_what_varies_and_reads_as_before(tmp_path, capsys):
+    """config.toml of a LLaMA run: the architecture and its sizes; a value that contradicts
+    the architecture is refused by name; an older file with every setting written reads the
+    same; read without the architectures' table, a short one is an error, never a default
+    model; `vaswani summary` of a hand-written one builds LLaMA's layout."""
+    from vaswani.architectures import fixes
+    from vaswani.cli import main
+    from vaswani.config import RunConfig, load_run_config
+
+    config = ModelConfig(**LLAMA, architecture="llama")
+    path = tmp_path / "config.toml"
+    path.write_text(RunConfig(model=config).to_toml(fixed=fixes))
+    model = path.read_text().split("[model]\n")[1].split("\n\n")[0]
+    assert model.startswith('architecture = "llama"\n')
+    assert "norm =" not in model and "swiglu" not in model and "\narch =" not in model
+    assert load_run_config(path, fixed=fixes).model == config
+    with pytest.raises(ValueError, match=r"\[model\] norm = 'layernorm': architecture 'llama' "
+                                         "fixes it at 'rmsnorm'"):
+        load_run_config(path, ["model.norm=layernorm"], fixed=fixes)
+    with pytest.raises(ValueError, match=r"\[model.window\] size = 8: architecture 'llama' "
+                                         "fixes it at 0"):
+        load_run_config(path, ["model.window.size=8"], fixed=fixes)
+    with pytest.raises(ValueError, match="leaves out the settings that architecture fixes: "
+                                         "read the file with vaswani.rundir.read_config"):
+        load_run_config(path)
+    older = tmp_path / "older.toml"
+    older.write_text(RunConfig(model=config).to_toml())  # every setting, as before
+    assert "norm = \"rmsnorm\"" in older.read_text()
+    assert load_run_config(older, fixed=fixes).model == load_run_config(older).model == config
+    path.write_text('[model]\narchitecture = "llama"\nvocab_size = 50\nd_model = 32\n'
+                    'n_heads = 4\nd_ff = 64\nn_layers = 1\n')
+    assert main(["summary", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "DecoderLM (decoder)" in out
+    from vaswani.models import build_model, parameter_counts
+    total = parameter_counts(build_model(ModelConfig(**LLAMA), "meta"))[1]
+    assert f"{total:>12,} parameters (shared" in out

@@ -9,9 +9,11 @@ gemma3.py, bert.py, ...), holding everything vaswani knows of it and nothing els
   (:func:`unsupported`), a run option the architecture has no place for (``refuse``).
 
 A run records its architecture as ``[model] architecture`` (`vaswani import` writes it);
-import and export dispatch on that name. A run that names none (one trained here, or
-written before the field existed) is read as the architecture its fields match
-(:func:`of`), as every earlier version of the export did.
+import and export dispatch on that name, and its config.toml holds only what varies: the
+settings the architecture fixes (``fixes``: RMSNorm, SwiGLU, rotary positions, ...) are left
+out when written and filled in when read (:func:`fixes`, handed to config/'s readers). A
+run that names none (one trained here, or written before the field existed) is read as the
+architecture its fields match (:func:`of`), as every earlier version of the export did.
 
 Adding an architecture is adding a file here that defines ``ARCHITECTURE``: the package
 finds its files itself (:func:`known`), so nothing else changes.
@@ -57,6 +59,8 @@ class Architecture:
     to_hf: Callable[[Any, ModelConfig], dict]  # (vaswani model, config) -> checkpoint tensors
     hf_model: Callable[[ModelConfig, dict], Any]  # (config, special ids) -> an empty HF model
     refuse: Callable[[ModelConfig], None]  # raises Refused for a run option with no place
+    fixes: dict[str, Any]  # the [model] settings every run of it has ("norm": "rmsnorm",
+    #                      "window.size": 0): a run's config.toml leaves them out (fixes())
     peft: bool = False  # its projections are the q/k/v/o/gate/up/down that peft adapts
     gguf: GGUF | None = None  # how llama.cpp writes it; None: not read from GGUF files
 
@@ -106,6 +110,13 @@ def named(name: str) -> Architecture:
         raise ValueError(f"[model] architecture ({name!r}) must be one of "
                          f"{', '.join(map(repr, known()))}")
     return known()[name]
+
+
+def fixes(name: str) -> dict[str, Any]:
+    """The settings the architecture called ``name`` fixes: what
+    :meth:`~vaswani.config.ModelConfig.to_dict` leaves out of a run that names it and
+    :meth:`~vaswani.config.ModelConfig.from_dict` fills in."""
+    return named(name).fixes
 
 
 def for_gguf(name: str, where: str) -> Architecture:

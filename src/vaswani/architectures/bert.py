@@ -107,14 +107,18 @@ def hf_model(c: ModelConfig, ids: dict[str, int]):
     return transformers.BertModel(config, add_pooling_layer=False)
 
 
+FIXES = {"arch": "encoder", "norm_first": False, "norm": "layernorm", "bias": True,
+         "embed_norm": True, "qk_norm": False, "post_norms": False,
+         "experts.count": 0}  # what every run exported as BERT has
+
+
 def refuse(c: ModelConfig) -> None:
     if c.positional not in ("learned", "sinusoidal"):
         raise Refused("positional", c.positional, "BERT takes learned or sinusoidal")
     if c.activation not in ("gelu", "relu"):
         raise Refused("activation", c.activation, "BERT takes gelu or relu")
-    require(c, {"norm_first": False, "norm": "layernorm", "bias": True, "embed_norm": True,
-                "qk_norm": False, "post_norms": False, "head_dim": c.d_model // c.n_heads,
-                "n_kv_heads": c.n_heads, "experts.count": 0}, DESCRIBED)
+    require(c, {**FIXES, "head_dim": c.d_model // c.n_heads, "n_kv_heads": c.n_heads},
+            DESCRIBED)
     if c.qkv_bias is not None and c.qkv_bias != c.bias:
         raise Refused("qkv_bias", c.qkv_bias, "BERT has biases on every projection or none")
 
@@ -122,4 +126,4 @@ def refuse(c: ModelConfig) -> None:
 ARCHITECTURE = Architecture(
     name="bert", hf_types=("bert",), hf_class="BertModel",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse)
+    refuse=refuse, fixes=FIXES)

@@ -174,11 +174,14 @@ def hf_model(c: ModelConfig, ids: dict[str, int]):
     return transformers.Gemma3ForCausalLM(config)
 
 
+FIXES = {"arch": "decoder", "norm_first": True, "norm": "rmsnorm", "activation": "geglu_tanh",
+         "bias": False, "qk_norm": True, "post_norms": True, "scale_embeddings": True,
+         "rope.scaling": "none", "positional": "rope", "embed_norm": False,
+         "type_vocab_size": 0, "rope.nope_every": 0, "experts.count": 0}
+
+
 def refuse(c: ModelConfig) -> None:
-    require(c, {"norm_first": True, "norm": "rmsnorm", "activation": "geglu_tanh",
-                "bias": False, "qk_norm": True, "post_norms": True, "scale_embeddings": True,
-                "rope.scaling": "none", "positional": "rope", "embed_norm": False,
-                "type_vocab_size": 0, "rope.nope_every": 0, "experts.count": 0},
+    require(c, FIXES,
             "Gemma 3 (RMSNorm before and after each sublayer and on q and k, gated "
             "GELU-tanh, scaled embeddings, rotary positions)")
     if c.qkv_bias:
@@ -205,5 +208,5 @@ def gguf_settings(read) -> dict:
 ARCHITECTURE = Architecture(
     name="gemma3", hf_types=("gemma3_text",), hf_class="Gemma3ForCausalLM",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse, peft=True,
+    refuse=refuse, fixes=FIXES, peft=True,
     gguf=GGUF({**GGUF_BLOCKS, **GGUF_NORMS}, gguf_settings, norms_plus_one=True))

@@ -97,26 +97,25 @@ def hf_model(c: ModelConfig, ids: dict[str, int]):
     return transformers.GPT2LMHeadModel(config)
 
 
+FIXES = {"arch": "decoder", "norm_first": True, "norm": "layernorm", "bias": True,
+         "qk_norm": False, "post_norms": False, "embed_norm": False, "type_vocab_size": 0,
+         "window.size": 0, "experts.count": 0}  # what every run exported as GPT-2 has
+
+
 def refuse(c: ModelConfig) -> None:
-    require(c, {"norm_first": True, "norm": "layernorm", "bias": True}, DESCRIBED)
+    require(c, {**FIXES, "head_dim": c.d_model // c.n_heads}, DESCRIBED)
     if c.positional not in ("learned", "sinusoidal"):
         raise Refused("positional", c.positional, "GPT-2 takes learned or sinusoidal")
     if c.activation not in ("gelu", "gelu_tanh", "relu"):
         raise Refused("activation", c.activation, "GPT-2 takes gelu, gelu_tanh or relu")
     if c.n_kv_heads != c.n_heads:
         raise Refused("n_kv_heads", c.n_kv_heads, "GPT-2 has one key/value head per query head")
-    require(c, {"qk_norm": False, "post_norms": False, "head_dim": c.d_model // c.n_heads,
-                "experts.count": 0, "window.size": 0}, DESCRIBED)
     if c.qkv_bias is not None and c.qkv_bias != c.bias:
         raise Refused("qkv_bias", c.qkv_bias, "GPT-2 has no biases on q, k and v alone "
                       "(Qwen2 does, with rotary positions)")
-    if c.embed_norm:
-        raise Refused("embed_norm", c.embed_norm, "no norm after the embeddings in GPT-2")
-    if c.type_vocab_size:
-        raise Refused("type_vocab_size", c.type_vocab_size, "no token types in GPT-2")
 
 
 ARCHITECTURE = Architecture(
     name="gpt2", hf_types=("gpt2",), hf_class="GPT2LMHeadModel",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse)
+    refuse=refuse, fixes=FIXES)

@@ -19,9 +19,17 @@ from . import GGUF, Architecture, Refused, require, unsupported
 from .maps import as_float, ends, ends_back, projections, projections_back, specials, tied
 
 DESCRIBED = "LLaMA (pre-norm, RMSNorm, SwiGLU, no biases, rotary positions)"
-NEEDS = {"norm_first": True, "norm": "rmsnorm", "activation": "swiglu", "bias": False,
-         "positional": "rope", "qk_norm": False, "post_norms": False, "embed_norm": False,
-         "type_vocab_size": 0, "window.size": 0, "rope.nope_every": 0, "experts.count": 0}
+# what every run exported as LLaMA has (its config.toml leaves them out)
+FIXES = {"arch": "decoder", "norm_first": True, "norm": "rmsnorm", "activation": "swiglu",
+         "bias": False, "positional": "rope", "qk_norm": False, "post_norms": False,
+         "embed_norm": False, "type_vocab_size": 0, "window.size": 0, "rope.nope_every": 0,
+         "experts.count": 0}
+
+
+def fixes(**changes) -> dict:
+    """What a LLaMA-layout architecture fixes: LLaMA's settings with a variant's ``changes``
+    (a change to None: the variant lets that setting vary)."""
+    return {key: value for key, value in {**FIXES, **changes}.items() if value is not None}
 
 
 def llama_config(*, vocab_size: int, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int,
@@ -173,7 +181,7 @@ def refuse_layout(c: ModelConfig, described: str = DESCRIBED, *, qkv_bias: bool 
     """Refuse a run that is not LLaMA's layout as ``described`` (``needs``: the fields a
     variant sets apart), with one head width d_model / heads unless a variant says otherwise,
     and biases on q, k and v alone only where ``qkv_bias``."""
-    require(c, {**NEEDS, "head_dim": c.d_model // c.n_heads, **needs}, described)
+    require(c, {**FIXES, "head_dim": c.d_model // c.n_heads, **needs}, described)
     if bool(c.qkv_bias) != qkv_bias:
         raise Refused("qkv_bias", c.qkv_bias, f"{described} needs {qkv_bias!r} (biases on q, "
                       "k and v alone are Qwen2's)")
@@ -204,5 +212,5 @@ def gguf_settings(name: str) -> Callable[[Callable], dict]:
 ARCHITECTURE = Architecture(
     name="llama", hf_types=("llama",), hf_class="LlamaForCausalLM",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse, peft=True,
+    refuse=refuse, fixes=FIXES, peft=True,
     gguf=GGUF(GGUF_BLOCKS, gguf_settings("llama"), permuted=True))

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from . import Architecture, unsupported
-from .llama import check_common, from_hf, hf_fields, llama_config, refuse_layout, sizes, to_hf
+from .llama import (
+    FIXES,
+    check_common,
+    from_hf,
+    hf_fields,
+    llama_config,
+    refuse_layout,
+    sizes,
+    to_hf,
+)
 
 
 def config_from_hf(hf: dict, pad_id: int | None = None) -> ModelConfig:
@@ -34,4 +43,4 @@ def refuse(c: ModelConfig) -> None:
 ARCHITECTURE = Architecture(
     name="mistral", hf_types=("mistral",), hf_class="MistralForCausalLM",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse, peft=True)
+    refuse=refuse, fixes=FIXES, peft=True)

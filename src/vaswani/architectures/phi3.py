@@ -12,7 +12,15 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from . import GGUF, Architecture, Refused, unsupported
-from .llama import check_common, gguf_settings, hf_fields, llama_config, refuse_layout, sizes
+from .llama import (
+    check_common,
+    fixes,
+    gguf_settings,
+    hf_fields,
+    llama_config,
+    refuse_layout,
+    sizes,
+)
 from .maps import as_float, ends, ends_back, take, widths
 
 # a block's tensors: Phi-3's names -> vaswani's, both ways
@@ -91,7 +99,7 @@ def _gguf_settings(read) -> dict:
 ARCHITECTURE = Architecture(
     name="phi3", hf_types=("phi3",), hf_class="Phi3ForCausalLM",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse,
+    refuse=refuse, fixes=fixes(**{"window.size": None}),
     gguf=GGUF({"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
                "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj",
                "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"},

@@ -9,6 +9,7 @@ from . import GGUF, Architecture, Refused
 from .llama import (
     GGUF_BLOCKS,
     check_common,
+    fixes,
     from_hf,
     gguf_settings,
     hf_fields,
@@ -44,5 +45,5 @@ def refuse(c: ModelConfig) -> None:
 ARCHITECTURE = Architecture(
     name="qwen2", hf_types=("qwen2",), hf_class="Qwen2ForCausalLM",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse, peft=True,
+    refuse=refuse, fixes=fixes(qkv_bias=True), peft=True,
     gguf=GGUF(GGUF_BLOCKS, gguf_settings("qwen2"), biased=("attn_q", "attn_k", "attn_v")))

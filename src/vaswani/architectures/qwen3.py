@@ -12,6 +12,7 @@ from . import GGUF, Architecture, unsupported
 from .llama import (
     GGUF_BLOCKS,
     check_common,
+    fixes,
     gguf_settings,
     hf_fields,
     llama_config,
@@ -67,6 +68,6 @@ def refuse(c: ModelConfig) -> None:
 ARCHITECTURE = Architecture(
     name="qwen3", hf_types=("qwen3",), hf_class="Qwen3ForCausalLM",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse, peft=True,
+    refuse=refuse, fixes=fixes(qk_norm=True), peft=True,
     gguf=GGUF({**GGUF_BLOCKS, "attn_q_norm": "self_attn.q_norm",
                "attn_k_norm": "self_attn.k_norm"}, gguf_settings("qwen3")))

@@ -23,6 +23,7 @@ from . import GGUF, Architecture, Refused, unsupported
 from .llama import (
     GGUF_BLOCKS,
     check_common,
+    fixes,
     gguf_settings,
     hf_fields,
     llama_config,
@@ -157,7 +158,7 @@ GGUF_EXPERTS = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_p
 ARCHITECTURE = Architecture(
     name="qwen3_moe", hf_types=("qwen3_moe",), hf_class="Qwen3MoeForCausalLM",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse, peft=True,
+    refuse=refuse, fixes=fixes(qk_norm=True, **{"experts.count": None}), peft=True,
     gguf=GGUF({**{k: v for k, v in GGUF_BLOCKS.items() if not k.startswith("ffn_")},
                "ffn_norm": GGUF_BLOCKS["ffn_norm"], "attn_q_norm": "self_attn.q_norm",
                "attn_k_norm": "self_attn.k_norm", **GGUF_EXPERTS},

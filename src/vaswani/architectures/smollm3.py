@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from . import Architecture, unsupported
-from .llama import check_common, from_hf, hf_fields, llama_config, refuse_layout, sizes, to_hf
+from .llama import (
+    check_common,
+    fixes,
+    from_hf,
+    hf_fields,
+    llama_config,
+    refuse_layout,
+    sizes,
+    to_hf,
+)
 
 
 def nope_every(no_rope_layers: list[int]) -> int:
@@ -55,4 +64,4 @@ def refuse(c: ModelConfig) -> None:
 ARCHITECTURE = Architecture(
     name="smollm3", hf_types=("smollm3",), hf_class="SmolLM3ForCausalLM",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse, peft=True)
+    refuse=refuse, fixes=fixes(**{"rope.nope_every": None}), peft=True)

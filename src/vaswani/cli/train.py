@@ -99,11 +99,13 @@ def stop_on_signals(make_request):
 
 
 def summary(args: argparse.Namespace) -> int:
+    from .. import architectures
     from ..config import load_run_config
     from ..models import build_model, parameter_counts
 
     path = Path(args.config)
-    cfg = load_run_config(path / "config.toml" if path.is_dir() else path, args.set).model
+    cfg = load_run_config(path / "config.toml" if path.is_dir() else path, args.set,
+                          fixed=architectures.fixes).model
     if cfg.vocab_size == 0:
         raise ValueError(f"{args.config} leaves vocab_size to the data; give it with "
                          "--set model.vocab_size=N (or pass a trained RUN_DIR)")

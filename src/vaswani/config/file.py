@@ -11,7 +11,7 @@ from typing import Any
 
 from .base import ConfigBase, dump_toml, load_toml, parse_text, unknown_key_error
 from .finetune import FinetuneConfig
-from .model import ModelConfig
+from .model import Fixed, ModelConfig
 from .parts import FLAT, nest
 from .sections import DataConfig, DecodeConfig, TrainConfig
 
@@ -35,16 +35,20 @@ class RunConfig:
         self.finetune.check_with(self.train)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+    def from_dict(cls, data: dict[str, Any], fixed: Fixed | None = None) -> RunConfig:
+        """The sections of ``data``; ``fixed``: see :meth:`ModelConfig.from_dict`."""
         _check_sections(data)
-        return cls(**{name: kind.from_dict(data.get(name, {}))
-                      for name, kind in SECTIONS.items()})
+        return cls(model=ModelConfig.from_dict(data.get("model", {}), fixed),
+                   **{name: kind.from_dict(data.get(name, {}))
+                      for name, kind in SECTIONS.items() if name != "model"})
 
-    def to_dict(self) -> dict[str, dict[str, Any]]:
-        return {name: getattr(self, name).to_dict() for name in SECTIONS}
+    def to_dict(self, fixed: Fixed | None = None) -> dict[str, dict[str, Any]]:
+        """Every section's values; ``fixed``: see :meth:`ModelConfig.to_dict`."""
+        return {name: self.model.to_dict(fixed) if name == "model"
+                else getattr(self, name).to_dict() for name in SECTIONS}
 
-    def to_toml(self) -> str:
-        return dump_toml(self.to_dict())
+    def to_toml(self, fixed: Fixed | None = None) -> str:
+        return dump_toml(self.to_dict(fixed))
 
     def replace(self, **sections) -> RunConfig:
         """A copy with some sections replaced: ``cfg.replace(model=cfg.model.replace(...))``."""
@@ -103,10 +107,12 @@ def apply_overrides(data: dict[str, Any], overrides: typing.Iterable[str]) -> di
     return out
 
 
-def load_run_config(path: str | Path, overrides: typing.Iterable[str] = ()) -> RunConfig:
-    """Read a config file, apply ``--set`` overrides, validate; errors name the file."""
+def load_run_config(path: str | Path, overrides: typing.Iterable[str] = (),
+                    fixed: Fixed | None = None) -> RunConfig:
+    """Read a config file, apply ``--set`` overrides, validate; errors name the file.
+    ``fixed``: what a named architecture fixes (:meth:`ModelConfig.from_dict`)."""
     data = apply_overrides(load_toml(path), overrides)
     try:
-        return RunConfig.from_dict(data)
+        return RunConfig.from_dict(data, fixed)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path}: {e}") from None

@@ -16,12 +16,17 @@ config reference of the docs site is generated from them).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .base import ConfigBase
 from .family import family, named
 from .parts import ExpertsConfig, RopeConfig, WindowConfig, nest
+
+Fixed = Callable[[str], dict[str, Any]]
+"""An architecture's name -> the settings it fixes (``{"norm": "rmsnorm", "window.size": 0}``):
+:func:`vaswani.architectures.fixes`, handed down by the layers that know the architectures."""
 
 
 @dataclass(frozen=True)
@@ -230,12 +235,21 @@ class ModelConfig(ConfigBase):
             out["tgt_vocab_size"] = self.vocab_size
         return out
 
-    def to_dict(self) -> dict:
+    def to_dict(self, fixed: Fixed | None = None) -> dict:
         """As every section's, with [model.rope], [model.window] and [model.experts] left out
-        where a model does not use them (all their values the defaults)."""
+        where a model does not use them (all their values the defaults). With ``fixed`` and a
+        named architecture: ``architecture`` first, and the settings it fixes left out (a run
+        names its architecture and what varies)."""
         out = super().to_dict()
+        if self.architecture and fixed is not None:
+            out = {"architecture": out.pop("architecture"), **out}
+            for option, value in fixed(self.architecture).items():
+                section, dot, key = option.rpartition(".")
+                if self.setting(option) == value:
+                    del (out[section] if dot else out)[key]
         for name, part in self.parts().items():
-            if out[name] == part().to_dict():
+            if out[name] == {key: value for key, value in part().to_dict().items()
+                             if key in out[name]}:
                 del out[name]
         return out
 
@@ -252,10 +266,27 @@ class ModelConfig(ConfigBase):
         return f"[model.{section}] {key}" if dot else f"[model] {name}"
 
     @classmethod
-    def from_dict(cls, data: dict):
-        """A ``[model]`` dict, an older run's flat keys (``rope_base``, ...) moved into their
-        sections first (:func:`~vaswani.config.parts.nest`)."""
-        return super().from_dict(nest(data))
+    def from_dict(cls, data: dict, fixed: Fixed | None = None):
+        """A ``[model]`` dict: an older run's flat keys (``rope_base``, ...) moved into their
+        sections first (:func:`~vaswani.config.parts.nest`); where it names an architecture,
+        the settings that architecture fixes (``fixed(name)``) filled in, and one given
+        another value refused by name."""
+        data = nest(data)
+        name = data.get("architecture")
+        if name and fixed is not None:
+            for option, value in fixed(name).items():
+                section, dot, key = option.rpartition(".")
+                place = data.setdefault(section, {}) if dot else data
+                if not isinstance(place, dict):
+                    continue  # a section given as something else: the type check names it
+                if place.setdefault(key, value) != value:
+                    raise ValueError(f"{cls.where(option)} = {place[key]!r}: architecture "
+                                     f"{name!r} fixes it at {value!r} (leave it out)")
+        elif name and "arch" not in data:
+            raise ValueError(f"[model] architecture = {name!r} leaves out the settings that "
+                             "architecture fixes: read the file with vaswani.rundir."
+                             "read_config (or pass fixed=vaswani.architectures.fixes)")
+        return super().from_dict(data)
 
     def replace(self, **changes):
         """A copy with ``changes``, which may name a section's fields the older, flat way

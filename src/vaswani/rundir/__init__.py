@@ -3,7 +3,8 @@ command (and ``vaswani.load``) reads. This package knows the layout of ``RUN_DIR
 and writes its description (here) and holds its lock (lock.py); the weights and checkpoints
 in it are checkpoint/'s, and every write goes through atomic.py::
 
-    config.toml          the fully resolved config (vocabulary sizes and labels filled in)
+    config.toml          the fully resolved config (vocabulary sizes and labels filled in;
+                         what a named [model] architecture fixes left out)
     tokenizer/           meta.json + the tokenizer file(s)
     model.safetensors    the best weights so far (by [train] best_metric)
     last/                the latest state, enough to resume exactly:
@@ -94,7 +95,8 @@ class Refused(FileExistsError):
 
 def write_run(run_dir: Path, config: RunConfig, source: Tokenizer, target: Tokenizer | None,
               labels: list[str], *, header: str = "", chat_template: str | None = None) -> None:
-    """``config.toml`` (resolved, written last), ``tokenizer/`` (with the class labels, if
+    """``config.toml`` (resolved, written last; a named architecture's fixed settings left
+    out), ``tokenizer/`` (with the class labels, if
     any) and an imported chat model's ``chat_template.jinja``."""
     record(run_dir, *TOKENIZER_FILES, CONFIG,
            *([CHAT_TEMPLATE] if chat_template else []))
@@ -106,22 +108,17 @@ def write_run(run_dir: Path, config: RunConfig, source: Tokenizer, target: Token
         meta = json.loads(meta_path.read_text())
         meta["labels"] = labels
         atomic_write_text(meta_path, json.dumps(meta, indent=2))
-    atomic_write_text(run_dir / CONFIG, header + config.to_toml())
+    atomic_write_text(run_dir / CONFIG, header + config.to_toml(fixed=architectures.fixes))
 
 
 def read_config(run_dir: Path, overrides: list[str] = ()) -> RunConfig:
-    """The run's config (with ``--set`` overrides); a missing one, or one that names an
-    architecture vaswani does not know (``[model] architecture``), is a clear error."""
+    """The run's config (with ``--set`` overrides; what its named architecture fixes filled
+    in); a missing one, or one that names an architecture vaswani does not know
+    (``[model] architecture``), is a clear error."""
     if not (run_dir / CONFIG).exists():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no {CONFIG}); train one "
                                 "with `vaswani train CONFIG.toml --out RUN_DIR`")
-    config = load_run_config(run_dir / CONFIG, overrides)
-    if config.model.architecture:  # config/ sits below the architectures: checked here
-        try:
-            architectures.named(config.model.architecture)
-        except ValueError as e:
-            raise ValueError(f"{run_dir / CONFIG}: {e}") from None
-    return config
+    return load_run_config(run_dir / CONFIG, overrides, fixed=architectures.fixes)
 
 
 def read_tokenizers(run_dir: Path) -> tuple[Tokenizer, Tokenizer | None, list[str]]:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .. import checkpoint, devices, rundir
+from .. import architectures, checkpoint, devices, rundir
 from ..config import DecodeConfig, RunConfig, apply_overrides, load_run_config, load_toml
 from ..config.family import family
 from ..data.registry import default_cache
@@ -167,7 +167,7 @@ def configure(config: str, overrides: list[str]) -> tuple[RunConfig, Tokenizers 
     init_from``, the tokenizers of the run it starts from, whose ``[model]`` replaces the
     file's (what the new data decides, the classes, is filled in later). The schedule's
     length is fixed now, so that resuming with more steps continues it."""
-    cfg = load_run_config(config, overrides)
+    cfg = load_run_config(config, overrides, fixed=architectures.fixes)
     cfg = cfg.replace(train=cfg.train.replace(schedule_steps=cfg.train.schedule_steps))
     check_schedule(cfg.train)
     if not cfg.train.init_from:
@@ -225,8 +225,8 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
     train_section = data.setdefault("train", {})
     train_section.setdefault("schedule_steps", train_section.get("max_steps", 1000))
     try:
-        recorded = RunConfig.from_dict(copy.deepcopy(data))
-        cfg = RunConfig.from_dict(apply_overrides(data, overrides))
+        recorded = RunConfig.from_dict(copy.deepcopy(data), architectures.fixes)
+        cfg = RunConfig.from_dict(apply_overrides(data, overrides), architectures.fixes)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{run_dir / rundir.CONFIG}: {e}") from None
     changed = [f"{section}.{f.name} ({getattr(getattr(recorded, section), f.name)!r} -> "
