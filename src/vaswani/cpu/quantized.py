@@ -234,9 +234,10 @@ class WeightOnlyLinear(nn.Module):
         if self.bits == 8:
             return self.qweight.float() * self.scales.float()[:, None]
         scales, offsets = self.scales.float().unbind(-1)  # (in / group, out) each
-        levels = int4_unpacked(self.qweight, self.out_features, self.in_features)
-        w = (levels.view(self.out_features, -1, self.group).float() - 8) * scales.T[..., None]
-        return (w + offsets.T[..., None]).view(self.out_features, self.in_features)
+        w = int4_unpacked(self.qweight, self.out_features, self.in_features, torch.float32)
+        w = w.view(self.out_features, -1, self.group)  # in place: one weight-sized block a
+        w.sub_(8).mul_(scales.T[..., None]).add_(offsets.T[..., None])  # call (QLoRA's
+        return w.view(self.out_features, self.in_features)  # backward makes one per layer)
 
     def dequantized_rows(self, start: int, stop: int) -> Tensor:
         """Rows ``start:stop`` of :meth:`dequantized`, made alone where the weight is int8 (a
@@ -271,12 +272,14 @@ class FrozenProduct(torch.autograd.Function):
         return (grad.float() @ ctx.layer.dequantized()).to(grad.dtype), None
 
 
-def int4_unpacked(packed: Tensor, out_features: int, in_features: int) -> Tensor:
+def int4_unpacked(packed: Tensor, out_features: int, in_features: int,
+                  dtype: torch.dtype = torch.int32) -> Tensor:
     """The (out, in) levels 0..15 of a weight :func:`int4_packed` packed: the kernel's CPU
     layout, each ``ROWS`` rows apart, holds blocks of ``n`` rows as [in][n / 2] bytes (rows j
     and j + n / 2 of the block in the low and high half of byte j; n is 64 where PyTorch runs
     its AVX-512 kernels, 32 elsewhere: :func:`int4_block`) and the last out % n rows as
-    [in][rows / 2] (rows 2j and 2j + 1). Checked against the kernel's packing in the tests."""
+    [in][rows / 2] (rows 2j and 2j + 1). Checked against the kernel's packing in the tests.
+    ``dtype``: the levels' (float32 straight from the bytes where they are multiplied next)."""
     n = int4_block()
     blocks, at = [], 0
     for first in range(0, out_features, ROWS):
@@ -293,7 +296,7 @@ def int4_unpacked(packed: Tensor, out_features: int, in_features: int) -> Tensor
                 b = part.view(in_features, size // 2)
                 levels = torch.stack([b & 0xF, b >> 4], -1).reshape(in_features, size).T
             blocks.append(levels.reshape(size, in_features))
-    return torch.cat(blocks).to(torch.int32)
+    return torch.cat(blocks).to(dtype)
 
 
 def int4_block() -> int:
