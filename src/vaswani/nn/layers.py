@@ -38,6 +38,7 @@ from .attention import MultiHeadAttention
 from .dropout import Dropout
 from .feedforward import FeedForward
 from .kv_cache import KVCache, LayerCache
+from .moe import MixtureOfExperts
 
 
 class LayerWeights(NamedTuple):
@@ -168,9 +169,30 @@ class Stack(nn.Module):
                           cache=None if cache is None else cache.layers[i],
                           positions=positions, need_weights=need_weights)
             if recompute:
-                x, w = checkpoint(layer, x, use_reentrant=False, **kwargs)
+                x, w = recomputed(layer, x, kwargs)
             else:
                 x, w = layer(x, **kwargs)
             weights.append(w)
         x = x if self.norm is None else self.norm(x)
         return x, weights if need_weights else None
+
+
+def recomputed(layer: nn.Module, x: Tensor, kwargs: dict) -> tuple:
+    """``layer(x, **kwargs)`` keeping only its inputs, the rest computed again in the backward
+    pass (torch.utils.checkpoint's reentrant form: the forward runs without autograd, so it
+    leaves no graph of small records between the layer's large temporaries, which would keep
+    the freed blocks from being reused and grow the heap by a layer's temporaries at each
+    layer: tests/nn/test_layers.py). That form finds the layer's parameters through an
+    input that needs a gradient, so a frozen embedding's output is made to need one. A
+    mixture of experts keeps its router scores from the forward pass for the training
+    loss, which needs autograd there: its layers take the non-reentrant form."""
+    if any(isinstance(m, MixtureOfExperts) for m in layer.modules()):
+        return checkpoint(layer, x, use_reentrant=False, **kwargs)
+    names = list(kwargs)
+
+    def run(x: Tensor, *values):
+        return layer(x, **dict(zip(names, values, strict=True)))
+
+    if not x.requires_grad:
+        x = x.detach().requires_grad_()
+    return checkpoint(run, x, *kwargs.values(), use_reentrant=True)
