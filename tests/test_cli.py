@@ -43,3 +43,23 @@ def test_an_os_error_from_any_command_is_one_line_not_a_traceback(monkeypatch, c
     assert main(["data", "prepare", "shakespeare"]) == 2
     err = capsys.readouterr().err
     assert err == "vaswani: error: Read-only file system: /ro/packages\n"
+
+
+def test_import_help_names_every_architecture_it_reads(capsys):
+    """`vaswani import --help` lists each architecture of vaswani/architectures/ (and the
+    llama.cpp name of each read from GGUF files): a new file there fails this until the
+    help says so."""
+    import pytest
+
+    from vaswani.architectures import known
+
+    shown = {"bert": "BERT", "gemma3": "Gemma 3", "gpt2": "GPT-2", "llama": "LLaMA",
+             "mistral": "Mistral", "phi3": "Phi-3", "qwen2": "Qwen2", "qwen3": "Qwen3,",
+             "qwen3_moe": "Qwen3-MoE", "smollm3": "SmolLM3"}
+    with pytest.raises(SystemExit):
+        main(["import", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name, record in known().items():
+        assert shown[name] in text, name
+        if record.gguf is not None:
+            assert f" {record.gguf.name or name}" in text.split("gguf: a .gguf file")[1], name

@@ -91,6 +91,8 @@ def test_an_architectures_fixed_settings_and_any_sizes_make_a_run_it_exports(nam
     from vaswani.architectures import fixes
 
     sizes = dict(SIZES, experts={"count": 2}) if name == "qwen3_moe" else SIZES
+    assert "arch" in fixes(name)  # a short file lacks it: how a reader without the table
+    #                             knows to refuse it rather than build the default translator
     config = ModelConfig.from_dict({"architecture": name, **sizes}, fixes)
     assert all(config.setting(option) == value for option, value in fixes(name).items())
     named(name).refuse(config)  # nothing refused

