@@ -344,3 +344,27 @@ def peer_venv(name: str, packages: list[str], *, with_torch: bool = True,
     marker.write_text(wanted)
     return python
 
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The index of the first token where two greedy continuations differ (their common
+    length when one is a prefix of the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)))
+
+
+def near_tie(run_dir: Path, precision: str, prompt: list[int], eager: list[int],
+             other: list[int], label: str = "compiled") -> dict | None:
+    """Where ``other`` greedy tokens (the compiled step's, or another engine's: ``label``)
+    first part from eager's: the eager model's two most likely tokens there and their
+    log-probabilities (a tie, or a bfloat16 step apart, says the rounding chose; a wide gap
+    would say the other is wrong). None: equal, or one a prefix of the other."""
+    import vaswani
+
+    i = first_difference(eager, other)
+    if i >= min(len(eager), len(other)):
+        return None
+    run = vaswani.load(run_dir, quantize=None if precision == "fp32" else precision,
+                       compiled=False)
+    _, top = run.token_logprobs(list(prompt) + eager[:i + 1], top=2)[-1]
+    return {"index": i, "eager": eager[i], label: other[i],
+            "eager_top_2": [[t, round(lp, 4)] for t, lp in top]}

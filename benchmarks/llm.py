@@ -48,8 +48,10 @@ from .common import (
     ROOT,
     VASWANI,
     ServeProcess,
+    first_difference,
     free_port,
     gguf_file,
+    near_tie,
     peer_venv,
     q8_0_copy,
     report,
@@ -123,23 +125,6 @@ def _measure_one(run_dir: str, precision: str, mode: str) -> dict:
     return out
 
 
-def near_tie(run_dir: Path, precision: str, prompt: list[int], eager: list[int],
-             compiled: list[int]) -> dict | None:
-    """Where the compiled step's greedy tokens first part from eager's: the eager model's
-    two most likely tokens there and their log-probabilities (a tie, or a bfloat16 step
-    apart, says the rounding chose; a wide gap would say the step is wrong). None: equal."""
-    import vaswani
-
-    i = first_difference(eager, compiled)
-    if i >= min(len(eager), len(compiled)):
-        return None
-    run = vaswani.load(run_dir, quantize=None if precision == "fp32" else precision,
-                       compiled=False)
-    _, top = run.token_logprobs(list(prompt) + eager[:i + 1], top=2)[-1]
-    return {"index": i, "eager": eager[i], "compiled": compiled[i],
-            "eager_top_2": [[t, round(lp, 4)] for t, lp in top]}
-
-
 def ties(path: Path, run_dir: Path) -> None:
     """:func:`near_tie` for each compiled row of a results file, written back into it."""
     results = json.loads(path.read_text())
@@ -151,13 +136,6 @@ def ties(path: Path, run_dir: Path) -> None:
                 compiled["greedy_ids"])
             print(f"llm: {precision} compiled: {compiled['first_difference_from_eager']}")
     path.write_text(json.dumps(results, indent=1) + "\n")
-
-
-def first_difference(a: list[int], b: list[int]) -> int:
-    """The index of the first token where two greedy continuations differ (their common
-    length when one is a prefix of the other)."""
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                min(len(a), len(b)))
 
 
 def llama_cpp(vaswani_fp32: dict, work: Path) -> dict:

@@ -9,6 +9,7 @@ of the same file (int8), or the Q4_1 file itself (int4).
                                    [--quantize int8|int4]
     python -m benchmarks.speculate --pass-costs [--quantize int8|int4] [--no-compiled]
                                    [--json OUT.json]
+    python -m benchmarks.speculate --ties-of RESULTS.json [--work DIR]
 
 Contenders, each in a process of its own, in alternating rounds (the best round kept):
 vaswani eager and with the decode step ``vaswani compile --quantize int8`` builds (built
@@ -35,7 +36,17 @@ import sys
 import time
 from pathlib import Path
 
-from .common import ROOT, VASWANI, gguf_file, peer_venv, q8_0_copy, report, smollm2
+from .common import (
+    ROOT,
+    VASWANI,
+    first_difference,
+    gguf_file,
+    near_tie,
+    peer_venv,
+    q8_0_copy,
+    report,
+    smollm2,
+)
 
 LLAMA_CPP = ["llama-cpp-python[server]==0.3.36"]  # benchmarks.llm's venv, shared
 # Prompts whose continuation repeats their context (our own text, written for this file).
@@ -161,6 +172,24 @@ def ready_package(run_dir: Path, quantize: str = "int8") -> float | None:
     return round(time.perf_counter() - start, 1)
 
 
+def ties(results: dict, run_dir: Path, tok) -> None:
+    """Each row's first difference from plain eager decoding (None: the same tokens), and
+    where there is one, eager's two most likely tokens there (``near_tie``: a tie, or a
+    rounding step apart, says the arithmetic chose, not an error)."""
+    for name, found in results["prompts"].items():
+        prompt, plain = tok.encode_prompt(PROMPTS[name]), found["eager"]["ids"]
+        for label, row in found.items():
+            if not isinstance(row, dict):
+                continue
+            i = first_difference(row["ids"], plain)
+            same = i == len(row["ids"]) == len(plain)
+            row["first_difference_from_eager"] = None if same else i
+            row["near_tie"] = near_tie(run_dir, results["quantize"], prompt, plain,
+                                       row["ids"], label="row")
+            if row["near_tie"]:
+                print(f"speculate {name}: {label}: {row['near_tie']}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="OUT.json")
@@ -177,6 +206,9 @@ def main() -> None:
     parser.add_argument("--pass-costs", action="store_true",
                         help="instead: what a pass that checks 1 .. 9 places costs (compiled, "
                              "and eager with --no-compiled), after the code prompt")
+    parser.add_argument("--ties-of", metavar="RESULTS.json",
+                        help="instead: add where each row of a results file parts from eager "
+                             "decoding, and eager's two best tokens there, to the file")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child process's measurement
     args = parser.parse_args()
     if args.one:
@@ -192,6 +224,12 @@ def main() -> None:
     import vaswani
 
     tok = vaswani.load(run_dir).source_tokenizer
+    if args.ties_of:
+        path = Path(args.ties_of)
+        results = json.loads(path.read_text())
+        ties(results, run_dir, tok)
+        path.write_text(json.dumps(results, indent=2))  # as report() writes it
+        return
     built = None if args.no_compiled else ready_package(run_dir, args.quantize)
     if args.pass_costs:
         costs = pass_costs(str(run_dir), not args.no_compiled, tok.encode_prompt(PROMPTS["code"]),
@@ -233,12 +271,8 @@ def main() -> None:
                     best[label] = got
                 print(f"speculate {name}: {label}: {got['generation_tokens_per_s']} tokens/s",
                       flush=True)
-        plain = best["eager"]["ids"]
-        for row in best.values():
-            row["first_difference_from_eager"] = next(
-                (i for i, (a, b) in enumerate(zip(row["ids"], plain, strict=False)) if a != b),
-                None if len(row["ids"]) == len(plain) else min(len(row["ids"]), len(plain)))
         results["prompts"][name] = {"prompt_tokens": len(prompt), **best}
+    ties(results, run_dir, tok)
     rows_out = []
     for name, found in results["prompts"].items():
         peer = found.get(peer_label, {}).get("generation_tokens_per_s")

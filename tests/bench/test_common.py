@@ -31,3 +31,26 @@ def test_a_step_timing_takes_the_first_40_to_80_token_reference_else_the_longest
              ("long", "d " * 90)]
     assert step_sentence(pairs, Words()) == "first"
     assert step_sentence([pairs[0], pairs[3]], Words()) == "long"  # none 40-80: the longest
+
+
+def test_near_tie_names_eager_decodings_two_best_tokens_where_another_parts(small_runs):
+    """Where another engine's greedy tokens first part from eager's, ``near_tie`` reports
+    eager's token, the other's, and eager's two best there (so a tie can be told from an
+    error); equal tokens give None."""
+    import vaswani
+    from benchmarks.common import first_difference, near_tie
+
+    lm, _ = small_runs["decoder"]
+    prompt = [5, 6, 7, 8]
+    run = vaswani.load(lm)
+    eager = []  # greedy decoding, one token at a time: the best at the place after the last
+    for _ in range(6):
+        _, top = run.token_logprobs(prompt + eager + [0], top=1)[-1]
+        eager.append(top[0][0])
+    _, top = run.token_logprobs(prompt + eager[:4], top=2)[-1]
+    other = eager[:3] + [top[1][0]] + eager[4:]
+    got = near_tie(lm, "fp32", prompt, eager, other, label="other")
+    assert first_difference(eager, other) == 3 and got["index"] == 3
+    assert got["eager"] == eager[3] == got["eager_top_2"][0][0]
+    assert got["other"] == other[3] == got["eager_top_2"][1][0]
+    assert near_tie(lm, "fp32", prompt, eager, list(eager)) is None

@@ -178,7 +178,7 @@ def test_the_llama_cpp_child_times_prompt_and_generation_and_reads_greedy_ids(tm
     import subprocess
     import sys
 
-    from benchmarks.llm import first_difference
+    from benchmarks.common import first_difference
 
     (tmp_path / "llama_cpp.py").write_text(FAKE_LLAMA_CPP)
     job = {"gguf": "x.gguf", "threads": 2, "prompt": [1, 2, 3], "long_prompt": list(range(256)),
