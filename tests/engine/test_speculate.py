@@ -188,6 +188,28 @@ def test_a_pass_guesses_as_many_as_pay_best_by_its_timed_costs():
     assert costs.guesses(8, fails) == 1  # at least one guess, to see whether they hold again
 
 
+def test_a_guessers_own_cost_counts_against_its_guesses():
+    """A draft model's guesses cost a step of its own each: with passes that make more
+    guesses pay, a guesser whose every guess costs as much as a plain step makes one guess
+    pay best; a guesser as cheap as prompt lookup leaves the choice to the passes."""
+    from vaswani.engine.request import Acceptance
+    from vaswani.engine.speculate import PassCosts, timed_guess
+
+    sure = Acceptance()
+    for _ in range(20):
+        sure.add(4, 4)
+    costs = PassCosts()
+    for places in range(1, 6):
+        costs.add(places, 1.0 + 0.1 * (places - 1))  # cheap places: 4 guesses pay best
+    assert costs.guesses(4, sure) == 4
+    costs.add_guesses(0, 5.0)  # no guess made: nothing learnt of the guesser
+    assert costs.guesses(4, sure) == 4
+    costs.add_guesses(4, 4.0)  # a guessed token costs a plain step
+    assert costs.guesses(4, sure) == 1
+    assert timed_guess(costs, lambda seq, n: [7] * n, None, 3) == [7, 7, 7]
+    assert len(costs.guessing) == 2 and costs.guessing[-1] < 1.0  # what split() times
+
+
 def test_an_engine_whose_passes_cost_more_than_guesses_make_guesses_one(lm):
     """The engine's own costs decide: with places past the second priced far above what they
     make, every pass checks one guess, and the tokens are still plain decoding's."""

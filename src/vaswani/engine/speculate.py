@@ -67,16 +67,24 @@ def prompt_lookup(context: list[int], tokens: int, ngram: int = NGRAM,
 
 class PassCosts:
     """The seconds of a one-row pass that checks T places (T = 1: a plain step), as the engine
-    times them on its CPU: the median of the last few of each. A GPU's passes are not timed
-    (its kernels return before they run), and with no table the window alone decides."""
+    times them on its CPU: the median of the last few of each; and what a guessed token costs
+    its guesser (nothing to speak of for prompt lookup, a step of its own model for a draft).
+    A GPU's passes are not timed (its kernels return before they run), and with no table the
+    window alone decides."""
 
-    KEEP = 8  # passes of each size remembered
+    KEEP = 8  # passes of each size (and guesses) remembered
 
     def __init__(self) -> None:
         self.seconds: dict[int, deque[float]] = {}
+        self.guessing: deque[float] = deque(maxlen=self.KEEP)  # seconds a guessed token
 
     def add(self, places: int, seconds: float) -> None:
         self.seconds.setdefault(places, deque(maxlen=self.KEEP)).append(seconds)
+
+    def add_guesses(self, tokens: int, seconds: float) -> None:
+        """A guesser made ``tokens`` guesses in ``seconds``."""
+        if tokens:
+            self.guessing.append(seconds / tokens)
 
     def cost(self, places: int) -> float | None:
         times = self.seconds.get(places)
@@ -84,13 +92,14 @@ class PassCosts:
 
     def guesses(self, k: int, acceptance: Acceptance) -> int:
         """Of 1 .. ``k`` guesses, the number whose pass is expected to make the most tokens a
-        second (``acceptance.expected`` over the pass's cost); ``k`` itself until a plain
-        step and a pass of ``k + 1`` places have been timed (so that it is)."""
+        second (``acceptance.expected`` over the pass's cost and its guesses'); ``k`` itself
+        until a plain step and a pass of ``k + 1`` places have been timed (so that it is)."""
         if k <= 1 or self.cost(1) is None or self.cost(k + 1) is None:
             return k
+        guess = statistics.median(self.guessing) if self.guessing else 0.0
         costs = {n: self.cost(n + 1) for n in range(1, k + 1)}  # each median once
         timed = [n for n, cost in costs.items() if cost is not None]
-        return max(timed, key=lambda n: acceptance.expected(n) / costs[n])
+        return max(timed, key=lambda n: acceptance.expected(n) / (costs[n] + n * guess))
 
 
 def timed(costs: PassCosts | None, places: int, run: Callable[[], object]):
@@ -99,6 +108,17 @@ def timed(costs: PassCosts | None, places: int, run: Callable[[], object]):
     out = run()
     if costs is not None:
         costs.add(places, time.perf_counter() - start)
+    return out
+
+
+def timed_guess(costs: PassCosts | None, guesser: Callable[[Sequence, int], list[int]],
+                seq: Sequence, tokens: int) -> list[int]:
+    """``guesser(seq, tokens)``, its seconds a guessed token added to ``costs`` (None: not
+    timed)."""
+    start = time.perf_counter()
+    out = guesser(seq, tokens)
+    if costs is not None:
+        costs.add_guesses(len(out), time.perf_counter() - start)
     return out
 
 
@@ -129,7 +149,7 @@ def split(rows: list[Row], width: int, max_len: int,
                     request.limit - request.generated - 1)
             if costs is not None:
                 k = costs.guesses(k, request.speculation)
-        guess = guesser(seq, k) if k > 0 else []
+        guess = timed_guess(costs, guesser, seq, k) if k > 0 else []
         if guess:
             guessed.append((request, seq, guess))
         else:
