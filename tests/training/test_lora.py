@@ -224,16 +224,18 @@ def test_a_base_whose_weights_changed_is_refused(base, lora_run, tmp_path):
         train(None, ["train.max_steps=9"], resume=str(run), launch=Launch(progress=False))
 
 
-def test_two_ddp_processes_train_the_adapters_as_one_process_on_the_combined_batch(base,
-                                                                                   tmp_path):
+@pytest.mark.parametrize("recompute", [False, True])
+def test_two_ddp_processes_train_the_adapters_as_one_process_on_the_combined_batch(
+        base, tmp_path, recompute):
     """DDP over a LoRA run: only the adapters are in the reducer (the frozen base has no
-    gradients to reduce), and two processes equal one on the combined batch."""
+    gradients to reduce), and two processes equal one on the combined batch; with the
+    layers recomputed too (checkpoint's reentrant form over a frozen embedding's output)."""
     from tests.training.fixtures import train_in_one_and_two_processes
     from tests.training.test_trainer import losses
 
     base_dir, data = base
     cfg = _config(tmp_path / "ft.toml", data, base_dir, finetune=LORA, lr=1e-3,
-                  eval_every=6, save_every=6)
+                  eval_every=6, save_every=6, checkpoint_activations=recompute)
     train_in_one_and_two_processes(cfg, tmp_path)
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert a and a.keys() == b.keys()
