@@ -602,3 +602,25 @@ def test_an_offline_run_hands_in_the_longest_prompts_first_and_each_decodes_as_a
     assert submitted == sorted(submitted, reverse=True) and len(set(submitted)) > 1
     for r in requests:
         assert r.output == alone(lm, r.prompt, params)
+
+
+def test_an_offline_run_makes_its_cache_once_for_the_rows_it_knows(monkeypatch):
+    """``Engine.run`` knows its requests' rows: the cache's tensors are made once for them
+    (each remake is faulted in and zeroed anew), not doubled slot by slot as they come in;
+    the answers are each request's alone."""
+    import vaswani.engine.cache as cache
+
+    made = []
+    zeros = cache.zeros_in_huge_pages
+    monkeypatch.setattr(cache, "zeros_in_huge_pages",
+                        lambda shape, *a: made.append(shape[0]) or zeros(shape, *a))
+    lm = model("decoder")
+    cases = [(p, Params(max_new_tokens=8)) for p in prompts(20, seed=4)]
+    requests = [lm_request(p, params) for p, params in cases]
+    eng = engine(lm, max_rows=32)
+    made.clear()
+    eng.run(requests)
+    assert made == [20] * 4  # every layer's keys and values made once, for the 20 rows,
+    #                          never grown by doubling as the requests come in
+    for (p, params), request in zip(cases, requests, strict=True):
+        assert request.output == alone(lm, p, params)

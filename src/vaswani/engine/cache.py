@@ -107,6 +107,7 @@ class SlotCache:
         self.resizes = 0  # how many times the tensors were made (CUDA graphs read them)
         self.width = self.cross_width = 0
         self.allocated = 0  # slots the tensors have (and source slots, as many)
+        self.reserved = 0  # slots an offline run asked for at once (reserve)
         self.k: list[Tensor] = []  # per layer; then values, the sources' keys and values
         self.v, self.ck, self.cv = [], [], []
         self.resize(*self.initial)
@@ -122,13 +123,15 @@ class SlotCache:
 
     @property
     def at_start(self) -> bool:
-        """Whether the tensors are as they were made: the initial widths, one slot."""
-        return (self.width, self.cross_width) == self.initial and self.allocated <= 1
+        """Whether the tensors are as they were made (the initial widths, one slot), or as an
+        offline run reserved them."""
+        return (self.width, self.cross_width) == self.initial and \
+            self.allocated <= max(1, self.reserved)
 
     def restart(self) -> None:
         """Idle (no slot held): back to the initial widths and one slot."""
         assert self.used == 0 and self.sources_used == 0
-        self.allocated = 0
+        self.allocated = self.reserved = 0
         self.resize(*self.initial)
 
     # --- size ---------------------------------------------------------------------------
@@ -181,6 +184,19 @@ class SlotCache:
             self.cv = remake(self.cv, cross_width, self.sources_used, keep)
         self.width, self.cross_width, self.allocated = width, cross_width, rows
         self.resizes += 1
+
+    def reserve(self, slots: int) -> None:
+        """Room for ``slots`` slots at once (as many as the budget holds at these widths): an
+        offline call that knows its rows makes its tensors once rather than by doubling, each
+        remake being faulted in and zeroed anew (in huge pages, which the kernel may compact
+        memory to find: the larger part of a small translator's call on some machines). Held
+        until :meth:`release`: an idle cache is not narrowed back meanwhile."""
+        self.reserved = min(slots, self.rows)
+        self._room_for(self.reserved)
+
+    def release(self) -> None:
+        """The run that reserved slots has ended: idle, the cache goes back to its start."""
+        self.reserved = 0
 
     def _room_for(self, slots: int) -> None:
         """Tensors with at least ``slots`` slots (doubling: a copy of the used ones)."""

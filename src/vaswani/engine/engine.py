@@ -143,6 +143,7 @@ class Engine:
         as rows finish, the slots stay in order of length (cache.py ``compact``, ``parts``)."""
         for r in sorted(requests, key=lambda q: -len(q.prompt)) if longest_first else requests:
             self.submit(r)
+        self.cache.reserve(sum(max(1, r.params.beam) for r in requests))  # made once
         s = self.scheduler
         s.gather = max(1, s.max_rows // GATHER)  # new requests in groups (scheduler.py)
         try:
@@ -153,6 +154,7 @@ class Engine:
                         progress(len(done))
         finally:
             s.gather = 0
+            self.cache.release()
 
     # --- tokens out -------------------------------------------------------------------------
     def _advance(self, rows: list[tuple[Request, Sequence]], logits: Tensor, at: list[int],
