@@ -104,6 +104,42 @@ def test_an_architectures_fixed_settings_and_any_sizes_make_a_run_it_exports(nam
     assert ModelConfig.from_dict(written, fixes) == config
 
 
+def _another(option: str, value):
+    """A value of ``option`` other than ``value``: another of its choices, or another number."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 8
+    choices = {"arch": ["decoder", "encoder", "encoder-decoder"],
+               "norm": ["layernorm", "rmsnorm"], "positional": ["rope", "learned"],
+               "activation": ["swiglu", "gelu", "relu"], "scaling": ["none", "llama3"]}[option]
+    return next(choice for choice in choices if choice != value)
+
+
+@pytest.mark.parametrize("name", sorted(known()))
+def test_an_architecture_refuses_a_run_that_changes_any_setting_it_fixes(name):
+    """What an architecture fixes (left out of its runs' config.toml) is what its ``refuse``
+    requires: one table, so a setting cannot be fixed in one and free in the other. Each
+    fixed setting given another value is refused by name (or is no valid model at all)."""
+    from vaswani.architectures import fixes
+
+    sizes = dict(SIZES, experts={"count": 2}) if name == "qwen3_moe" else SIZES
+    config = ModelConfig.from_dict({"architecture": name, **sizes}, fixes)
+    refused = 0
+    for option, value in fixes(name).items():
+        section, dot, key = option.rpartition(".")
+        other = _another(key, value)
+        try:
+            changed = config.replace(**({section: {key: other}} if dot else {key: other}))
+        except ValueError:  # not a model: nothing to refuse
+            continue
+        with pytest.raises(Refused) as refusal:
+            named(name).refuse(changed)
+        assert refusal.value.option == option or refusal.value.option in fixes(name)
+        refused += 1
+    assert refused >= len(fixes(name)) // 2  # most changes make a model to refuse
+
+
 def test_a_named_run_holds_only_what_varies_and_reads_as_before(tmp_path, capsys):
     """config.toml of a LLaMA run: the architecture and its sizes; a value that contradicts
     the architecture is refused by name; an older file with every setting written reads the

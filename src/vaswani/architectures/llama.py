@@ -176,15 +176,17 @@ def hf_model(c: ModelConfig, ids: dict[str, int]):
     return transformers.LlamaForCausalLM(config)
 
 
-def refuse_layout(c: ModelConfig, described: str = DESCRIBED, *, qkv_bias: bool = False,
-                  **needs) -> None:
-    """Refuse a run that is not LLaMA's layout as ``described`` (``needs``: the fields a
-    variant sets apart), with one head width d_model / heads unless a variant says otherwise,
-    and biases on q, k and v alone only where ``qkv_bias``."""
-    require(c, {**FIXES, "head_dim": c.d_model // c.n_heads, **needs}, described)
-    if bool(c.qkv_bias) != qkv_bias:
-        raise Refused("qkv_bias", c.qkv_bias, f"{described} needs {qkv_bias!r} (biases on q, "
-                      "k and v alone are Qwen2's)")
+def refuse_layout(c: ModelConfig, described: str = DESCRIBED, fixed: dict = FIXES, *,
+                  any_head_dim: bool = False) -> None:
+    """Refuse a run that is not the layout ``fixed`` (LLaMA's ``FIXES``, or a variant's
+    :func:`fixes`, the same table its config.toml leaves out) as ``described``: with one head
+    width d_model / heads unless ``any_head_dim``, and biases on q, k and v alone only where
+    ``fixed`` sets ``qkv_bias``."""
+    heads = {} if any_head_dim else {"head_dim": c.d_model // c.n_heads}
+    require(c, {**fixed, **heads}, described)
+    if bool(c.qkv_bias) != fixed.get("qkv_bias", False):  # None: as `bias`, LLaMA's False
+        raise Refused("qkv_bias", c.qkv_bias, f"{described} needs no biases on q, k and v "
+                      "alone (those are Qwen2's)")
 
 
 def refuse(c: ModelConfig) -> None:

@@ -80,9 +80,11 @@ def hf_model(c: ModelConfig, ids: dict[str, int]):
     return transformers.Phi3ForCausalLM(config)
 
 
+FIXED = fixes(**{"window.size": None})  # LLaMA's layout; a window or none
+
+
 def refuse(c: ModelConfig) -> None:
-    refuse_layout(c, "Phi-3 (LLaMA's layout, fused projections)",
-                  **{"window.size": c.window.size})
+    refuse_layout(c, "Phi-3 (LLaMA's layout, fused projections)", FIXED)
     if c.window.size and (c.window.global_every or c.rope.local_base != c.rope.base):
         raise Refused("window.global_every", c.window.global_every, "Phi-3's window is every "
                       "layer's, with one rotary base")
@@ -99,7 +101,7 @@ def _gguf_settings(read) -> dict:
 ARCHITECTURE = Architecture(
     name="phi3", hf_types=("phi3",), hf_class="Phi3ForCausalLM",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse, fixes=fixes(**{"window.size": None}),
+    refuse=refuse, fixes=FIXED,
     gguf=GGUF({"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
                "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj",
                "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"},

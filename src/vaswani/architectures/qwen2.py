@@ -36,8 +36,11 @@ def hf_model(c: ModelConfig, ids: dict[str, int]):
     return transformers.Qwen2ForCausalLM(config)
 
 
+FIXED = fixes(qkv_bias=True)  # LLaMA's layout, with biases on q, k and v
+
+
 def refuse(c: ModelConfig) -> None:
-    refuse_layout(c, DESCRIBED, qkv_bias=True)
+    refuse_layout(c, DESCRIBED, FIXED)
     if c.rope.scaling != "none":
         raise Refused("rope.scaling", c.rope.scaling, "Qwen2 takes plain rotary frequencies")
 
@@ -45,5 +48,5 @@ def refuse(c: ModelConfig) -> None:
 ARCHITECTURE = Architecture(
     name="qwen2", hf_types=("qwen2",), hf_class="Qwen2ForCausalLM",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse, fixes=fixes(qkv_bias=True), peft=True,
+    refuse=refuse, fixes=FIXED, peft=True,
     gguf=GGUF(GGUF_BLOCKS, gguf_settings("qwen2"), biased=("attn_q", "attn_k", "attn_v")))

@@ -60,14 +60,17 @@ def hf_model(c: ModelConfig, ids: dict[str, int]):
     return transformers.Qwen3ForCausalLM(config)
 
 
+FIXED = fixes(qk_norm=True)  # LLaMA's layout, with norms on q and k
+
+
 def refuse(c: ModelConfig) -> None:
-    refuse_layout(c, "Qwen3 (LLaMA's layout with norms on q and k)", qk_norm=True,
-                  head_dim=c.head_dim)
+    refuse_layout(c, "Qwen3 (LLaMA's layout with norms on q and k)", FIXED,
+                  any_head_dim=True)
 
 
 ARCHITECTURE = Architecture(
     name="qwen3", hf_types=("qwen3",), hf_class="Qwen3ForCausalLM",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse, fixes=fixes(qk_norm=True), peft=True,
+    refuse=refuse, fixes=FIXED, peft=True,
     gguf=GGUF({**GGUF_BLOCKS, "attn_q_norm": "self_attn.q_norm",
                "attn_k_norm": "self_attn.k_norm"}, gguf_settings("qwen3")))

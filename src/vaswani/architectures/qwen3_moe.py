@@ -135,11 +135,13 @@ def hf_model(c: ModelConfig, ids: dict[str, int]):
     return transformers.Qwen3MoeForCausalLM(config)
 
 
+FIXED = fixes(qk_norm=True, **{"experts.count": None})  # Qwen3's layout; its experts
+
+
 def refuse(c: ModelConfig) -> None:
     if not c.experts.count:
         raise Refused("experts.count", c.experts.count, f"{DESCRIBED} needs experts")
-    refuse_layout(c, DESCRIBED, qk_norm=True, head_dim=c.head_dim,
-                  **{"experts.count": c.experts.count})
+    refuse_layout(c, DESCRIBED, FIXED, any_head_dim=True)
 
 
 def _gguf_settings(read) -> dict:
@@ -158,7 +160,7 @@ GGUF_EXPERTS = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_p
 ARCHITECTURE = Architecture(
     name="qwen3_moe", hf_types=("qwen3_moe",), hf_class="Qwen3MoeForCausalLM",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse, fixes=fixes(qk_norm=True, **{"experts.count": None}), peft=True,
+    refuse=refuse, fixes=FIXED, peft=True,
     gguf=GGUF({**{k: v for k, v in GGUF_BLOCKS.items() if not k.startswith("ffn_")},
                "ffn_norm": GGUF_BLOCKS["ffn_norm"], "attn_q_norm": "self_attn.q_norm",
                "attn_k_norm": "self_attn.k_norm", **GGUF_EXPERTS},

@@ -56,12 +56,14 @@ def hf_model(c: ModelConfig, ids: dict[str, int]):
     return transformers.SmolLM3ForCausalLM(config)
 
 
+FIXED = fixes(**{"rope.nope_every": None})  # LLaMA's layout; layers without positions
+
+
 def refuse(c: ModelConfig) -> None:
-    refuse_layout(c, "SmolLM3 (LLaMA's layout, some layers without positions)",
-                  **{"rope.nope_every": c.rope.nope_every})
+    refuse_layout(c, "SmolLM3 (LLaMA's layout, some layers without positions)", FIXED)
 
 
 ARCHITECTURE = Architecture(
     name="smollm3", hf_types=("smollm3",), hf_class="SmolLM3ForCausalLM",
     config_from_hf=config_from_hf, from_hf=from_hf, to_hf=to_hf, hf_model=hf_model,
-    refuse=refuse, fixes=fixes(**{"rope.nope_every": None}), peft=True)
+    refuse=refuse, fixes=FIXED, peft=True)
