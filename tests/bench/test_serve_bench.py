@@ -117,6 +117,22 @@ def test_the_llm_benchmark_measures_one_precision_of_a_language_model(small_runs
         assert 0 < len(out["greedy_ids"]) <= 32
 
 
+def test_the_kv_cache_benchmark_measures_each_cache_after_each_context(small_runs):
+    """benchmarks/kv_cache.py's measurement on a tiny LM (eager): a bfloat16 cache holds a
+    token in half the bytes, and each context's greedy tokens and speed are there."""
+    from benchmarks.kv_cache import measure
+
+    lm, _ = small_runs["decoder"]
+    plain = measure(str(lm), None, "float", "eager", contexts=(6, 12), new_tokens=5)
+    half = measure(str(lm), None, "bf16", "eager", contexts=(6, 12), new_tokens=5)
+    assert half["cache_bytes_per_token"] * 2 == plain["cache_bytes_per_token"]
+    assert half["prompt_ids"] == plain["prompt_ids"] and len(plain["prompt_ids"]) == 12
+    for out in (plain, half):
+        assert set(out["contexts"]) == {"6", "12"}
+        for row in out["contexts"].values():
+            assert row["generation_tokens_per_s"] > 0 and 0 < len(row["greedy_ids"]) <= 5
+
+
 def test_the_speculate_benchmark_times_plain_and_guessing_decoding_alike(small_runs):
     """benchmarks/speculate.py's measurement on a tiny LM (int8, eager): the same tokens
     with and without guesses, and the guesses counted."""

@@ -247,3 +247,37 @@ def test_the_cli_says_where_it_built_and_eager_is_a_switch(lm_run, capsys):
     with pytest.raises(SystemExit):
         main(["compile", "--help"])
     assert "AOTInductor" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def kv_run(lm_run, tmp_path_factory):
+    """The compiled language model with a second package: its step over a bfloat16 cache."""
+    run = tmp_path_factory.mktemp("compiled") / "kv"
+    shutil.copytree(lm_run, run)
+    with pytest.raises(FileNotFoundError, match="--kv-cache bf16"):
+        load(run, kv_cache="bf16", compiled=True)  # the float cache's package is not it
+    assert main(["compile", str(run), "--kv-cache", "bf16"]) == 0
+    return run
+
+
+def test_a_step_over_a_bfloat16_cache_is_a_package_of_its_own_and_decodes_as_eager(
+        kv_run, capsys):
+    """`vaswani compile RUN --kv-cache bf16` builds a package beside the float cache's; a
+    load with ``kv_cache="bf16"`` decodes with it, over a bfloat16 cache, to the eager
+    engine's tokens over the same cache (greedy and sampled); the float load keeps its own."""
+    package = package_path(kv_run, None, "bf16")
+    assert package.name == "decode-float-kv-bf16.pt2"
+    assert json.loads(record_path(package).read_text())["kv_cache"] == "bf16"
+    half, eager = load(kv_run, kv_cache="bf16"), load(kv_run, kv_cache="bf16", compiled=False)
+    assert half.compiled.path == package
+    assert load(kv_run).compiled.path == package_path(kv_run, None)
+    assert half.engine_for(4).cache.k[0].dtype == torch.bfloat16
+    prompts = ["the cat sat", "once upon a time there was", "a", "the dog and the cat and"]
+    for options in (dict(temperature=0), dict(temperature=0.9, top_k=20, seed=3)):
+        assert half.generate_many(prompts, max_new_tokens=24, **options) == \
+            eager.generate_many(prompts, max_new_tokens=24, **options)
+    with pytest.raises(ValueError, match=r"kv_cache \('fp8'\) must be one of bf16"):
+        load(kv_run, kv_cache="fp8")
+    assert main(["generate", str(kv_run), "--prompt", "the", "--max-new-tokens", "4",
+                 "--kv-cache", "bf16"]) == 0
+    assert capsys.readouterr().out.strip()

@@ -13,6 +13,8 @@ from vaswani import ModelConfig, build_model
 from vaswani.config.sections import MAX_SEED
 from vaswani.engine import Engine, EngineConfig, Params, Request, Status
 from vaswani.generation import Rules, beam_decode, generate, greedy_decode
+from vaswani.nn import kv_cache
+from vaswani.nn.kv_cache import KV
 
 PAD, BOS, EOS = 0, 1, 2
 SMALL = dict(vocab_size=23, d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0,
@@ -624,3 +626,58 @@ def test_an_offline_run_makes_its_cache_once_for_the_rows_it_knows(monkeypatch):
     #                          never grown by doubling as the requests come in
     for (p, params), request in zip(cases, requests, strict=True):
         assert request.output == alone(lm, p, params)
+
+
+class RoundedKV(KV):
+    """A reference cache entry that keeps its keys and values rounded to bfloat16 and hands
+    them back in float32, as the engine's bfloat16 cache does."""
+
+    def __setattr__(self, name, value):
+        if name in ("k", "v") and value is not None:
+            value = value.to(torch.bfloat16).to(value.dtype)
+        super().__setattr__(name, value)
+
+    def append(self, k, v):
+        super().append(k, v)
+        return self.k, self.v  # this step's own keys as the cache holds them
+
+
+@torch.inference_mode()
+def stepwise_logprobs(lm, prompt, output):
+    """Each of ``output``'s tokens' log-probability after ``prompt``, decoding one token a
+    step over the model's own cache (nn/kv_cache.py)."""
+    cache, ids, out = lm.new_cache(), torch.tensor([prompt], device=DEVICE), []
+    for token in output:
+        positions, mask = cache.inputs(ids)
+        logits = lm.decode_step(ids, positions=positions, mask=mask, cache=cache,
+                                last=torch.tensor([ids.size(1) - 1], device=DEVICE))
+        out.append(float(logits[0].float().log_softmax(-1)[token]))
+        ids = torch.tensor([[token]], device=DEVICE)
+    return out
+
+
+def test_a_bfloat16_cache_decodes_over_keys_rounded_to_bfloat16(monkeypatch):
+    """EngineConfig.cache_dtype=torch.bfloat16: the keys and values in half the bytes (twice
+    the tokens in the same memory), read back in float32: each request's tokens and
+    log-probabilities are those of the reference whose cache rounds every key and value to
+    bfloat16, and not those of a float cache."""
+    lm = model("decoder")
+    floats = engine(lm, max_rows=8, cache_bytes=1 << 20, prefix_bytes=0)
+    half = engine(lm, max_rows=8, cache_bytes=1 << 20, prefix_bytes=0,
+                  cache_dtype=torch.bfloat16)
+    assert half.cache.k[0].dtype == torch.bfloat16 and floats.cache.k[0].dtype == torch.float32
+    assert half.cache.tokens == 2 * floats.cache.tokens
+    cases = prompts(6, seed=3, low=4)
+    requests = [Request(p, Params(max_new_tokens=12, logprobs=1)) for p in cases]
+    half.run(requests)
+    apart = 0.0
+    for p, request in zip(cases, requests, strict=True):
+        got = [logprob for logprob, _ in request.logprobs]
+        want_float = stepwise_logprobs(lm, p, request.output)
+        with monkeypatch.context() as patch:
+            patch.setattr(kv_cache, "KV", RoundedKV)
+            want = stepwise_logprobs(lm, p, request.output)
+            assert request.output == alone(lm, p, Params(max_new_tokens=12))
+        assert got[:len(want)] == pytest.approx(want, abs=2e-6)
+        apart = max(apart, *(abs(a - b) for a, b in zip(got, want_float, strict=False)))
+    assert apart > 1e-4  # the rounding is there: a float cache's log-probabilities differ

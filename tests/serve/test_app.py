@@ -414,7 +414,7 @@ def test_metrics_are_prometheus_text_with_the_engines_state(client):
     assert ("vaswani_requests_waiting", "clf") in samples  # an encoder's queue
 
 
-def test_vaswani_serve_quantize_reaches_every_runs_load(monkeypatch, capsys):
+def test_vaswani_serve_quantize_and_kv_cache_reach_every_runs_load(monkeypatch, capsys):
     import vaswani.inference.shared
     from vaswani.cli import main
 
@@ -426,10 +426,11 @@ def test_vaswani_serve_quantize_reaches_every_runs_load(monkeypatch, capsys):
 
     monkeypatch.setattr(vaswani.inference.shared, "load_runs", load_runs)
     threads = torch.get_num_threads()
-    assert main(["serve", "some-run", "--quantize", "int8"]) != 0
+    assert main(["serve", "some-run", "--quantize", "int8", "--kv-cache", "bf16"]) != 0
     assert "stop before the server starts" in capsys.readouterr().err
     assert torch.get_num_threads() == threads  # loading sets 1; a failure set it back
-    assert loaded == [({"some-run": "some-run"}, {"device": "cpu", "quantize": "int8"})]
+    assert loaded == [({"some-run": "some-run"}, {"device": "cpu", "quantize": "int8",
+                                                  "kv_cache": "bf16"})]
     with pytest.raises(SystemExit):
         main(["serve", "some-run", "--quantize", "int2"])
     assert "invalid choice: 'int2'" in capsys.readouterr().err

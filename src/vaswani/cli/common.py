@@ -18,6 +18,15 @@ QUANTIZE_HELP = ("int8: the linear layers with int8 weights (a language model ke
                  "(and a head tied to it) in int8 rows either way. A CPU only; a little less "
                  "exact (docs/performance.md)")
 
+# engine/config.py's KV_CACHE (not imported: it imports torch)
+KV_CACHE = ("bf16",)
+KV_CACHE_HELP = ("keep the decoder's keys and values in bfloat16: half the cache's memory a "
+                 "token (twice the tokens, or rows, in the same memory) and half the bytes a "
+                 "long context reads each step; each key rounded to bfloat16, so a token may "
+                 "differ from the float cache's where two are nearly tied. A compiled step is "
+                 "built for it apart (vaswani compile RUN --kv-cache bf16); default: the "
+                 "model's dtype")
+
 CACHE_HELP = "dataset cache (default $VASWANI_CACHE, else ~/.cache/vaswani)"
 # every character str.splitlines() breaks a line at
 LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
@@ -66,12 +75,14 @@ def _at_least(text: str, low: int) -> int:
 
 
 def load_run(args: argparse.Namespace):
-    """RUN_DIR loaded for use (--device, --weights, --engine, --quantize, --eager)."""
+    """RUN_DIR loaded for use (--device, --weights, --engine, --quantize, --kv-cache,
+    --eager)."""
     from ..inference import load
 
     return load(args.run_dir, device=args.device, weights=args.weights,
                 engine=getattr(args, "engine", "vaswani"),
-                quantize=getattr(args, "quantize", None), **eager(args))
+                quantize=getattr(args, "quantize", None),
+                kv_cache=getattr(args, "kv_cache", None), **eager(args))
 
 
 SPECULATE_HELP = ("guess up to N tokens after each one, from the context (prompt lookup) or "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import QUANTIZE, cache_dir
+from .common import KV_CACHE, QUANTIZE, cache_dir
 
 
 def add_commands(sub, cache: argparse.ArgumentParser) -> None:
@@ -73,6 +73,9 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", choices=QUANTIZE,
                    help="compile the step of the run loaded with --quantize int8|int4|int4-g64 (a "
                         "separate package; the float one is kept)")
+    p.add_argument("--kv-cache", choices=KV_CACHE,
+                   help="compile the step over a bfloat16 key/value cache, for the run loaded "
+                        "with --kv-cache bf16 (a separate package)")
     p.add_argument("--weights", choices=["best", "last", "averaged"], default="best",
                    help="the weights to compile in (default best)")
     p.set_defaults(func=compile_run)
@@ -101,7 +104,8 @@ def export(args: argparse.Namespace) -> int:
 def compile_run(args: argparse.Namespace) -> int:
     from ..inference.compiled import compile_run
 
-    out, seconds = compile_run(args.run_dir, quantize=args.quantize, weights=args.weights)
+    out, seconds = compile_run(args.run_dir, quantize=args.quantize, weights=args.weights,
+                               kv_cache=args.kv_cache)
     size = out.stat().st_size / 2 ** 20
     print(f"compiled {args.run_dir}'s decode step into {out} ({size:,.0f} MB) in "
           f"{seconds:.0f} s; generate, translate and serve use it from now on")

@@ -10,6 +10,8 @@ from pathlib import Path
 from .common import (
     DRAFT_HELP,
     EAGER_HELP,
+    KV_CACHE,
+    KV_CACHE_HELP,
     QUANTIZE,
     QUANTIZE_HELP,
     SPECULATE_HELP,
@@ -38,6 +40,7 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                        help="ct2: RUN_DIR is a folder written by `vaswani export --format ct2`"
                             ", run by CTranslate2 with the run's tokenizer (default vaswani)")
         p.add_argument("--quantize", choices=QUANTIZE, help=QUANTIZE_HELP)
+        p.add_argument("--kv-cache", choices=KV_CACHE, help=KV_CACHE_HELP)
         p.add_argument("--eager", action="store_true", help=EAGER_HELP)
         p.add_argument("--repetition-penalty", type=float, metavar="P",
                        help="> 1 discourages tokens already in the output (1 = off)")

@@ -91,13 +91,14 @@ class SlotCache:
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, *, tokens: int,
                  max_rows: int, max_len: int, seq2seq: bool, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, compute: torch.dtype | None = None) -> None:
         self.n_layers, self.shape = n_layers, (n_kv_heads, head_dim)
         self.max_rows, self.seq2seq = max_rows, seq2seq
         self.max_width = aligned(max_len + 1)  # every position, and the scratch column
         self.max_cross = aligned(max_len) if seq2seq else 0
         self.tokens = tokens  # the budget: a row (and source) past it fails (scheduler.py)
-        self.dtype, self.device = dtype, device
+        self.dtype, self.device = dtype, device  # what the keys are kept in ...
+        self.compute = compute or dtype  # ... and what the attention reads them as (config.py)
         self.owners: list = []  # the rows in slots 0, 1, ...; None: a hole
         self.requests: list = []  # their requests
         self.holders: list = []  # the requests whose sources are in source slots 0, 1, ...

@@ -52,6 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from ..rundir import COMPILED, CONFIG
+from .config import KV_CACHE
 from .plan import StepPlan
 from .step import forward_step
 from .views import StepCache
@@ -85,6 +86,7 @@ class CacheTensors:
     v: list[Tensor]
     ck: list[Tensor]
     cv: list[Tensor]
+    compute: torch.dtype  # what the attention reads the keys as (the model's dtype)
 
     @property
     def seq2seq(self) -> bool:
@@ -123,7 +125,7 @@ class DecodeStep(nn.Module):
                 keys: Tensor, k: list[Tensor], v: list[Tensor], sources: Tensor | None = None,
                 lengths: Tensor | None = None, cross: Tensor | None = None,
                 ck: list[Tensor] | None = None, cv: list[Tensor] | None = None) -> Tensor:
-        cache = CacheTensors(k, v, ck or [], cv or [])
+        cache = CacheTensors(k, v, ck or [], cv or [], next(self.model.parameters()).dtype)
         extra = {}
         if cache.seq2seq:
             extra = dict(sources=sources, lengths=lengths, cross=cross.size(0))
@@ -151,7 +153,8 @@ def cpu_identity() -> dict:
             "capability": torch.backends.cpu.get_cpu_capability()}
 
 
-def identity(run_dir: Path, weights: Path, quantize: str | None) -> dict:
+def identity(run_dir: Path, weights: Path, quantize: str | None,
+             kv_cache: str | None = None) -> dict:
     """Everything a package of ``run_dir``'s ``weights`` file depends on (the module's
     docstring)."""
     stat = weights.stat()
@@ -159,7 +162,7 @@ def identity(run_dir: Path, weights: Path, quantize: str | None) -> dict:
             "weights": weights.relative_to(run_dir).as_posix(), "weights_bytes": stat.st_size,
             "weights_mtime_ns": stat.st_mtime_ns,
             "config": (run_dir / CONFIG).read_text(),
-            "quantize": quantize, **cpu_identity()}
+            "quantize": quantize, "kv_cache": kv_cache, **cpu_identity()}
 
 
 @functools.cache  # the source does not change while a process runs
@@ -178,7 +181,8 @@ CODE = ("nn", "cpu", "models", "engine")
 WHAT = {"step": "vaswani's decode step", "code": "vaswani's code", "torch": "torch",
         "weights": "weights file",
         "weights_bytes": "weights (size)", "weights_mtime_ns": "weights (changed since)",
-        "config": "config.toml", "quantize": "quantization", "cpu": "CPU",
+        "config": "config.toml", "quantize": "quantization", "kv_cache": "key/value cache",
+        "cpu": "CPU",
         "cpu_flags": "CPU instruction sets", "capability": "CPU vector width"}
 
 
@@ -187,13 +191,17 @@ def differences(built: dict, wanted: dict) -> list[str]:
     out = []
     for key, what in WHAT.items():
         if built.get(key) != wanted.get(key):
-            short = key in ("torch", "quantize", "cpu", "capability", "weights", "step")
+            short = key in ("torch", "quantize", "kv_cache", "cpu", "capability", "weights",
+                            "step")
             out.append(f"{what} ({built.get(key)!r} -> {wanted.get(key)!r})" if short else what)
     return out
 
 
-def package_path(run_dir: Path, quantize: str | None) -> Path:
-    return run_dir / COMPILED / f"decode-{quantize or 'float'}.pt2"
+def package_path(run_dir: Path, quantize: str | None, kv_cache: str | None = None) -> Path:
+    """decode-{float,int8,int4,int4-g64}.pt2, -kv-bf16 before the suffix for a step over a
+    bfloat16 cache."""
+    kept = f"-kv-{kv_cache}" if kv_cache else ""
+    return run_dir / COMPILED / f"decode-{quantize or 'float'}{kept}.pt2"
 
 
 def record_path(package: Path) -> Path:
@@ -202,17 +210,18 @@ def record_path(package: Path) -> Path:
 
 # --- building and loading -------------------------------------------------------------------
 
-def example_inputs(model: nn.Module, seq2seq: bool) -> tuple[tuple, tuple]:
+def example_inputs(model: nn.Module, seq2seq: bool, kv_cache: str | None = None
+                   ) -> tuple[tuple, tuple]:
     """Inputs to trace the step with, and their dynamic dimensions. Sizes are picked unlike
     each other (and above 1, which export would fix as a constant) so that no two dynamic
-    sizes are taken for one."""
+    sizes are taken for one. The cache in the model's dtype, or ``kv_cache``'s."""
     c, param = model.config, next(model.parameters())
-    d = param.device
+    d, dtype = param.device, KV_CACHE[kv_cache] if kv_cache else param.dtype
     R, slots, width, W, S, X = 3, 5, 48, 19, 40, 11
     n = c.n_decoder_layers
 
     def cache(w: int) -> list[Tensor]:
-        return [torch.zeros(slots, c.n_kv_heads, w, c.head_dim, dtype=param.dtype, device=d)
+        return [torch.zeros(slots, c.n_kv_heads, w, c.head_dim, dtype=dtype, device=d)
                 for _ in range(n)]
 
     index = dict(dtype=torch.long, device=d)
@@ -232,15 +241,17 @@ def example_inputs(model: nn.Module, seq2seq: bool) -> tuple[tuple, tuple]:
 
 
 def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
-          say: Callable[[str], None] = print, quantize: str | None = None) -> float:
+          say: Callable[[str], None] = print, quantize: str | None = None,
+          kv_cache: str | None = None) -> float:
     """Export ``model``'s decode step, compile it with AOTInductor and write the package to
     ``out`` (and ``record`` beside it), each written whole (a kill leaves the previous one);
-    ``say`` reports each stage; ``quantize``: the model's (its products' kernels, GEMM).
+    ``say`` reports each stage; ``quantize``: the model's (its products' kernels, GEMM);
+    ``kv_cache``: the cache's dtype by name (config.py ``KV_CACHE``; None: the model's).
     Returns the seconds it took."""
     from ..atomic import atomic_write, atomic_write_text
 
     start = time.perf_counter()
-    args, shapes = example_inputs(model, seq2seq)
+    args, shapes = example_inputs(model, seq2seq, kv_cache)
     with torch.no_grad():  # Inductor freezes the weights only without autograd
         say("tracing the decode step (torch.export) ...")
         program = torch.export.export(DecodeStep(model).eval(), args, dynamic_shapes=shapes)
@@ -285,11 +296,12 @@ class CompiledStep:
 
 
 def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
-                  warn: Callable[[str], None]) -> CompiledStep | None:
-    """The run's package for ``quantize`` if one was built for exactly ``wanted``
-    (:func:`identity`); None if none was built; None with a warning that names what differs
-    if one was built for something else."""
-    path = package_path(run_dir, quantize)
+                  warn: Callable[[str], None], kv_cache: str | None = None
+                  ) -> CompiledStep | None:
+    """The run's package for ``quantize`` (and ``kv_cache``) if one was built for exactly
+    ``wanted`` (:func:`identity`); None if none was built; None with a warning that names
+    what differs if one was built for something else."""
+    path = package_path(run_dir, quantize, kv_cache)
     if not path.exists():
         return None
     try:
@@ -299,10 +311,15 @@ def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
     changed = differences(built, wanted) if isinstance(built, dict) else ["its record"]
     if changed:
         warn(f"{path} was built for another {', '.join(changed)}; running eagerly (rebuild "
-             f"it with `vaswani compile {run_dir}" + (f" --quantize {quantize}" if quantize
-                                                     else "") + "`)")
+             f"it with `vaswani compile {run_dir}{options(quantize, kv_cache)}`)")
         return None
     return CompiledStep(path)
+
+
+def options(quantize: str | None, kv_cache: str | None) -> str:
+    """The command-line options that name a package: " --quantize int8 --kv-cache bf16"."""
+    return (f" --quantize {quantize}" if quantize else "") + \
+        (f" --kv-cache {kv_cache}" if kv_cache else "")
 
 
 def progress(message: str) -> None:

@@ -12,6 +12,7 @@ from .cache import SlotCache
 from .prefixes import PrefixCache
 
 FAST_LANE = 32  # a CPU's fast lane: requests of at most this many tokens (scheduler.py)
+KV_CACHE = {"bf16": torch.bfloat16}  # the key/value cache's dtypes by name (--kv-cache)
 
 
 def fast_lane_for(device: torch.device) -> int:
@@ -42,6 +43,10 @@ class EngineConfig:
     prefill_slack: int = 32  # prompts prefilled in one padded pass may waste this many
     # positions beyond a quarter of their tokens (scheduler.py length_groups); larger:
     # fewer, more padded passes
+    cache_dtype: torch.dtype | None = None  # the keys and values kept in this dtype (None:
+    # the model's). torch.bfloat16 under a float32 model: half the memory a token (twice
+    # the tokens in cache_bytes), read back as float32 by the attention; each key rounded
+    # to 8 bits of mantissa, so the tokens may differ from float32's where two are close
 
     def __post_init__(self) -> None:
         for name in ("max_rows", "max_step_tokens"):
@@ -73,15 +78,15 @@ class EngineConfig:
     def cache_for(self, model: torch.nn.Module, seq2seq: bool) -> SlotCache:
         """The key/value cache for ``model``'s decoder layers: ``cache_tokens`` positions, or
         as many as ``cache_bytes`` holds beside the kept prefixes, on the model's device and
-        in its dtype."""
+        in ``cache_dtype`` (default: the model's dtype)."""
         c, param = model.config, next(model.parameters())
-        head_dim = c.head_dim
-        per_token = 2 * c.n_decoder_layers * c.n_kv_heads * head_dim * param.element_size()
+        head_dim, dtype = c.head_dim, self.cache_dtype or param.dtype
+        per_token = 2 * c.n_decoder_layers * c.n_kv_heads * head_dim * dtype.itemsize
         slots = self.cache_bytes - self.prefix_bytes * (not seq2seq)
         return SlotCache(c.n_decoder_layers, c.n_kv_heads, head_dim,
                          tokens=self.cache_tokens or slots // per_token,
                          max_rows=self.max_rows, max_len=c.max_len, seq2seq=seq2seq,
-                         dtype=param.dtype, device=param.device)
+                         dtype=dtype, device=param.device, compute=param.dtype)
 
     def prefixes_for(self, cache: SlotCache) -> PrefixCache:
         """The kept prompt prefixes of an engine with ``cache``: none for a translator (its

@@ -48,9 +48,11 @@ class SlotKV:
     def __init__(self, k: Tensor, v: Tensor, rows: Tensor | None, n: int, width: int,
                  write: Tensor | int | None = None,
                  groups: tuple[Tensor, Tensor] | None = None,
-                 parts: list[tuple[int, int, int]] | None = None, apart: bool = False
-                 ) -> None:
+                 parts: list[tuple[int, int, int]] | None = None, apart: bool = False,
+                 compute: torch.dtype | None = None) -> None:
         self.k_all, self.v_all = k, v
+        self.compute = compute or k.dtype  # the keys as the attention reads them (a
+        # bfloat16 cache under a float32 model: EngineConfig.cache_dtype)
         self.rows, self.n, self.width, self.write = rows, n, width, write
         self.groups = groups
         self.parts = parts  # an attention in parts of rows (:func:`parts`)
@@ -107,9 +109,9 @@ class SlotKV:
         return out.index_select(0, place)
 
     def _read(self, t: Tensor) -> Tensor:
-        if self.rows is None:  # the leading slots: a view, no copy
-            return t[:self.n, :, :self.width]
-        return t[:, :, :self.width].index_select(0, self.rows)
+        if self.rows is None:  # the leading slots: a view, no copy (in the cache's dtype)
+            return t[:self.n, :, :self.width].to(self.compute)
+        return t[:, :, :self.width].index_select(0, self.rows).to(self.compute)
 
     @property
     def k(self) -> Tensor:
@@ -135,8 +137,8 @@ class StepCache:
             raise ValueError("rows read by index read their sources by index too")
         G = n if p.groups is None else p.groups[0].size(0)
         self.layers = [(SlotKV(cache.k[i], cache.v[i], p.slots, n, p.width, write,
-                               parts=p.self_parts, apart=p.apart),
+                               parts=p.self_parts, apart=p.apart, compute=cache.compute),
                         SlotKV(cache.ck[i], cache.cv[i], p.sources, G, p.cross,
-                               groups=p.groups, parts=p.parts)
+                               groups=p.groups, parts=p.parts, compute=cache.compute)
                         if cache.seq2seq else None)
                        for i in range(cache.n_layers)]

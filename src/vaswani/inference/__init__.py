@@ -32,14 +32,16 @@ ENGINES = ("vaswani", "ct2")
 
 
 def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
-         engine: str = "vaswani", quantize: str | None = None, compiled: bool | None = None):
+         engine: str = "vaswani", quantize: str | None = None, compiled: bool | None = None,
+         kv_cache: str | None = None):
     """Load a run directory written by ``vaswani train`` (or ``vaswani import``) as the class
     of its task. ``weights``: ``"best"`` (model.safetensors), ``"last"`` (the latest
     checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``).
     ``engine="ct2"``: ``run_dir`` is a CTranslate2 export, run by CTranslate2.
     ``quantize="int8"``: the linear layers with int8 weights, on a CPU (cpu/quantized.py).
     ``compiled``: decode with the step ``vaswani compile`` built for the run on this machine
-    (None: where there is one; False: eagerly; True: it must be there)."""
+    (None: where there is one; False: eagerly; True: it must be there).
+    ``kv_cache="bf16"``: the decoder's keys and values kept in bfloat16 (half the memory)."""
     if engine == "ct2":
         if quantize:
             raise ValueError("--quantize is vaswani's own; a CTranslate2 export is quantized "
@@ -51,7 +53,7 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     if engine != "vaswani":
         raise ValueError(f"engine ({engine!r}) must be one of {', '.join(ENGINES)}")
     return _load_run(run_dir, device=device, weights=weights, quantize=quantize,
-                     compiled=compiled)
+                     compiled=compiled, kv_cache=kv_cache)
 
 
 __all__ = ["Encoder", "LanguageModel", "Run", "Translator", "WrongModel", "load"]

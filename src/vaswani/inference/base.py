@@ -36,7 +36,8 @@ from ..data.tokenizers import Tokenizer
 from ..devices import resolve_device
 from ..engine import Engine, EngineConfig, Params
 from ..engine.adapters import choose
-from ..engine.compiled import CompiledStep, identity, load_compiled, package_path
+from ..engine.compiled import CompiledStep, identity, load_compiled, options, package_path
+from ..engine.config import KV_CACHE
 from ..generation import Rules
 from ..models import build_model
 from ..models.common import fill_buffers
@@ -82,6 +83,8 @@ class Run:
         self.task: Task = task_for(config)
         self.chat_template: str | None = rundir.read_chat_template(run_dir)
         self.compiled = None  # the decode step compiled ahead of time (engine/compiled.py)
+        self.kv_cache: str | None = None  # its engines' key/value cache dtype by name (None:
+        # the model's; engine/config.py KV_CACHE)
         self._engine = None
 
     def adapted(self):
@@ -140,6 +143,8 @@ class Run:
         """Another engine over the run's model, sized by ``config`` (the server runs its own,
         in the thread of its models)."""
         tok = self.target_tokenizer or self.source_tokenizer
+        if self.kv_cache and config.cache_dtype is None:
+            config = dataclasses.replace(config, cache_dtype=KV_CACHE[self.kv_cache])
         engine = Engine(self.model, bos_id=tok.bos_id, eos_id=tok.eos_id, config=config)
         engine.runner.compiled = self.compiled  # its decode steps compiled (engine/compiled.py)
         return engine
@@ -244,7 +249,8 @@ def owner_of(method: str) -> str | None:
 
 
 def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
-         quantize: str | None = None, compiled: bool | None = None) -> Run:
+         quantize: str | None = None, compiled: bool | None = None,
+         kv_cache: str | None = None) -> Run:
     """Load a run directory written by ``vaswani train`` (or ``vaswani import``) as the use
     class of its task. ``weights``: ``"best"`` (model.safetensors), ``"last"`` (the latest
     checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``).
@@ -253,10 +259,16 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     them too, per call), ``"int4"`` (language models: 4-bit weights in groups, float inputs);
     a language model's token table in int8 rows either way. ``compiled``: decode with the
     step ``vaswani compile`` built for this run, quantization and machine (on a CPU; None:
-    if there is one, True: it must be there, False: eagerly, whatever is there)."""
+    if there is one, True: it must be there, False: eagerly, whatever is there).
+    ``kv_cache="bf16"``: the decoder's keys and values kept in bfloat16 (half the memory a
+    token; engine/config.py ``EngineConfig.cache_dtype``), and the compiled step built for
+    that cache."""
     run_dir = Path(run_dir)
     if quantize is not None and quantize not in QUANTIZE:
         raise ValueError(f"quantize ({quantize!r}) must be one of {', '.join(QUANTIZE)}")
+    if kv_cache is not None and kv_cache not in KV_CACHE:
+        raise ValueError(f"kv_cache ({kv_cache!r}) must be one of {', '.join(KV_CACHE)} "
+                         "(or None: the model's dtype)")
     dev = resolve_device(device)
     if quantize and dev.type != "cpu":
         raise ValueError(f"--quantize {quantize} runs on a CPU (PyTorch's {quantize} "
@@ -295,8 +307,10 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
         checkpoint.load_weights(model, path)
         model.to(dev).eval()
     run = use(run_dir, config, model, source, target, labels, dev)
+    run.kv_cache = kv_cache
     if compiled is not False and kind.decoder and dev.type == "cpu":
-        run.compiled = compiled_step(run_dir, path, quantize, required=bool(compiled))
+        run.compiled = compiled_step(run_dir, path, quantize, required=bool(compiled),
+                                     kv_cache=kv_cache)
     elif compiled:
         raise ValueError(f"a compiled decode step is for a run that decodes on a CPU; "
                          f"{run_dir} holds {kind.describes}" + (f", on {dev}" if dev.type !=
@@ -305,19 +319,20 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
 
 
 def compiled_step(run_dir: Path, weights: Path, quantize: str | None, *,
-                  required: bool) -> CompiledStep | None:
-    """The package built for this run, ``weights`` file, quantization and machine, or None
-    (a package built for something else is named in a warning). ``required``: None is an
-    error that says how to build one."""
+                  required: bool, kv_cache: str | None = None) -> CompiledStep | None:
+    """The package built for this run, ``weights`` file, quantization, key/value cache and
+    machine, or None (a package built for something else is named in a warning).
+    ``required``: None is an error that says how to build one."""
     found = None
-    if package_path(run_dir, quantize).exists():  # (no digest of the code for a run without)
-        found = load_compiled(run_dir, identity(run_dir, weights, quantize), quantize,
-                              lambda message: warnings.warn(message, stacklevel=6))
+    if package_path(run_dir, quantize, kv_cache).exists():  # (no code digest for a run without)
+        found = load_compiled(run_dir, identity(run_dir, weights, quantize, kv_cache), quantize,
+                              lambda message: warnings.warn(message, stacklevel=6), kv_cache)
     if found is None and required:
+        cache = f" and a {kv_cache} key/value cache" if kv_cache else ""
         raise FileNotFoundError(
-            f"{run_dir} has no compiled decode step for {quantize or 'float'} weights on this "
-            f"machine; build it with `vaswani compile {run_dir}"
-            + (f" --quantize {quantize}`" if quantize else "`"))
+            f"{run_dir} has no compiled decode step for {quantize or 'float'} weights{cache} "
+            f"on this machine; build it with `vaswani compile {run_dir}"
+            f"{options(quantize, kv_cache)}`")
     return found
 
 

@@ -21,8 +21,10 @@ from .base import load
 
 
 def compile_run(run_dir: str | Path, *, quantize: str | None = None, weights: str = "best",
-                say: Callable[[str], None] = progress) -> tuple[Path, float]:
-    """Build ``run_dir``'s decode step for this machine (and ``quantize``) into
+                say: Callable[[str], None] = progress, kv_cache: str | None = None
+                ) -> tuple[Path, float]:
+    """Build ``run_dir``'s decode step for this machine (and ``quantize``, over a
+    ``kv_cache`` cache: base.py ``load``) into
     ``run_dir/compiled/``, replacing one built before; returns the package and the seconds
     the build took. The run is locked while it is written (as training locks it)."""
     run_dir = Path(run_dir)
@@ -30,16 +32,16 @@ def compile_run(run_dir: str | Path, *, quantize: str | None = None, weights: st
         raise ValueError(f"{run_dir} holds a translator, whose --quantize int8 layers scale "
                          "their inputs at every call (fbgemm's dynamic kernel), which "
                          "torch.export cannot trace: compile its float step (no --quantize)")
-    run = load(run_dir, quantize=quantize, weights=weights, compiled=False)
+    run = load(run_dir, quantize=quantize, weights=weights, compiled=False, kv_cache=kv_cache)
     if not run.decodes:
         raise ValueError(f"{run_dir} holds {run.describes}, which decodes nothing: there is "
                          "no decode step to compile")
     path = checkpoint.weights_path(run_dir, weights)
-    record = identity(run_dir, path, quantize)
-    out = package_path(run_dir, quantize)
+    record = identity(run_dir, path, quantize, kv_cache)
+    out = package_path(run_dir, quantize, kv_cache)
     with rundir.locked(run_dir):
         rundir.record(run_dir, *(p.relative_to(run_dir).as_posix()
                                  for p in (out, record_path(out))))
         seconds = build(run.model, isinstance(run.model, EncoderDecoder), out, record, say,
-                        quantize)
+                        quantize, kv_cache)
     return out, seconds
