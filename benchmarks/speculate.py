@@ -6,10 +6,11 @@ of the same file (int8), or the Q4_1 file itself (int4).
 
     python -m benchmarks.speculate [--json OUT.json] [--work DIR] [--tokens 128]
                                    [--guesses 8] [--rounds 2] [--no-compiled] [--no-llama-cpp]
-                                   [--quantize int8|int4]
+                                   [--quantize int8|int4] [--kv-cache bf16]
     python -m benchmarks.speculate --pass-costs [--quantize int8|int4] [--no-compiled]
                                    [--json OUT.json]
     python -m benchmarks.speculate --ties-of RESULTS.json [--work DIR]
+    python -m benchmarks.speculate --bound-of RESULTS.json COSTS.json [--work DIR]
 
 Contenders, each in a process of its own, in alternating rounds (the best round kept):
 vaswani eager and with the decode step ``vaswani compile --quantize int8`` builds (built
@@ -21,6 +22,9 @@ after the first (best of 3 in its process), as llama_cpp_child.py times its stre
 from the timing: each speculating row's tokens against its plain row's (equal: speculation
 changes no output), the acceptance (guessed tokens that held), and llama.cpp's first
 difference from vaswani's plain eager tokens.
+
+``--kv-cache bf16``: vaswani's keys and values in bfloat16 (eager and compiled, the step
+built for that cache), as llama.cpp keeps its own in 16 bits (float16) by default.
 
 ``--pass-costs`` instead times one pass that checks T places (T = 1 .. 9: a row's token and
 T - 1 guesses) after the code prompt, with the compiled step (or eager, ``--no-compiled``):
@@ -79,7 +83,7 @@ PROMPTS = {
 
 
 def measure(run_dir: str, compiled: bool, prompt: list[int], tokens: int, guesses: int,
-            quantize: str = "int8") -> dict:
+            quantize: str = "int8", kv_cache: str | None = None) -> dict:
     """In this process: tokens/s of ``tokens`` greedy tokens after ``prompt`` (``quantize``),
     plain (``guesses`` 0) or speculating, best of 3 after a warm-up."""
     import torch
@@ -88,7 +92,7 @@ def measure(run_dir: str, compiled: bool, prompt: list[int], tokens: int, guesse
     from vaswani.engine import EngineConfig, Params, Request
 
     torch.set_num_threads(2)
-    run = vaswani.load(run_dir, quantize=quantize, compiled=compiled)
+    run = vaswani.load(run_dir, quantize=quantize, compiled=compiled, kv_cache=kv_cache)
     engine = run.new_engine(EngineConfig(max_rows=1))
 
     def once() -> tuple[float, Request, list[float]]:
@@ -106,7 +110,7 @@ def measure(run_dir: str, compiled: bool, prompt: list[int], tokens: int, guesse
 
 
 def pass_costs(run_dir: str, compiled: bool, prompt: list[int], places: int = 9,
-               repeats: int = 20, quantize: str = "int8") -> dict:
+               repeats: int = 20, quantize: str = "int8", kv_cache: str | None = None) -> dict:
     """In this process: the milliseconds of one pass that checks T places (a row's token and
     T - 1 guesses after it), T = 1 .. ``places``, after ``prompt`` (``quantize``'s weights;
     the best of 3 rounds of ``repeats`` passes each), and each against T = 1's: what a
@@ -118,7 +122,7 @@ def pass_costs(run_dir: str, compiled: bool, prompt: list[int], places: int = 9,
     from vaswani.engine import EngineConfig, Params, Request
 
     torch.set_num_threads(2)
-    run = vaswani.load(run_dir, quantize=quantize, compiled=compiled)
+    run = vaswani.load(run_dir, quantize=quantize, compiled=compiled, kv_cache=kv_cache)
     engine = run.new_engine(EngineConfig(max_rows=1))
     engine.submit(Request(list(prompt), Params(max_new_tokens=2)))
     engine.step()  # the prompt prefilled: one token made, its keys not yet in the cache
@@ -159,15 +163,17 @@ def llama_cpp(python: Path, gguf: Path, prompt: list[int], tokens: int) -> dict:
             "generated": out["generated"], "ids": out["greedy_ids"]}
 
 
-def ready_package(run_dir: Path, quantize: str = "int8") -> float | None:
-    """The ``quantize`` decode step built for this code and machine: None if it was, else
-    the seconds `vaswani compile` took to build it."""
+def ready_package(run_dir: Path, quantize: str = "int8", kv_cache: str | None = None
+                  ) -> float | None:
+    """The ``quantize`` decode step (over a ``kv_cache`` cache) built for this code and
+    machine: None if it was, else the seconds `vaswani compile` took to build it."""
     import vaswani
 
-    if vaswani.load(run_dir, quantize=quantize).compiled is not None:
+    if vaswani.load(run_dir, quantize=quantize, kv_cache=kv_cache).compiled is not None:
         return None
     start = time.perf_counter()
-    subprocess.run([*VASWANI, "compile", str(run_dir), "--quantize", quantize], cwd=ROOT,
+    subprocess.run([*VASWANI, "compile", str(run_dir), "--quantize", quantize,
+                    *(["--kv-cache", kv_cache] if kv_cache else [])], cwd=ROOT,
                    check=True, capture_output=True, text=True)
     return round(time.perf_counter() - start, 1)
 
@@ -190,6 +196,45 @@ def ties(results: dict, run_dir: Path, tok) -> None:
                 print(f"speculate {name}: {label}: {row['near_tie']}", flush=True)
 
 
+def lookup_bound(prompt: list[int], output: list[int], steps: dict[int, float],
+                 guesses: int = 8, one_token: bool = False) -> float:
+    """How fast prompt lookup could at best make ``output`` after ``prompt``, against plain
+    decoding: the passes replayed over the very tokens, each guessing, of the up to
+    ``guesses`` tokens the lookup offers (from a match of two tokens or more; with
+    ``one_token``, of one where none is found), exactly those that will hold (an oracle's
+    choice: no rule of how many to guess does better), a pass of T places costing
+    ``steps[T]`` plain steps (``--pass-costs``' table); plain steps over their cost."""
+    from vaswani.engine.speculate import prompt_lookup
+
+    i, cost = 0, 0.0  # output[i]: the row's last token (the first is the prompt's pass's)
+    while i < len(output) - 1:
+        context = prompt + output[:i + 1]
+        guess = prompt_lookup(context, guesses) or \
+            (prompt_lookup(context, guesses, shortest=1) if one_token else [])
+        need = len(output) - 1 - i  # tokens still to make: the pass's own is one of them
+        held = 0
+        while held < min(len(guess), need - 1) and guess[held] == output[i + 1 + held]:
+            held += 1
+        cost += steps[held + 1]
+        i += 1 + held
+    return (len(output) - 1) / cost  # the tokens after the first, as the rows are timed
+
+
+def bounds(results: dict, costs: dict, tok) -> dict:
+    """:func:`lookup_bound` of each prompt's plain compiled tokens in a results file, with
+    a pass-costs file's steps: from matches of two tokens or more, and of one too."""
+    steps = {int(t): x for t, x in costs["steps"].items()}
+    out = {}
+    for name, found in results["prompts"].items():
+        plain = found.get("compiled") or found["eager"]
+        prompt = tok.encode_prompt(PROMPTS[name])
+        out[name] = {"tokens": len(plain["ids"]),
+                     "two_token_matches": round(lookup_bound(prompt, plain["ids"], steps), 2),
+                     "one_token_matches_too": round(lookup_bound(prompt, plain["ids"], steps,
+                                                                 one_token=True), 2)}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="OUT.json")
@@ -209,6 +254,12 @@ def main() -> None:
     parser.add_argument("--ties-of", metavar="RESULTS.json",
                         help="instead: add where each row of a results file parts from eager "
                              "decoding, and eager's two best tokens there, to the file")
+    parser.add_argument("--kv-cache", choices=["bf16"],
+                        help="vaswani's key/value cache in bfloat16 (default: float32)")
+    parser.add_argument("--bound-of", nargs=2, metavar=("RESULTS.json", "COSTS.json"),
+                        help="only print how fast prompt lookup could at best make each "
+                             "prompt's plain compiled tokens in a results file, with a "
+                             "--pass-costs file's steps, against plain decoding (lookup_bound)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child process's measurement
     args = parser.parse_args()
     if args.one:
@@ -224,16 +275,20 @@ def main() -> None:
     import vaswani
 
     tok = vaswani.load(run_dir).source_tokenizer
+    if args.bound_of:
+        found = bounds(*(json.loads(Path(f).read_text()) for f in args.bound_of), tok)
+        print(json.dumps(found, indent=1))
+        return
     if args.ties_of:
         path = Path(args.ties_of)
         results = json.loads(path.read_text())
         ties(results, run_dir, tok)
         path.write_text(json.dumps(results, indent=2))  # as report() writes it
         return
-    built = None if args.no_compiled else ready_package(run_dir, args.quantize)
+    built = None if args.no_compiled else ready_package(run_dir, args.quantize, args.kv_cache)
     if args.pass_costs:
         costs = pass_costs(str(run_dir), not args.no_compiled, tok.encode_prompt(PROMPTS["code"]),
-                           quantize=args.quantize)
+                           quantize=args.quantize, kv_cache=args.kv_cache)
         report(f"A pass that checks T places (SmolLM2-135M {args.quantize}, batch 1)",
                [(f"T = {t}", f"{ms} ms, {costs['steps'][t]}x T = 1")
                 for t, ms in costs["ms"].items()], costs, args.json)
@@ -249,7 +304,8 @@ def main() -> None:
         gguf = original if args.quantize == "int4" else \
             q8_0_copy(original, work / (original.stem + "-Q8_0.gguf"))
     results: dict = {"tokens": args.tokens, "guesses": args.guesses, "rounds": args.rounds,
-                     "quantize": args.quantize, "compiled_build_s": built, "prompts": {}}
+                     "quantize": args.quantize, "kv_cache": args.kv_cache,
+                     "compiled_build_s": built, "prompts": {}}
     for name, text in PROMPTS.items():
         prompt = tok.encode_prompt(text)
         best: dict[str, dict] = {}
@@ -257,7 +313,7 @@ def main() -> None:
             for label, compiled, guesses in rows:
                 got = child({"run_dir": str(run_dir), "compiled": compiled, "prompt": prompt,
                              "tokens": args.tokens, "guesses": guesses,
-                             "quantize": args.quantize})
+                             "quantize": args.quantize, "kv_cache": args.kv_cache})
                 if label not in best or got["generation_tokens_per_s"] > \
                         best[label]["generation_tokens_per_s"]:
                     best[label] = got

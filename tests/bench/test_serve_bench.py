@@ -149,6 +149,23 @@ def test_the_speculate_benchmark_times_plain_and_guessing_decoding_alike(small_r
     assert four["generated"] > 0 and four["guessed"] > 0
 
 
+def test_prompt_lookups_bound_replays_the_tokens_with_the_places_costs():
+    """benchmarks/speculate.py's ``lookup_bound``: free places make a repeating output as fast
+    as its passes are few; text seen nowhere before, or places that cost a step each, gain
+    nothing."""
+    from benchmarks.speculate import lookup_bound
+
+    prompt = [5, 6, 7, 8, 9, 10, 11, 5, 6]
+    free = {t: 1.0 for t in range(1, 10)}
+    # after the first token (7 follows "5 6" as before), one pass of six guesses makes the
+    # remaining seven
+    assert lookup_bound(prompt, [7, 8, 9, 10, 11, 5, 6, 7], free) == 7.0
+    assert lookup_bound(prompt, [20, 21, 22, 23], free) == 1.0  # nothing to look up
+    assert lookup_bound(prompt, [7, 8, 9, 10], {t: float(t) for t in range(1, 10)}) == 1.0
+    assert lookup_bound(prompt, [12, 5, 6, 13], free) == 1.0  # "12 5": seen nowhere
+    assert lookup_bound(prompt, [12, 5, 6, 13], free, one_token=True) == 1.5  # "5": 6 holds
+
+
 def test_the_speculate_benchmark_times_a_pass_of_each_number_of_places(small_runs):
     """``--pass-costs`` on a tiny LM (int8 and int4, eager): one timing per number of places,
     and each relative to one place's."""
