@@ -271,6 +271,14 @@ def smollm2(work: Path) -> Path:
     return out
 
 
+def compile_seconds(run_dir: Path, options: list[str]) -> float:
+    """`vaswani compile RUN_DIR OPTIONS` in a process of its own: its seconds."""
+    start = time.perf_counter()
+    subprocess.run([*VASWANI, "compile", str(run_dir), *options], cwd=ROOT, check=True,
+                   capture_output=True, text=True)
+    return round(time.perf_counter() - start, 1)
+
+
 def gguf_file() -> Path:
     """The SmolLM2 GGUF file vaswani imported (the package's, fetched and cached)."""
     from vaswani.data.registry import default_cache

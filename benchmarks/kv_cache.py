@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import ROOT, VASWANI, hardware, near_tie, smollm2
+from benchmarks.common import ROOT, compile_seconds, hardware, near_tie, smollm2
 
 CONTEXTS = (256, 1024, 2048)  # tokens before the generation
 NEW_TOKENS = 64
@@ -80,10 +80,7 @@ def build(run_dir: Path, quantize: str | None, cache: str) -> float | None:
             return None
     options = (["--quantize", quantize] if quantize else []) + \
         (["--kv-cache", kv_cache] if kv_cache else [])
-    start = time.perf_counter()
-    subprocess.run([*VASWANI, "compile", str(run_dir), *options], cwd=ROOT, check=True,
-                   capture_output=True, text=True)
-    seconds = round(time.perf_counter() - start, 1)
+    seconds = compile_seconds(run_dir, options)
     print(f"kv_cache: built the {cache} cache's step in {seconds} s", flush=True)
     return seconds
 

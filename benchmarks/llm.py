@@ -46,8 +46,8 @@ from vaswani.devices import peak_resident_bytes
 
 from .common import (
     ROOT,
-    VASWANI,
     ServeProcess,
+    compile_seconds,
     first_difference,
     free_port,
     gguf_file,
@@ -216,10 +216,7 @@ def build(run_dir: Path, precision: str) -> float:
     quantize = [] if precision == "fp32" else ["--quantize", precision]
     for old in (run_dir / "compiled").glob(f"decode-{'float' if not quantize else precision}.*"):
         old.unlink()
-    start = time.perf_counter()
-    subprocess.run([*VASWANI, "compile", str(run_dir), *quantize], cwd=ROOT, check=True,
-                   capture_output=True, text=True)
-    seconds = round(time.perf_counter() - start, 1)
+    seconds = compile_seconds(run_dir, quantize)
     print(f"llm: built the {precision} decode step in {seconds} s", flush=True)
     return seconds
 

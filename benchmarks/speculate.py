@@ -43,6 +43,7 @@ from pathlib import Path
 from .common import (
     ROOT,
     VASWANI,
+    compile_seconds,
     first_difference,
     gguf_file,
     near_tie,
@@ -171,11 +172,8 @@ def ready_package(run_dir: Path, quantize: str = "int8", kv_cache: str | None = 
 
     if vaswani.load(run_dir, quantize=quantize, kv_cache=kv_cache).compiled is not None:
         return None
-    start = time.perf_counter()
-    subprocess.run([*VASWANI, "compile", str(run_dir), "--quantize", quantize,
-                    *(["--kv-cache", kv_cache] if kv_cache else [])], cwd=ROOT,
-                   check=True, capture_output=True, text=True)
-    return round(time.perf_counter() - start, 1)
+    return compile_seconds(run_dir, ["--quantize", quantize,
+                                     *(["--kv-cache", kv_cache] if kv_cache else [])])
 
 
 def ties(results: dict, run_dir: Path, tok) -> None:

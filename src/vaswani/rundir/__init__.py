@@ -21,6 +21,7 @@ in it are checkpoint/'s, and every write goes through atomic.py::
     launcher.json        under torchrun: the job that started the run (its restarts resume it)
     compiled/            `vaswani compile`: the decode step compiled for this machine
         decode-float.pt2, decode-float.json ...   (engine/compiled.py), one per quantization
+        decode-int4-kv-bf16.pt2 ...               and key/value cache (--kv-cache bf16)
 
     vaswani_run.json     the manifest: every path above that vaswani wrote here
 
