@@ -681,3 +681,26 @@ def test_a_bfloat16_cache_decodes_over_keys_rounded_to_bfloat16(monkeypatch):
         assert got[:len(want)] == pytest.approx(want, abs=2e-6)
         apart = max(apart, *(abs(a - b) for a, b in zip(got, want_float, strict=False)))
     assert apart > 1e-4  # the rounding is there: a float cache's log-probabilities differ
+
+
+def test_a_translator_over_a_bfloat16_cache_decodes_as_the_reference_over_rounded_keys(
+        monkeypatch):
+    """A translator's engine with its keys, values and sources' keys in bfloat16: greedy and
+    beam search give the reference decoders' outputs over a cache that rounds them too."""
+    mt = model("encoder-decoder", vocab_size=640)
+    sources = [s + [EOS] for s in prompts(8, seed=5, low=3)]
+    greedy = [Request(s, Params(max_new_tokens=0), start=[BOS], history_start=1,
+                      limit=int(1.5 * len(s) + 5)) for s in sources]
+    beams = [Request(s, Params(max_new_tokens=0, beam=3, n_best=2), start=[BOS],
+                     history_start=1, limit=int(1.5 * len(s) + 5)) for s in sources]
+    half = engine(mt, max_rows=32, cache_dtype=torch.bfloat16)
+    half.run(greedy + beams)
+    assert half.cache.ck[0].dtype == half.cache.k[0].dtype == torch.bfloat16
+    monkeypatch.setattr(kv_cache, "KV", RoundedKV)
+    for s, g, b in zip(sources, greedy, beams, strict=True):
+        src = torch.tensor([s], device=DEVICE)
+        assert g.output == greedy_decode(mt, src, bos_id=BOS, eos_id=EOS, max_len_a=1.5,
+                                         max_len_b=5)[0]
+        want = beam_decode(mt, src, beam=3, n_best=2, alpha=0.0, bos_id=BOS, eos_id=EOS,
+                           max_len_a=1.5, max_len_b=5)[0]
+        assert [h for h, _ in b.hypotheses()] == [h for h, _ in want]
