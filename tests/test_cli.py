@@ -63,3 +63,29 @@ def test_import_help_names_every_architecture_it_reads(capsys):
         assert shown[name] in text, name
         if record.gguf is not None:
             assert f" {record.gguf.name or name}" in text.split("gguf: a .gguf file")[1], name
+
+
+def test_every_commands_help_is_printed(capsys):
+    """`vaswani COMMAND --help` for every command and subcommand: argparse formats each help
+    text with %, so a stray percent sign (QUANTIZE_HELP's "10% fewer") made `generate
+    --help`, `translate --help` and `serve --help` fail with a TypeError."""
+    import argparse
+
+    import pytest
+
+    from vaswani.cli import build_parser
+
+    def commands(parser: argparse.ArgumentParser, path: list[str]):
+        yield path
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from commands(sub, [*path, name])
+
+    found = list(commands(build_parser(), []))
+    assert ["generate"] in found and ["serve"] in found and ["data", "prepare"] in found
+    for path in found:
+        with pytest.raises(SystemExit) as done:
+            main([*path, "--help"])
+        assert done.value.code == 0, path
+        assert "usage: vaswani" in capsys.readouterr().out

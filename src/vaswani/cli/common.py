@@ -10,10 +10,11 @@ from pathlib import Path
 
 # cpu/quantized.py's QUANTIZE (not imported: it imports torch)
 QUANTIZE = ("int8", "int4", "int4-g64")
+# (argparse formats help with %: a percent sign is written %%)
 QUANTIZE_HELP = ("int8: the linear layers with int8 weights (a language model keeps float "
                  "inputs, so a completion is the same in any batch; a translator's and an "
                  "encoder's inputs are quantized per call: faster in batches); int4: a language "
-                 "model's weights in 4 bits, in groups of 32 (int4-g64: of 64, 10% fewer bytes "
+                 "model's weights in 4 bits, in groups of 32 (int4-g64: of 64, 10%% fewer bytes "
                  "read a token, a little less exact). A language model's token table "
                  "(and a head tied to it) in int8 rows either way. A CPU only; a little less "
                  "exact (docs/performance.md)")
