@@ -8,6 +8,7 @@ and writes DIR/bench-NAME.json (DIR defaults to docs/results) and prints its tab
     serve                              ``vaswani serve`` under concurrent clients (its parts)
     offline                            offline decoding against CTranslate2 (vaswani[export])
     llm                                SmolLM2 against llama.cpp (a peer venv, built once)
+    kv_cache                           SmolLM2 over a float32 and a bfloat16 key/value cache
     memory                             SmolLM2's peak memory, float32, int8 and int4
     finetune                           SmolLM2's LoRA step against peft + transformers, QLoRA
     structured                         SmolLM2's time per token, free and held to a JSON schema
@@ -35,8 +36,8 @@ from pathlib import Path
 from .common import ROOT
 
 ORDER = ("train_step", "generation", "scaling", "serve", "offline", "llm", "speculate", "streams",
-         "memory", "finetune", "structured", "export", "distributed", "nanogpt", "trees", "data",
-         "gpu")
+         "kv_cache", "memory", "finetune", "structured", "export", "distributed", "nanogpt",
+         "trees", "data", "gpu")
 
 
 def plan(name: str, out: Path, work: Path, quick: bool, nanogpt: str | None,
@@ -56,6 +57,9 @@ def plan(name: str, out: Path, work: Path, quick: bool, nanogpt: str | None,
         return [["--work", str(work), "--json", f"{out}/bench-llm.json"]]  # one length
     if name == "speculate":  # the run llm imported (or imports now), its int8 package
         return [["--work", str(work), "--json", f"{out}/bench-speculate.json"]]
+    if name == "kv_cache":  # the run llm imported (or imports now), two int4 packages
+        return [["--work", str(work), *(["--contexts", "256", "--rounds", "1"] if quick else []),
+                 "--json", f"{out}/bench-kv-cache.json"]]
     if name == "streams":  # the run llm imported (or imports now), its int8 package
         return [["--work", str(work), "--json", f"{out}/bench-streams.json"]]
     if name == "finetune":  # the run llm imported (or imports now), and its hf export
