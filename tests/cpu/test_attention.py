@@ -6,7 +6,7 @@ import torch
 from torch.testing import assert_close
 
 from vaswani.cpu import fast_paths
-from vaswani.cpu.attention import CPUAttention, decoding_attention
+from vaswani.cpu.attention import CPUAttention, decoding_attention, one_query_attention
 from vaswani.nn import Attention, Heads, MultiHeadAttention, masks, scaled_dot_product_attention
 from vaswani.nn.attention import repeat_kv
 
@@ -43,6 +43,25 @@ def test_decoding_attention_reads_grouped_keys_without_copying_them(tq, heads):
     assert_close(decoding_attention(q, k, v, mask), want)
     assert_close(decoding_attention(q, k, v), scaled_dot_product_attention(
         q, repeat_kv(k, 3), repeat_kv(v, 3))[0])
+
+
+@pytest.mark.parametrize("heads", ["shared", "per head"])
+def test_one_query_attention_as_sums_equals_the_reference_with_grouped_heads(heads):
+    """A compiled decode step's attention (one query a row, sums of products): 6 query heads
+    over 2 key/value heads under each row's mask of its keys, as the reference over the
+    keys repeated; a row that sees no key gets the mean of its values."""
+    q = torch.randn(4, 6, 1, 8, dtype=torch.float64)
+    k, v = torch.randn(2, 4, 2, 9, 8, dtype=torch.float64)
+    mask = masks.position_mask(torch.tensor([[8], [3], [1], [5]]), 9)  # (4, 1, 1, 9)
+    if heads == "per head":
+        mask = mask.expand(4, 6, 1, 9).clone()
+        mask[:, 1, :, 0] = False  # one head of each row does not see its first key
+    want = scaled_dot_product_attention(q, repeat_kv(k, 3), repeat_kv(v, 3), mask)[0]
+    assert_close(one_query_attention(q, k, v, mask), want)
+    assert_close(one_query_attention(q, k, v), scaled_dot_product_attention(
+        q, repeat_kv(k, 3), repeat_kv(v, 3))[0])
+    blind = torch.zeros(4, 1, 1, 9, dtype=torch.bool)
+    assert_close(one_query_attention(q, k, v, blind), repeat_kv(v, 3).mean(-2, keepdim=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

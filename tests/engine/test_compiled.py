@@ -16,7 +16,15 @@ from tests.conftest import DEVICE
 from vaswani import load
 from vaswani.cli import main
 from vaswani.engine import Engine, EngineConfig, Params, Request
-from vaswani.engine.compiled import CompiledStep, build, differences, package_path, record_path
+from vaswani.engine.compiled import (
+    CompiledStep,
+    DecodeStep,
+    build,
+    differences,
+    example_inputs,
+    package_path,
+    record_path,
+)
 from vaswani.inference.compiled import compile_run
 from vaswani.rundir import written
 
@@ -79,6 +87,21 @@ def test_a_compiled_decode_step_gives_every_row_the_eager_steps_logits(lm_run):
     got, at_compiled = engine.runner.decode(rows)
     assert at == at_compiled
     assert_close(got[at], want[at], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["lm", "mt"])
+def test_the_compiled_steps_attention_is_sums_that_read_the_cache_in_place(
+        family, lm_run, mt_run):
+    """The step's attention (one query a row) is sums of products that Inductor fuses with
+    the rows' reads of their slots (cpu/attention.py ``one_query_attention``), not SDPA's
+    kernel, which needs each row's keys gathered into a tensor of their own first."""
+    model = load(lm_run if family == "lm" else mt_run, compiled=False).model
+    args, shapes = example_inputs(model, family == "mt")
+    with torch.no_grad():
+        program = torch.export.export(DecodeStep(model).eval(), args, dynamic_shapes=shapes)
+    called = [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
+    assert not [name for name in called if "scaled_dot_product" in name]
+    assert any("softmax" in name for name in called)
 
 
 def test_a_step_of_more_rows_than_max_rows_runs_eagerly(lm_run, monkeypatch):

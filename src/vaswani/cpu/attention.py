@@ -4,8 +4,9 @@ PyTorch's fused attention (SDPA) loses on a CPU to the written-out products for 
 in bf16, with dropout on the weights, and for a decoding step's few queries over many rows;
 past ``REFERENCE_MAX_KEYS`` keys it wins, and its memory grows linearly where the written-out
 path's grows quadratically (docs/performance.md, "Attention at long sequences" and "The
-engine's choices for a CPU"); a compiled step (engine/compiled.py) takes SDPA at every
-length. :class:`CPUAttention` makes that choice for
+engine's choices for a CPU"); a compiled graph takes SDPA at every length, except for one
+query a row (a compiled decode step: engine/compiled.py), which it computes as sums of
+elementwise products (:func:`one_query_attention`). :class:`CPUAttention` makes that choice for
 :class:`~vaswani.nn.attention.Attention`'s ``"auto"``, and runs a decoding step (under
 inference, at most ``DECODE_QUERIES`` queries per row) through :func:`decoding_attention`.
 On another device ``"auto"`` is SDPA, as in nn/.
@@ -76,6 +77,30 @@ def decoding_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = No
     return (scores.softmax(dim=-1) @ v).view(B, H, Tq, Dh)
 
 
+def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """The attention of one query a row as sums of elementwise products, not matrix products,
+    for a compiled decode step: Inductor fuses the sums with how the step reads the keys and
+    values (each row's slot, or its source's, gathered by index; a bfloat16 cache converted)
+    into one pass over the keys and one over the values, where SDPA's kernel, a call of its
+    own, needs them gathered into tensors of their own first: every key written once more
+    and read again each step (docs/performance.md, "A compiled decode step"). With
+    grouped-query attention each key/value head serves its ``group`` query heads as they are.
+    A query that may attend to no key gets the mean of the values, as in
+    :func:`decoding_attention`.
+
+    q (B, H, 1, Dh), k and v (B, Hkv, Tk, Dh), mask broadcast to (B, H, 1, Tk) or None."""
+    B, H, _, Dh = q.shape
+    Hkv, Tk = k.size(1), k.size(2)
+    group = H // Hkv
+    q = q.reshape(B, Hkv, group, 1, Dh) * (1.0 / math.sqrt(Dh))
+    scores = (q * k[:, :, None]).sum(-1)  # (B, Hkv, group, Tk)
+    if mask is not None:
+        allowed = mask.expand(B, H, 1, Tk).reshape(B, Hkv, group, Tk)
+        scores = scores.masked_fill(allowed.logical_not(), torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1)
+    return (weights[..., None] * v[:, :, None]).sum(-2).view(B, H, 1, Dh)
+
+
 class CPUAttention(Attention):
     """:class:`~vaswani.nn.attention.Attention` with a CPU's choice of path (see the module)."""
 
@@ -87,6 +112,9 @@ class CPUAttention(Attention):
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         p = self.dropout if self.training else 0.0
+        if (torch.compiler.is_compiling() and self.backend == "auto" and q.size(-2) == 1
+                and p == 0.0 and not need_weights and q.device.type == "cpu"):
+            return one_query_attention(q, k, v, masks.dense(mask, q.device)), None
         kind = PASS.get() if (self.backend == "auto" and not need_weights and p == 0.0
                               and q.device.type == "cpu"
                               and not torch.compiler.is_compiling()) else None
@@ -109,7 +137,7 @@ class CPUAttention(Attention):
         if self.backend != "auto":
             return self.backend == "sdpa"
         if q.device.type != "cpu" or torch.compiler.is_compiling():
-            return True  # (compiled: one graph for every length, and Inductor's own kernel)
+            return True  # (compiled: one graph for every length; one query: see forward)
         if k.size(-2) > REFERENCE_MAX_KEYS:
             return True
         decoding = (q.size(-2) <= DECODE_QUERIES

@@ -74,7 +74,12 @@ MAX_ROWS = 256
 def inductor_options(quantize: str | None) -> dict:
     return {"freezing": True,  # the weights as constants, laid out once for the products
             "max_autotune": True,  # Inductor's own GEMM kernels for the step's shapes ...
-            "max_autotune_gemm_backends": GEMM[quantize]}  # ... or ATen's, as pinned
+            "max_autotune_gemm_backends": GEMM[quantize],  # ... or ATen's, as pinned
+            # a value computed by more than 8 operations is written out, not recomputed
+            # where it is read (Inductor's default on a CPU, 50, let a rotated query be
+            # recomputed, its cos and sin with it, for every key the attention's sums
+            # read: 2-3.5x slower; docs/performance.md, "A compiled decode step")
+            "realize_opcount_threshold": 8}
 
 
 @dataclass
