@@ -2,7 +2,9 @@
 quantize=...)``, ``--quantize``): each linear layer's float weight is in memory only until its
 int8 or int4 copy is made, and a language model's token table becomes int8 rows the same way,
 so the float model is never whole in memory, and the table is read in blocks of rows, so it
-is never whole in float either (cpu/quantized.py has the layers)."""
+is never whole in float either (cpu/quantized.py has the layers). The float weights' memory
+is handed back to the kernel as the reading goes (``GIVE_BACK_EVERY``), so it is not left
+resident among the quantized layers."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from torch import nn
 
 from ..config.family import family
 from ..cpu.quantized import Int8Embedding, WeightOnlyLinear, int8_fits, quantized
+from ..devices import give_back_freed_memory
 from ..models import build_model
 from ..models.common import fill_buffers
 from ..nn.positional import Embeddings
@@ -20,6 +23,7 @@ from . import unwrap
 from .files import iter_weights
 
 TABLE_ROWS = 4096  # a token table is read and quantized this many rows at a time
+GIVE_BACK_EVERY = 64 << 20  # bytes of float weights read between two give-backs
 
 
 def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool) -> None:
@@ -42,9 +46,14 @@ def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool
     biases: dict[str, torch.Tensor] = {}
     done: set[str] = set()
     tables_stored = {f"{name}.weight" for name in tables}  # (V, D): read in row blocks
+    read = 0  # bytes of weights read since the freed ones were last given back
     for stored, value in iter_weights(
             path, lambda n: TABLE_ROWS if n.replace("_orig_mod.", "") in tables_stored else 0):
         stored = stored.replace("_orig_mod.", "")
+        read += value.shape.numel() * value.dtype.itemsize  # (a tensor, or RowBlocks)
+        if read >= GIVE_BACK_EVERY:
+            give_back_freed_memory()
+            read = 0
         if stored not in names_of:
             raise ValueError(f"{path} does not match the model: unexpected {stored!r}")
         kept = None  # the one Parameter every other name of this tensor shares
@@ -81,6 +90,7 @@ def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool
     missing = [n for n in names_of if n not in done]
     if missing:
         raise ValueError(f"{path} does not match the model: missing {missing[:5]}")
+    give_back_freed_memory()
     for module in model.modules():  # the buffers no file holds: computed next (fill_buffers)
         for name, b in list(module.named_buffers(recurse=False)):
             if b.is_meta:
