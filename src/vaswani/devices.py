@@ -180,7 +180,7 @@ def give_back_freed_memory() -> bool:
     ``malloc_trim(0)``): those between blocks still in use too, which the heap's own trimming
     (only its free top) keeps resident. For a pass that frees as much as it keeps, such as
     quantizing weights as they are read, where which freed block the next allocation reuses
-    varies from run to run (SmolLM2 int8: 300 or 850 MB resident after the same load). A few
+    varies from run to run (docs/performance.md, "A compiled decode step"). Takes
     milliseconds; returns whether it ran."""
     trim = _malloc_trim()
     if trim is None:

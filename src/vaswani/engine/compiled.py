@@ -78,7 +78,7 @@ def inductor_options(quantize: str | None) -> dict:
             # a value computed by more than 8 operations is written out, not recomputed
             # where it is read (Inductor's default on a CPU, 50, let a rotated query be
             # recomputed, its cos and sin with it, for every key the attention's sums
-            # read: 2-3.5x slower; docs/performance.md, "A compiled decode step")
+            # read, several times slower; docs/performance.md, "A compiled decode step")
             "realize_opcount_threshold": 8}
 
 
