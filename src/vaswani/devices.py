@@ -4,6 +4,7 @@ device that is not there is a clear error (not PyTorch's assertion)."""
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import functools
 import platform
 import re
@@ -162,17 +163,17 @@ def peak_resident_bytes() -> int:
     return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)[1]) * 1024
 
 
-@functools.cache  # looked up once per process
-def _malloc_trim():
-    """glibc's ``malloc_trim``; None where the C library has none (musl, macOS)."""
+@functools.cache  # finding the library runs ldconfig: once per process
+def c_function(name: str):
+    """The C library's function ``name`` on Linux (``madvise``, glibc's allocator settings,
+    ``malloc_trim``); None elsewhere or where the library lacks it (musl has no
+    ``malloc_trim``)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
     except (OSError, AttributeError):
         return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
 
 
 def give_back_freed_memory() -> bool:
@@ -182,8 +183,9 @@ def give_back_freed_memory() -> bool:
     quantizing weights as they are read, where which freed block the next allocation reuses
     varies from run to run (docs/performance.md, "A compiled decode step"). Takes
     milliseconds; returns whether it ran."""
-    trim = _malloc_trim()
+    trim = c_function("malloc_trim")
     if trim is None:
         return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     trim(0)
     return True

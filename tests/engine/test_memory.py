@@ -48,8 +48,9 @@ def test_cache_tensors_are_zeros_aligned_to_a_huge_page_and_advised_before_use(m
 
     from vaswani.engine import memory
 
-    madvise = Recorder(memory._libc("madvise"))
-    monkeypatch.setattr(memory, "_libc", lambda name: madvise if name == "madvise" else None)
+    madvise = Recorder(memory.c_function("madvise"))
+    monkeypatch.setattr(memory, "c_function",
+                        lambda name: madvise if name == "madvise" else None)
     t = memory.zeros_in_huge_pages((4, 2, 1024, 64), torch.float32, torch.device("cpu"))
     assert t.shape == (4, 2, 1024, 64) and t.dtype == torch.float32 and t.is_contiguous()
     assert not t.any() and t.data_ptr() % memory.HUGE_PAGE == 0

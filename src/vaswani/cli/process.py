@@ -14,9 +14,10 @@ only; left alone where the user set malloc's own variables (:data:`MALLOC_SETTIN
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
+
+from ..devices import c_function
 
 KEEP_BELOW = 1 << 30  # bytes: blocks up to this size come from the heap, and a free heap
 # top up to this size stays in the process
@@ -24,20 +25,12 @@ MALLOC_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TU
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
 
 
-def _mallopt():
-    """glibc's ``mallopt``; None elsewhere (musl and others have none)."""
-    try:
-        return ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return None
-
-
 def keep_freed_memory() -> bool:
     """Pin glibc's mmap and trim thresholds at :data:`KEEP_BELOW` (both: setting either stops
     glibc adapting the other). Returns whether it changed them."""
     if sys.platform != "linux" or any(name in os.environ for name in MALLOC_SETTINGS):
         return False
-    mallopt = _mallopt()
+    mallopt = c_function("mallopt")
     if mallopt is None:
         return False
     return (mallopt(M_MMAP_THRESHOLD, KEEP_BELOW) == 1

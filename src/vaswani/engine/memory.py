@@ -20,28 +20,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
-import functools
 import gc
 import math
-import sys
 
 import torch
 from torch import Tensor
 
+from ..devices import c_function
+
 HUGE_PAGE = 2 << 20  # the transparent huge page of x86-64 (and of aarch64 with 4 KiB pages)
 MADV_HUGEPAGE = 14  # Linux's mman.h
-
-
-@functools.cache  # finding the library runs ldconfig: once per process
-def _libc(name: str):
-    """The C library's function ``name`` on Linux; None elsewhere or where it lacks it."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
-    except (OSError, AttributeError):  # a C library without it
-        return None
 
 
 @contextlib.contextmanager
@@ -64,7 +52,7 @@ def zeros_in_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torc
     pages until the kernel merges them). Other devices, systems and tensors under a huge
     page: plain ``torch.zeros``."""
     nbytes = math.prod(shape) * dtype.itemsize
-    madvise = _libc("madvise") if device.type == "cpu" and nbytes >= HUGE_PAGE else None
+    madvise = c_function("madvise") if device.type == "cpu" and nbytes >= HUGE_PAGE else None
     if madvise is None:
         return torch.zeros(shape, dtype=dtype, device=device)
     raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
