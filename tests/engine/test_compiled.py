@@ -7,6 +7,7 @@ family."""
 
 import json
 import shutil
+import zipfile
 
 import pytest
 import torch
@@ -102,6 +103,17 @@ def test_the_compiled_steps_attention_is_sums_that_read_the_cache_in_place(
     called = [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
     assert not [name for name in called if "scaled_dot_product" in name]
     assert any("softmax" in name for name in called)
+
+
+def test_float_weights_multiply_through_atens_own_product_unpacked(lm_run):
+    """Float weights multiply through ATen's product, as eager does (compiled.py ``GEMM``,
+    ``PREPACK``), not Inductor's C++ GEMM template nor oneDNN's prepacked linear: both
+    several times slower for a step of many rows (docs/performance.md)."""
+    with zipfile.ZipFile(package_path(lm_run, None)) as package:
+        code = "".join(package.read(name).decode() for name in package.namelist()
+                       if name.endswith(".cpp"))
+    assert "aoti_torch_cpu_mm_out" in code or "aoti_torch_cpu_addmm_out" in code
+    assert "micro_gemm" not in code and "linear_pointwise" not in code
 
 
 def test_a_step_of_more_rows_than_max_rows_runs_eagerly(lm_run, monkeypatch):

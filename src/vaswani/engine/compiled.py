@@ -5,8 +5,8 @@ Why: a decode step of a small model on a CPU is a few hundred small operators, a
 PyTorch pays a fixed cost for each (dispatch, an allocation, a Python frame): for
 SmolLM2-135M about as much as the matrix products themselves. ``torch.export`` traces the
 step into one graph; Inductor fuses the small operators into a few C++ loops, freezes the
-weights into constants and multiplies with its own GEMM kernels for the step's shapes
-(``max_autotune`` with its C++ templates); AOTInductor writes the result as a package (a
+weights into constants and multiplies with the kernels pinned for the weights' kind
+(:data:`GEMM`: ATen's, or its own C++ templates); AOTInductor writes the result as a package (a
 shared library and the weights) that ``aoti_load_package`` opens without compiling anything.
 
 What is compiled is the engine's own decode step (step.py ``forward_step``): each of R rows
@@ -59,10 +59,15 @@ from .views import StepCache
 
 STEP_VERSION = 2  # the exported step's signature and code; a package of another is rebuilt
 # The matrix products' kernels, pinned per quantization, not autotuned at build time:
-# timings taken on a loaded machine pick badly (pytorch#148494). Inductor's C++ GEMM
-# templates ("CPP") for float and int8 weights, faster than ATen's on the CPUs tried; ATen's
-# own int4 kernel, which Inductor's int4 template (AVX-512 only) cannot replace everywhere.
-GEMM = {None: "CPP", "int8": "CPP", "int4": "ATEN", "int4-g64": "ATEN"}
+# timings taken on a loaded machine pick badly (pytorch#148494). Float weights: ATen's own
+# product (BLAS's sgemm, eager's), with the weights left as they are (PREPACK): as fast as
+# Inductor's C++ GEMM template for one row and much faster for many, where oneDNN's
+# prepacked form falls behind both. int8: the C++ template, which keeps the products in
+# float32 where ATen's kernel rounds them to bfloat16. int4: ATen's own kernel, which
+# Inductor's int4 template (AVX-512 only) cannot replace everywhere. The figures:
+# docs/performance.md, "A compiled decode step".
+GEMM = {None: "ATEN", "int8": "CPP", "int4": "ATEN", "int4-g64": "ATEN"}
+PREPACK = {None: False, "int8": True, "int4": True, "int4-g64": True}
 # Rows of a decode step from which the eager step is used instead: a step of many rows costs
 # its arithmetic and memory traffic, not its operators' count, and there the eager step's
 # layouts win (a beam's hypotheses reading their source once, attention in parts of like
@@ -75,6 +80,7 @@ def inductor_options(quantize: str | None) -> dict:
     return {"freezing": True,  # the weights as constants, laid out once for the products
             "max_autotune": True,  # Inductor's own GEMM kernels for the step's shapes ...
             "max_autotune_gemm_backends": GEMM[quantize],  # ... or ATen's, as pinned
+            "cpp.weight_prepack": PREPACK[quantize],
             # a value computed by more than 8 operations is written out, not recomputed
             # where it is read (Inductor's default on a CPU, 50, let a rotated query be
             # recomputed, its cos and sin with it, for every key the attention's sums
