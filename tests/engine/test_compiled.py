@@ -5,6 +5,7 @@ sources by index), and a package built for anything else (another torch, CPU, we
 named and not used. Each build here is a real AOTInductor build (~30 s on 2 cores), one per
 family."""
 
+import dataclasses
 import json
 import shutil
 import zipfile
@@ -18,6 +19,8 @@ from vaswani import load
 from vaswani.cli import main
 from vaswani.engine import Engine, EngineConfig, Params, Request
 from vaswani.engine.compiled import (
+    MAX_ROWS,
+    SOURCE_PARTS,
     CompiledStep,
     DecodeStep,
     build,
@@ -62,22 +65,35 @@ def test_vaswani_compile_writes_the_package_and_its_record_in_the_run(lm_run, ca
 
 def rows_mid_way(run, prompts, **params):
     """An engine of ``run`` with every request prefilled and decoded a little (rows of
-    unlike contexts), due for a decode step."""
+    unlike contexts), due for a decode step; a translator's prompts are its sources."""
     engine = run.new_engine(run.engine_for(8).config)
-    requests = [Request(p, Params(max_new_tokens=30, **params)) for p in prompts]
+    if run.config.model.arch == "encoder-decoder":
+        eos = run.source_tokenizer.eos_id
+        greedy = dataclasses.replace(run.config.decode, beam=1)
+        requests = [run.request(p + [eos], greedy) for p in prompts]
+    else:
+        requests = [Request(p, Params(max_new_tokens=30, **params)) for p in prompts]
     for r in requests:
         engine.submit(r)
-    for _ in range(3):
+    # (the copy task translates its short sources within a few steps)
+    for _ in range(1 if run.config.model.arch == "encoder-decoder" else 3):
         engine.step()
     return engine, engine.scheduler.plan().decode
 
 
-def test_a_compiled_decode_step_gives_every_row_the_eager_steps_logits(lm_run):
-    run = load(lm_run)
+PROMPTS = {"lm": ["the cat", "a dog ran far away over the hills", "it"],
+           # five rows (the step pads them to runs of equal size, compiled.py SOURCE_PARTS),
+           # the longest source in the third run
+           "mt": ["b c", "a b c", "e f g", "d e", "g h i j k l a b c d e"]}
+
+
+@pytest.mark.parametrize("family", ["lm", "mt"])
+def test_a_compiled_decode_step_gives_every_row_the_eager_steps_logits(family, request):
+    run = load(request.getfixturevalue(f"{family}_run"))
     assert run.compiled is not None
     tok = run.source_tokenizer
-    prompts = [tok.encode(t) for t in ["the cat", "a dog ran far away over the hills", "it"]]
-    engine, rows = rows_mid_way(run, prompts)
+    engine, rows = rows_mid_way(run, [tok.encode(t) for t in PROMPTS[family]])
+    assert len(rows) == len(PROMPTS[family])
     state = [t.clone() for t in engine.cache.k]  # the step writes the cache: run it twice
     engine.runner.compiled = None
     want, at = engine.runner.decode(rows)
@@ -102,7 +118,10 @@ def test_the_compiled_steps_attention_is_sums_that_read_the_cache_in_place(
         program = torch.export.export(DecodeStep(model).eval(), args, dynamic_shapes=shapes)
     called = [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
     assert not [name for name in called if "scaled_dot_product" in name]
-    assert any("softmax" in name for name in called)
+    softmaxes = [name for name in called if "softmax" in name]
+    # a translator's rows read their sources in runs of rows, each over its own keys
+    parts = 1 + SOURCE_PARTS if family == "mt" else 1
+    assert len(softmaxes) == parts * model.config.n_decoder_layers
 
 
 def test_float_weights_multiply_through_atens_own_product_unpacked(lm_run):
@@ -116,12 +135,12 @@ def test_float_weights_multiply_through_atens_own_product_unpacked(lm_run):
     assert "micro_gemm" not in code and "linear_pointwise" not in code
 
 
-def test_a_step_of_more_rows_than_max_rows_runs_eagerly(lm_run, monkeypatch):
-    """Past MAX_ROWS rows a step is bound by its arithmetic, and the eager step's layouts
-    win (compiled.py): such a step does not call the package, a smaller one does."""
-    import vaswani.engine.runner as runner
-
+def test_a_step_of_more_rows_than_its_package_takes_runs_eagerly(lm_run):
+    """A quantized package is kept to the steps' sizes tried with its kernels (compiled.py
+    ``MAX_ROWS``), a float one takes any: a step past its package's rows does not call the
+    package, a smaller one does."""
     run = load(lm_run)
+    assert run.compiled.max_rows == MAX_ROWS[None] > MAX_ROWS["int8"]
     calls = []
     step = run.compiled
 
@@ -129,8 +148,8 @@ def test_a_step_of_more_rows_than_max_rows_runs_eagerly(lm_run, monkeypatch):
         calls.append(args[1].size(0))
         return step(*args, **kwargs)
 
+    counted.max_rows = 2
     run.compiled = counted
-    monkeypatch.setattr(runner, "MAX_ROWS", 2)
     prompts = ["the cat", "a dog", "it was"]
     assert run.generate_many(prompts, max_new_tokens=6, temperature=0) == \
         load(lm_run, compiled=False).generate_many(prompts, max_new_tokens=6, temperature=0)

@@ -68,12 +68,14 @@ STEP_VERSION = 2  # the exported step's signature and code; a package of another
 # docs/performance.md, "A compiled decode step".
 GEMM = {None: "ATEN", "int8": "CPP", "int4": "ATEN", "int4-g64": "ATEN"}
 PREPACK = {None: False, "int8": True, "int4": True, "int4-g64": True}
-# Rows of a decode step from which the eager step is used instead: a step of many rows costs
-# its arithmetic and memory traffic, not its operators' count, and there the eager step's
-# layouts win (a beam's hypotheses reading their source once, attention in parts of like
-# lengths), where the compiled step reads each row's keys and source by index (the
-# figures: docs/performance.md, "A compiled decode step").
-MAX_ROWS = 256
+# Rows of a decode step past which the eager step is used instead, per quantization: float
+# steps compiled are the faster at every size tried (up to a 300-verse translation's 1,200
+# hypotheses); quantized ones are kept to the sizes tried with their kernels (the figures:
+# docs/performance.md, "A compiled decode step").
+MAX_ROWS = {None: 1 << 14, "int8": 256, "int4": 256, "int4-g64": 256}
+# A translator's rows read their sources' keys in this many runs of rows, each run only as
+# many keys as its longest source (plan.py ``parts``), not every row the step's longest.
+SOURCE_PARTS = 4
 
 
 def inductor_options(quantize: str | None) -> dict:
@@ -126,7 +128,8 @@ class DecodeStep(nn.Module):
     (W,) and, for a translator, cross (X,): empty tensors whose lengths are the keys read;
     k, v: the cache's per-layer tensors (slots, Hkv, width, Dh), written in place; sources,
     lengths (R,): each row's source slot and its length; ck, cv: the sources' keys and
-    values -> logits (R, V)."""
+    values; part_keys: ``SOURCE_PARTS`` empty tensors, the source keys each run of R /
+    SOURCE_PARTS rows reads (R a multiple of it) -> logits (R, V)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -135,11 +138,15 @@ class DecodeStep(nn.Module):
     def forward(self, ids: Tensor, positions: Tensor, columns: Tensor, slots: Tensor,
                 keys: Tensor, k: list[Tensor], v: list[Tensor], sources: Tensor | None = None,
                 lengths: Tensor | None = None, cross: Tensor | None = None,
-                ck: list[Tensor] | None = None, cv: list[Tensor] | None = None) -> Tensor:
+                ck: list[Tensor] | None = None, cv: list[Tensor] | None = None,
+                part_keys: list[Tensor] | None = None) -> Tensor:
         cache = CacheTensors(k, v, ck or [], cv or [], next(self.model.parameters()).dtype)
         extra = {}
         if cache.seq2seq:
-            extra = dict(sources=sources, lengths=lengths, cross=cross.size(0))
+            size = ids.size(0) // len(part_keys)
+            extra = dict(sources=sources, lengths=lengths, cross=cross.size(0),
+                         parts=[(i * size, (i + 1) * size, keys.size(0))
+                                for i, keys in enumerate(part_keys)])
         plan = StepPlan(columns, keys.size(0), slots=slots, **extra)
         last = torch.zeros(ids.size(0), dtype=torch.long, device=ids.device)
         return forward_step(self.model, cache, ids, positions, last, plan)
@@ -228,7 +235,7 @@ def example_inputs(model: nn.Module, seq2seq: bool, kv_cache: str | None = None
     sizes are taken for one. The cache in the model's dtype, or ``kv_cache``'s."""
     c, param = model.config, next(model.parameters())
     d, dtype = param.device, KV_CACHE[kv_cache] if kv_cache else param.dtype
-    R, slots, width, W, S, X = 3, 5, 48, 19, 40, 11
+    R, slots, width, W, S, X = (12, 13, 48, 19, 40, 17) if seq2seq else (3, 5, 48, 19, 40, 11)
     n = c.n_decoder_layers
 
     def cache(w: int) -> list[Tensor]:
@@ -237,17 +244,21 @@ def example_inputs(model: nn.Module, seq2seq: bool, kv_cache: str | None = None
 
     index = dict(dtype=torch.long, device=d)
     rows = torch.export.Dim("rows", min=1, max=1 << 14)
+    if seq2seq:  # in SOURCE_PARTS runs of equal size
+        rows = SOURCE_PARTS * torch.export.Dim("run", min=1, max=(1 << 14) // SOURCE_PARTS)
     auto = torch.export.Dim.AUTO
     layer = [{0: auto, 2: auto}] * n
     args = (torch.ones(R, 1, **index), torch.arange(R, **index)[:, None],
-            torch.arange(R, **index)[:, None], torch.tensor([0, 2, 1], **index),
+            torch.arange(R, **index)[:, None], torch.arange(R, **index).flip(0),
             torch.empty(W, device=d), cache(width), cache(width))
     shapes = ({0: rows}, {0: rows}, {0: rows}, {0: rows}, {0: torch.export.Dim("keys", min=1)},
               layer, layer)
     if seq2seq:
         args += (torch.zeros(R, **index), torch.full((R,), X, **index),
-                 torch.empty(X, device=d), cache(S), cache(S))
-        shapes += ({0: rows}, {0: rows}, {0: torch.export.Dim("cross", min=1)}, layer, layer)
+                 torch.empty(X, device=d), cache(S), cache(S),
+                 [torch.empty(n, device=d) for n in (16, 14, 10, 7)[:SOURCE_PARTS]])
+        shapes += ({0: rows}, {0: rows}, {0: torch.export.Dim("cross", min=1)}, layer, layer,
+                   [{0: torch.export.Dim(f"part{i}", min=1)} for i in range(SOURCE_PARTS)])
     return args, shapes
 
 
@@ -281,10 +292,11 @@ def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
 
 
 class CompiledStep:
-    """A loaded package: the engine's decode step over its cache (runner.py)."""
+    """A loaded package: the engine's decode step over its cache (runner.py), for steps of
+    at most ``max_rows`` rows."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, max_rows: int = MAX_ROWS[None]) -> None:
+        self.path, self.max_rows = path, max_rows
         self.run = torch._inductor.aoti_load_package(str(path))
         self._sizes = torch.empty(0)  # W and X are read as lengths: views of one tensor
 
@@ -300,10 +312,18 @@ class CompiledStep:
         ``slots`` (R,) of ``cache`` (a SlotCache) and read ``width`` keys of it; a
         translator's rows read source slots ``sources`` of ``lengths`` tokens -> the
         next-token logits (R, V)."""
+        R = ids.size(0)
+        if cache.seq2seq and R % SOURCE_PARTS:  # its last row again, which writes its keys
+            extra = SOURCE_PARTS - R % SOURCE_PARTS  # again: the same bits in the same place
+            ids, positions, columns, slots, sources, lengths = (
+                torch.cat([x, x[-1:].expand(extra, *x.shape[1:])])
+                for x in (ids, positions, columns, slots, sources, lengths))
         args = [ids, positions, columns, slots, self.sizes(width), cache.k, cache.v]
-        if cache.seq2seq:
-            args += [sources, lengths, self.sizes(int(lengths.max())), cache.ck, cache.cv]
-        return self.run(*args)
+        if cache.seq2seq:  # each run of rows reads as many keys as its longest source
+            longest = lengths.view(SOURCE_PARTS, -1).amax(1).tolist()
+            args += [sources, lengths, self.sizes(max(longest)), cache.ck, cache.cv,
+                     [self.sizes(n) for n in longest]]
+        return self.run(*args)[:R]
 
 
 def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
@@ -324,7 +344,7 @@ def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
         warn(f"{path} was built for another {', '.join(changed)}; running eagerly (rebuild "
              f"it with `vaswani compile {run_dir}{options(quantize, kv_cache)}`)")
         return None
-    return CompiledStep(path)
+    return CompiledStep(path, MAX_ROWS[quantize])
 
 
 def options(quantize: str | None, kv_cache: str | None) -> str:

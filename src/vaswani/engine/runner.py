@@ -33,7 +33,7 @@ from torch import Tensor
 from ..cpu.attention import engine_pass
 from .adapters import choose
 from .cache import SlotCache, aligned, parts
-from .compiled import MAX_ROWS, CompiledStep
+from .compiled import CompiledStep
 from .graphs import StaticDecoder
 from .plan import StepPlan
 from .request import Request, Sequence
@@ -81,7 +81,7 @@ class Runner:
     def decode(self, rows: list[tuple[Request, Sequence]]) -> tuple[Tensor, list[int]]:
         """Each row feeds its one uncached token; returns the next-token logits (N, V) and,
         for each row, which of them are its own (its slot: the logits are not reordered)."""
-        if self.compiled is not None and len(rows) <= MAX_ROWS:  # past it, eager layouts win
+        if self.compiled is not None and len(rows) <= self.compiled.max_rows:
             return self.compiled_rows([(r, s, 1) for r, s in rows]), list(range(len(rows)))
         n = self.cache.used
         if 2 * len(rows) < n:  # mostly padding: read the few rows' slots by index instead
@@ -152,7 +152,7 @@ class Runner:
         tokens guessed after it: speculate.py), (n, V) each, as decoding steps compute
         them: by the compiled step, a row of it for each place, or eagerly (plan.py
         ``apart``)."""
-        if self.compiled is not None and sum(n for *_, n in rows) <= MAX_ROWS:
+        if self.compiled is not None and sum(n for *_, n in rows) <= self.compiled.max_rows:
             return list(self.compiled_rows(rows).split([n for *_, n in rows]))
         return list(self.forward(rows, "verify"))
 
