@@ -58,6 +58,7 @@ from .step import forward_step
 from .views import StepCache
 
 STEP_VERSION = 2  # the exported step's signature and code; a package of another is rebuilt
+ROWS = 1 << 14  # the most rows a package's step takes (its rows' dynamic size)
 # The matrix products' kernels, pinned per quantization, not autotuned at build time:
 # timings taken on a loaded machine pick badly (pytorch#148494). Float weights: ATen's own
 # product (BLAS's sgemm, eager's), with the weights left as they are (PREPACK): as fast as
@@ -72,7 +73,7 @@ PREPACK = {None: False, "int8": True, "int4": True, "int4-g64": True}
 # steps compiled are the faster at every size tried (up to a 300-verse translation's 1,200
 # hypotheses); quantized ones are kept to the sizes tried with their kernels (the figures:
 # docs/performance.md, "A compiled decode step").
-MAX_ROWS = {None: 1 << 14, "int8": 256, "int4": 256, "int4-g64": 256}
+MAX_ROWS = {None: ROWS, "int8": 256, "int4": 256, "int4-g64": 256}
 # A translator's rows read their sources' keys in this many runs of rows, each run only as
 # many keys as its longest source (plan.py ``parts``), not every row the step's longest.
 SOURCE_PARTS = 4
@@ -145,8 +146,8 @@ class DecodeStep(nn.Module):
         if cache.seq2seq:
             size = ids.size(0) // len(part_keys)
             extra = dict(sources=sources, lengths=lengths, cross=cross.size(0),
-                         parts=[(i * size, (i + 1) * size, keys.size(0))
-                                for i, keys in enumerate(part_keys)])
+                         parts=[(i * size, (i + 1) * size, run.size(0))
+                                for i, run in enumerate(part_keys)])
         plan = StepPlan(columns, keys.size(0), slots=slots, **extra)
         last = torch.zeros(ids.size(0), dtype=torch.long, device=ids.device)
         return forward_step(self.model, cache, ids, positions, last, plan)
@@ -243,9 +244,9 @@ def example_inputs(model: nn.Module, seq2seq: bool, kv_cache: str | None = None
                 for _ in range(n)]
 
     index = dict(dtype=torch.long, device=d)
-    rows = torch.export.Dim("rows", min=1, max=1 << 14)
+    rows = torch.export.Dim("rows", min=1, max=ROWS)
     if seq2seq:  # in SOURCE_PARTS runs of equal size
-        rows = SOURCE_PARTS * torch.export.Dim("run", min=1, max=(1 << 14) // SOURCE_PARTS)
+        rows = SOURCE_PARTS * torch.export.Dim("run", min=1, max=ROWS // SOURCE_PARTS)
     auto = torch.export.Dim.AUTO
     layer = [{0: auto, 2: auto}] * n
     args = (torch.ones(R, 1, **index), torch.arange(R, **index)[:, None],

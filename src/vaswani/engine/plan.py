@@ -37,7 +37,9 @@ class StepPlan:
     groups: tuple[Tensor, Tensor] | None = None
     """Rows that share a source read it once (cache.py ``SlotCache.groups``)."""
     parts: Parts | None = None
-    """The leading source slots read in parts of like lengths (``SlotCache.parts``)."""
+    """The rows' sources read in parts of rows, each over its own longest source's keys: the
+    leading source slots in parts of like lengths (``SlotCache.parts``), or a compiled
+    step's runs of rows (compiled.py ``SOURCE_PARTS``)."""
     apart: bool = False
     """Each row's queries attend as rows of their own, one query each, as decoding steps
     would (views.py :func:`one_query_a_row`): a speculative pass's (speculate.py)."""
