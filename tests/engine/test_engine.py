@@ -130,6 +130,23 @@ def test_top_k_of_wide_rows_equals_topk_wherever_the_largest_entries_sit():
         assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices)
 
 
+def test_beam_scores_are_log_probabilities_written_over_the_callers_logits():
+    """A beam step's log-softmax writes into the step's logits (no second (N, V) tensor to
+    allocate and write each step), with the bits a new tensor would have."""
+    from vaswani.engine.request import Params, Request, Sequence
+    from vaswani.engine.sampler import Sampler
+
+    torch.manual_seed(0)
+    logits = torch.randn(5, 6000, device=DEVICE)
+    want = logits.clone()
+    want[:, [0, 1]] = float("-inf")  # <pad> and <bos>, never chosen
+    want = want.log_softmax(-1)
+    rows = [(Request([3], Params(max_new_tokens=4, beam=2)), Sequence([1])) for _ in range(5)]
+    got = Sampler(pad_id=0, bos_id=1, eos_id=2, device=DEVICE).scores(rows, logits, log=True)
+    assert got.data_ptr() == logits.data_ptr()
+    assert torch.equal(got, want)
+
+
 def test_shared_is_the_common_prefix_of_what_two_slots_hold():
     from vaswani.engine.beam import shared
     from vaswani.engine.request import Sequence

@@ -98,8 +98,8 @@ class Sampler:
             allowed = torch.stack([rows[i][0].constraint.allowed(scores.shape[-1])
                                    for i in held]).to(self.device)
             scores[where] = scores[where].masked_fill(~allowed, float("-inf"))
-        if log:
-            scores = scores.log_softmax(-1)
+        if log:  # in place: the same bits as a new tensor, without writing one
+            scores = torch.log_softmax(scores, -1, out=scores)
         groups: dict[Rules, list[int]] = {}
         for i, (request, _) in enumerate(rows):
             if request.params.rules.active:
