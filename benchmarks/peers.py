@@ -11,7 +11,9 @@ engine (the CTranslate2 and ONNX Runtime children check that torch is not loaded
 How each engine is called:
 
 - ``vaswani``: ``vaswani.load(RUN).translate(texts, ...)`` / ``generate_many(prompts, ...)``,
-  the library's own call, with its defaults (what ``vaswani translate`` runs); ``quantize``
+  the library's own call, with its defaults (what ``vaswani translate`` runs), in a process
+  under the malloc settings every ``vaswani`` command runs under (cli/process.py
+  ``keep_freed_memory``; ``malloc_pinned`` in the result says whether they took); ``quantize``
   and ``compiled`` as ``vaswani.load`` takes them (eager unless ``compiled``: the decode step
   ``vaswani compile`` built into the run).
 - ``ctranslate2``: one ``translate_batch`` (``generate_batch``) call over every input, with
@@ -183,7 +185,9 @@ def _vaswani(job: dict) -> tuple[list, float, dict]:
     import torch
 
     import vaswani
+    from vaswani.cli.process import keep_freed_memory
 
+    pinned = keep_freed_memory()  # the malloc settings `vaswani translate` runs under
     torch.set_num_threads(job["threads"])
     run = vaswani.load(job["model"], quantize=job.get("quantize"),  # eager unless asked:
                        compiled=job.get("compiled", False))  # the run may hold a package
@@ -198,6 +202,7 @@ def _vaswani(job: dict) -> tuple[list, float, dict]:
             return run.generate_many(texts, **opts)
     out, seconds = _timed(fn, job["inputs"])
     return out, seconds, {"threads": torch.get_num_threads(), "quantize": job.get("quantize"),
+                          "malloc_pinned": pinned,
                           "compiled": run.compiled is not None, **opts}
 
 

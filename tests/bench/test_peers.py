@@ -2,6 +2,7 @@
 and gives vaswani's outputs; the children take turns; no torch in a peer's process (timing is
 never asserted)."""
 
+import os
 import sys
 import time
 
@@ -9,6 +10,7 @@ import pytest
 
 import vaswani
 from benchmarks import peers
+from vaswani.cli.process import MALLOC_SETTINGS
 from vaswani.export import export
 
 pytest.importorskip("ctranslate2", reason="vaswani[export] is not installed")
@@ -67,6 +69,9 @@ def test_race_alternates_the_children_and_keeps_each_ones_best(copy_ct2):
         assert r["seconds"] == min(r["rounds"]) and len(r["rounds"]) == 2
         assert r["per_s"] == round(3 / r["seconds"], 1)
     assert peers.agreement(raced["vaswani"]["outputs"], raced["ctranslate2"]["outputs"]) == 1
+    # vaswani's child runs under the malloc settings of a `vaswani` command, as its CLI does
+    assert raced["vaswani"]["settings"]["malloc_pinned"] is not any(
+        name in os.environ for name in MALLOC_SETTINGS)
 
 
 def test_a_peer_child_refuses_to_time_with_torch_loaded(monkeypatch):
