@@ -49,6 +49,21 @@ def assert_holds(c, row, value, length=5):
             assert torch.all(t[layer][source, :, :3] == value * 10 ** layer)
 
 
+def test_compacting_without_holes_reads_no_slot():
+    """Every slot taken and every step compacts; with no slot let go since the last time
+    (as many held as listed) it moves nothing and reads none of the slots."""
+
+    class Unread(list):
+        def __getitem__(self, i):
+            raise AssertionError(f"slot {i} was read")
+
+    c = cache()
+    filled(c, 3)
+    c.owners, c.holders = Unread(c.owners), Unread(c.holders)
+    c.compact()
+    assert c.used == c.sources_used == len(c.owners) == 3
+
+
 def test_compaction_moves_the_last_rows_and_sources_into_the_holes_with_their_keys():
     c = cache()
     rows = filled(c, 5)

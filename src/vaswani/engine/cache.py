@@ -75,7 +75,11 @@ def parts(lengths: list[int]) -> list[tuple[int, int, int]] | None:
 
 def _moves(owners: list, live: int) -> list[tuple[int, int]]:
     """(hole, slot) pairs that make slots 0 .. live - 1 the held ones again: each of the
-    last held slots moves into a hole before it."""
+    last held slots moves into a hole before it. None where no slot was let go since the
+    last compaction (``live`` held slots, as many as the list has): most steps, and every
+    slot taken, ask, and a scan of each slot would cost them more than their work."""
+    if len(owners) == live:
+        return []
     holes = [i for i in range(live) if owners[i] is None]
     tail = [j for j in range(live, len(owners)) if owners[j] is not None]
     return list(zip(holes, tail, strict=True))
