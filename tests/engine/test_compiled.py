@@ -159,6 +159,24 @@ def test_a_step_of_more_rows_than_its_package_takes_runs_eagerly(lm_run):
     assert len(calls) > before  # a step of one row: compiled
 
 
+def test_a_step_calls_the_packages_runner_with_its_tensors_flat(lm_run, mt_run, monkeypatch):
+    """A step hands the package's runner its input tensors as one flat list, in the order
+    the package's own call would flatten them (the logits are the eager step's: the tests
+    above), without that call's parsing of the package's specs and pytree walk each step."""
+    from torch.export.pt2_archive._package import AOTICompiledModel
+
+    def parsed(*args, **kwargs):
+        raise AssertionError("the package's __call__ ran")
+
+    compiled = {run: load(run) for run in (lm_run, mt_run)}
+    monkeypatch.setattr(AOTICompiledModel, "__call__", parsed)
+    assert compiled[lm_run].generate("the cat", max_new_tokens=4, temperature=0) == \
+        load(lm_run, compiled=False).generate("the cat", max_new_tokens=4, temperature=0)
+    words = ["abc", "hello"]
+    assert compiled[mt_run].translate(words, beam=2) == \
+        load(mt_run, compiled=False).translate(words, beam=2)
+
+
 def test_compiled_generation_equals_eager_token_for_token(lm_run):
     compiled, eager = load(lm_run), load(lm_run, compiled=False)
     assert compiled.compiled is not None and eager.compiled is None

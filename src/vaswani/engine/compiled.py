@@ -299,6 +299,10 @@ class CompiledStep:
     def __init__(self, path: Path, max_rows: int = MAX_ROWS[None]) -> None:
         self.path, self.max_rows = path, max_rows
         self.run = torch._inductor.aoti_load_package(str(path))
+        # its runner, called with the flat list of the input tensors: the package's own
+        # __call__ parses its input and output specs anew and flattens the arguments by
+        # pytree at every call (docs/performance.md)
+        self._boxed_run = self.run.loader.boxed_run
         self._sizes = torch.empty(0)  # W and X are read as lengths: views of one tensor
 
     def sizes(self, n: int) -> Tensor:
@@ -324,7 +328,8 @@ class CompiledStep:
             longest = lengths.view(SOURCE_PARTS, -1).amax(1).tolist()
             args += [sources, lengths, self.sizes(max(longest)), cache.ck, cache.cv,
                      [self.sizes(n) for n in longest]]
-        return self.run(*args)[:R]
+        flat = [t for arg in args for t in (arg if isinstance(arg, list) else (arg,))]
+        return self._boxed_run(flat)[0][:R]  # (the step's one output, the logits)
 
 
 def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
