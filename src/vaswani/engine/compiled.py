@@ -70,9 +70,9 @@ ROWS = 1 << 14  # the most rows a package's step takes (its rows' dynamic size)
 GEMM = {None: "ATEN", "int8": "CPP", "int4": "ATEN", "int4-g64": "ATEN"}
 PREPACK = {None: False, "int8": True, "int4": True, "int4-g64": True}
 # Rows of a decode step past which the eager step is used instead, per quantization: float
-# steps compiled are the faster at every size tried (up to a 300-verse translation's 1,200
-# hypotheses); quantized ones are kept to the sizes tried with their kernels (the figures:
-# docs/performance.md, "A compiled decode step").
+# steps compiled are the faster at every size tried (up to the 512 hypotheses a beam-4
+# translation decodes together by default); quantized ones are kept to the sizes tried
+# with their kernels (the figures: docs/performance.md, "A compiled decode step").
 MAX_ROWS = {None: ROWS, "int8": 256, "int4": 256, "int4-g64": 256}
 # A translator's rows read their sources' keys in this many runs of rows, each run only as
 # many keys as its longest source (plan.py ``parts``), not every row the step's longest.
