@@ -17,7 +17,9 @@ from torch.testing import assert_close
 from tests.conftest import DEVICE
 from vaswani import load
 from vaswani.cli import main
+from vaswani.cpu.linear import USE_ONEDNN
 from vaswani.engine import Engine, EngineConfig, Params, Request
+from vaswani.engine import compiled as compiled_module
 from vaswani.engine.compiled import (
     MAX_ROWS,
     SOURCE_PARTS,
@@ -26,6 +28,7 @@ from vaswani.engine.compiled import (
     build,
     differences,
     example_inputs,
+    inductor_options,
     package_path,
     record_path,
 )
@@ -124,15 +127,33 @@ def test_the_compiled_steps_attention_is_sums_that_read_the_cache_in_place(
     assert len(softmaxes) == parts * model.config.n_decoder_layers
 
 
-def test_float_weights_multiply_through_atens_own_product_unpacked(lm_run):
-    """Float weights multiply through ATen's product, as eager does (compiled.py ``GEMM``,
-    ``PREPACK``), not Inductor's C++ GEMM template nor oneDNN's prepacked linear: both
-    several times slower for a step of many rows (docs/performance.md)."""
+def test_float_weights_multiply_through_the_library_eager_uses_on_this_cpu(lm_run):
+    """Float weights multiply through the library eager's products use on this CPU
+    (cpu/linear.py ``USE_ONEDNN``; compiled.py ``GEMM``, ``PREPACK``): on Intel's, ATen's
+    product over the weights as they are (MKL), elsewhere oneDNN's prepacked linear; never
+    Inductor's C++ GEMM template, several times slower for a step of many rows
+    (docs/performance.md)."""
     with zipfile.ZipFile(package_path(lm_run, None)) as package:
         code = "".join(package.read(name).decode() for name in package.namelist()
                        if name.endswith(".cpp"))
-    assert "aoti_torch_cpu_mm_out" in code or "aoti_torch_cpu_addmm_out" in code
-    assert "micro_gemm" not in code and "linear_pointwise" not in code
+    atens = "aoti_torch_cpu_mm_out" in code or "aoti_torch_cpu_addmm_out" in code
+    onednn = "linear_pointwise" in code
+    assert (atens, onednn) == ((False, True) if USE_ONEDNN else (True, False))
+    assert "micro_gemm" not in code
+
+
+@pytest.mark.parametrize("onednn", [True, False])
+def test_a_float_package_prepacks_its_weights_only_where_eager_uses_onednn(
+        onednn, monkeypatch):
+    """The float package's products follow eager's choice of library on each CPU: weights
+    prepacked (Inductor's oneDNN linear) where cpu/linear.py multiplies through oneDNN, left
+    as they are (ATen's product, MKL) where it uses ``F.linear``; quantized packages always
+    prepack for their kernels."""
+    monkeypatch.setattr(compiled_module, "USE_ONEDNN", onednn)
+    assert inductor_options(None)["cpp.weight_prepack"] is onednn
+    assert inductor_options(None)["max_autotune_gemm_backends"] == "ATEN"
+    for quantize in ("int8", "int4", "int4-g64"):
+        assert inductor_options(quantize)["cpp.weight_prepack"] is True
 
 
 def test_a_step_of_more_rows_than_its_package_takes_runs_eagerly(lm_run):

@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ..cpu.linear import USE_ONEDNN
 from ..rundir import COMPILED, CONFIG
 from .config import KV_CACHE
 from .plan import StepPlan
@@ -60,15 +61,17 @@ from .views import StepCache
 STEP_VERSION = 2  # the exported step's signature and code; a package of another is rebuilt
 ROWS = 1 << 14  # the most rows a package's step takes (its rows' dynamic size)
 # The matrix products' kernels, pinned per quantization, not autotuned at build time:
-# timings taken on a loaded machine pick badly (pytorch#148494). Float weights: ATen's own
-# product (BLAS's sgemm, eager's), with the weights left as they are (PREPACK): as fast as
-# Inductor's C++ GEMM template for one row and much faster for many, where oneDNN's
-# prepacked form falls behind both. int8: the C++ template, which keeps the products in
-# float32 where ATen's kernel rounds them to bfloat16. int4: ATen's own kernel, which
-# Inductor's int4 template (AVX-512 only) cannot replace everywhere. The figures:
-# docs/performance.md, "A compiled decode step".
+# timings taken on a loaded machine pick badly (pytorch#148494). Float weights: not
+# Inductor's C++ GEMM template (slower than the libraries' for many rows) but the library
+# eager's products use on this CPU (cpu/linear.py): on Intel's, MKL's sgemm with the
+# weights left as they are (PREPACK False: ATen's own product), where oneDNN's prepacked
+# form falls behind; elsewhere oneDNN's prepacked linear (PREPACK True), MKL running its
+# slower kernels there. int8: the C++ template, which keeps the products in float32 where
+# ATen's kernel rounds them to bfloat16. int4: ATen's own kernel, which Inductor's int4
+# template (AVX-512 only) cannot replace everywhere. The figures: docs/performance.md,
+# "A compiled decode step".
 GEMM = {None: "ATEN", "int8": "CPP", "int4": "ATEN", "int4-g64": "ATEN"}
-PREPACK = {None: False, "int8": True, "int4": True, "int4-g64": True}
+PREPACK = {"int8": True, "int4": True, "int4-g64": True}  # float's: USE_ONEDNN
 # Rows of a decode step past which the eager step is used instead, per quantization: float
 # steps compiled are the faster at every size tried (up to the 512 hypotheses a beam-4
 # translation decodes together by default); quantized ones are kept to the sizes tried
@@ -83,7 +86,7 @@ def inductor_options(quantize: str | None) -> dict:
     return {"freezing": True,  # the weights as constants, laid out once for the products
             "max_autotune": True,  # Inductor's own GEMM kernels for the step's shapes ...
             "max_autotune_gemm_backends": GEMM[quantize],  # ... or ATen's, as pinned
-            "cpp.weight_prepack": PREPACK[quantize],
+            "cpp.weight_prepack": PREPACK.get(quantize, USE_ONEDNN),
             # a value computed by more than 8 operations is written out, not recomputed
             # where it is read (Inductor's default on a CPU, 50, let a rotated query be
             # recomputed, its cos and sin with it, for every key the attention's sums
