@@ -331,25 +331,29 @@ def peer_venv(name: str, packages: list[str], *, with_torch: bool = True,
     process of its own, and is never installed into vaswani's environment. ``with_torch``:
     the CPU build of torch the project pins goes in first, so that a peer's own ``torch``
     requirement is met without pulling a CUDA build. A marker file lists what the venv holds:
-    a half-made one, or one made for other packages, is made again."""
+    a half-made one, or one made for other packages, is made again. Two processes asking for
+    one venv at once (two test workers) take turns: the second uses the first's."""
+    from vaswani.atomic import one_at_a_time
     from vaswani.data.registry import default_cache
 
     root = Path(os.environ.get("VASWANI_CACHE") or default_cache()) / "venvs" / name
     python = root / "bin" / "python"
     marker = root / ".complete"
     wanted = " ".join(packages) + "\n"
-    if marker.exists() and python.exists() and marker.read_text() == wanted:
-        return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True,
-                   timeout=timeout)
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    torch_pin = [f"torch=={torch.__version__.split('+')[0]}"] if with_torch else []
-    for step in ([torch_pin] if with_torch else []) + [[*packages, *torch_pin]]:
-        done = subprocess.run([*pip, *step], capture_output=True, text=True, timeout=timeout)
-        if done.returncode:
-            raise RuntimeError(f"could not install {' '.join(step)} into {root}:\n"
-                               f"{done.stderr[-3000:]}")
-    marker.write_text(wanted)
+    with one_at_a_time(root):
+        if marker.exists() and python.exists() and marker.read_text() == wanted:
+            return python
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True,
+                       timeout=timeout)
+        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        torch_pin = [f"torch=={torch.__version__.split('+')[0]}"] if with_torch else []
+        for step in ([torch_pin] if with_torch else []) + [[*packages, *torch_pin]]:
+            done = subprocess.run([*pip, *step], capture_output=True, text=True,
+                                  timeout=timeout)
+            if done.returncode:
+                raise RuntimeError(f"could not install {' '.join(step)} into {root}:\n"
+                                   f"{done.stderr[-3000:]}")
+        marker.write_text(wanted)
     return python
 
 

@@ -10,6 +10,8 @@ The rule everywhere: nothing incomplete ever sits under its final name.
 * a folder is built in a private temporary folder beside its final place and renamed into
   place when complete (:func:`building`); private folders left behind by processes that died
   (a kill -9) are removed by the next one;
+* two processes that build the same thing at once (two trainings started together on one
+  dataset) take turns (:func:`one_at_a_time`): the second finds the first's work done;
 * a log line is appended and fsync'ed at once (:func:`append_line`);
 * :func:`file_sha256` is the one checksum of a file's bytes.
 """
@@ -18,9 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -109,6 +113,24 @@ def building(final: Path) -> Iterator[Path]:
         fsync_dir(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def one_at_a_time(final: Path) -> Iterator[None]:
+    """Hold ``final``'s lock file (``.NAME.lock`` beside it; ``flock``, waiting for it) while
+    the block runs. Two processes building the same folder at once would each replace the
+    other's, and a reader of the first's could find it gone mid-way: the caller looks again
+    for a finished ``final`` inside the block, and builds only if none is there. The kernel
+    releases the lock when its holder exits, killed or not."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f".{final.name}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"vaswani: another process is making {final}; waiting for it",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def append_line(path: Path, line: str) -> None:

@@ -54,3 +54,31 @@ def test_near_tie_names_eager_decodings_two_best_tokens_where_another_parts(smal
     assert got["eager"] == eager[3] == got["eager_top_2"][0][0]
     assert got["other"] == other[3] == got["eager_top_2"][1][0]
     assert near_tie(lm, "fp32", prompt, eager, list(eager)) is None
+
+
+def test_a_peer_venv_asked_for_twice_at_once_is_made_once(tmp_path, monkeypatch):
+    """Two processes (test workers, benchmarks) asking for one peer venv at once: the second
+    waits for the first's lock, then takes the venv the first made instead of clearing it
+    and installing again. The test plays the first: it holds the lock, finishes the venv
+    (its python and the marker of what it holds) and lets go."""
+    import subprocess
+    import threading
+
+    from benchmarks import common
+    from vaswani import atomic
+
+    monkeypatch.setenv("VASWANI_CACHE", str(tmp_path))
+    root = tmp_path / "venvs" / "peer"
+    ran, waiting, real = [], threading.Event(), atomic.one_at_a_time
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(atomic, "one_at_a_time", lambda p: waiting.set() or real(p))
+    got = []
+    with real(root):
+        second = threading.Thread(target=lambda: got.append(common.peer_venv("peer", ["x==1"])))
+        second.start()
+        assert waiting.wait(60)  # the second is at the lock
+        (root / "bin").mkdir(parents=True)
+        (root / "bin" / "python").write_text("")
+        (root / ".complete").write_text("x==1\n")
+    second.join(60)
+    assert ran == [] and got == [root / "bin" / "python"]

@@ -6,6 +6,8 @@ still say file:line."""
 
 import json
 import random
+import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ import torch
 from tests.data.test_batching import reference_token_budget_batches
 from tests.tasks.reference_data import fingerprint, reference
 from tests.training.fixtures import config
+from vaswani.atomic import one_at_a_time
 from vaswani.config import load_run_config
 from vaswani.data import encode, encoded
 from vaswani.data.batching import BatchPlan, lm_windows
@@ -143,6 +146,39 @@ def test_a_second_load_maps_the_cache_and_a_changed_input_is_rebuilt(tmp_path, c
     err = capsys.readouterr().err
     assert f"{text} changed since" in err and "encoding again" in err
     assert len(third.train) > len(first.train)
+
+
+def test_two_loads_of_one_dataset_at_once_take_turns(tmp_path, monkeypatch):
+    """Two trainings started together on the same data: the second, finding no encoding,
+    waits for the first's lock instead of encoding beside it (and replacing the folder the
+    first is reading), then maps what the first built. Here the test is the first: it holds
+    both locks, puts a finished encoding in place, and lets go; the second builds nothing."""
+    cfg = lm_config(tmp_path)
+    done = task_for(cfg).load(tmp_path / "done")  # the encoding "the first process" makes
+    cache = tmp_path / "cache"
+    [tokenizer] = (tmp_path / "done" / "encoded" / "tokenizers").glob("lm-*")
+    folders = [done.directory, tokenizer]
+    builds, missed = [], threading.Event()
+    real_lookup, real_build = encoded.lookup, encoded.build
+
+    def lookup(directory, inputs):
+        found = real_lookup(directory, inputs)
+        missed.set() if found is None else None
+        return found
+
+    monkeypatch.setattr(encoded, "lookup", lookup)
+    monkeypatch.setattr(encoded, "build", lambda d, w: builds.append(d) or real_build(d, w))
+    loaded = []
+    with one_at_a_time(cache / "encoded" / folders[0].name), \
+            one_at_a_time(cache / "encoded" / "tokenizers" / folders[1].name):
+        second = threading.Thread(target=lambda: loaded.append(task_for(cfg).load(cache)))
+        second.start()
+        assert missed.wait(60)  # the second found nothing: now it must wait for the locks
+        for folder in folders:
+            shutil.copytree(folder, cache / folder.relative_to(tmp_path / "done"))
+    second.join(120)
+    assert builds == []
+    assert loaded and np.array_equal(loaded[0].train, done.train)
 
 
 def test_a_half_written_encoding_is_never_used(tmp_path, monkeypatch):

