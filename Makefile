@@ -17,8 +17,11 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	bash scripts/demo.sh
 
+# Two pytest workers (pytest-xdist; each takes whole test files) of one thread each: much of
+# the suite waits on processes it starts (the CLI, servers, DDP ranks, tutorials), and two
+# workers overlap those waits on 2 cores. Two threads each would oversubscribe the cores.
 test: $(VENV)/.installed
-	$(PY) -m pytest -q --durations=15
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=15 -n 2 --dist loadfile
 
 # Long runs, not part of `make test`: the three real-data presets (about 1.5 hours on
 # 2 CPU cores) and the speed benchmarks.

@@ -5,8 +5,18 @@ never asserted)."""
 import sys
 
 import pytest
+import torch
 
 from benchmarks.serve import Server, attention_memory, stream
+
+
+@pytest.fixture
+def its_own_threads():
+    """benchmarks/speculate.py measures with the 2 threads a process of its own gets; here it
+    runs in the test's process (1 thread a worker under `make test`): put the count back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 def test_streaming_clients_each_get_every_token(small_runs):
@@ -133,7 +143,8 @@ def test_the_kv_cache_benchmark_measures_each_cache_after_each_context(small_run
             assert row["generation_tokens_per_s"] > 0 and 0 < len(row["greedy_ids"]) <= 5
 
 
-def test_the_speculate_benchmark_times_plain_and_guessing_decoding_alike(small_runs):
+def test_the_speculate_benchmark_times_plain_and_guessing_decoding_alike(small_runs,
+                                                                          its_own_threads):
     """benchmarks/speculate.py's measurement on a tiny LM (int8, eager): the same tokens
     with and without guesses, and the guesses counted."""
     from benchmarks.speculate import measure
@@ -166,7 +177,8 @@ def test_prompt_lookups_bound_replays_the_tokens_with_the_places_costs():
     assert lookup_bound(prompt, [12, 5, 6, 13], free, one_token=True) == 1.5  # "5": 6 holds
 
 
-def test_the_speculate_benchmark_times_a_pass_of_each_number_of_places(small_runs):
+def test_the_speculate_benchmark_times_a_pass_of_each_number_of_places(small_runs,
+                                                                        its_own_threads):
     """``--pass-costs`` on a tiny LM (int8 and int4, eager): one timing per number of places,
     and each relative to one place's."""
     from benchmarks.speculate import pass_costs
