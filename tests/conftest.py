@@ -50,6 +50,17 @@ def _threads_left_as_found():
         pytest.fail(f"this test left torch's thread count at {left} (it was {threads})")
 
 
+@pytest.fixture
+def two_threads():
+    """torch's products split over two threads, as a 2-core machine runs them, for the
+    checks that must hold bit for bit whatever the split (`make test`'s workers run one
+    thread each, so that two of them share two cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
 # Unit tests of these folders make their tensors with torch's factories; under
 # `--device cuda` those are made on the GPU (torch.device as a context manager).
 ON_DEVICE = ("nn", "models", "generation", "engine")

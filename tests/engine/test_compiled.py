@@ -243,7 +243,8 @@ def test_int8_weights_compile_to_the_eager_steps_logits_within_bfloat16s_roundin
     assert_close(got[at], want[at], rtol=2 ** -7, atol=0.05)
 
 
-def test_an_int8_compiled_rows_logits_are_the_same_bits_alone_and_in_a_batch(tmp_path):
+def test_an_int8_compiled_rows_logits_are_the_same_bits_alone_and_in_a_batch(tmp_path,
+                                                                           two_threads):
     """The compiled step computes row by row too, whatever the batch's rows and longest row
     (the eager engine's own test, on the same model: test_runner.py)."""
     from tests.engine.test_runner import int8_model, prompts

@@ -46,7 +46,7 @@ def logprobs(model, batch, **config):
     return [(r.output, r.logprobs) for r in requests]
 
 
-def test_an_int8_rows_logits_are_the_same_bits_alone_and_in_any_batch(int8_lm):
+def test_an_int8_rows_logits_are_the_same_bits_alone_and_in_any_batch(int8_lm, two_threads):
     batch = prompts()
     together = logprobs(int8_lm, batch)
     for i in (0, 5, 11, 23):
