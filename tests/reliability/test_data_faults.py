@@ -53,6 +53,12 @@ sys.exit(main(["import", "bert", sys.argv[1], "--out", sys.argv[2], "--cache", s
 """
 
 
+def lock_file(cache: Path) -> Path:
+    """The empty file two preparations of the dataset take turns on (atomic.one_at_a_time):
+    all a preparation that failed leaves beside the datasets."""
+    return cache / "datasets" / ".bible-en-es.lock"
+
+
 def run_and_kill(code: str, args: list[str], ready: Path, rng: random.Random) -> None:
     proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -80,7 +86,8 @@ def test_kill_9_during_prepare_is_never_taken_for_a_prepared_dataset(tmp_path, m
         for split, path in files.items():
             assert path.read_bytes() == (clean / path.name).read_bytes(), split
         leftovers = [p for p in (cache / "datasets").iterdir() if p.name.startswith(".")]
-        assert leftovers == []  # a killed preparation's temporary folder is cleared
+        assert leftovers == [lock_file(cache)]  # a killed preparation's temporary folder is cleared
+        assert lock_file(cache).stat().st_size == 0
         shutil.rmtree(final)
 
 
@@ -100,7 +107,8 @@ def test_a_full_disk_during_prepare_leaves_no_half_dataset(tmp_path, monkeypatch
     assert main(["data", "prepare", "bible-en-es", "--cache", str(cache)]) == 2
     err = capsys.readouterr().err
     assert "is full" in err and "nothing was kept" in err and "Traceback" not in err
-    assert list((cache / "datasets").iterdir()) == []  # nothing half-prepared
+    assert list((cache / "datasets").iterdir()) == [lock_file(cache)]  # nothing half-prepared
+    assert lock_file(cache).stat().st_size == 0
     monkeypatch.setattr(prepare, "_write_tsv", write)
     assert main(["data", "prepare", "bible-en-es", "--cache", str(cache)]) == 0
 
