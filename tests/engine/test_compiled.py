@@ -127,6 +127,26 @@ def test_the_compiled_steps_attention_is_sums_that_read_the_cache_in_place(
     assert len(softmaxes) == parts * model.config.n_decoder_layers
 
 
+@pytest.mark.parametrize("family", ["lm", "mt"])
+def test_every_layers_cache_is_traced_with_the_steps_one_slot_count_and_width(
+        family, small_runs, copy_run):
+    """The engine's cache has one slot count and one width for every layer (cache.py), and
+    the step is traced so: one size each, not two of their own for each layer's keys and
+    values (export's AUTO), which Inductor reasons about apart, building the slower."""
+    model = load(small_runs["decoder"][0] if family == "lm" else copy_run[0],
+                 compiled=False).model
+    args, shapes = example_inputs(model, family == "mt")
+    with torch.no_grad():
+        program = torch.export.export(DecodeStep(model).eval(), args, dynamic_shapes=shapes)
+    inputs = set(program.graph_signature.user_inputs)
+    sizes = {str(symbol) for node in program.graph.nodes if node.name in inputs
+             for size in node.meta["val"].shape if isinstance(size, torch.SymInt)
+             for symbol in size.node.expr.free_symbols}
+    # rows, keys read, slots, width; a translator's too: sources' keys, source width, and
+    # each run of rows' keys (rows come in SOURCE_PARTS runs of one size)
+    assert len(sizes) == (6 + SOURCE_PARTS if family == "mt" else 4), sizes
+
+
 def test_float_weights_multiply_through_the_library_eager_uses_on_this_cpu(lm_run):
     """Float weights multiply through the library eager's products use on this CPU
     (cpu/linear.py ``USE_ONEDNN``; compiled.py ``GEMM``, ``PREPACK``): on Intel's, ATen's

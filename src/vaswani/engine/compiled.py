@@ -250,8 +250,11 @@ def example_inputs(model: nn.Module, seq2seq: bool, kv_cache: str | None = None
     rows = torch.export.Dim("rows", min=1, max=ROWS)
     if seq2seq:  # in SOURCE_PARTS runs of equal size
         rows = SOURCE_PARTS * torch.export.Dim("run", min=1, max=ROWS // SOURCE_PARTS)
-    auto = torch.export.Dim.AUTO
-    layer = [{0: auto, 2: auto}] * n
+    # every layer's cache has the engine's one slot count and width (cache.py): one size
+    # each for the trace, not two of their own for each layer's keys and values (export's
+    # Dim.AUTO), which Inductor reasons about apart, building the slower
+    slots_, width_ = torch.export.Dim("slots", min=1), torch.export.Dim("width", min=1)
+    layer = [{0: slots_, 2: width_}] * n
     args = (torch.ones(R, 1, **index), torch.arange(R, **index)[:, None],
             torch.arange(R, **index)[:, None], torch.arange(R, **index).flip(0),
             torch.empty(W, device=d), cache(width), cache(width))
@@ -261,7 +264,8 @@ def example_inputs(model: nn.Module, seq2seq: bool, kv_cache: str | None = None
         args += (torch.zeros(R, **index), torch.full((R,), X, **index),
                  torch.empty(X, device=d), cache(S), cache(S),
                  [torch.empty(n, device=d) for n in (16, 14, 10, 7)[:SOURCE_PARTS]])
-        shapes += ({0: rows}, {0: rows}, {0: torch.export.Dim("cross", min=1)}, layer, layer,
+        source = [{0: slots_, 2: torch.export.Dim("source_width", min=1)}] * n
+        shapes += ({0: rows}, {0: rows}, {0: torch.export.Dim("cross", min=1)}, source, source,
                    [{0: torch.export.Dim(f"part{i}", min=1)} for i in range(SOURCE_PARTS)])
     return args, shapes
 
