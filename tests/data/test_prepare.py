@@ -1,6 +1,7 @@
 import json
 import shutil
 import threading
+import time
 
 import pytest
 
@@ -120,21 +121,22 @@ def test_an_intact_prepared_dataset_is_left_alone_and_a_damaged_one_redone(fake_
 
 def test_two_preparations_of_one_dataset_at_once_take_turns(tmp_path, monkeypatch,
                                                               capsys):
-    """A second preparation that finds no dataset waits for the first's lock rather than
-    converting beside it (and replacing the folder the first's caller reads), then uses the
-    first's dataset. The test plays the first: holds the lock, puts it in place, lets go."""
+    """A second preparation that finds no dataset waits for the first's lock, saying so,
+    rather than converting beside it (and replacing the folder the first's caller reads),
+    then uses the first's dataset. The test plays the first: holds the lock until the second
+    says it waits, puts the dataset in place, lets go."""
     done = prep.prepare("copy", tmp_path / "done")
     out = prep.dataset_dir(tmp_path / "cache", "copy")
-    converted, missed = [], threading.Event()
-    real = prep.is_prepared
-    monkeypatch.setattr(prep, "is_prepared",
-                        lambda spec, o: real(spec, o) or missed.set())  # None: not prepared
+    converted, said = [], ""
     monkeypatch.setattr(prep, "_convert", lambda *a: converted.append(a))
     with one_at_a_time(out):
         second = threading.Thread(target=prep.prepare, args=("copy", tmp_path / "cache"))
         second.start()
-        assert missed.wait(60)
+        deadline = time.monotonic() + 60
+        while "waiting for it" not in said and time.monotonic() < deadline:
+            time.sleep(0.01)
+            said += capsys.readouterr().err
+        assert f"another process is making {out}; waiting for it" in said
         shutil.copytree(done, out)
     second.join(60)
-    assert converted == [] and real(prep.lookup("copy"), out)
-    assert f"another process is making {out}; waiting for it" in capsys.readouterr().err
+    assert converted == [] and prep.is_prepared(prep.lookup("copy"), out)
