@@ -11,18 +11,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that nothing listens on now (a test's server, a DDP rank's
-    rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from benchmarks.common import free_port as free_port  # servers' and ranks' ports
 
 
 def descendants(pid: int) -> list[int]:
