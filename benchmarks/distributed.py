@@ -41,7 +41,8 @@ import torch.multiprocessing as mp
 
 from vaswani.devices import peak_resident_bytes
 
-from .common import free_port, hardware
+from .common import hardware
+from .ports import free_port
 
 MODES = {"ddp": {"parallel": "ddp"}, "fsdp": {"parallel": "fsdp"},
          "fsdp+checkpointing": {"parallel": "fsdp", "checkpoint_activations": True}}

@@ -49,7 +49,6 @@ from .common import (
     ServeProcess,
     compile_seconds,
     first_difference,
-    free_port,
     gguf_file,
     near_tie,
     peer_venv,
@@ -59,6 +58,7 @@ from .common import (
     stream_completions,
     wait_until_answers,
 )
+from .ports import free_port
 
 PRECISIONS = ("fp32", "int8", "int4")  # measured by default; --precisions adds int4-g64
 KNOWN = (*PRECISIONS, "int4-g64")

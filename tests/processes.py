@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from benchmarks.common import free_port as free_port  # servers' and ranks' ports
+from benchmarks.ports import free_port as free_port  # servers' and ranks' ports
 
 
 def descendants(pid: int) -> list[int]:

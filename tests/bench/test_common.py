@@ -2,7 +2,6 @@
 instructions PyTorch's kernels use (the CPU machines differ between sessions)."""
 
 import json
-from pathlib import Path
 
 import torch
 
@@ -83,41 +82,3 @@ def test_a_peer_venv_asked_for_twice_at_once_is_made_once(tmp_path, monkeypatch)
         (root / ".complete").write_text("x==1\n")
     second.join(60)
     assert ran == [] and got == [root / "bin" / "python"]
-
-
-def test_each_test_worker_takes_its_ports_from_a_block_of_its_own_below_the_kernels(
-        monkeypatch):
-    """Two pytest-xdist workers' servers never get one port: neither asks the kernel, which
-    hands its range to every process's connections and to anyone asking; each takes the next
-    free port of its own block, whichever process of the worker asks (a benchmark a test
-    starts), and one in use is passed over."""
-    import socket
-    import subprocess
-    import sys
-
-    from benchmarks import common
-
-    low = common.ephemeral_ports()[0]
-    blocks = {}
-    for worker in ("gw7", "gw8"):  # (blocks this suite's own two workers leave alone)
-        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
-        first = common.PORTS + common.PORT_BLOCK * int(worker[2:])
-        ports = [common.free_port() for _ in range(3)]
-        assert all(first <= p < first + common.PORT_BLOCK < low for p in ports), ports
-        assert len(set(ports)) == 3  # the next each time: a port just let go is not handed on
-        blocks[worker] = ports
-    assert not set(blocks["gw7"]) & set(blocks["gw8"])
-    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw7")
-    first = common.PORTS + 7 * common.PORT_BLOCK
-    mine = common.free_port()
-    child = subprocess.run([sys.executable, "-c", "from benchmarks.common import free_port; "
-                            "print(free_port())"], capture_output=True, text=True, check=True,
-                           cwd=Path(common.__file__).parents[1])
-    theirs = int(child.stdout)  # another process of the worker: the block's next port
-    assert theirs == first + (mine + 1 - first) % common.PORT_BLOCK
-    with socket.socket() as server:  # a port in use is passed over
-        taken = common.free_port()
-        server.bind(("127.0.0.1", taken))
-        server.listen()
-        for _ in range(common.PORT_BLOCK + 1):  # round the whole block
-            assert common.free_port() != taken
