@@ -89,6 +89,9 @@ LIES = [  # (what, a change to the weights, what the error names)
     ("a NaN", lambda t: t["model.layers.0.mlp.up_proj.weight"].__setitem__((3, 4),
                                                                            float("nan")),
      "weights hold NaN or infinite values (decoder.layers.0.feed_forward.linear1.weight)"),
+    ("an infinity", lambda t: t["model.layers.1.self_attn.o_proj.weight"].__setitem__(
+        (0, 7), float("-inf")),
+     "weights hold NaN or infinite values (decoder.layers.1.self_attn.out_proj.weight)"),
 ]
 
 
@@ -98,6 +101,20 @@ def test_weights_that_lie_are_refused_by_name(tmp_path, capsys, what, change, sa
     rewrite_weights(folder, change)
     line = refused(folder, tmp_path, capsys)
     assert says in line, line
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_a_weight_is_finite_unless_one_value_is_nan_or_infinite(dtype):
+    from vaswani.pretrained.importer import finite
+
+    t = torch.randn(64, 33).to(dtype)
+    assert finite(t) and finite(t[:0])
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for where in [(0, 0), (63, 32), (17, 5)]:
+            broken = t.clone()
+            broken[where] = bad
+            assert not finite(broken), (bad, where)
+            assert not finite(broken.t()), (bad, where)  # a view, not contiguous
 
 
 def logits_equal_transformers(folder, tmp_path, family="llama", length=20):

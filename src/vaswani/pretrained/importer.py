@@ -154,7 +154,7 @@ def fits(config: ModelConfig, state: dict) -> dict[str, torch.Tensor]:
         raise ValueError(f"the checkpoint's config asks for {need / 2**30:,.1f} GiB but its "
                          f"tensors hold {held / 2**30:,.3f} GiB (max_len {config.max_len}, "
                          f"d_model {config.d_model}): the metadata is wrong")
-    bad = [k for k, v in state.items() if v.is_floating_point() and not v.isfinite().all()]
+    bad = [k for k, v in state.items() if v.is_floating_point() and not finite(v)]
     if bad:
         raise ValueError(f"the checkpoint's weights hold NaN or infinite values ({_some(bad)}): "
                          "a model built from them computes NaN")
@@ -168,6 +168,16 @@ def fits(config: ModelConfig, state: dict) -> dict[str, torch.Tensor]:
     # it: the model's order and dtypes, a tied weight once (under the embedding's name)
     return {k: state[k].to(shapes[k].dtype).contiguous() for k in shapes
             if k in state and k not in tied}
+
+
+def finite(t: torch.Tensor) -> bool:
+    """Whether every value of ``t`` is finite: its least and largest are (a NaN makes both
+    NaN). One pass that writes nothing: ``isfinite().all()`` writes a boolean per value first
+    (Gemma 3 270M's check: 3.7 s that way against 0.36 s, one thread)."""
+    if t.numel() == 0:
+        return True
+    low, high = torch.aminmax(t)
+    return bool(low.isfinite() and high.isfinite())
 
 
 def _some(names: list[str]) -> str:
