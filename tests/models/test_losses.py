@@ -120,6 +120,31 @@ def test_chunked_loss_keeps_bf16_gradients_and_matches_fp32():
     assert_close(x16.grad.float(), x_ref.grad, rtol=1e-2, atol=1e-3)
 
 
+@pytest.mark.parametrize("N", [0, 1, 2, 23, 85, 171, 512, 16_384])
+@pytest.mark.parametrize("V, elements", [(17, 5 * 17), (49_152, 1 << 22), (32_000, 1 << 20)])
+def test_chunks_cover_the_rows_in_equal_slices(N, V, elements):
+    """Every row once, in order, in slices of one size but the last: no short last chunk
+    whose product by a head reads all its weights for a row or two."""
+    from vaswani.models.losses import _chunks
+
+    rows = list(_chunks(N, V, torch.device("cpu"), elements))
+    assert [i for r in rows for i in range(N)[r]] == list(range(N))
+    sizes = [r.stop - r.start for r in rows]
+    nominal = max(1, elements // V)
+    assert all(s == sizes[0] for s in sizes[:-1])
+    assert all(s <= 1.5 * nominal + 1 for s in sizes)  # about ``elements`` logits a chunk
+    if N >= nominal:
+        assert min(sizes) >= nominal // 2
+
+
+def test_512_rows_of_smollm2s_head_are_six_chunks_not_seven():
+    from vaswani.models.losses import HEAD_CHUNK_ELEMENTS, _chunks
+
+    sizes = [r.stop - r.start for r in _chunks(512, 49_152, torch.device("cpu"),
+                                                HEAD_CHUNK_ELEMENTS)]
+    assert sizes == [86] * 5 + [82]
+
+
 def test_off_the_cpu_the_loss_is_the_fused_kernels_not_a_chunk_loop(monkeypatch):
     """500 small chunks made the loss 23x slower than F.cross_entropy on an H200 (kernel
     launches): off the CPU, smoothed_cross_entropy is fused_smoothed_cross_entropy (here on

@@ -218,8 +218,11 @@ HEAD_CHUNK_ELEMENTS = 1 << 22
 
 
 def _chunks(N: int, V: int, device: torch.device, elements: int = CHUNK_ELEMENTS):
-    """Row slices of about ``elements`` logits each (16,384 x 32,000 logits: 512 chunks)."""
-    step = max(1, elements // max(V, 1))
+    """Row slices of about ``elements`` logits each, of equal size (16,384 x 32,000 logits:
+    512 chunks of 32 rows; 512 x 49,152 in chunks of 4 Mi: six of 86 rows, not six of 85 and
+    a seventh of 2, whose product by the head would read all its weights for two rows)."""
+    count = max(1, round(N / max(1, elements // max(V, 1))))
+    step = max(1, -(-N // count))
     return (slice(start, min(start + step, N)) for start in range(0, N, step))
 
 
