@@ -15,7 +15,7 @@ each in a process of its own, in alternating rounds (the best kept):
 
 * vaswani: ``build_model`` + the imported weights + ``add_adapters`` (models/finetune.py),
   the language-model task's loss on a CPU (the vocabulary projection and the loss chunk by
-  chunk, never the whole logits: models/losses.py ``head_cross_entropy``; ``--whole-logits``
+  chunk, never the whole logits: models/head_loss.py ``head_cross_entropy``; ``--whole-logits``
   adds LoRA and int4 QLoRA rows that make the logits first, as before it), the product's
   AdamW (training/optimizers.py); QLoRA reads the weights into int8 or int4 layers instead
   (``load_frozen``, as ``vaswani train`` does);
@@ -105,7 +105,8 @@ def vaswani_child(job: dict) -> dict:
     from vaswani.config import FinetuneConfig, TrainConfig
     from vaswani.models import build_model
     from vaswani.models.finetune import add_adapters
-    from vaswani.models.losses import head_cross_entropy, smoothed_cross_entropy
+    from vaswani.models.head_loss import head_cross_entropy
+    from vaswani.models.losses import smoothed_cross_entropy
     from vaswani.nn.layers import Stack
     from vaswani.training.optimizers import make_optimizer
 

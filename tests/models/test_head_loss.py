@@ -1,5 +1,6 @@
-"""models/losses.py head_cross_entropy: the vocabulary projection and the loss chunk by chunk,
-equal to projecting first and taking the loss of the logits, without the (N, V) logits."""
+"""models/head_loss.py head_cross_entropy: the vocabulary projection and the loss, a block of
+rows or of words at a time, equal to projecting first and taking the loss of the logits,
+without the (N, V) logits."""
 
 import functools
 
@@ -10,9 +11,10 @@ from torch.testing import assert_close
 
 from vaswani.config import ModelConfig
 from vaswani.cpu.quantized import WeightOnlyLinear
-from vaswani.models import losses
+from vaswani.models import head_loss
 from vaswani.models.decoder_lm import DecoderLM
-from vaswani.models.losses import head_cross_entropy, reference_smoothed_cross_entropy
+from vaswani.models.head_loss import head_cross_entropy
+from vaswani.models.losses import reference_smoothed_cross_entropy
 
 N, D, V, PAD = 23, 8, 17, 0
 
@@ -28,7 +30,8 @@ def case(dtype=torch.float64):
 
 @pytest.fixture(autouse=True)
 def several_chunks(monkeypatch):
-    monkeypatch.setattr(losses, "HEAD_CHUNK_ELEMENTS", 5 * V)  # 5 rows a chunk: 5 chunks
+    monkeypatch.setattr(head_loss, "HEAD_CHUNK_ELEMENTS", 5 * V)  # 5 rows a chunk: 5 chunks
+    monkeypatch.setattr(head_loss, "ROW_BLOCK", 6)  # a frozen float head's 17 words: 6, 6, 5
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
@@ -79,7 +82,7 @@ def test_a_quantized_frozen_head_gives_its_own_logits_loss_and_input_gradient(bi
     head's) is dequantized a block of words at a time, never whole."""
     h, head, target = case(torch.float32)
     q = WeightOnlyLinear.of(nn.Linear(64, 64, bias=False), bits)  # int4 packs 64 inputs
-    monkeypatch.setattr(losses, "ROW_BLOCK", 24)  # blocks of 24, 24 and 16 words
+    monkeypatch.setattr(head_loss, "ROW_BLOCK", 24)  # blocks of 24, 24 and 16 words
     if bits == 8:
         monkeypatch.setattr(q, "dequantized", lambda: pytest.fail("the whole table made"))
     h64 = torch.randn(N, 64, requires_grad=True)
@@ -116,7 +119,7 @@ def test_validation_through_a_quantized_head_never_makes_its_matrix(bits, monkey
 def test_a_head_that_is_more_than_its_matrix_is_applied_whole():
     h, _, target = case()
     head = nn.Linear(D, V).double()  # a bias that trains: no single matrix to chunk by
-    assert losses.head_matrix(head) is None
+    assert head_loss.head_matrix(head) is None
     loss, _, _ = head_cross_entropy(h, head, target, smoothing=0.1, pad_id=PAD)
     ref, _, _ = reference_smoothed_cross_entropy(head(h), target, smoothing=0.1, pad_id=PAD)
     assert_close(loss, ref)
@@ -143,6 +146,61 @@ def test_the_logits_are_never_saved_for_backward_nor_made_whole():
     assert max(calls) == 5 and sum(calls) == N  # chunks of five rows
     assert max(sizes) < N * V  # nothing the size of the logits; the plain way saves them:
     assert max(saved_sizes(lambda: reference_smoothed_cross_entropy(head(h), target))) >= N * V
+
+
+class Outputs(torch.utils._python_dispatch.TorchDispatchMode):
+    """The shape of every tensor the aten operations make."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.shapes += [tuple(t.shape) for t in torch.utils._pytree.tree_leaves(out)
+                        if isinstance(t, torch.Tensor)]
+        return out
+
+
+def test_a_frozen_float_head_goes_through_its_words_a_block_at_a_time():
+    """A frozen float head (LoRA's) is never applied whole, nor to a chunk of rows: its
+    logits are made a block of words by a chunk of rows at a time (12 and 11 rows, by
+    6, 6 and 5 words), and the loss is the projection's, with its gradient."""
+    h, head, target = case()
+    head.weight.requires_grad_(False)
+    head.register_forward_hook(lambda *a: pytest.fail("the head applied to all its words"))
+    with Outputs() as made:
+        loss, nll, _ = head_cross_entropy(h, head, target, smoothing=0.1, pad_id=PAD)
+    assert {s for s in made.shapes if len(s) == 2 and s[0] in (11, 12) and s[1] in (5, 6)} == \
+        {(12, 6), (12, 5), (11, 6), (11, 5)}  # the logits, block by block
+    assert not [s for s in made.shapes if s[-1:] == (V,)]  # nothing as wide as the vocabulary
+    (loss * 0.7).backward()
+    h_ref = h.detach().requires_grad_()
+    ref, ref_nll, _ = reference_smoothed_cross_entropy(nn.functional.linear(h_ref, head.weight),
+                                                       target, smoothing=0.1, pad_id=PAD)
+    (ref * 0.7).backward()
+    assert_close(loss, ref, rtol=1e-12, atol=1e-12)
+    assert_close(nll, ref_nll, rtol=1e-12, atol=1e-12)
+    assert_close(h.grad, h_ref.grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [1.0, 40.0])
+def test_the_running_maximum_is_rescaled_as_it_grows(scale):
+    """Logits up to hundreds (rows whose largest word is in the last block): the sums kept
+    against an earlier, smaller maximum are rescaled, or they would overflow or be lost."""
+    h, head, target = case()
+    head.weight.requires_grad_(False)
+    with torch.no_grad():
+        head.weight[-5:] *= scale  # the last block of words holds the largest logits
+    h_ref = h.detach().requires_grad_()
+    loss, _, _ = head_cross_entropy(h, head, target, pad_id=PAD)
+    loss.backward()
+    ref, _, _ = reference_smoothed_cross_entropy(nn.functional.linear(h_ref, head.weight),
+                                                 target, pad_id=PAD)
+    ref.backward()
+    assert torch.isfinite(loss)
+    assert_close(loss, ref, rtol=1e-12, atol=1e-12)
+    assert_close(h.grad, h_ref.grad, rtol=1e-12, atol=1e-10)
 
 
 def test_validation_under_no_grad_computes_no_gradient(monkeypatch):
@@ -184,7 +242,7 @@ def test_a_built_language_models_own_head_is_chunked():
     config = ModelConfig(arch="decoder", d_model=16, n_heads=2, d_ff=32, n_decoder_layers=1,
                          vocab_size=512, pad_id=PAD, max_len=16, tie_embeddings=True)
     model = build_model(config).train()
-    assert losses.head_matrix(model.output_proj) is model.output_proj.weight
+    assert head_loss.head_matrix(model.output_proj) is model.output_proj.weight
     ids = torch.randint(1, 512, (3, 7))
     criterion = functools.partial(head_cross_entropy, target=ids.flatten(), pad_id=PAD)
     sizes = saved_sizes(lambda: model(ids, mask=True, loss=criterion))

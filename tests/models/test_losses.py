@@ -138,7 +138,8 @@ def test_chunks_cover_the_rows_in_equal_slices(N, V, elements):
 
 
 def test_512_rows_of_smollm2s_head_are_six_chunks_not_seven():
-    from vaswani.models.losses import HEAD_CHUNK_ELEMENTS, _chunks
+    from vaswani.models.head_loss import HEAD_CHUNK_ELEMENTS
+    from vaswani.models.losses import _chunks
 
     sizes = [r.stop - r.start for r in _chunks(512, 49_152, torch.device("cpu"),
                                                 HEAD_CHUNK_ELEMENTS)]

@@ -241,7 +241,7 @@ class WeightOnlyLinear(nn.Module):
 
     def dequantized_rows(self, start: int, stop: int) -> Tensor:
         """Rows ``start:stop`` of :meth:`dequantized`, made alone where the weight is int8 (a
-        tied head's table, read a block of words at a time: models/losses.py)."""
+        tied head's table, read a block of words at a time: models/head_loss.py)."""
         if self.bits == 8:
             return self.qweight[start:stop].float() * self.scales[start:stop].float()[:, None]
         return self.dequantized()[start:stop]

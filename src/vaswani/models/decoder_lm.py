@@ -52,7 +52,7 @@ class DecoderLM(nn.Module):
 
         ``loss(h, head)``, where given, is what the model returns instead of the logits: a
         criterion of the final hidden states ``h`` (B * T, D) that applies the vocabulary
-        projection ``head`` itself, chunk by chunk (models/losses.py
+        projection ``head`` itself, chunk by chunk (models/head_loss.py
         ``head_cross_entropy``), so that training never holds the (B, T, V) logits. It is
         called inside ``forward`` so that a wrapped model (DDP, FSDP) sees the projection
         used where its weights are gathered.

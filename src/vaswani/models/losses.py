@@ -212,9 +212,6 @@ def _chunk_sums(x: Tensor, lse: Tensor, y: Tensor, keep: Tensor, smoothing: floa
 
 
 CHUNK_ELEMENTS = 1 << 20  # logits per chunk on a CPU: 4 MiB in fp32, reused from cache
-# logits per chunk of head_cross_entropy, whose chunks are also products by the head's weight:
-# 16 MiB in float32, rows enough for the product to run at the matrix unit's speed
-HEAD_CHUNK_ELEMENTS = 1 << 22
 
 
 def _chunks(N: int, V: int, device: torch.device, elements: int = CHUNK_ELEMENTS):
@@ -224,120 +221,6 @@ def _chunks(N: int, V: int, device: torch.device, elements: int = CHUNK_ELEMENTS
     count = max(1, round(N / max(1, elements // max(V, 1))))
     step = max(1, -(-N // count))
     return (slice(start, min(start + step, N)) for start in range(0, N, step))
-
-
-def head_cross_entropy(h: Tensor, head: nn.Module, target: Tensor, *, smoothing: float = 0.0,
-                       pad_id: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`smoothed_cross_entropy` of ``head(h)``, hidden states (N, D) through the
-    vocabulary projection ``head``, without ever holding the (N, V) logits or their gradient:
-    a few hundred rows at a time, each chunk's logits made, turned into the loss and into
-    the gradient of ``h`` (and of the head's weight where it trains), then freed
-    (:class:`_HeadCrossEntropy`). With SmolLM2's 49,152 words and 512 targets that is 200 MB
-    of float32 logits and gradient a step that never exist. Only the loss carries a gradient
-    (the NLL beside it is for reading). A head without a plain weight matrix (an adapter on
-    it, a bias that trains) is applied whole instead. Returns (loss sum, NLL sum, count)."""
-    int8 = _frozen(head) and getattr(head, "bits", None) == 8  # read a block of words at a time
-    if not (int8 or _has_matrix(head)):
-        return smoothed_cross_entropy(head(h), target, smoothing=smoothing, pad_id=pad_id)
-    keep = torch.ones_like(target, dtype=torch.bool) if pad_id is None else target != pad_id
-    if not torch.is_grad_enabled():  # validation: the loss alone, no gradient, no matrix made
-        h, weight, weight_rows = h.detach(), None, None
-    elif int8:
-        weight, weight_rows = None, head.dequantized_rows
-    else:
-        weight, weight_rows = head_matrix(head), None
-    loss, nll = _HeadCrossEntropy.apply(h, weight, target, keep, smoothing, pad_id, head,
-                                        weight_rows)
-    return loss, nll, keep.sum()
-
-
-def head_matrix(head: nn.Module) -> Tensor | None:
-    """The (V, D) matrix whose product with a hidden state ``head`` computes, for its input's
-    gradient: a linear layer's weight, a 4-bit layer's weights as it multiplies by them
-    (``dequantized()``, frozen); None where that is not all the layer is (a trained bias,
-    adapters) or where the weight is read a block of rows at a time (an int8 layer)."""
-    if not _has_matrix(head):
-        return None
-    return head.weight if isinstance(head, nn.Linear) else head.dequantized()
-
-
-def _has_matrix(head: nn.Module) -> bool:
-    """Whether :func:`head_matrix` has a matrix to give, without making it."""
-    if isinstance(head, nn.Linear):  # x W^T (cpu/linear.py's faster one too, in training)
-        return head.bias is None
-    return hasattr(head, "dequantized") and _frozen(head) and getattr(head, "bits", None) != 8
-
-
-def _frozen(module: nn.Module) -> bool:
-    return all(not p.requires_grad for p in module.parameters())
-
-
-# words of an int8 head dequantized at a time: 9 MiB of float32 at D = 576, a block small
-# enough to fit the holes a recomputed step leaves in glibc's heap (8,192 words grew int4
-# QLoRA's peak by about 65 MB at the same speed: docs/performance.md)
-ROW_BLOCK = 4096
-
-
-class _HeadCrossEntropy(torch.autograd.Function):
-    """Forward does the work of both passes, chunk by chunk: logits x = head(h_c) (the layer's
-    own product, so the loss is the one ``head(h)`` gives), their log-sum-exp, the loss, and
-    its gradient g = d loss / d x (:class:`_ChunkedSmoothedCE`'s, for an upstream gradient of
-    one), which goes straight into d h_c = g W and, where the weight trains, d W += g^T h_c.
-    Backward only scales those by the loss's upstream gradient."""
-
-    @staticmethod
-    def forward(ctx, h, weight, target, keep, smoothing, pad_id, head, weight_rows):
-        N, V = h.size(0), head.out_features
-        acc = torch.promote_types(h.dtype, torch.float32)
-        K = _other_classes(V, pad_id)
-        wanted = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]  # not when validating
-        grad_h = torch.empty(h.shape, dtype=acc, device=h.device) if wanted else None
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=h.device) \
-            if ctx.needs_input_grad[1] else None
-        loss_sum = torch.zeros((), dtype=acc, device=h.device)
-        nll_sum = torch.zeros((), dtype=acc, device=h.device)
-        w = None if weight is None else weight.detach().to(acc)
-
-        def times_weight(g: Tensor) -> Tensor:  # g W, W whole or a block of rows at a time
-            if w is not None:
-                return g @ w
-            out = torch.zeros(g.size(0), h.size(1), dtype=acc, device=h.device)
-            for start in range(0, V, ROW_BLOCK):
-                stop = min(start + ROW_BLOCK, V)
-                out.addmm_(g[:, start:stop], weight_rows(start, stop).to(acc))
-            return out
-
-        with torch.no_grad():
-            for rows in _chunks(N, V, h.device, HEAD_CHUNK_ELEMENTS):
-                x, y, k = head(h[rows].detach()).to(acc), target[rows, None], keep[rows]
-                lse = torch.logsumexp(x, dim=-1)
-                nll, loss = _chunk_sums(x, lse, y[:, 0], k, smoothing, pad_id)
-                nll_sum += nll
-                loss_sum += loss
-                if not wanted:
-                    continue
-                g = x.sub_(lse[:, None]).exp_()  # softmax, in the logits' place
-                if smoothing:
-                    g -= smoothing / K
-                    if pad_id is not None:
-                        g[:, pad_id] += smoothing / K  # padding gets no smoothing mass
-                g.scatter_add_(1, y, torch.full(y.shape, smoothing / K - (1.0 - smoothing),
-                                                dtype=acc, device=h.device))
-                g.mul_(k[:, None])
-                grad_h[rows] = times_weight(g)
-                if grad_w is not None:
-                    grad_w.addmm_(g.T, h[rows].to(acc))
-        ctx.save_for_backward(grad_h, grad_w)
-        ctx.dtypes = h.dtype, None if weight is None else weight.dtype
-        ctx.mark_non_differentiable(nll_sum)
-        return loss_sum, nll_sum
-
-    @staticmethod
-    def backward(ctx, g_loss, g_nll):
-        grad_h, grad_w = ctx.saved_tensors
-        grad_h = (grad_h * g_loss).to(ctx.dtypes[0])
-        grad_w = None if grad_w is None else (grad_w * g_loss).to(ctx.dtypes[1])
-        return grad_h, grad_w, None, None, None, None, None, None
 
 
 def router_loss(model: nn.Module, keep: Tensor | None = None) -> Tensor | None:

@@ -50,7 +50,7 @@ from ..data.batching import Batch
 from ..data.encode import TaskData
 from ..data.files import ReadReport
 from ..data.tokenizers import Tokenizer
-from ..models import losses
+from ..models import head_loss, losses
 
 
 def task_for(config: RunConfig) -> Task:
@@ -174,12 +174,12 @@ class Task:
         """A decoder-only ``model``'s loss predicting ``target`` (B, T) from ``ids`` (B, T)
         (causal attention alone: no padding before a real token). On a CPU, where the step is
         not compiled, the vocabulary projection and the loss run together, chunk by chunk,
-        so the (B, T, V) logits never exist (losses.head_cross_entropy); elsewhere the
+        so the (B, T, V) logits never exist (head_loss.head_cross_entropy); elsewhere the
         logits are made and :meth:`criterion` takes them."""
         target = target.flatten()
         if ids.device.type == "cpu" and not self.config.train.compiles(ids.device):
             loss, nll, n = model(ids, mask=True, loss=functools.partial(
-                losses.head_cross_entropy, target=target, smoothing=smoothing, pad_id=pad_id))
+                head_loss.head_cross_entropy, target=target, smoothing=smoothing, pad_id=pad_id))
         else:
             logits = model(ids, mask=True)
             loss, nll, n = self.criterion(logits.flatten(0, 1), target, smoothing=smoothing,
