@@ -33,7 +33,11 @@ ready), each also above what the process held once its libraries were imported (
 vaswani's; torch, transformers and peft's), and the loss of every step. With
 ``--checkpoint-activations`` every contender keeps only each layer's input for the backward
 pass and recomputes the rest (vaswani's ``[train] checkpoint_activations``, transformers'
-``gradient_checkpointing_enable()``): what a memory-bound fine-tune turns on. vaswani's
+``gradient_checkpointing_enable()``): what a memory-bound fine-tune turns on. For each float
+step, its matrix products alone (``products_alone``: every product of one step recorded,
+then each run by itself at its shapes and strides): the time a step made of nothing but
+those products would take on this machine, and peft's step over vaswani's products alone,
+the most over peft that any step of vaswani's products could be. vaswani's
 contenders run under the malloc settings the ``vaswani`` command sets for itself
 (cli/process.py: glibc's thresholds pinned, ``malloc_pinned`` in the results; left alone
 where the environment sets malloc's variables), peft under Python's defaults, as each is run
@@ -55,6 +59,9 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+from torch.utils.flop_counter import flop_registry
 
 from .common import ROOT, VASWANI, matmul_peak_gflops, report, smollm2, status_mb
 
@@ -96,6 +103,60 @@ def _timed(step, data, imported: int) -> dict:
             "losses": losses, "peak_rss_mb": max(loaded, steps_peak),
             "training_peak_rss_mb": steps_peak, "ready_rss_mb": ready, "imported_rss_mb": imported,
             "training_peak_above_imports_mb": steps_peak - imported}
+
+
+class _Products(TorchDispatchMode):
+    """Records each matrix product a step runs (the operations ``FlopCounterMode`` counts):
+    the operation and its arguments' shapes, strides and dtypes."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket in flop_registry:
+            self.calls.append((func, tree_map(_layout, (args, kwargs))))
+        return func(*args, **kwargs)
+
+
+def _layout(x):
+    return (x.shape, x.stride(), x.dtype) if isinstance(x, torch.Tensor) else x
+
+
+def products_alone(step, inputs, repeats: int = 5) -> float:
+    """Seconds that one ``step`` on ``inputs`` spends in its matrix products alone: each
+    product it runs, recorded, then run by itself on fresh tensors of the same shapes, strides
+    and dtypes (the best of ``repeats``; a product repeated in the step is timed once and
+    counted each time). A step that did nothing else, at this machine's speed at those shapes,
+    would take this long: the ceiling of any step made of these products."""
+    with _Products() as products:
+        step(inputs)
+    seconds, cache = 0.0, {}
+    for func, layout in products.calls:
+        key = (func, repr(layout))
+        if key not in cache:
+            args, kwargs = tree_map(_fresh, layout, is_leaf=_is_layout)
+            best = float("inf")
+            for _ in range(repeats + 2):  # two untimed
+                start = time.perf_counter()
+                func(*args, **kwargs)
+                best = min(best, time.perf_counter() - start)
+            cache[key] = best
+        seconds += cache[key]
+    return seconds
+
+
+def _is_layout(x) -> bool:
+    return isinstance(x, tuple) and len(x) == 3 and isinstance(x[0], torch.Size)
+
+
+def _fresh(x):
+    if not _is_layout(x):
+        return x
+    shape, stride, dtype = x
+    fresh = torch.empty_strided(shape, stride, dtype=dtype)
+    return fresh.normal_().mul_(0.1) if dtype.is_floating_point else fresh.zero_()
 
 
 def vaswani_child(job: dict) -> dict:
@@ -156,6 +217,7 @@ def vaswani_child(job: dict) -> dict:
         with FlopCounterMode(display=False) as counter:
             step(job["batches"][0])
         out["step_flops"] = counter.get_total_flops()
+        out["products_s"] = products_alone(step, job["batches"][0])
     return out
 
 
@@ -194,7 +256,8 @@ def peft_child(job: dict) -> dict:
         optimizer.zero_grad(set_to_none=True)
         return loss.item()
 
-    return _timed(step, job["batches"], imported)
+    return {**_timed(step, job["batches"], imported),
+            "products_s": products_alone(step, job["batches"][0])}
 
 
 def child(job: dict) -> dict:
@@ -270,6 +333,8 @@ def main() -> None:
             best = results.get(name)
             if best is None or out["tokens_per_s"] > best["tokens_per_s"]:
                 results[name] = out
+            if "products_s" in out:  # a floor: the fastest of the rounds
+                results[name]["products_s"] = min(out["products_s"], (best or out)["products_s"])
     ours, theirs = results["vaswani LoRA"], results["peft LoRA"]
     gap = max(abs(a - b) for a, b in zip(ours["losses"], theirs["losses"], strict=True))
     flops = ours["step_flops"]  # the same products in both
@@ -282,10 +347,16 @@ def main() -> None:
             for name, r in results.items()]
     rows.insert(0, ("float32 matrix product, this machine", f"{peak:.0f} GFLOP/s; a step "
                     f"{flops / 1e9:.0f} GFLOP"))
+    rows += [(f"{name}: its matrix products alone", f"{r['products_s']:.2f} s, "
+              f"{r['products_s'] / r['step_s']:.0%} of its step")
+             for name, r in results.items() if "products_s" in r]
+    ceiling = theirs["step_s"] / ours["products_s"]
     memory = {name: r["training_peak_above_imports_mb"] / ours["training_peak_above_imports_mb"]
               for name, r in results.items()}
     rows += [("vaswani LoRA / peft LoRA (tokens/s)",
               f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x"),
+             ("the most over peft a step of vaswani's products could be (peft's step / "
+              "vaswani's products alone)", f"{ceiling:.2f}x"),
              ("QLoRA int4 / LoRA (training peak RSS above the imports)",
               f"{memory['vaswani QLoRA int4']:.2f}x"),
              ("QLoRA int8 / LoRA (the same)", f"{memory['vaswani QLoRA int8']:.2f}x"),
@@ -301,7 +372,7 @@ def main() -> None:
             "batch": args.batch, "length": args.length, "rank": args.rank,
             "targets": TARGETS, "lr": LR, "rounds": args.rounds, "results": results,
             "whole_logits": args.whole_logits, "allocator_environment": allocator_environment(),
-            "loss_gap": gap, "matmul_peak_gflops": peak,
+            "loss_gap": gap, "matmul_peak_gflops": peak, "ceiling_over_peft": ceiling,
             "step_flops": flops}, args.json)
 
 

@@ -8,7 +8,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
+from benchmarks.finetune import _Products, products_alone
 from tests.conftest import ROOT
 from tests.training.fixtures import text_file
 from tests.training.test_lora import _config
@@ -48,8 +50,38 @@ def test_the_finetune_benchmark_races_vaswani_and_peft_on_the_same_steps(tmp_pat
         whole = result["results"][f"{name}, whole logits"]["losses"]
         assert result["results"][name]["losses"] == pytest.approx(whole, rel=1e-5), name
     assert result["loss_gap"] < 1e-3  # the same model, adapters and batches: the same losses
+    for name in ("vaswani LoRA", "peft LoRA", "vaswani LoRA, whole logits"):  # float steps
+        r = result["results"][name]
+        assert 0 < r["products_s"] < r["step_s"], name
+    assert "products_s" not in result["results"]["vaswani QLoRA int4"]  # its kernels not counted
+    assert result["ceiling_over_peft"] == pytest.approx(
+        result["results"]["peft LoRA"]["step_s"] / result["results"]["vaswani LoRA"]["products_s"])
+    assert "its matrix products alone" in done.stdout
     assert result["step_flops"] > 0 and "vaswani LoRA / peft LoRA" in done.stdout
     assert result["checkpoint_activations"] and "activations recomputed" in done.stdout
     assert result["allocator_environment"] == {"MALLOC_ARENA_MAX": "2"}  # as each child ran
     for name, r in result["results"].items():  # vaswani's under `vaswani train`'s malloc
         assert r.get("malloc_pinned") is (True if name.startswith("vaswani") else None), name
+
+
+def test_a_steps_products_are_recorded_with_their_layouts_and_timed_alone():
+    """The products (what FlopCounterMode counts: mm, addmm, bmm...) of a step, each with its
+    arguments' shapes, strides and dtypes; the elementwise work beside them is not one."""
+    a, w, bias = torch.randn(6, 4), torch.randn(5, 4), torch.randn(5)
+
+    def step(_inputs):
+        x = (a @ w.T).exp()  # a product by a transposed matrix, then elementwise work
+        y = torch.addmm(bias, a, w.T).relu()
+        return (x + y).sum() + (a @ w.T).sum()  # the first product again
+
+    with _Products() as products:
+        step(None)
+    assert [(str(f.overloadpacket), layout) for f, layout in products.calls] == [
+        ("aten.mm", (((torch.Size([6, 4]), (4, 1), torch.float32),
+                      (torch.Size([4, 5]), (1, 4), torch.float32)), {})),
+        ("aten.addmm", (((torch.Size([5]), (1,), torch.float32),
+                         (torch.Size([6, 4]), (4, 1), torch.float32),
+                         (torch.Size([4, 5]), (1, 4), torch.float32)), {})),
+        ("aten.mm", (((torch.Size([6, 4]), (4, 1), torch.float32),
+                      (torch.Size([4, 5]), (1, 4), torch.float32)), {}))]
+    assert products_alone(step, None) > 0
