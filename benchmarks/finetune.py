@@ -115,9 +115,16 @@ class _Products(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.overloadpacket in flop_registry:
+        if _is_product(func):
             self.calls.append((func, tree_map(_layout, (args, kwargs))))
         return func(*args, **kwargs)
+
+
+def _is_product(func) -> bool:
+    """An operation FlopCounterMode counts, or its in-place form (``addmm_``, which it
+    does not)."""
+    in_place = getattr(torch.ops.aten, func.overloadpacket.__name__.rstrip("_"), None)
+    return func.overloadpacket in flop_registry or in_place in flop_registry
 
 
 def _layout(x):

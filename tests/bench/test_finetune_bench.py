@@ -72,6 +72,7 @@ def test_a_steps_products_are_recorded_with_their_layouts_and_timed_alone():
     def step(_inputs):
         x = (a @ w.T).exp()  # a product by a transposed matrix, then elementwise work
         y = torch.addmm(bias, a, w.T).relu()
+        y.addmm_(a, w.T)  # in place: FlopCounterMode does not count it, the record does
         return (x + y).sum() + (a @ w.T).sum()  # the first product again
 
     with _Products() as products:
@@ -82,6 +83,9 @@ def test_a_steps_products_are_recorded_with_their_layouts_and_timed_alone():
         ("aten.addmm", (((torch.Size([5]), (1,), torch.float32),
                          (torch.Size([6, 4]), (4, 1), torch.float32),
                          (torch.Size([4, 5]), (1, 4), torch.float32)), {})),
+        ("aten.addmm_", (((torch.Size([6, 5]), (5, 1), torch.float32),
+                          (torch.Size([6, 4]), (4, 1), torch.float32),
+                          (torch.Size([4, 5]), (1, 4), torch.float32)), {})),
         ("aten.mm", (((torch.Size([6, 4]), (4, 1), torch.float32),
                       (torch.Size([4, 5]), (1, 4), torch.float32)), {}))]
     assert products_alone(step, None) > 0

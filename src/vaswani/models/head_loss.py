@@ -178,7 +178,7 @@ def _words_at_a_time(h: Tensor, w: Tensor, y: Tensor, keep: Tensor, smoothing: f
         rescale = (most - new_most).exp_()
         p = x.sub_(new_most[:, None]).exp_()  # in the logits' place
         total.mul_(rescale).add_(p.sum(dim=-1))
-        a.mul_(rescale[:, None]).addmm_(p, w_b)
+        a = torch.addmm(a.mul_(rescale[:, None]), p, w_b)  # not in place: FLOP counters see it
         most = new_most
     lse = most + total.log()
     nll = (lse - x_y).masked_fill(~keep, 0.0)
