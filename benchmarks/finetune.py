@@ -35,9 +35,10 @@ vaswani's; torch, transformers and peft's), and the loss of every step. With
 pass and recomputes the rest (vaswani's ``[train] checkpoint_activations``, transformers'
 ``gradient_checkpointing_enable()``): what a memory-bound fine-tune turns on. For each float
 step, its matrix products alone (``products_alone``: every product of one step recorded,
-then each run by itself at its shapes and strides): the time a step made of nothing but
-those products would take on this machine, and peft's step over vaswani's products alone,
-the most over peft that any step of vaswani's products could be. vaswani's
+then each run by itself at its shapes and strides; the ten costliest in the JSON): the
+time a step made of nothing but those products would take on this machine, and peft's step
+over vaswani's products alone, the most over peft that any step of vaswani's products could
+be. vaswani's
 contenders run under the malloc settings the ``vaswani`` command sets for itself
 (cli/process.py: glibc's thresholds pinned, ``malloc_pinned`` in the results; left alone
 where the environment sets malloc's variables), peft under Python's defaults, as each is run
@@ -55,12 +56,13 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from functools import partial
 from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import flop_registry
 
 from .common import ROOT, VASWANI, matmul_peak_gflops, report, smollm2, status_mb
@@ -131,27 +133,37 @@ def _layout(x):
     return (x.shape, x.stride(), x.dtype) if isinstance(x, torch.Tensor) else x
 
 
-def products_alone(step, inputs, repeats: int = 5) -> float:
+def products_alone(step, inputs, repeats: int = 5) -> dict:
     """Seconds that one ``step`` on ``inputs`` spends in its matrix products alone: each
     product it runs, recorded, then run by itself on fresh tensors of the same shapes, strides
-    and dtypes (the best of ``repeats``; a product repeated in the step is timed once and
-    counted each time). A step that did nothing else, at this machine's speed at those shapes,
-    would take this long: the ceiling of any step made of these products."""
+    and dtypes (the best of ``repeats`` after two to warm up; a product repeated in the step
+    is timed once and counted each time). A step that did nothing else, at this machine's
+    speed at those shapes, would take this long: the ceiling of any step made of these
+    products. Returns ``products_s`` (the sum) and ``products``, the ten costliest (operation,
+    its arguments' shapes and strides, times in the step, seconds in all): where they go."""
     with _Products() as products:
         step(inputs)
-    seconds, cache = 0.0, {}
-    for func, layout in products.calls:
-        key = (func, repr(layout))
-        if key not in cache:
-            args, kwargs = tree_map(_fresh, layout, is_leaf=_is_layout)
-            best = float("inf")
-            for _ in range(repeats + 2):  # two untimed
-                start = time.perf_counter()
-                func(*args, **kwargs)
-                best = min(best, time.perf_counter() - start)
-            cache[key] = best
-        seconds += cache[key]
-    return seconds
+    counts = Counter((func, repr(layout)) for func, layout in products.calls)
+    layouts = {(func, repr(layout)): layout for func, layout in products.calls}
+    alone = {}
+    for key, layout in layouts.items():
+        args, kwargs = tree_map(_fresh, layout, is_leaf=_is_layout)
+        for _ in range(2):
+            key[0](*args, **kwargs)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            key[0](*args, **kwargs)
+            best = min(best, time.perf_counter() - start)
+        alone[key] = best * counts[key]
+    costliest = sorted(alone, key=alone.get, reverse=True)[:10]
+    return {"products_s": sum(alone.values()),
+            "products": [{"op": str(func.overloadpacket), "times": counts[(func, key)],
+                          "seconds": alone[(func, key)],
+                          "arguments": [[list(x[0]), list(x[1])] for x in
+                                        tree_leaves(layouts[(func, key)], is_leaf=_is_layout)
+                                        if _is_layout(x)]}
+                         for func, key in costliest]}
 
 
 def _is_layout(x) -> bool:
@@ -224,7 +236,7 @@ def vaswani_child(job: dict) -> dict:
         with FlopCounterMode(display=False) as counter:
             step(job["batches"][0])
         out["step_flops"] = counter.get_total_flops()
-        out["products_s"] = products_alone(step, job["batches"][0])
+        out |= products_alone(step, job["batches"][0])
     return out
 
 
@@ -263,8 +275,7 @@ def peft_child(job: dict) -> dict:
         optimizer.zero_grad(set_to_none=True)
         return loss.item()
 
-    return {**_timed(step, job["batches"], imported),
-            "products_s": products_alone(step, job["batches"][0])}
+    return {**_timed(step, job["batches"], imported), **products_alone(step, job["batches"][0])}
 
 
 def child(job: dict) -> dict:

@@ -53,6 +53,10 @@ def test_the_finetune_benchmark_races_vaswani_and_peft_on_the_same_steps(tmp_pat
     for name in ("vaswani LoRA", "peft LoRA", "vaswani LoRA, whole logits"):  # float steps
         r = result["results"][name]
         assert 0 < r["products_s"] < r["step_s"], name
+        seconds = [x["seconds"] for x in r["products"]]  # the costliest first, each named
+        assert seconds == sorted(seconds, reverse=True) and sum(seconds) <= r["products_s"]
+        assert all(x["op"].startswith("aten.") and x["times"] >= 1 and x["arguments"]
+                   for x in r["products"]), name
     assert "products_s" not in result["results"]["vaswani QLoRA int4"]  # its kernels not counted
     assert result["ceiling_over_peft"] == pytest.approx(
         result["results"]["peft LoRA"]["step_s"] / result["results"]["vaswani LoRA"]["products_s"])
@@ -88,4 +92,10 @@ def test_a_steps_products_are_recorded_with_their_layouts_and_timed_alone():
                           (torch.Size([4, 5]), (1, 4), torch.float32)), {})),
         ("aten.mm", (((torch.Size([6, 4]), (4, 1), torch.float32),
                       (torch.Size([4, 5]), (1, 4), torch.float32)), {}))]
-    assert products_alone(step, None) > 0
+    alone = products_alone(step, None)
+    assert alone["products_s"] > 0
+    assert {(x["op"], x["times"]) for x in alone["products"]} == \
+        {("aten.mm", 2), ("aten.addmm", 1), ("aten.addmm_", 1)}  # the repeat counted twice
+    assert alone["products_s"] == pytest.approx(sum(x["seconds"] for x in alone["products"]))
+    addmm = next(x for x in alone["products"] if x["op"] == "aten.addmm")
+    assert addmm["arguments"] == [[[5], [1]], [[6, 4], [4, 1]], [[4, 5], [1, 4]]]
