@@ -108,8 +108,8 @@ def _timed(step, data, imported: int) -> dict:
 
 
 class _Products(TorchDispatchMode):
-    """Records each matrix product a step runs (the operations ``FlopCounterMode`` counts):
-    the operation and its arguments' shapes, strides and dtypes."""
+    """Records each matrix product a step runs (:func:`_is_product`): the operation and its
+    arguments' shapes, strides and dtypes."""
 
     def __init__(self):
         super().__init__()

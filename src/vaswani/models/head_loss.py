@@ -71,9 +71,10 @@ def _frozen(module: nn.Module) -> bool:
     return all(not p.requires_grad for p in module.parameters())
 
 
-# words of an int8 head dequantized at a time: 9 MiB of float32 at D = 576, a block small
-# enough to fit the holes a recomputed step leaves in glibc's heap (8,192 words grew int4
-# QLoRA's peak by about 65 MB at the same speed: docs/performance.md)
+# words at a time: of a frozen float head's logits (_words_at_a_time), and of an int8 head
+# dequantized (9 MiB of float32 at D = 576, a block small enough to fit the holes a
+# recomputed step leaves in glibc's heap; 8,192 words grew int4 QLoRA's peak by about 65 MB
+# at the same speed: docs/performance.md)
 ROW_BLOCK = 4096
 
 
