@@ -7,11 +7,13 @@ import pytest
 import torch
 from torch.func import functional_call
 from torch.testing import assert_close
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from vaswani.config import ModelConfig
 from vaswani.config.finetune import TARGETS as CONFIG_TARGETS
 from vaswani.models import build_model
 from vaswani.nn import FeedForward, Heads, MultiHeadAttention
+from vaswani.nn.dropout import dropout
 from vaswani.nn.lora import TARGETS, LoRA, adapters, add_lora, merge_lora, parts_of
 
 RANK, ALPHA = 3, 6.0
@@ -112,3 +114,52 @@ def test_the_config_names_the_targets_nn_knows_and_bad_ones_are_refused():
         add_lora(attention, ("gate",), rank=2, alpha=2)
     with pytest.raises(ValueError, match="rank"):
         LoRA(attention.in_proj, {"q": (0, 8)}, rank=0, alpha=1)
+
+
+def test_with_dropout_each_part_draws_its_own_mask_in_row_order():
+    """As q, k and v are separate layers elsewhere (peft's), each adapted part drops its own
+    inputs: the masks are drawn part by part in the order of their rows (what a resumed run
+    replays), not one mask shared by the parts."""
+    torch.manual_seed(3)
+    attention = MultiHeadAttention(Heads(16, 4, 2)).double()
+    add_lora(attention, ("q", "k", "v"), rank=RANK, alpha=ALPHA, dropout=0.5)
+    _randomize_adapters(attention)
+    layer = attention.in_proj.train()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    torch.manual_seed(4)
+    out = layer(x)
+    torch.manual_seed(4)
+    updates = [dropout(x, 0.5) @ layer.lora_A[name].T @ layer.lora_B[name].T * (ALPHA / RANK)
+               for name in ("q", "k", "v")]  # q's rows first, then k's, then v's
+    assert_close(out, layer.base(x) + torch.cat(updates, dim=-1), rtol=1e-10, atol=1e-10)
+    torch.manual_seed(4)
+    shared = dropout(x, 0.5)
+    one_mask = layer.base(x) + torch.cat(
+        [shared @ layer.lora_A[n].T @ layer.lora_B[n].T * (ALPHA / RANK) for n in "qkv"], -1)
+    assert (out - one_mask).abs().max() > 1e-3
+
+
+class _Products(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm):
+            self.shapes.append(tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_parts_updates_take_two_products_whatever_their_number():
+    """q, k and v's adapters: one product by their stacked A (rank x 3 columns) and one by
+    their B down a block diagonal (zero rows for a part not adapted), beside the frozen
+    layer's own, rather than two per part and a copy of the output to place them."""
+    heads = Heads(16, 4, 2)  # in_proj: 16 q rows, 8 k, 8 v
+    for targets, columns in ((("q", "k", "v"), 3 * RANK), (("q", "v"), 2 * RANK)):
+        attention = MultiHeadAttention(heads)
+        add_lora(attention, targets, rank=RANK, alpha=ALPHA)
+        with _Products() as products:
+            attention.in_proj(torch.randn(2, 5, 16))
+        assert len(products.shapes) == 3, products.shapes
+        assert any((16, columns) in shape for shape in products.shapes)  # x by the stacked A
+        assert any((columns, 32) in shape for shape in products.shapes)  # by the block B

@@ -66,10 +66,33 @@ class LoRA(nn.Module):
         for b in self.lora_B.values():
             nn.init.zeros_(b)
 
-    def update(self, x: Tensor, name: str) -> Tensor:
-        """Part ``name``'s update: (alpha / r) * dropout(x) A^T B^T, (..., its rows)."""
-        a, b = self.lora_A[name], self.lora_B[name]
-        return F.linear(F.linear(self.dropout(x).to(a.dtype), a), b) * self.scale
+    def delta(self, x: Tensor, start: int, stop: int) -> Tensor | None:
+        """The update of output rows ``start:stop`` for ``x``: (alpha / r) dropout(x) A^T B^T
+        for each adapted part that falls inside them, zero between them; None where none
+        does. The parts' A are stacked and their B set down a block diagonal, so that q, k
+        and v's updates come out of two products, already side by side, rather than six and
+        a copy (without dropout one product by A for all: with it each part draws its own
+        mask, as separate layers do)."""
+        inside = sorted((max(lo, start), min(hi, stop), name)
+                        for name, (lo, hi) in self.parts.items() if max(lo, start) < min(hi, stop))
+        if not inside:
+            return None
+        a = [self.lora_A[name] for _, _, name in inside]
+        if self.training and self.dropout.p > 0:
+            h = torch.cat([F.linear(self.dropout(x).to(w.dtype), w) for w in a], dim=-1)
+        else:
+            h = F.linear(x.to(a[0].dtype), a[0] if len(a) == 1 else torch.cat(a))
+        blocks, at = [], start  # B's rows for each part, empty blocks (zero rows) between
+        for lo, hi, name in inside:
+            if lo > at:
+                blocks.append(h.new_zeros(lo - at, 0))
+            skip = lo - self.parts[name][0]  # rows of the part before ``start``
+            blocks.append(self.lora_B[name][skip:skip + hi - lo])
+            at = hi
+        if at < stop:
+            blocks.append(h.new_zeros(stop - at, 0))
+        b = blocks[0] if len(blocks) == 1 else torch.block_diag(*blocks)
+        return F.linear(h * self.scale, b)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.rows(x, 0, self.out_features)
@@ -83,17 +106,10 @@ class LoRA(nn.Module):
 
     def added(self, x: Tensor, y: Tensor, start: int, stop: int) -> Tensor:
         """``y``, the base layer's output rows ``start:stop`` for ``x``, with the update of
-        each adapted part that falls inside them added."""
-        pieces, at = [], start  # y's columns, with each part's update added where it falls
-        for name, (lo, hi) in sorted(self.parts.items(), key=lambda item: item[1]):
-            lo, hi = max(lo, start), min(hi, stop)
-            if lo >= hi:
-                continue
-            skip = lo - self.parts[name][0]  # rows of the part before ``start``
-            update = self.update(x, name)[..., skip:skip + hi - lo]
-            pieces += [y[..., at - start:lo - start], y[..., lo - start:hi - start] + update]
-            at = hi
-        return torch.cat([*pieces, y[..., at - start:]], dim=-1) if pieces else y
+        each adapted part that falls inside them added (one addition: its backward hands
+        ``y`` its gradient as it is)."""
+        delta = self.delta(x, start, stop)
+        return y if delta is None else y + delta
 
     @torch.no_grad()
     def merged(self) -> nn.Module:
