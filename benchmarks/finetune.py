@@ -38,7 +38,8 @@ step, its matrix products alone (``products_alone``: every product of one step r
 then each run by itself at its shapes and strides; the ten costliest in the JSON): the
 time a step made of nothing but those products would take on this machine, and peft's step
 over vaswani's products alone, the most over peft that any step of vaswani's products could
-be. vaswani's
+be. And one step with a clock around each operator (``time_in_step``): its products where
+they run, beside the same products alone, and the other operators by name. vaswani's
 contenders run under the malloc settings the ``vaswani`` command sets for itself
 (cli/process.py: glibc's thresholds pinned, ``malloc_pinned`` in the results; left alone
 where the environment sets malloc's variables), peft under Python's defaults, as each is run
@@ -56,16 +57,13 @@ import os
 import subprocess
 import sys
 import time
-from collections import Counter
 from functools import partial
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
-from torch.utils.flop_counter import flop_registry
 
 from .common import ROOT, VASWANI, matmul_peak_gflops, report, smollm2, status_mb
+from .step_time import products_alone, time_in_step
 
 TARGETS = ["q", "k", "v", "o"]
 LR = 1e-3
@@ -105,77 +103,6 @@ def _timed(step, data, imported: int) -> dict:
             "losses": losses, "peak_rss_mb": max(loaded, steps_peak),
             "training_peak_rss_mb": steps_peak, "ready_rss_mb": ready, "imported_rss_mb": imported,
             "training_peak_above_imports_mb": steps_peak - imported}
-
-
-class _Products(TorchDispatchMode):
-    """Records each matrix product a step runs (:func:`_is_product`): the operation and its
-    arguments' shapes, strides and dtypes."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls: list[tuple] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if _is_product(func):
-            self.calls.append((func, tree_map(_layout, (args, kwargs))))
-        return func(*args, **kwargs)
-
-
-def _is_product(func) -> bool:
-    """An operation FlopCounterMode counts, or its in-place form (``addmm_``, which it
-    does not)."""
-    in_place = getattr(torch.ops.aten, func.overloadpacket.__name__.rstrip("_"), None)
-    return func.overloadpacket in flop_registry or in_place in flop_registry
-
-
-def _layout(x):
-    return (x.shape, x.stride(), x.dtype) if isinstance(x, torch.Tensor) else x
-
-
-def products_alone(step, inputs, repeats: int = 5) -> dict:
-    """Seconds that one ``step`` on ``inputs`` spends in its matrix products alone: each
-    product it runs, recorded, then run by itself on fresh tensors of the same shapes, strides
-    and dtypes (the best of ``repeats`` after two to warm up; a product repeated in the step
-    is timed once and counted each time). A step that did nothing else, at this machine's
-    speed at those shapes, would take this long: the ceiling of any step made of these
-    products. Returns ``products_s`` (the sum) and ``products``, the ten costliest (operation,
-    its arguments' shapes and strides, times in the step, seconds in all): where they go."""
-    with _Products() as products:
-        step(inputs)
-    counts = Counter((func, repr(layout)) for func, layout in products.calls)
-    layouts = {(func, repr(layout)): layout for func, layout in products.calls}
-    alone = {}
-    for key, layout in layouts.items():
-        args, kwargs = tree_map(_fresh, layout, is_leaf=_is_layout)
-        for _ in range(2):
-            key[0](*args, **kwargs)
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            key[0](*args, **kwargs)
-            best = min(best, time.perf_counter() - start)
-        alone[key] = best * counts[key]
-    costliest = sorted(alone, key=alone.get, reverse=True)[:10]
-    return {"products_s": sum(alone.values()),
-            "products": [{"op": str(func.overloadpacket), "times": counts[(func, key)],
-                          "seconds": alone[(func, key)],
-                          "arguments": [[list(x[0]), list(x[1])] for x in
-                                        tree_leaves(layouts[(func, key)], is_leaf=_is_layout)
-                                        if _is_layout(x)]}
-                         for func, key in costliest]}
-
-
-def _is_layout(x) -> bool:
-    return isinstance(x, tuple) and len(x) == 3 and isinstance(x[0], torch.Size)
-
-
-def _fresh(x):
-    if not _is_layout(x):
-        return x
-    shape, stride, dtype = x
-    fresh = torch.empty_strided(shape, stride, dtype=dtype)
-    return fresh.normal_().mul_(0.1) if dtype.is_floating_point else fresh.zero_()
 
 
 def vaswani_child(job: dict) -> dict:
@@ -236,7 +163,7 @@ def vaswani_child(job: dict) -> dict:
         with FlopCounterMode(display=False) as counter:
             step(job["batches"][0])
         out["step_flops"] = counter.get_total_flops()
-        out |= products_alone(step, job["batches"][0])
+        out |= products_alone(step, job["batches"][0]) | time_in_step(step, job["batches"][1])
     return out
 
 
@@ -275,7 +202,8 @@ def peft_child(job: dict) -> dict:
         optimizer.zero_grad(set_to_none=True)
         return loss.item()
 
-    return {**_timed(step, job["batches"], imported), **products_alone(step, job["batches"][0])}
+    return {**_timed(step, job["batches"], imported), **products_alone(step, job["batches"][0]),
+            **time_in_step(step, job["batches"][1])}
 
 
 def child(job: dict) -> dict:
@@ -368,6 +296,13 @@ def main() -> None:
     rows += [(f"{name}: its matrix products alone", f"{r['products_s']:.2f} s, "
               f"{r['products_s'] / r['step_s']:.0%} of its step")
              for name, r in results.items() if "products_s" in r]
+    rows += [(f"{name}: one step, each operator clocked", f"{r['in_step_s']:.2f} s: products "
+              f"{r['in_step_products_s']:.2f} s, other operators {r['in_step_other_s']:.2f} s ("
+              + ", ".join(f"{x['op'].removeprefix('aten.')} {x['seconds']:.2f}"
+                          for x in r["in_step_other"][:4])
+              + f"), the rest {r['in_step_s'] - r['in_step_products_s'] - r['in_step_other_s']:.2f}"
+              " s (Python, autograd, the clocks)")
+             for name, r in results.items() if "in_step_s" in r]
     ceiling = theirs["step_s"] / ours["products_s"]
     memory = {name: r["training_peak_above_imports_mb"] / ours["training_peak_above_imports_mb"]
               for name, r in results.items()}

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from benchmarks.finetune import _Products, products_alone
+from benchmarks.step_time import _Products, products_alone, time_in_step
 from tests.conftest import ROOT
 from tests.training.fixtures import text_file
 from tests.training.test_lora import _config
@@ -57,6 +57,11 @@ def test_the_finetune_benchmark_races_vaswani_and_peft_on_the_same_steps(tmp_pat
         assert seconds == sorted(seconds, reverse=True) and sum(seconds) <= r["products_s"]
         assert all(x["op"].startswith("aten.") and x["times"] >= 1 and x["arguments"]
                    for x in r["products"]), name
+        assert 0 < r["in_step_products_s"] < r["in_step_s"], name  # each operator clocked
+        assert 0 < r["in_step_other_s"] < r["in_step_s"] - r["in_step_products_s"], name
+        assert r["in_step_other"] and all(x["calls"] >= 1 for x in r["in_step_other"]), name
+    assert "in_step_s" not in result["results"]["vaswani QLoRA int4"]
+    assert "one step, each operator clocked" in done.stdout
     assert "products_s" not in result["results"]["vaswani QLoRA int4"]  # its kernels not counted
     assert result["ceiling_over_peft"] == pytest.approx(
         result["results"]["peft LoRA"]["step_s"] / result["results"]["vaswani LoRA"]["products_s"])
@@ -99,3 +104,24 @@ def test_a_steps_products_are_recorded_with_their_layouts_and_timed_alone():
     assert alone["products_s"] == pytest.approx(sum(x["seconds"] for x in alone["products"]))
     addmm = next(x for x in alone["products"] if x["op"] == "aten.addmm")
     assert addmm["arguments"] == [[[5], [1]], [[6, 4], [4, 1]], [[4, 5], [1, 4]]]
+
+
+def test_a_step_is_clocked_operator_by_operator_products_apart():
+    """``time_in_step``: the products of a step (timed where they run) apart from the other
+    operators, which are named with their calls; the clocks' sum within the step's time."""
+    a, w = torch.randn(256, 256), torch.randn(256, 256)
+
+    def step(_inputs):
+        x = a @ w  # a product
+        for _ in range(3):
+            x = x.exp().mul(0.5)  # elementwise: three calls of each
+        return torch.addmm(x, a, w).sum()  # a product again, then a sum
+
+    clocked = time_in_step(step, None, repeats=2)
+    ops = {x["op"]: x for x in clocked["in_step_other"]}
+    assert ops["aten.exp"]["calls"] == ops["aten.mul"]["calls"] == 3
+    assert ops["aten.sum"]["calls"] == 1 and not {"aten.mm", "aten.addmm"} & set(ops)
+    assert clocked["in_step_other_s"] == pytest.approx(
+        sum(x["seconds"] for x in clocked["in_step_other"]))  # under ten operators: all of them
+    assert 0 < clocked["in_step_products_s"]
+    assert clocked["in_step_products_s"] + clocked["in_step_other_s"] < clocked["in_step_s"]
