@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-.PHONY: demo test lint docs docs-serve quality bench clean
+.PHONY: demo test test-slow lint docs docs-serve quality bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,15 @@ demo: $(VENV)/.installed
 # Two pytest workers (pytest-xdist; each takes whole test files) of one thread each: much of
 # the suite waits on processes it starts (the CLI, servers, DDP ranks, tutorials), and two
 # workers overlap those waits on 2 cores. Two threads each would oversubscribe the cores.
+# Left out, and run by `make test-slow` (CI runs both): the tests marked `slow`, each a whole
+# run of half a minute or more (a tutorial or the README as written, a real checkpoint, a
+# benchmark's race, ranks killed and restarted), whose parts the rest of the suite tests.
 test: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=15 -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=15 -n 2 --dist loadfile -m "not probe and not slow"
+
+# The slow tests, each on whichever worker is free (they share no module's fixtures).
+test-slow: $(VENV)/.installed
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=15 -n 2 --dist load -m slow
 
 # Long runs, not part of `make test`: the three real-data presets (about 1.5 hours on
 # 2 CPU cores) and the speed benchmarks.

@@ -201,6 +201,7 @@ def test_every_tutorial_is_an_example_script_that_its_page_includes():
         assert (ROOT / included[0]).exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script, says", [
     ("translator.sh", ['"bleu"', "wrote my-translator-attention.png"]),
     ("char_lm.sh", ['"bits_per_char"', "ROMEO:"]),
@@ -264,7 +265,10 @@ def test_the_pages_with_code_to_run_are_known():
         "reference/python.md"}
 
 
-@pytest.mark.parametrize("page", RUN_PAGES, ids=lambda p: str(p.relative_to(DOCS)))
+# getting-started.md trains and serves as a reader does: a minute, so `make test-slow` runs it.
+@pytest.mark.parametrize("page", [
+    pytest.param(p, marks=pytest.mark.slow) if p.name == "getting-started.md" else p
+    for p in RUN_PAGES], ids=lambda p: str(p.relative_to(DOCS)))
 def test_a_pages_code_blocks_run_as_written(page, copy_run, tmp_path, capsys):
     (tmp_path / "configs").symlink_to(ROOT / "configs")
     (tmp_path / "runs").mkdir()

@@ -42,6 +42,7 @@ def test_the_readme_is_one_screen_of_what_to_run():
     assert bash_blocks(text)[0].split()[:2] == ["make", "demo"]
 
 
+@pytest.mark.slow
 def test_the_readme_runs_as_written(tmp_path, capsys):
     blocks = bash_blocks(README.read_text())
     assert len(blocks) >= 5, "the README shows a block per family, serving and export"
@@ -85,3 +86,23 @@ def test_the_documentation_table_links_to_pages_that_exist():
     for link in links:
         assert (ROOT / link).exists(), link
 
+
+
+def test_make_test_leaves_the_slow_runs_to_make_test_slow_and_ci_runs_both():
+    """The README's promise: `make test` runs all but the tests marked slow, `make test-slow`
+    runs those, and CI (`.ci/run`) runs both, so that no test is left out of CI."""
+    import shlex
+    import subprocess
+
+    recipes = dict(re.findall(r"^([\w-]+): \$\(VENV\)/\.installed\n\t(.*)$",
+                              (ROOT / "Makefile").read_text(), flags=re.M))
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert {"make test", "make test-slow"} <= {line.split("#")[0].strip() for line in ci}
+    readme_run = "tests/test_readme.py::test_the_readme_runs_as_written"
+    for target, picked in [("test", False), ("test-slow", True)]:
+        words = shlex.split(recipes[target])
+        expression = words[words.index("-m", words.index("pytest")) + 1]
+        done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                               "-p", "no:cacheprovider", "-m", expression, readme_run],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert (readme_run in done.stdout) == picked, (target, done.stdout[-2000:])

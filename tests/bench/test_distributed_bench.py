@@ -6,9 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 
+@pytest.mark.slow
 def test_fsdp_holds_half_of_ddps_training_state_per_rank(tmp_path):
     out = tmp_path / "dist.json"
     r = subprocess.run([sys.executable, "-m", "benchmarks.distributed", "--quick", "--json",
@@ -28,6 +31,7 @@ def test_fsdp_holds_half_of_ddps_training_state_per_rank(tmp_path):
     assert "| fsdp | " in r.stdout
 
 
+@pytest.mark.slow
 def test_fsdp_starts_with_its_slices_not_the_model(tmp_path):
     """Start-up only, the 81M-parameter decoder: FSDP builds the model on the meta device and
     each rank allocates its half, so its peak resident set at start-up is well under DDP's

@@ -21,6 +21,7 @@ ALLOCATOR_AS_SET = {**{k: v for k, v in os.environ.items() if not k.startswith("
                        and k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}, "MALLOC_ARENA_MAX": "2"}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_the_finetune_benchmark_races_vaswani_and_peft_on_the_same_steps(tmp_path):
     pytest.importorskip("peft")

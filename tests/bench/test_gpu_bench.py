@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 
@@ -23,6 +25,7 @@ def test_the_gpu_benchmark_runs_every_part_and_writes_its_rows(tmp_path):
     assert "no native bf16 here" in r.stdout or results["dtype"] == "torch.bfloat16"
 
 
+@pytest.mark.slow
 def test_compiled_rows_run_compiled_graphs_and_the_flops_come_after(tmp_path):
     """With --compile every contender runs eager and compiled; each compiled one compiled
     graphs in its warm-up (dynamo's counter, in the JSON). Counting the FLOPs under

@@ -280,6 +280,7 @@ print(json.dumps({"steps": summary["steps"], "text_bytes": (out / "big.txt").sta
 """
 
 
+@pytest.mark.slow
 def test_a_language_model_trains_on_a_text_larger_than_its_memory(tmp_path):
     """A generated text over three times the process's peak anonymous resident memory is
     encoded and trained on (the tokens are read through memory maps, the text in blocks)."""

@@ -53,6 +53,7 @@ def test_models_it_does_not_cover_are_refused():
         step_floor.written_out(build_model(cfg))
 
 
+@pytest.mark.slow
 def test_the_benchmark_times_the_engine_the_written_out_and_the_compiled_step(
         copy_run, tmp_path, monkeypatch, capsys):
     """Two rows: the engine and the eager step timed here, the compiled step in a child

@@ -187,6 +187,7 @@ GEMMA_TEXTS = ["The capital of France is", "  two  spaces\nand a newline\n\n\tta
                "naïve café 東京 🤖 1234567", "<start_of_turn>user\nhi<end_of_turn>\n"]
 
 
+@pytest.mark.slow
 def test_gemma3_from_gguf_answers_and_tokenizes_as_transformers(gemma):
     """Gemma 3 270M, joined from its four PyPI packages: a SentencePiece vocabulary whose
     ids equal transformers' own reading of the GGUF file (<bos> first), and an answer."""
@@ -202,6 +203,7 @@ def test_gemma3_from_gguf_answers_and_tokenizes_as_transformers(gemma):
     assert out.strip().startswith("Paris"), out
 
 
+@pytest.mark.slow
 def test_gemma3_logits_equal_transformers_on_its_export(gemma, tmp_path):
     """vaswani's `export --format hf` of the imported Gemma 3 loads as Gemma3ForCausalLM
     with vaswani's logits: a round trip through transformers' own implementation, on a text

@@ -71,6 +71,7 @@ def straight(tmp_path_factory):
     return cfg, base / "straight"
 
 
+@pytest.mark.slow
 def test_a_job_whose_ranks_are_killed_three_times_finishes_as_if_never_killed(straight,
                                                                             tmp_path):
     cfg, uninterrupted = straight

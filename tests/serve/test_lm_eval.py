@@ -56,6 +56,7 @@ def lm_eval(python: Path, model: str, args: str, out: Path) -> dict:
     return {task: (metrics[task], samples[task]) for task in samples}
 
 
+@pytest.mark.slow
 def test_lm_eval_scores_the_served_model_as_the_exported_one(exported, tmp_path):
     from tests.serve.conftest import LiveServer
     from vaswani import load

@@ -96,6 +96,7 @@ def test_init_from_is_loaded_into_the_slices(small_runs, tmp_path):
     assert_same_run(tmp_path / "one", tmp_path / "two", steps=3)
 
 
+@pytest.mark.slow
 def test_a_sharded_run_resumes_on_another_number_of_processes(runs):
     """2 -> 1 and 1 -> 2 processes, with activation checkpointing: each equals the straight
     run (no dropout here: with dropout, masks depend on the number of processes)."""
@@ -218,6 +219,7 @@ def test_when_rank_0_fails_alone_every_rank_stops_at_once(runs, fail):
     assert "No space left" in done.stderr or "no longer finite at step 3 (test)" in done.stderr
 
 
+@pytest.mark.slow
 def test_muon_on_ddp_and_fsdp_equals_one_process(runs):
     """Muon with DDP (every rank orthogonalizes the same averaged gradient) and with FSDP
     (torch.optim.Muon on DTensor slices: the Newton-Schulz products gather what they need),
@@ -246,6 +248,7 @@ def test_muon_on_ddp_and_fsdp_equals_one_process(runs):
                               muon_weights["decoder.layers.0.feed_forward.linear1.weight"])
 
 
+@pytest.mark.slow
 def test_a_mixture_of_experts_trains_alike_sharded(tmp_path):
     """FSDP over two processes trains a language model of sixteen experts, one a token (on
     each rank, each step, some expert no token chose: its gradient is zero, not missing, so
