@@ -93,17 +93,32 @@ def device() -> torch.device:
 @pytest.fixture(scope="session")
 def copy_run(tmp_path_factory):
     """The copy task trained once through `vaswani train` (configs/copy-task.toml), shared by
-    the tests that need a working encoder-decoder. Returns (run_dir, summary, seconds)."""
+    the tests that need a working encoder-decoder. Returns (run_dir, summary, seconds).
+
+    Once for the whole session, not once per pytest-xdist worker (~45 s on 2 cores): the first
+    worker to ask trains it under a file lock in the workers' common folder, the others wait
+    for it and read it (pytest-xdist's recipe for session data). Tests read the run, never
+    write into it."""
+    import os
     import time
+
+    from filelock import FileLock
 
     from vaswani.training.train import Launch, train
 
-    run = tmp_path_factory.mktemp("runs") / "copy"
-    start = time.perf_counter()
-    summary = train(str(ROOT / "configs/copy-task.toml"),
-                    [f"train.device={DEVICE}", "train.compile=false"],  # as fixtures.config
-                    out=str(run), launch=Launch(progress=False))
-    return run, summary, time.perf_counter() - start
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this session's
+    run, record = shared / "copy-run" / "copy", shared / "copy-run.json"
+    with FileLock(f"{record}.lock"):
+        if not record.exists():
+            start = time.perf_counter()
+            summary = train(str(ROOT / "configs/copy-task.toml"),
+                            [f"train.device={DEVICE}", "train.compile=false"],  # as fixtures
+                            out=str(run), launch=Launch(progress=False))
+            record.write_text(json.dumps({"summary": summary,
+                                          "seconds": time.perf_counter() - start}))
+    done = json.loads(record.read_text())
+    return run, done["summary"], done["seconds"]
 
 
 @pytest.fixture(scope="session")
