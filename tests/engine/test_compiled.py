@@ -374,6 +374,7 @@ def kv_run(lm_run, tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 def test_a_step_over_a_bfloat16_cache_is_a_package_of_its_own_and_decodes_as_eager(
         kv_run, capsys):
     """`vaswani compile RUN --kv-cache bf16` builds a package beside the float cache's; a

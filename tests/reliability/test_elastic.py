@@ -146,6 +146,7 @@ def test_restarts_on_several_machines_with_a_shared_store_are_refused(monkeypatc
     distributed._attempt_store.cache_clear()
 
 
+@pytest.mark.slow
 def test_two_nodes_on_loopback_train_and_one_node_resumes(straight, tmp_path):
     """Two torchrun "nodes" (one process each) meet at a c10d rendezvous on 127.0.0.1, train
     the first half, and one node alone resumes the run to the end: the losses and weights of
@@ -268,7 +269,7 @@ def both(*args, **kwargs) -> str:
     return said
 
 
-@pytest.mark.parametrize("moment", ["step:6", "wait:10"])
+@pytest.mark.parametrize("moment", ["step:6", pytest.param("wait:10", marks=pytest.mark.slow)])
 def test_two_nodes_restart_after_one_loses_its_process(straight, tmp_path, moment):
     """Several machines: the process of one node is killed; its torchrun restarts it, the
     other node's torchrun restarts its own, and the job ends with the run a job never killed
