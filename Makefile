@@ -22,7 +22,7 @@ demo: $(VENV)/.installed
 # workers overlap those waits on 2 cores. Two threads each would oversubscribe the cores.
 # Left out, and run by `make test-slow` (CI runs both): the tests marked `slow`, each a whole
 # run of half a minute or more (a tutorial or the README as written, a real checkpoint, a
-# benchmark's race, ranks killed and restarted), whose parts the rest of the suite tests.
+# benchmark's race, ranks killed and restarted), most of whose parts faster tests check.
 test: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=15 -n 2 --dist loadfile -m "not probe and not slow"
 

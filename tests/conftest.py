@@ -97,8 +97,8 @@ def copy_run(tmp_path_factory):
 
     Once for the whole session, not once per pytest-xdist worker (~45 s on 2 cores): the first
     worker to ask trains it under a file lock in the workers' common folder, the others wait
-    for it and read it (pytest-xdist's recipe for session data). Tests read the run, never
-    write into it."""
+    for it and read it (pytest-xdist's recipe for session data). A test that changes a run
+    copies it first."""
     import os
     import time
 

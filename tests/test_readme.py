@@ -87,7 +87,6 @@ def test_the_documentation_table_links_to_pages_that_exist():
         assert (ROOT / link).exists(), link
 
 
-
 def test_make_test_leaves_the_slow_runs_to_make_test_slow_and_ci_runs_both():
     """The README's promise: `make test` runs all but the tests marked slow, `make test-slow`
     runs those, and CI (`.ci/run`) runs both, so that no test is left out of CI."""
