@@ -26,7 +26,8 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=15 -n 2 --dist loadfile -m "not probe and not slow"
 
-# The slow tests, each on whichever worker is free (they share no module's fixtures).
+# The slow tests, each on whichever worker is free: they are few and long, so balance wins over
+# keeping a file's tests together (a module fixture two of them share is built where needed).
 test-slow: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=15 -n 2 --dist load -m slow
 
