@@ -18,7 +18,11 @@ time ``vaswani.load`` took (``load_s``: a compiled run loads its package too) an
   docs/index.md, which no checkpoint trained on),
   how many of five factual prompts' greedy continuations (12 tokens, as the README's short
   answers, and 32) equal float32's, and how many of 16 greedy completions decoded together
-  on the engine equal each decoded alone.
+  on the engine equal each decoded alone;
+* the same five prompts' first 128 greedy tokens as ids (``readme_ids_128``): each compiled
+  row's are compared with its own precision's eager ones (``readme_128_as_eager``, how many
+  of the five are equal), and where they part, eager's two best tokens there
+  (``readme_128_differences``: a near-tie says the rounding chose).
 
 Then llama.cpp (``llama-cpp-python``, built from PyPI once into a venv of the benchmark's
 own, in a process of its own, 2 threads; benchmarks/llama_cpp_child.py) on the same Q4_1 file
@@ -64,6 +68,7 @@ PRECISIONS = ("fp32", "int8", "int4")  # measured by default; --precisions adds 
 KNOWN = (*PRECISIONS, "int4-g64")
 ANSWER_TOKENS = (12, 32)  # the README asks for 6; a longer continuation too
 AGREE_TOKENS = 32  # greedy tokens compared with llama.cpp's
+README_TOKENS = 128  # the prompts' greedy tokens each compiled row must give as eager does
 LLAMA_CPP = ["llama-cpp-python[server]==0.3.36"]
 HELD_OUT = ROOT / "benchmarks" / "texts" / "held-out.md"  # frozen: figures stay comparable
 STREAMS, STREAM_TOKENS = 8, 128  # concurrent streaming clients, and the tokens each asks for
@@ -122,7 +127,24 @@ def _measure_one(run_dir: str, precision: str, mode: str) -> dict:
         out[f"answers_{tokens}"] = alone
         out[f"batch_of_16_equal_alone_{tokens}"] = sum(
             b == a for b, a in zip(batch, alone * 3 + alone[:1], strict=True))
+    decode = run.decode_options(max_new_tokens=README_TOKENS, temperature=0)
+    out[f"readme_ids_{README_TOKENS}"] = []
+    for prompt in PROMPTS:  # as ids: where a compiled row parts from eager, which tokens
+        completion = run.completion(prompt, decode)
+        engine.run([completion.request])
+        out[f"readme_ids_{README_TOKENS}"].append([list(completion.request.prompt),
+                                                   list(completion.request.output)])
     return out
+
+
+def readme_agreement(run_dir: Path, precision: str, eager: list, compiled: list) -> dict:
+    """How many of the prompts' greedy continuations (``[prompt ids, output ids]`` each, as
+    ``readme_ids_128`` holds them) the compiled row gives as its eager precision does, and
+    for each that parts, where and eager's two best tokens there (common.py ``near_tie``)."""
+    parted = [near_tie(run_dir, precision, prompt, want, got)
+              for (prompt, want), (_, got) in zip(eager, compiled, strict=True)]
+    return {f"readme_{README_TOKENS}_as_eager": sum(p is None for p in parted),
+            f"readme_{README_TOKENS}_differences": [p for p in parted if p is not None]}
 
 
 def ties(path: Path, run_dir: Path) -> None:
@@ -316,6 +338,10 @@ def main() -> None:
                         f"as its up to {r['vs_llama_cpp']['first_greedy_difference']}")
         if mode == "compiled":
             eager = results[precision]
+            key = f"readme_ids_{README_TOKENS}"
+            r.update(readme_agreement(run_dir, precision, eager[key], r[key]))
+            same.append(f"{r[f'readme_{README_TOKENS}_as_eager']}/{len(PROMPTS)} prompts' "
+                        f"{README_TOKENS} greedy tokens as eager's")
             r["vs_eager"] = round(r["generation_tokens_per_s"]
                                   / eager["generation_tokens_per_s"], 2)
             same.append(f"{r['vs_eager']}x eager's generation, greedy tokens as eager's up "

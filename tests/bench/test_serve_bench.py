@@ -112,8 +112,9 @@ def test_the_prefill_part_times_a_short_request_alone_and_beside_a_long_prompt(s
 
 
 def test_the_llm_benchmark_measures_one_precision_of_a_language_model(small_runs):
-    """benchmarks/llm.py's measurement of one precision, on a tiny LM (float32 and int8)."""
-    from benchmarks.llm import ANSWER_TOKENS, measure_one
+    """benchmarks/llm.py's measurement of one precision, on a tiny LM (float32 and int8), and
+    its comparison of a compiled row's greedy tokens with eager's."""
+    from benchmarks.llm import ANSWER_TOKENS, README_TOKENS, measure_one, readme_agreement
 
     lm, _ = small_runs["decoder"]
     for precision in ("fp32", "int8"):
@@ -125,6 +126,23 @@ def test_the_llm_benchmark_measures_one_precision_of_a_language_model(small_runs
             assert 0 <= out[f"batch_of_16_equal_alone_{tokens}"] <= 16
         assert len(out["long_prompt_ids"]) > len(out["prompt_ids"]) > 0
         assert 0 < len(out["greedy_ids"]) <= 32
+        readme = out[f"readme_ids_{README_TOKENS}"]
+        assert len(readme) == 5
+        assert all(len(prompt) > 0 and len(ids) <= README_TOKENS for prompt, ids in readme)
+    # a compiled row's continuations against its eager precision's: equal, or where they
+    # part, eager's own token is the first of eager's two best there
+    assert readme_agreement(lm, "int8", readme, readme) == {
+        f"readme_{README_TOKENS}_as_eager": 5, f"readme_{README_TOKENS}_differences": []}
+    k = max(range(5), key=lambda j: len(readme[j][1]))  # the longest continuation
+    want = readme[k][1]
+    i = min(3, len(want) - 1)
+    other = [[prompt, list(ids)] for prompt, ids in readme]
+    other[k][1][i] = (want[i] + 1) % 50
+    got = readme_agreement(lm, "int8", readme, other)
+    assert got[f"readme_{README_TOKENS}_as_eager"] == 4
+    (parted,) = got[f"readme_{README_TOKENS}_differences"]
+    assert parted["index"] == i and parted["eager"] == want[i]
+    assert parted["compiled"] == other[k][1][i] and parted["eager_top_2"][0][0] == want[i]
 
 
 def test_the_kv_cache_benchmark_measures_each_cache_after_each_context(small_runs):
