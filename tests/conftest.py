@@ -1,4 +1,5 @@
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -6,6 +7,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE = torch.device("cpu")  # where model tests run: `pytest --device cuda` (default cpu)
+pytest_plugins = ["pytester"]  # tests/test_suite_disk.py runs small pytest sessions
 
 
 def pytest_addoption(parser):
@@ -19,6 +21,16 @@ def pytest_configure(config):
     DEVICE = torch.device(config.getoption("--device"))
     if DEVICE.type == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError("--device cuda: this PyTorch sees no CUDA device")
+
+
+@pytest.fixture(scope="module")
+def module_dir(tmp_path_factory, request):
+    """A directory for the files one test module shares (an imported checkpoint is 0.1-1 GB),
+    removed when the module's last test ends rather than at the end of the session: the
+    suite's imports, exports and fine-tunes would otherwise fill a CI machine's disk."""
+    path = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

