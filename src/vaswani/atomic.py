@@ -63,8 +63,11 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
-def write_error(path: Path, cause: BaseException) -> WriteError:
-    """A one-line :class:`WriteError` for ``path``, saying when the disk is full."""
+def write_error(path: Path, cause: BaseException,
+                kept: str = "the previous version of the file, if any, is intact"
+                ) -> WriteError:
+    """A one-line :class:`WriteError` for ``path``, saying when the disk is full and what
+    is ``kept``."""
     reason = str(cause).strip().splitlines()[0][:160] if str(cause).strip() else type(cause)
     try:
         free = shutil.disk_usage(path.parent).free
@@ -73,8 +76,21 @@ def write_error(path: Path, cause: BaseException) -> WriteError:
     full = getattr(cause, "errno", None) == errno.ENOSPC or "space" in str(cause).lower() or (
         free is not None and free < 1 << 20)
     hint = (f"; the disk is full ({(free or 0) >> 20} MiB free)" if full else "")
-    return WriteError(f"could not write {path} ({reason}){hint}; the previous version of "
-                      "the file, if any, is intact")
+    return WriteError(f"could not write {path} ({reason}){hint}; {kept}")
+
+
+WRITE_REFUSED = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS}
+
+
+def failed_write(error: BaseException) -> bool:
+    """Whether ``error`` is the machine refusing a write (a full disk or quota, a read-only
+    or failing device) rather than a fault of the program or of its input: an ``OSError``
+    with such an errno, or a library's own error type that says so (safetensors raises
+    ``SafetensorError: ... I/O error: No space left on device``)."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return error.errno in WRITE_REFUSED
+    text = str(error)
+    return "I/O error" in text or "No space left" in text
 
 
 def private_dir(parent: Path, prefix: str) -> Path:

@@ -98,3 +98,47 @@ def test_out_that_is_a_file_or_lies_under_one_is_refused_by_name(run, tmp_path, 
     assert "Traceback" not in err and "Errno" not in err
     assert f"{file} is a file, not a folder" in err
     assert file.read_text() == "mine"
+
+
+class SafetensorError(Exception):
+    """What safetensors raises when its write fails (its own type, not an OSError)."""
+
+
+@pytest.mark.parametrize("failure", [
+    OSError(28, "No space left on device"),  # CTranslate2 and ONNX: Python's own error
+    SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+])
+def test_a_full_disk_mid_export_is_said_in_one_line_and_the_last_export_stays(
+        run, tmp_path, monkeypatch, capsys, failure):
+    from vaswani.export import ct2
+
+    out = tmp_path / "out"
+    assert main(["export", str(run), "--format", "ct2", "--out", str(out)]) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    write = ct2.write
+
+    def fills_the_disk(run, dest, **kw):
+        write(run, dest, **kw)  # a whole export in the build folder, then the disk is full
+        raise failure
+
+    monkeypatch.setattr(ct2, "write", fills_the_disk)
+    assert main(["export", str(run), "--format", "ct2", "--out", str(out), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"could not write {out}" in err and "No space left on device" in err
+    assert f"nothing was written to {out}" in err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no build folder
+
+
+def test_an_error_of_the_program_mid_export_is_not_called_a_full_disk(run, tmp_path,
+                                                                       monkeypatch):
+    from vaswani.export import ct2
+
+    def a_bug(run, dest, **kw):
+        raise RuntimeError("a mapping bug")
+
+    monkeypatch.setattr(ct2, "write", a_bug)
+    with pytest.raises(RuntimeError, match="a mapping bug"):
+        export(run, "ct2", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path
 
 from .. import checkpoint, rundir
-from ..atomic import atomic_write_text, private_dir
+from ..atomic import WriteError, atomic_write_text, failed_write, private_dir, write_error
 from ..config import ModelConfig
 
 FORMATS = ("hf", "onnx", "ct2")
@@ -105,9 +105,15 @@ def export(run_dir: str | Path, fmt: str, out: str | Path, *, quantize: str | No
                   "onnx": lambda dest: onnx.write(run, dest)}[fmt]
     tmp = private_dir(out.parent, out.name)
     try:
-        writer(tmp / "export")
-        shutil.copytree(run_dir / rundir.TOKENIZER, tmp / "export" / SOURCE / rundir.TOKENIZER)
-        shutil.copy2(run_dir / rundir.CONFIG, tmp / "export" / SOURCE / rundir.CONFIG)
+        try:
+            writer(tmp / "export")
+            shutil.copytree(run_dir / rundir.TOKENIZER,
+                            tmp / "export" / SOURCE / rundir.TOKENIZER)
+            shutil.copy2(run_dir / rundir.CONFIG, tmp / "export" / SOURCE / rundir.CONFIG)
+        except Exception as e:  # a full disk, from whichever library was writing
+            if failed_write(e) and not isinstance(e, WriteError):
+                raise write_error(out, e, f"nothing was written to {out}") from e
+            raise
         names = sorted(p.name for p in (tmp / "export").iterdir())
         clash = sorted(set(names) & set(others))
         if clash:
