@@ -1008,6 +1008,44 @@ def probe_ct2_by_its_own_users(p):
                      f"{theirs[i]!r}, vaswani {mine[i] if i < len(mine) else None!r}")
 
 
+@case("2: export", "a full disk during `vaswani export` (a 64 kB tmpfs)")
+def probe_disk_full_export(p):
+    run = p.run("encoder-decoder")
+    mnt = _tmpfs(p, "64k")
+    if mnt is None:
+        return "skipped", "cannot mount a tmpfs here (needs root)"
+    try:
+        r = p.cli("export", run, "--format", "ct2", "--out", mnt / "ct2")
+        status, text = expect_error(r, must_say="full")
+        left = sorted(q.name for q in mnt.iterdir())
+        if left:
+            return "wrong", f"left {left[:4]} on the full disk; " + text
+        return status, text
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+@case("2: export", "a full disk during `vaswani compile` (room for the run, not its package)")
+def probe_disk_full_compile(p):
+    run = p.run("decoder")
+    size = sum(q.stat().st_size for q in run.rglob("*") if q.is_file())
+    mnt = _tmpfs(p, f"{(size >> 10) + 256}k")
+    if mnt is None:
+        return "skipped", "cannot mount a tmpfs here (needs root)"
+    try:
+        shutil.copytree(run, mnt / "run")
+        r = p.cli("compile", mnt / "run", timeout=900)
+        status, text = expect_error(r, must_say="full")
+        if (mnt / "run" / "compiled").exists() and any((mnt / "run" / "compiled").iterdir()):
+            return "wrong", "a part of a package is left in the run; " + text
+        check = p.cli("generate", mnt / "run", "--prompt", "ab", "--max-new-tokens", "4")
+        if check.rc != 0:
+            return "wrong", "the run no longer generates: " + check.describe()
+        return status, text
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
 @case("2: export", "ONNX export of an imported BERT")
 def probe_onnx_of_imported_bert(p):
     run = p.work / "bert-run"
