@@ -112,6 +112,7 @@ def export(run_dir: str | Path, fmt: str, out: str | Path, *, quantize: str | No
             shutil.copy2(run_dir / rundir.CONFIG, tmp / "export" / SOURCE / rundir.CONFIG)
         except Exception as e:  # a full disk, from whichever library was writing
             if failed_write(e) and not isinstance(e, WriteError):
+                shutil.rmtree(tmp, ignore_errors=True)  # first: the space it leaves is said
                 raise write_error(out, e, f"nothing was written to {out}") from e
             raise
         names = sorted(p.name for p in (tmp / "export").iterdir())
