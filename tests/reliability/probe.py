@@ -338,15 +338,11 @@ def probe_cache_is_a_file(p):
 
 @case("cache", "a read-only cache (a read-only mount)")
 def probe_read_only_cache(p):
-    mnt = p.scratch("ro")
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)],
-                      capture_output=True).returncode:
-        return "skipped", "cannot mount a tmpfs here (needs root)"
-    try:
+    with _tmpfs(p, "1m", read_only=True) as mnt:
+        if mnt is None:
+            return "skipped", "cannot mount a tmpfs here (needs root)"
         return expect_error(p.cli("data", "prepare", "shakespeare", "--cache", mnt),
                             must_say="Read-only")
-    finally:
-        subprocess.run(["umount", str(mnt)])
 
 
 @case("resume", "`--resume` of a folder that is not a run")
@@ -539,11 +535,12 @@ def probe_kill_during_startup(p):
 
 
 @contextlib.contextmanager
-def _tmpfs(p: Probe, size: str) -> Iterator[Path | None]:
-    """A small disk (a tmpfs of ``size``) mounted for the block; None where it cannot be
-    mounted (mounting needs root)."""
-    mnt = p.scratch("full")
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+def _tmpfs(p: Probe, size: str, read_only: bool = False) -> Iterator[Path | None]:
+    """A small disk (a tmpfs of ``size``, ``read_only`` or not) mounted for the block; None
+    where it cannot be mounted (mounting needs root)."""
+    mnt = p.scratch("ro" if read_only else "full")
+    options = f"ro,size={size}" if read_only else f"size={size}"
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)],
                       capture_output=True).returncode:
         yield None
         return
