@@ -362,8 +362,10 @@ def near_tie(run_dir: Path, precision: str, prompt: list[int], eager: list[int],
              other: list[int], label: str = "compiled") -> dict | None:
     """Where ``other`` greedy tokens (the compiled step's, or another engine's: ``label``)
     first part from eager's: the eager model's two most likely tokens there and their
-    log-probabilities (a tie, or a bfloat16 step apart, says the rounding chose; a wide gap
-    would say the other is wrong). None: equal, or one a prefix of the other."""
+    log-probabilities, and the log-probability a full eager pass gives each of the two
+    tokens chosen (``logprobs``: the other's token may lie outside the two best where
+    several tie). A tie, or a bfloat16 step apart, says the rounding chose; a wide gap would
+    say the other is wrong. None: equal, or one a prefix of the other."""
     import vaswani
 
     i = first_difference(eager, other)
@@ -371,6 +373,8 @@ def near_tie(run_dir: Path, precision: str, prompt: list[int], eager: list[int],
         return None
     run = vaswani.load(run_dir, quantize=None if precision == "fp32" else precision,
                        compiled=False)
-    _, top = run.token_logprobs(list(prompt) + eager[:i + 1], top=2)[-1]
+    ours, top = run.token_logprobs(list(prompt) + eager[:i + 1], top=2)[-1]
+    theirs, _ = run.token_logprobs(list(prompt) + eager[:i] + [other[i]])[-1]
     return {"index": i, "eager": eager[i], label: other[i],
-            "eager_top_2": [[t, round(lp, 4)] for t, lp in top]}
+            "eager_top_2": [[t, round(lp, 4)] for t, lp in top],
+            "logprobs": {"eager": round(ours, 4), label: round(theirs, 4)}}

@@ -148,8 +148,11 @@ def readme_agreement(run_dir: Path, precision: str, eager: list, compiled: list)
 
 
 def ties(path: Path, run_dir: Path) -> None:
-    """:func:`near_tie` for each compiled row of a results file, written back into it."""
+    """:func:`near_tie` for each compiled row of a results file, written back into it (and
+    the README prompts' differences, :func:`readme_agreement`, where the file holds their
+    tokens)."""
     results = json.loads(path.read_text())
+    readme = f"readme_ids_{README_TOKENS}"
     for precision in KNOWN:
         compiled = results.get(VARIANT["compiled"].format(precision))
         if compiled is not None:
@@ -157,6 +160,11 @@ def ties(path: Path, run_dir: Path) -> None:
                 run_dir, precision, compiled["prompt_ids"], results[precision]["greedy_ids"],
                 compiled["greedy_ids"])
             print(f"llm: {precision} compiled: {compiled['first_difference_from_eager']}")
+            if readme in compiled and readme in results[precision]:
+                compiled.update(readme_agreement(run_dir, precision,
+                                                 results[precision][readme], compiled[readme]))
+                print(f"llm: {precision} compiled, README prompts: "
+                      f"{compiled[f'readme_{README_TOKENS}_differences']}")
     path.write_text(json.dumps(results, indent=1) + "\n")
 
 

@@ -53,7 +53,13 @@ def test_near_tie_names_eager_decodings_two_best_tokens_where_another_parts(smal
     assert first_difference(eager, other) == 3 and got["index"] == 3
     assert got["eager"] == eager[3] == got["eager_top_2"][0][0]
     assert got["other"] == other[3] == got["eager_top_2"][1][0]
+    assert got["logprobs"] == {"eager": got["eager_top_2"][0][1],
+                               "other": got["eager_top_2"][1][1]}
     assert near_tie(lm, "fp32", prompt, eager, list(eager)) is None
+    _, top = run.token_logprobs(prompt + eager[:4], top=3)[-1]  # the third best, outside
+    third = near_tie(lm, "fp32", prompt, eager, eager[:3] + [top[2][0]], label="other")
+    assert third["other"] not in [t for t, _ in third["eager_top_2"]]
+    assert third["logprobs"]["other"] == round(top[2][1], 4)
 
 
 def test_a_peer_venv_asked_for_twice_at_once_is_made_once(tmp_path, monkeypatch):

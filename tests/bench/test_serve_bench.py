@@ -2,6 +2,7 @@
 client gets its whole completion, and the server runs on the device asked for (timing is
 never asserted)."""
 
+import json
 import sys
 
 import pytest
@@ -111,10 +112,11 @@ def test_the_prefill_part_times_a_short_request_alone_and_beside_a_long_prompt(s
     assert alone > 0 and len(loaded) == 2 and all(t > 0 for t in loaded)
 
 
-def test_the_llm_benchmark_measures_one_precision_of_a_language_model(small_runs):
+def test_the_llm_benchmark_measures_one_precision_of_a_language_model(small_runs, tmp_path):
     """benchmarks/llm.py's measurement of one precision, on a tiny LM (float32 and int8), and
-    its comparison of a compiled row's greedy tokens with eager's."""
-    from benchmarks.llm import ANSWER_TOKENS, README_TOKENS, measure_one, readme_agreement
+    its comparison of a compiled row's greedy tokens with eager's, in a run and afterwards
+    on a results file (``--ties-of``)."""
+    from benchmarks.llm import ANSWER_TOKENS, README_TOKENS, measure_one, readme_agreement, ties
 
     lm, _ = small_runs["decoder"]
     for precision in ("fp32", "int8"):
@@ -143,6 +145,18 @@ def test_the_llm_benchmark_measures_one_precision_of_a_language_model(small_runs
     (parted,) = got[f"readme_{README_TOKENS}_differences"]
     assert parted["index"] == i and parted["eager"] == want[i]
     assert parted["compiled"] == other[k][1][i] and parted["eager_top_2"][0][0] == want[i]
+    # a results file written before a difference was explained: --ties-of fills both in
+    greedy = list(out["greedy_ids"])
+    parted_greedy = greedy[:-1] + [(greedy[-1] + 1) % 50]  # the last token differs
+    results = {"int8": out, "int8_compiled": {**out, "greedy_ids": parted_greedy,
+                                              "prompt_ids": out["prompt_ids"][:8],  # fits
+                                              f"readme_ids_{README_TOKENS}": other}}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    ties(tmp_path / "results.json", lm)
+    written = json.loads((tmp_path / "results.json").read_text())["int8_compiled"]
+    assert written[f"readme_{README_TOKENS}_differences"] == [parted]
+    assert written[f"readme_{README_TOKENS}_as_eager"] == 4
+    assert written["first_difference_from_eager"]["index"] == len(greedy) - 1
 
 
 def test_the_kv_cache_benchmark_measures_each_cache_after_each_context(small_runs):
