@@ -2,7 +2,8 @@
 that rounding each input row to 8 bits allows. What a prompt's (prefill's) int8 layers and
 a step of many rows (eight streams, a speculative pass) could cost.
 
-    python -m experiments.int8_products [--rows 1,8,64,256] [--json OUT.json]
+    python -m experiments.int8_products [--rows 1,8,64,256] [--perplexity RUN_DIR]
+                                        [--json OUT.json]
 
 For SmolLM2-135M's layer shapes (out, in), over the same int8 weight (one symmetric scale
 per output row, cpu/quantized.py ``WeightOnlyLinear``), alternating, best of ``repeats``:
@@ -18,11 +19,16 @@ Beside the times, for each way: whether a row's result is the same bits computed
 among the others (the engine's contract for int8: tests/engine/test_runner.py; int32 sums
 are exact, so ``w8a8`` keeps it whatever kernel sums them), and its largest difference from
 the float product relative to that product's largest magnitude (the rounding it adds).
+
+``--perplexity RUN_DIR`` also scores a language model's held-out text (benchmarks.llm's,
+frozen) in float32, with ``--quantize int8`` as it is, and with every int8 layer's product
+(the tied head's too) taken the ``w8a8`` way: what rounding the inputs costs in quality.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -83,10 +89,40 @@ def int8_products(shapes=SHAPES, rows=ROWS, repeats: int = 5, seed: int = 0) -> 
     return out
 
 
+@contextlib.contextmanager
+def inputs_in_int8():
+    """Every 8-bit ``WeightOnlyLinear`` multiplies the :func:`w8a8` way while this lasts."""
+    product = WeightOnlyLinear.product
+
+    def rounded(self, flat):
+        return w8a8(flat.float(), self.qweight, self.scales) if self.bits == 8 else \
+            product(self, flat)
+
+    WeightOnlyLinear.product = rounded
+    try:
+        yield
+    finally:
+        WeightOnlyLinear.product = product
+
+
+def perplexities(run_dir: str, text: str) -> dict:
+    """``text``'s perplexity under the run in float32, int8 weight-only and int8 x int8."""
+    import vaswani
+
+    out = {"float32": vaswani.load(run_dir, compiled=False).score(text)["perplexity"]}
+    int8 = vaswani.load(run_dir, quantize="int8", compiled=False)
+    out["weight_only"] = int8.score(text)["perplexity"]
+    with inputs_in_int8():
+        out["w8a8"] = int8.score(text)["perplexity"]
+    return {k: round(v, 3) for k, v in out.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default=",".join(map(str, ROWS)),
                         help="rows of each product (default 1,8,64,256)")
+    parser.add_argument("--perplexity", metavar="RUN_DIR",
+                        help="a language model's run: its held-out perplexity each way too")
     parser.add_argument("--json", metavar="OUT.json")
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -98,6 +134,12 @@ def main() -> None:
               f"{r['w8a8_row_alone_as_in_batch']}, {r['float_row_alone_as_in_batch']}; "
               f"error {r['weight_only_error']:.1e}, {r['w8a8_error']:.1e}")
              for r in result["results"]]
+    if args.perplexity:
+        from benchmarks.llm import HELD_OUT
+
+        result["perplexity"] = perplexities(args.perplexity, HELD_OUT.read_text())
+        lines.append(("held-out perplexity: float32, weight-only int8, int8 x int8",
+                      ", ".join(str(v) for v in result["perplexity"].values())))
     report("int8 products: weight-only, int8 x int8 (w8a8), float32", lines, result,
            args.json)
 

@@ -35,3 +35,19 @@ def test_a_shape_at_each_row_count_is_timed_three_ways_with_their_rounding():
         assert r["w8a8_row_alone_as_in_batch"] and r["weight_only_row_alone_as_in_batch"]
         assert 0 < r["weight_only_error"] < 0.05 and 0 < r["w8a8_error"] < 0.05
         assert r["w8a8_speedup"] > 0
+
+
+def test_a_language_models_perplexity_is_scored_with_each_ways_products(small_runs):
+    """--perplexity: the same text scored in float32, weight-only int8 and int8 x int8; the
+    last through w8a8 itself (its calls seen), and the layers' own product restored after."""
+    lm, _ = small_runs["decoder"]
+    calls = []
+    w8a8 = int8_products.w8a8
+    product = WeightOnlyLinear.product
+    try:
+        int8_products.w8a8 = lambda *a: calls.append(a[0].shape) or w8a8(*a)
+        got = int8_products.perplexities(str(lm), "the cat sat on the mat. " * 8)
+    finally:
+        int8_products.w8a8 = w8a8
+    assert set(got) == {"float32", "weight_only", "w8a8"} and all(v > 1 for v in got.values())
+    assert calls and WeightOnlyLinear.product is product
