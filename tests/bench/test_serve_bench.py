@@ -117,6 +117,7 @@ def test_the_llm_benchmark_measures_one_precision_of_a_language_model(small_runs
     its comparison of a compiled row's greedy tokens with eager's, in a run and afterwards
     on a results file (``--ties-of``)."""
     from benchmarks.llm import ANSWER_TOKENS, README_TOKENS, measure_one, readme_agreement, ties
+    from vaswani.cpu.quantized import bf16_products
 
     lm, _ = small_runs["decoder"]
     for precision in ("fp32", "int8"):
@@ -131,6 +132,9 @@ def test_the_llm_benchmark_measures_one_precision_of_a_language_model(small_runs
         readme = out[f"readme_ids_{README_TOKENS}"]
         assert len(readme) == 5
         assert all(len(prompt) > 0 and len(ids) <= README_TOKENS for prompt, ids in readme)
+        fast = out.get("fast_prefill")  # int8's prompt with --fast-prefill, where it runs
+        assert (fast is not None) == (precision == "int8" and bf16_products())
+        assert fast is None or fast["prompt_tokens_per_s"] > 0
     # a compiled row's continuations against its eager precision's: equal, or where they
     # part, eager's own token is the first of eager's two best there
     assert readme_agreement(lm, "int8", readme, readme) == {

@@ -11,7 +11,8 @@ from torch import nn
 from torch.testing import assert_close
 
 from vaswani import ModelConfig, build_model
-from vaswani.cpu.quantized import Int8Linear, quantize_linears, reference_int8_linear
+from vaswani.cpu.dynamic import Int8Linear, reference_int8_linear
+from vaswani.cpu.quantized import quantize_linears
 from vaswani.nn import Heads, MultiHeadAttention
 
 pytestmark = pytest.mark.usefixtures("on_cpu")  # int8 is a CPU path

@@ -201,7 +201,7 @@ def test_average_command_and_averaged_weights(copy_run, tmp_path, capsys, monkey
 def test_quantize_int8_translates_from_python_and_the_cli(copy_run, tmp_path, capsys):
     """--quantize int8 (vaswani.load(..., quantize="int8")): every linear layer int8, the
     copy task still copied; a bad choice, CTranslate2 and a GPU are refused by name."""
-    from vaswani.cpu.quantized import Int8Linear
+    from vaswani.cpu.dynamic import Int8Linear
 
     run = vaswani.load(copy_run[0], quantize="int8")
     assert any(isinstance(m, Int8Linear) for m in run.model.modules())

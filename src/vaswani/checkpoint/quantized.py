@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..config.family import family
-from ..cpu.quantized import Int8Embedding, WeightOnlyLinear, int8_fits, quantized
+from ..cpu.quantized import Int8Embedding, WeightOnlyLinear, int8_fits, narrow_head, quantized
 from ..devices import give_back_freed_memory
 from ..models import build_model
 from ..models.common import fill_buffers
@@ -90,6 +90,7 @@ def load_quantized(model: nn.Module, path: Path, kind: str, *, weight_only: bool
     missing = [n for n in names_of if n not in done]
     if missing:
         raise ValueError(f"{path} does not match the model: missing {missing[:5]}")
+    narrow_head(model)
     give_back_freed_memory()
     for module in model.modules():  # the buffers no file holds: computed next (fill_buffers)
         for name, b in list(module.named_buffers(recurse=False)):

@@ -19,6 +19,12 @@ QUANTIZE_HELP = ("int8: the linear layers with int8 weights (a language model ke
                  "(and a head tied to it) in int8 rows either way. A CPU only; a little less "
                  "exact (docs/performance.md)")
 
+FAST_PREFILL_HELP = ("with --quantize int8: multiply the prompt's tokens in bfloat16 where the "
+                     "CPU has bfloat16 products (AVX512-BF16 or AMX): prompts 1.5-2.5x faster "
+                     "(docs/performance.md); a prompt token then differs in its last bits from "
+                     "the same token decoded, so a completion may change with how its prompt "
+                     "was batched or chunked (off: the same bits in any batch)")
+
 # engine/config.py's KV_CACHE (not imported: it imports torch)
 KV_CACHE = ("bf16",)
 KV_CACHE_HELP = ("keep the decoder's keys and values in bfloat16: half the cache's memory a "
@@ -77,13 +83,14 @@ def _at_least(text: str, low: int) -> int:
 
 def load_run(args: argparse.Namespace):
     """RUN_DIR loaded for use (--device, --weights, --engine, --quantize, --kv-cache,
-    --eager)."""
+    --fast-prefill, --eager)."""
     from ..inference import load
 
     return load(args.run_dir, device=args.device, weights=args.weights,
                 engine=getattr(args, "engine", "vaswani"),
                 quantize=getattr(args, "quantize", None),
-                kv_cache=getattr(args, "kv_cache", None), **eager(args))
+                kv_cache=getattr(args, "kv_cache", None),
+                fast_prefill=getattr(args, "fast_prefill", False), **eager(args))
 
 
 SPECULATE_HELP = ("guess up to N tokens after each one, from the context (prompt lookup) or "

@@ -9,6 +9,7 @@ import sys
 from .common import (
     DRAFT_HELP,
     EAGER_HELP,
+    FAST_PREFILL_HELP,
     KV_CACHE,
     KV_CACHE_HELP,
     QUANTIZE,
@@ -70,6 +71,7 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument("--quantize", choices=QUANTIZE, help=QUANTIZE_HELP)
     p.add_argument("--kv-cache", choices=KV_CACHE, help=KV_CACHE_HELP)
+    p.add_argument("--fast-prefill", action="store_true", help=FAST_PREFILL_HELP)
     p.add_argument("--eager", action="store_true", help=EAGER_HELP)
     p.add_argument("--speculate", type=nonnegative, metavar="N", help=SPECULATE_HELP)
     p.add_argument("--draft", metavar="RUN_DIR", help=DRAFT_HELP)
@@ -121,7 +123,8 @@ def serve(args: argparse.Namespace) -> int:
     try:
         # LoRA runs of one base (or beside it) share one copy of it (inference/shared.py)
         runs = load_runs(name_runs(args.run_dirs, args.name), device=args.device,
-                         quantize=args.quantize, kv_cache=args.kv_cache, say=lambda line: print(
+                         quantize=args.quantize, kv_cache=args.kv_cache,
+                         fast_prefill=args.fast_prefill, say=lambda line: print(
                              f"vaswani serve: {line}", file=sys.stderr, flush=True),
                          **eager(args))
         for run in runs.values():

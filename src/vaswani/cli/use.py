@@ -10,6 +10,7 @@ from pathlib import Path
 from .common import (
     DRAFT_HELP,
     EAGER_HELP,
+    FAST_PREFILL_HELP,
     KV_CACHE,
     KV_CACHE_HELP,
     QUANTIZE,
@@ -85,6 +86,7 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                    "FILE accepts, and end where it ends: every token is chosen among those "
                    "that keep the text inside the schema (structured output)")
     p.add_argument("--json", action="store_true", help="write one JSON object (any keys)")
+    p.add_argument("--fast-prefill", action="store_true", help=FAST_PREFILL_HELP)
     controls(p)
     p.set_defaults(func=generate)
 

@@ -13,17 +13,20 @@ Two ways, for two kinds of work:
   for a few rows, reads a quarter (int8) or an eighth (int4) of the bytes. int8: one
   symmetric scale per output row; int4: a scale and an offset per group of ``GROUP`` (32)
   inputs of each output row (asymmetric: 16 levels from the group's least to its largest
-  value), or of 64 (``int4-g64``).
-* :class:`Int8Linear` (``int8`` for a translator or an encoder): the weight in int8, one scale
-  per output row, and on every call the *input* quantized to 8 bits with a scale and zero
-  point from its own range (7 bits, 0..127, as PyTorch's x86 default: fbgemm's AVX2 kernels
-  would otherwise saturate their 16-bit sums); the product accumulates in int32 and is scaled
-  back to float, then the float bias is added (``torch.ops.quantized.linear_dynamic``,
-  fbgemm). Products of many rows (a batch of beams) are several times faster than float32 on
-  a CPU with AVX512-VNNI. The price: rounding (each weight moves by up to half its row's
-  step, each input by up to half of its own), and the input's scale is taken over all the
-  rows of a call, so a row's result can change with the rows beside it.
-  :func:`reference_int8_linear` writes the arithmetic out, and a test checks they agree.
+  value), or of 64 (``int4-g64``). The kernel is compute-bound at a prompt's many rows (its
+  product of 256 rows is slower than float32's), so an engine asked to (``EngineConfig``
+  ``bf16_prefill``, ``--fast-prefill``) runs its prefills' int8 products otherwise where the
+  CPU multiplies bfloat16 natively (oneDNN with AVX512-BF16 or AMX, :func:`bf16_products`):
+  the levels widened to bfloat16 (exactly: integers below 128), one bfloat16 product with
+  float32 sums, each output scaled after (:func:`widened_product`, under :func:`widened`):
+  the kernel's arithmetic up to the order of the sums and one rounding, each row's bits its
+  own, 2-3x faster from 64 rows. But not the decoding step's bits: a prompt token that one
+  schedule prefills and another decodes (the last of a chunked prompt, a kept chat turn's
+  answer) differs in its last bits, so a completion is no longer the same to the bit alone
+  and in any batch. A vocabulary head, which a prefill reads for one row a prompt, keeps
+  the kernel (``wide`` False).
+* :class:`~vaswani.cpu.dynamic.Int8Linear` (``int8`` for a translator or an encoder,
+  cpu/dynamic.py): int8 weights and inputs quantized on every call, fbgemm's int32 products.
 
 Not on a GPU (these kernels are CPU-only). Not for training their weights either: a
 :class:`WeightOnlyLinear` passes a gradient to its input only (:class:`FrozenProduct`), so
@@ -33,70 +36,17 @@ speed: docs/performance.md.
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterable
+import functools
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn.positional import Embeddings
-
-REDUCE_RANGE = True  # 7-bit inputs (0..127): what fbgemm's AVX2 kernels need to be exact
-
-
-def quantize_rows(weight: Tensor) -> Tensor:
-    """A (out, in) float weight as int8 with one symmetric scale per output row."""
-    w = weight.detach().float()
-    scales = (w.abs().amax(dim=1) / 127).clamp_min(1e-12).double()
-    zeros = torch.zeros(w.size(0), dtype=torch.long)
-    with warnings.catch_warnings():  # PyTorch marks its quantized tensors as deprecated
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8)
-
-
-class Int8Linear(nn.Module):
-    """``nn.Linear`` with an int8 weight (see the module's docstring). ``rows(x, start,
-    stop)`` uses only output rows ``start:stop`` of the weight (multi-head attention's fused
-    projection, whose parts cross-attention uses apart); each part is packed once."""
-
-    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self.qweight = quantize_rows(weight)
-        self.bias = None if bias is None else bias.detach().float().clone()
-        self._packed: dict[tuple[int, int], object] = {}
-
-    @classmethod
-    def of(cls, linear: nn.Linear) -> Int8Linear:
-        return cls(linear.weight, linear.bias)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.rows(x, 0, self.out_features)
-
-    def rows(self, x: Tensor, start: int, stop: int) -> Tensor:
-        """x (..., in) -> (..., stop - start): the output rows ``start:stop``."""
-        packed = self._packed.get((start, stop))
-        if packed is None:
-            bias = None if self.bias is None else self.bias[start:stop]
-            packed = torch.ops.quantized.linear_prepack(self.qweight[start:stop], bias)
-            self._packed[(start, stop)] = packed
-        return torch.ops.quantized.linear_dynamic(x.float(), packed, REDUCE_RANGE)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
-
-
-def reference_int8_linear(x: Tensor, qweight: Tensor, bias: Tensor | None) -> Tensor:
-    """The arithmetic of :class:`Int8Linear`, written out: x quantized per tensor to 0..127
-    from its range (0 always representable), times the dequantized weight, plus the bias."""
-    qmax = 127 if REDUCE_RANGE else 255
-    low, high = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
-    scale = max((high - low) / qmax, 1e-12)
-    zero = int(min(max(round(-low / scale), 0), qmax))
-    xq = (torch.round(x / scale) + zero).clamp(0, qmax)  # the 8-bit input
-    return F.linear((xq - zero) * scale, qweight.dequantize(), bias)
-
+from .dynamic import Int8Linear
 
 GROUP = 32  # int4: inputs per scale and offset (llama.cpp's Q4 blocks hold 32 too)
 # each int4 choice's group: "int4" is llama.cpp's Q4 groups, "int4-g64" reads 10% fewer bytes
@@ -174,9 +124,41 @@ def int4_fits(linear: nn.Linear, group: int = GROUP) -> bool:
     return linear.in_features % group == 0 and linear.out_features % 16 == 0
 
 
+WIDEN: ContextVar[bool] = ContextVar("widen_int8", default=False)
+
+
+@contextmanager
+def widened(on: bool = True) -> Iterator[None]:
+    """Inside, with ``on``, every int8 :class:`WeightOnlyLinear` but a head multiplies by
+    :func:`widened_product` where the CPU has bfloat16 products (an engine's prefill, asked
+    for: see the module)."""
+    token = WIDEN.set(on)
+    try:
+        yield
+    finally:
+        WIDEN.reset(token)
+
+
+@functools.cache
+def bf16_products() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices natively (oneDNN's AVX512-BF16 or AMX
+    kernels). Elsewhere a bfloat16 product is several times slower than the int8 kernel."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def widened_product(flat: Tensor, qweight: Tensor, scales: Tensor) -> Tensor:
+    """(N, in) bfloat16 inputs times an int8 (out, in) weight with one scale per output row,
+    -> (N, out) float32: the levels widened to bfloat16 (exact), one bfloat16 product with
+    float32 sums (rounded once, to bfloat16), then each output scaled in float32."""
+    return F.linear(flat, qweight.to(torch.bfloat16)).float().mul_(scales.float())
+
+
 class WeightOnlyLinear(nn.Module):
     """``nn.Linear`` with an int8 or int4 weight and a float input (see the module's
-    docstring): ``bits`` 8 or 4, the latter in groups of ``group`` inputs."""
+    docstring): ``bits`` 8 or 4, the latter in groups of ``group`` inputs. ``wide``: an
+    int8 layer takes :func:`widened_product` under :func:`widened` (False: a head)."""
+
+    wide = True  # a class default: layers pickled before it had one
 
     def __init__(self, weight: Tensor, bias: Tensor | None, bits: int,
                  group: int = GROUP) -> None:
@@ -207,6 +189,7 @@ class WeightOnlyLinear(nn.Module):
         layer.out_features, layer.in_features = table.qweight.shape
         layer.bits, layer.group, layer.bias = 8, GROUP, None
         layer.qweight, layer.scales = table.qweight, table.scales.to(torch.bfloat16)
+        layer.wide = False  # a head: one row a prompt in a prefill
         return layer
 
     def forward(self, x: Tensor) -> Tensor:
@@ -221,8 +204,11 @@ class WeightOnlyLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def product(self, flat: Tensor) -> Tensor:
-        """(N, in) -> (N, out) in bfloat16: the kernel's product, without the bias."""
+        """(N, in) -> (N, out) in bfloat16 (float32 :func:`widened`): the kernel's product,
+        without the bias."""
         flat = flat.to(torch.bfloat16)
+        if self.bits == 8 and self.wide and WIDEN.get() and bf16_products():
+            return widened_product(flat, self.qweight, self.scales)
         if self.bits == 8:
             return torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.qweight, self.group,
@@ -368,7 +354,20 @@ def quantize_linears(model: nn.Module, kind: str = "int8", *, weight_only: bool 
                 table = tables.get(id(child.weight))
                 setattr(module, name, WeightOnlyLinear.sharing(table) if table is not None
                         else quantized(child, kind, weight_only=weight_only))
-    return model.eval()
+    return narrow_head(model).eval()
+
+
+HEAD = "output_proj"  # a model's vocabulary projection (models/common.py)
+
+
+def narrow_head(model: nn.Module) -> nn.Module:
+    """The model's int8 vocabulary head keeps the kernel in a prefill too (``wide`` False):
+    a prefill reads it for one row a prompt, where widening SmolLM2's 49,152 x 576 levels
+    alone takes 13x the kernel's whole product (32 ms against 2.5). Returns ``model``."""
+    head = getattr(model, HEAD, None)
+    if isinstance(head, WeightOnlyLinear):
+        head.wide = False
+    return model
 
 
 def quantized(linear: nn.Linear, kind: str, *, weight_only: bool = False) -> nn.Module:

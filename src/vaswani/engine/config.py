@@ -47,6 +47,10 @@ class EngineConfig:
     # the model's). torch.bfloat16 under a float32 model: half the memory a token (twice
     # the tokens in cache_bytes), read back as float32 by the attention; each key rounded
     # to 8 bits of mantissa, so the tokens may differ from float32's where two are close
+    bf16_prefill: bool = False  # a language model's int8 weight-only products in its
+    # prefills in bfloat16, where the CPU has bfloat16 products (cpu/quantized.py widened):
+    # 2-3x faster at a prompt's many rows, but a prefilled token's last bits are no longer
+    # a decoding step's, so a completion may change with how its prompt was scheduled
 
     def __post_init__(self) -> None:
         for name in ("max_rows", "max_step_tokens"):

@@ -51,7 +51,8 @@ class Engine:
                                    shared_chunk=config.shared_chunk,
                                    prefixes=config.prefixes_for(self.cache))
         static = captured(model, self.cache, config, self.device, pad_id=self.pad_id)
-        self.runner = Runner(model, self.cache, pad_id=self.pad_id, static=static)
+        self.runner = Runner(model, self.cache, pad_id=self.pad_id, static=static,
+                             bf16_prefill=config.bf16_prefill)
         self.sampler = Sampler(pad_id=self.pad_id, bos_id=bos_id, eos_id=eos_id,
                                device=self.device)
         self.tokens_out = self.steps = 0  # tokens generated and steps run so far (throughput)

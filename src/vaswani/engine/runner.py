@@ -14,7 +14,8 @@ its own, and the attention runs by the kind of pass, not by its shapes (cpu/atte
 ``engine_pass``), so that neither the keys read past a row's own for its batch's longest nor
 the number of rows change any of its bits: a row's logits are the same alone and in any
 batch where the layers compute row by row (as the weight-only int8 and int4 ones do;
-float32's BLAS may not).
+float32's BLAS may not), and where a prefill computes a token as a decoding step does (not
+with ``bf16_prefill``: cpu/quantized.py ``widened``).
 
 A decode step runs over every used slot, 0 .. R - 1, in slot order, so that its keys are a
 view of the cache (cache.py); a slot whose row is not decoded this step (it is being
@@ -31,6 +32,7 @@ import torch
 from torch import Tensor
 
 from ..cpu.attention import engine_pass
+from ..cpu.quantized import widened
 from .adapters import choose
 from .cache import SlotCache, aligned, parts
 from .compiled import CompiledStep
@@ -43,8 +45,9 @@ from .tensors import tensor_of
 
 class Runner:
     def __init__(self, model: torch.nn.Module, cache: SlotCache, *, pad_id: int,
-                 static: StaticDecoder | None = None) -> None:
+                 static: StaticDecoder | None = None, bf16_prefill: bool = False) -> None:
         self.model, self.cache, self.pad_id = model, cache, pad_id
+        self.bf16_prefill = bf16_prefill  # prefills' int8 products in bfloat16 (config.py)
         self.static = static  # decode steps as CUDA graphs (graphs.py), on a GPU
         # decode steps compiled ahead of time (compiled.py), set by the run that has them
         self.compiled: CompiledStep | None = None
@@ -188,6 +191,7 @@ class Runner:
         verify = kind == "verify"
         plan = StepPlan(columns, width, slots=slots, apart=verify, **cross)
         with engine_pass("prefill" if kind == "prefill" else "decode"), \
+                widened(kind == "prefill" and self.bf16_prefill), \
                 self.adapters([request.adapter for request, _, _ in rows]):
             return forward_step(self.model, self.cache, ids.to(device), positions,
                                 None if verify else lengths - 1, plan)

@@ -33,7 +33,7 @@ ENGINES = ("vaswani", "ct2")
 
 def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
          engine: str = "vaswani", quantize: str | None = None, compiled: bool | None = None,
-         kv_cache: str | None = None):
+         kv_cache: str | None = None, fast_prefill: bool = False):
     """Load a run directory written by ``vaswani train`` (or ``vaswani import``) as the class
     of its task. ``weights``: ``"best"`` (model.safetensors), ``"last"`` (the latest
     checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``).
@@ -41,8 +41,13 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     ``quantize="int8"``: the linear layers with int8 weights, on a CPU (cpu/quantized.py).
     ``compiled``: decode with the step ``vaswani compile`` built for the run on this machine
     (None: where there is one; False: eagerly; True: it must be there).
-    ``kv_cache="bf16"``: the decoder's keys and values kept in bfloat16 (half the memory)."""
+    ``kv_cache="bf16"``: the decoder's keys and values kept in bfloat16 (half the memory).
+    ``fast_prefill``: an int8 language model's prompts multiplied in bfloat16 (faster; a
+    completion's bits then depend on how its prompt was batched: base.py ``load``)."""
     if engine == "ct2":
+        if fast_prefill:
+            raise ValueError("--fast-prefill is vaswani's own engine's; CTranslate2 runs its "
+                             "own products")
         if quantize:
             raise ValueError("--quantize is vaswani's own; a CTranslate2 export is quantized "
                              "when it is made: vaswani export RUN_DIR --format ct2 --quantize "
@@ -53,7 +58,7 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     if engine != "vaswani":
         raise ValueError(f"engine ({engine!r}) must be one of {', '.join(ENGINES)}")
     return _load_run(run_dir, device=device, weights=weights, quantize=quantize,
-                     compiled=compiled, kv_cache=kv_cache)
+                     compiled=compiled, kv_cache=kv_cache, fast_prefill=fast_prefill)
 
 
 __all__ = ["Encoder", "LanguageModel", "Run", "Translator", "WrongModel", "load"]

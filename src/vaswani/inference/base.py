@@ -29,7 +29,7 @@ from .. import checkpoint, rundir
 from ..checkpoint.quantized import load_quantized
 from ..config import DecodeConfig, RunConfig
 from ..config.family import Family, families, family
-from ..cpu.quantized import INT4_GROUPS, QUANTIZE, quantize_linears
+from ..cpu.quantized import INT4_GROUPS, QUANTIZE, bf16_products, quantize_linears
 from ..data.files import ReadReport
 from ..data.prepare import split_files
 from ..data.tokenizers import Tokenizer
@@ -85,6 +85,7 @@ class Run:
         self.compiled = None  # the decode step compiled ahead of time (engine/compiled.py)
         self.kv_cache: str | None = None  # its engines' key/value cache dtype by name (None:
         # the model's; engine/config.py KV_CACHE)
+        self.fast_prefill = False  # its engines' prefills' int8 products in bfloat16
         self._engine = None
 
     def adapted(self):
@@ -145,6 +146,8 @@ class Run:
         tok = self.target_tokenizer or self.source_tokenizer
         if self.kv_cache and config.cache_dtype is None:
             config = dataclasses.replace(config, cache_dtype=KV_CACHE[self.kv_cache])
+        if self.fast_prefill:
+            config = dataclasses.replace(config, bf16_prefill=True)
         engine = Engine(self.model, bos_id=tok.bos_id, eos_id=tok.eos_id, config=config)
         engine.runner.compiled = self.compiled  # its decode steps compiled (engine/compiled.py)
         return engine
@@ -250,7 +253,7 @@ def owner_of(method: str) -> str | None:
 
 def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
          quantize: str | None = None, compiled: bool | None = None,
-         kv_cache: str | None = None) -> Run:
+         kv_cache: str | None = None, fast_prefill: bool = False) -> Run:
     """Load a run directory written by ``vaswani train`` (or ``vaswani import``) as the use
     class of its task. ``weights``: ``"best"`` (model.safetensors), ``"last"`` (the latest
     checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``).
@@ -262,7 +265,10 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     if there is one, True: it must be there, False: eagerly, whatever is there).
     ``kv_cache="bf16"``: the decoder's keys and values kept in bfloat16 (half the memory a
     token; engine/config.py ``EngineConfig.cache_dtype``), and the compiled step built for
-    that cache."""
+    that cache. ``fast_prefill``: with ``quantize="int8"``, a language model's prompts are
+    multiplied in bfloat16 where the CPU has bfloat16 products (2-3x faster prefills;
+    cpu/quantized.py ``widened``), at the cost of a completion's bits no longer being the same
+    in any batch (``EngineConfig.bf16_prefill``)."""
     run_dir = Path(run_dir)
     if quantize is not None and quantize not in QUANTIZE:
         raise ValueError(f"quantize ({quantize!r}) must be one of {', '.join(QUANTIZE)}")
@@ -287,6 +293,12 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     if quantize in INT4_GROUPS and not language_model:
         raise ValueError(f"--quantize {quantize} is for language models; {run_dir} holds "
                          f"{kind.describes}: use --quantize int8")
+    if fast_prefill and not (language_model and quantize == "int8"):
+        raise ValueError(f"--fast-prefill is for a language model's int8 weights (--quantize "
+                         f"int8); {run_dir} holds {kind.describes}, --quantize {quantize}")
+    if fast_prefill and not bf16_products():
+        warnings.warn("--fast-prefill: this CPU has no bfloat16 matrix products (AVX512-BF16 "
+                      "or AMX); prompts keep the int8 kernel", stacklevel=2)
     path = checkpoint.weights_path(run_dir, weights)
     if weights == "best" and path.parent != run_dir:
         warnings.warn(f"{run_dir} has no best weights ({rundir.BEST}: no evaluation kept "
@@ -308,6 +320,7 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
         model.to(dev).eval()
     run = use(run_dir, config, model, source, target, labels, dev)
     run.kv_cache = kv_cache
+    run.fast_prefill = fast_prefill
     if compiled is not False and kind.decoder and dev.type == "cpu":
         run.compiled = compiled_step(run_dir, path, quantize, required=bool(compiled),
                                      kv_cache=kv_cache)
