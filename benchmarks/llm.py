@@ -10,8 +10,9 @@ precision to the next), in a process of its own (so that its peak memory is its 
 time ``vaswani.load`` took (``load_s``: a compiled run loads its package too) and:
 
 * prompt processing: tokens/s of a 256-token prompt's prefill, to its first token (best of 3);
-  int8 also with ``--fast-prefill`` (``fast_prefill``: its prompt figure, and how far its
-  greedy tokens are eager's), where the CPU has bfloat16 products;
+  int8 also with ``--fast-prefill`` (``fast_prefill``: its prompt figure, timed in turn with
+  the plain one, and how far its greedy tokens are eager's), where the CPU has bfloat16
+  products;
 * generation: tokens/s of 128 greedy tokens after a 65-token prompt, batch 1 (best of 3);
 * peak resident memory of the process while it loads the model and runs those prompts (the
   quality measures after it hold more), under the malloc settings the ``vaswani`` command
@@ -102,16 +103,28 @@ def _measure_one(run_dir: str, precision: str, mode: str) -> dict:
     long_ids = tok.encode(text * 4)[:256]
     short_ids = tok.encode(text)[:65]
     engine = run.engine_for(1)
+    fast = None  # int8's engine with --fast-prefill, timed in turn with the plain one
+    if precision == "int8" and bf16_products():
+        run.fast_prefill = True
+        fast = run.new_engine(EngineConfig.offline(1))  # engine_for(1)'s, widened
+        run.fast_prefill = False
 
-    def timed(ids: list[int], new: int) -> tuple[float, float]:
+    def timed(ids: list[int], new: int, on=None) -> tuple[float, float]:
         request = Request(list(ids), Params(max_new_tokens=new))
         start = time.perf_counter()
-        engine.run([request])
+        (on or engine).run([request])
         first = request.first_token - start
         return first, (time.perf_counter() - start - first) / max(1, len(request.output) - 1)
 
-    timed(long_ids, 2)  # warm-up
-    prefill = min(timed(long_ids, 1)[0] for _ in range(3))
+    for on in (engine, fast):  # warm-ups
+        if on is not None:
+            timed(long_ids, 2, on)
+    prefill, fast_prefill = [], []
+    for _ in range(3):
+        prefill.append(timed(long_ids, 1)[0])
+        if fast is not None:
+            fast_prefill.append(timed(long_ids, 1, fast)[0])
+    prefill = min(prefill)
     per_token = min(timed(short_ids, 128)[1] for _ in range(3))
     greedy = Request(list(short_ids), Params(max_new_tokens=AGREE_TOKENS))
     engine.run([greedy])
@@ -137,14 +150,10 @@ def _measure_one(run_dir: str, precision: str, mode: str) -> dict:
         engine.run([completion.request])
         out[f"readme_ids_{README_TOKENS}"].append([list(completion.request.prompt),
                                                    list(completion.request.output)])
-    if precision == "int8" and bf16_products():  # --fast-prefill: the prompt in bfloat16
-        run.fast_prefill = True
-        engine = run.new_engine(EngineConfig.offline(1))  # engine_for(1)'s, widened
-        timed(long_ids, 2)
-        prefill = min(timed(long_ids, 1)[0] for _ in range(3))
+    if fast is not None:  # --fast-prefill: the prompt in bfloat16 products
         greedy = Request(list(short_ids), Params(max_new_tokens=AGREE_TOKENS))
-        engine.run([greedy])
-        out["fast_prefill"] = {"prompt_tokens_per_s": round(256 / prefill, 1),
+        fast.run([greedy])
+        out["fast_prefill"] = {"prompt_tokens_per_s": round(256 / min(fast_prefill), 1),
                                "greedy_as_eager_up_to": first_difference(
                                    list(greedy.output), out["greedy_ids"])}
     return out

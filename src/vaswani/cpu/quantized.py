@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn.positional import Embeddings
-from .dynamic import Int8Linear
+from .dynamic import Int8Linear, reference_int8_linear  # noqa: F401 (both importable here too)
 
 GROUP = 32  # int4: inputs per scale and offset (llama.cpp's Q4 blocks hold 32 too)
 # each int4 choice's group: "int4" is llama.cpp's Q4 groups, "int4-g64" reads 10% fewer bytes
