@@ -604,6 +604,44 @@ def test_a_long_prefill_takes_turns_with_short_work_by_time():
         assert r.output == alone(lm, r.prompt, r.params)
 
 
+def test_prompts_that_fit_a_step_are_prefilled_beside_decoding_not_in_turns():
+    """A prompt longer than shared_chunk but within a step's budget is no long prefill: with
+    rows already decoding, eight such prompts are prefilled, whole, in the next steps beside
+    the decoding (no turn, no chunk of 16), and each output is what it is alone."""
+    lm = model("decoder", max_len=256)
+    eng = engine(lm, max_rows=16, max_step_tokens=64, shared_chunk=16, prefix_bytes=0)
+    first = Request([6, 7, 8], Params(max_new_tokens=20))
+    eng.submit(first)
+    eng.step()
+    assert first.first_token is not None  # decoding from here on
+    g = torch.Generator().manual_seed(0)
+    prompts = [Request(torch.randint(3, 23, (30 + i,), generator=g).tolist(),
+                       Params(max_new_tokens=3)) for i in range(8)]
+    for r in prompts:
+        eng.submit(r)
+    plans = []
+    plan_step = eng.scheduler.plan
+
+    def noted(*args, **kwargs):
+        plans.append(plan_step(*args, **kwargs))
+        return plans[-1]
+
+    eng.scheduler.plan = noted
+    while any(r.first_token is None for r in prompts):
+        eng.step()
+    assert all(p.turn is None and not p.long for p in plans)
+    assert all(p.decode for p in plans)  # the running row decoded at every step
+    chunks = [n for p in plans for _, _, n in p.prefill]
+    # every prompt token prefilled (but a last one, which may ride in a decoding step)
+    assert sum(chunks) >= sum(len(r.prompt) - 1 for r in prompts) and max(chunks) > 16
+    assert len(plans) <= 6  # 276 tokens in steps of 64 at most, not 16 a turn
+    eng.scheduler.plan = plan_step
+    while any(r.status is not Status.FINISHED for r in [first, *prompts]):
+        eng.step()
+    for r in [first, *prompts]:
+        assert r.output == alone(lm, r.prompt, r.params)
+
+
 def test_an_offline_run_hands_in_the_longest_prompts_first_and_each_decodes_as_alone():
     """run(longest_first=True) (translate, generate_many, a validation metric) submits by prompt
     length, longest first, on an offline config (no fast lane, no shared chunk, wide

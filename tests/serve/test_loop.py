@@ -221,7 +221,7 @@ def test_another_models_request_steps_between_the_layers_of_a_long_prefill():
     """A request that arrives at one model while another is in a long prefill's pass does not
     wait for that pass: the loop steps it between two of the pass's layers, and both answer
     as they would alone."""
-    first = engine(model("decoder", max_len=256), max_rows=4, max_step_tokens=256)
+    first = engine(model("decoder", max_len=256), max_rows=4, max_step_tokens=128)
     second = engine(model("decoder"), max_rows=4)
     events = []
     late = Request([7, 8], Params(max_new_tokens=3))

@@ -37,9 +37,10 @@ class EngineConfig:
     fast_lane: int | None = None  # requests of at most this many tokens decoded at every
     # step, the others at every other step while they run (scheduler.py); None: 32 on a CPU,
     # 0 (no lane) on a GPU
-    shared_chunk: int = 32  # a prefill of more tokens than this, beside other work, runs in
-    # chunks of this many in steps of its own, taking turns with the others by time
-    # (scheduler.py); 0: off (an offline call, where only the total time counts)
+    shared_chunk: int = 32  # a prefill of more tokens than this and than max_step_tokens,
+    # beside other work, runs in chunks of this many in steps of its own, taking turns with
+    # the others by time (scheduler.py); 0: off (an offline call, where only the total time
+    # counts)
     prefill_slack: int = 32  # prompts prefilled in one padded pass may waste this many
     # positions beyond a quarter of their tokens (scheduler.py length_groups); larger:
     # fewer, more padded passes

@@ -15,13 +15,17 @@ Every step:
 4. rows with more uncached tokens (a prompt, a slid context, a preempted request being
    recomputed) are prefilled, in chunks, under a budget of ``max_step_tokens`` tokens, the
    fewest tokens first;
-5. with ``shared_chunk`` n > 0 (a server's engine): a long prefill (more than n tokens to go)
-   does not hold up the other rows. While other work is there, it runs in chunks of n tokens
-   in steps of their own, taking turns with the others' steps by time, a quarter of it for
-   the long prefill: a chunk only when the chunks so far have taken no more than a third of
-   the others' steps' time (:meth:`Scheduler.took`). A short request beside a long prompt
-   then takes a little longer than alone, not the prompt's whole prefill
-   (docs/performance.md, "Serving");
+5. with ``shared_chunk`` n > 0 (a server's engine): a long prefill (more tokens to go than
+   one step's budget, ``max_step_tokens``, and than n) does not hold up the other rows. While
+   other work is there, it runs in chunks of n tokens in steps of their own, taking turns
+   with the others' steps by time, a quarter of it for the long prefill: a chunk only when
+   the chunks so far have taken no more than a third of the others' steps' time
+   (:meth:`Scheduler.took`). A short request beside a long prompt then takes a little longer
+   than alone, not the prompt's whole prefill (docs/performance.md, "Serving"). A prompt
+   that fits in a step's budget is no long prefill: it is prefilled in the next steps beside
+   the others' decoding (the budget bounds what a step costs them), so eight clients' prompts
+   arriving together reach their first tokens after about their prefill's time, not four
+   times it;
 6. with a fast lane (``fast_lane`` n > 0, a CPU's default): while requests of at most n tokens
    run among more rows of longer ones, every other step decodes only theirs.
 
@@ -154,7 +158,7 @@ class Scheduler:
         """Give the step's prefill budget to ``rows``, the fewest tokens to go first; with
         ``shared_chunk``, a long prefill beside other work takes its turn by time."""
         budget = self.max_step_tokens
-        long = [r for r in rows if self.shared_chunk and r[2] > self.shared_chunk]
+        long = [r for r in rows if self._long(r[2])]
         others = plan.encode or plan.decode or len(long) < len(rows)
         if long and others:  # a quarter of the time for the long ones
             plan.turn = "long" if 3 * self.spent["long"] <= self.spent["others"] else "others"
@@ -214,8 +218,13 @@ class Scheduler:
                 plan.decode.append((request, seq))
             elif n:
                 prefill.append((request, seq, n))
-                budget -= min(n, self.shared_chunk or n, budget)
+                budget -= min(self.shared_chunk if self._long(n) else n, budget)
         return budget
+
+    def _long(self, n: int) -> bool:
+        """Whether a prefill of ``n`` tokens to go is a long one, which takes turns with the
+        other rows (``shared_chunk``; see the module)."""
+        return bool(self.shared_chunk) and n > max(self.shared_chunk, self.max_step_tokens)
 
     @staticmethod
     def _to_prefill(request: Request, seq: Sequence) -> int:
