@@ -106,8 +106,8 @@ def tiny_lm():
 @pytest.mark.usefixtures("bf16_on")
 def test_an_engine_widens_its_prefills_only_when_asked(monkeypatch):
     """With ``bf16_prefill`` the engine's prefill passes take the widened product and its
-    decoding steps and speculation's checks never do; without it, nothing does. Each request's log-probabilities stay
-    within bfloat16's rounding of the kernel's."""
+    decoding steps and speculation's checks never do; without it, nothing does. Each
+    request's log-probabilities stay within bfloat16's rounding of the kernel's."""
     from vaswani.engine import Engine, EngineConfig
     from vaswani.engine.request import Params, Request
 

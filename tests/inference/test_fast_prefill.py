@@ -46,7 +46,6 @@ def test_fast_prefill_is_refused_without_int8_and_for_a_classifier(small_runs):
 def test_fast_prefill_on_a_cpu_without_bfloat16_products_warns_and_keeps_the_kernel(
         small_runs, monkeypatch):
     import vaswani
-
     from vaswani.inference import base
 
     for module in (quantized, base):  # the check at loading, and the layers'
