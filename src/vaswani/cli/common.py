@@ -20,10 +20,10 @@ QUANTIZE_HELP = ("int8: the linear layers with int8 weights (a language model ke
                  "exact (docs/performance.md)")
 
 FAST_PREFILL_HELP = ("with --quantize int8: multiply the prompt's tokens in bfloat16 where the "
-                     "CPU has bfloat16 products (AVX512-BF16 or AMX): prompts 1.5-2.5x faster "
-                     "(docs/performance.md); a prompt token then differs in its last bits from "
-                     "the same token decoded, so a completion may change with how its prompt "
-                     "was batched or chunked (off: the same bits in any batch)")
+                     "CPU has bfloat16 products (AVX512-BF16 or AMX): SmolLM2's prompts about "
+                     "twice as fast (docs/performance.md); a prompt token then differs in its "
+                     "last bits from the same token decoded, so a completion may change with "
+                     "how its prompt was batched or chunked (off: the same bits in any batch)")
 
 # engine/config.py's KV_CACHE (not imported: it imports torch)
 KV_CACHE = ("bf16",)
