@@ -13,7 +13,10 @@ per output row, cpu/quantized.py ``WeightOnlyLinear``), alternating, best of ``r
 * ``w8a8``: each input row rounded to int8 with a scale of its own (its largest magnitude
   over 127), ``torch._int_mm`` (int8 x int8, summed in int32), then the row's scale and
   the weight's;
-* ``float``: ``F.linear`` by the dequantized weight in float32 (what eager float runs).
+* ``float``: ``F.linear`` by the dequantized weight in float32 (what eager float runs);
+* ``widened``: the levels widened to bfloat16 times the input in bfloat16, float32 sums,
+  each output scaled after (cpu/quantized.py ``widened_product``, what ``--fast-prefill``
+  runs in a prefill where the CPU has bfloat16 products).
 
 Beside the times, for each way: whether a row's result is the same bits computed alone and
 among the others (the engine's contract for int8: tests/engine/test_runner.py; int32 sums
@@ -34,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import interleaved_best, report
-from vaswani.cpu.quantized import WeightOnlyLinear
+from vaswani.cpu.quantized import WeightOnlyLinear, widened_product
 
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536)]  # SmolLM2: q/o, k/v, up, down
 ROWS = (1, 8, 64, 256)
@@ -56,11 +59,13 @@ def row_alone_as_in_batch(way, x: torch.Tensor) -> bool:
 
 
 def ways_of(layer: WeightOnlyLinear) -> dict:
-    """The three ways to multiply by ``layer``'s int8 weight: (N, in) -> (N, out) float32."""
+    """The four ways to multiply by ``layer``'s int8 weight: (N, in) -> (N, out) float32."""
     weight = layer.dequantized()
     return {"weight_only": lambda x: layer.product(x).float(),
             "w8a8": lambda x: w8a8(x, layer.qweight, layer.scales),
-            "float": lambda x: F.linear(x, weight)}
+            "float": lambda x: F.linear(x, weight),
+            "widened": lambda x: widened_product(x.to(torch.bfloat16), layer.qweight,
+                                                 layer.scales)}
 
 
 def calls_of(way, x: torch.Tensor, calls: int):
@@ -84,7 +89,8 @@ def int8_products(shapes=SHAPES, rows=ROWS, repeats: int = 5, seed: int = 0) -> 
                 row[f"{name}_row_alone_as_in_batch"] = row_alone_as_in_batch(way, x)
                 row[f"{name}_error"] = float((way(x) - exact).abs().max() /
                                              exact.abs().max())
-            row["w8a8_speedup"] = round(row["weight_only_us"] / row["w8a8_us"], 2)
+            for way in ("w8a8", "widened"):
+                row[f"{way}_speedup"] = round(row["weight_only_us"] / row[f"{way}_us"], 2)
             out["results"].append(row)
     return out
 
@@ -129,10 +135,12 @@ def main() -> None:
     result = int8_products(rows=tuple(int(r) for r in args.rows.split(",")))
     lines = [(f"{r['shape'][0]} x {r['shape'][1]}, {r['rows']} rows",
               f"weight-only {r['weight_only_us']} us, w8a8 {r['w8a8_us']} us "
-              f"({r['w8a8_speedup']}x), float {r['float_us']} us; rows alone as in the "
+              f"({r['w8a8_speedup']}x), float {r['float_us']} us, widened "
+              f"{r['widened_us']} us ({r['widened_speedup']}x); rows alone as in the "
               f"batch: {r['weight_only_row_alone_as_in_batch']}, "
-              f"{r['w8a8_row_alone_as_in_batch']}, {r['float_row_alone_as_in_batch']}; "
-              f"error {r['weight_only_error']:.1e}, {r['w8a8_error']:.1e}")
+              f"{r['w8a8_row_alone_as_in_batch']}, {r['float_row_alone_as_in_batch']}, "
+              f"{r['widened_row_alone_as_in_batch']}; error {r['weight_only_error']:.1e}, "
+              f"{r['w8a8_error']:.1e}, {r['widened_error']:.1e}")
              for r in result["results"]]
     if args.perplexity:
         from benchmarks.llm import HELD_OUT
@@ -140,7 +148,7 @@ def main() -> None:
         result["perplexity"] = perplexities(args.perplexity, HELD_OUT.read_text())
         lines.append(("held-out perplexity: float32, weight-only int8, int8 x int8",
                       ", ".join(str(v) for v in result["perplexity"].values())))
-    report("int8 products: weight-only, int8 x int8 (w8a8), float32", lines, result,
+    report("int8 products: weight-only, int8 x int8 (w8a8), float32, widened", lines, result,
            args.json)
 
 

@@ -20,11 +20,11 @@ Two ways, for two kinds of work:
   the levels widened to bfloat16 (exactly: integers below 128), one bfloat16 product with
   float32 sums, each output scaled after (:func:`widened_product`, under :func:`widened`):
   the kernel's arithmetic up to the order of the sums and one rounding, each row's bits its
-  own, 2-3x faster from 64 rows. But not the decoding step's bits: a prompt token that one
-  schedule prefills and another decodes (the last of a chunked prompt, a kept chat turn's
-  answer) differs in its last bits, so a completion is no longer the same to the bit alone
-  and in any batch. A vocabulary head, which a prefill reads for one row a prompt, keeps
-  the kernel (``wide`` False).
+  own, faster from a few dozen rows (docs/performance.md). But not the decoding step's bits:
+  a prompt token that one schedule prefills and another decodes (the last of a chunked
+  prompt, a kept chat turn's answer) differs in its last bits, so a completion is no longer
+  the same to the bit alone and in any batch. A vocabulary head, which a prefill reads for
+  one row a prompt, keeps the kernel (``wide`` False).
 * :class:`~vaswani.cpu.dynamic.Int8Linear` (``int8`` for a translator or an encoder,
   cpu/dynamic.py): int8 weights and inputs quantized on every call, fbgemm's int32 products.
 
@@ -362,8 +362,8 @@ HEAD = "output_proj"  # a model's vocabulary projection (models/common.py)
 
 def narrow_head(model: nn.Module) -> nn.Module:
     """The model's int8 vocabulary head keeps the kernel in a prefill too (``wide`` False):
-    a prefill reads it for one row a prompt, where widening SmolLM2's 49,152 x 576 levels
-    alone takes 13x the kernel's whole product (32 ms against 2.5). Returns ``model``."""
+    a prefill reads it for one row a prompt, where widening its levels costs more than the
+    kernel's whole product (docs/performance.md). Returns ``model``."""
     head = getattr(model, HEAD, None)
     if isinstance(head, WeightOnlyLinear):
         head.wide = False

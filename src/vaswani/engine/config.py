@@ -50,7 +50,7 @@ class EngineConfig:
     # to 8 bits of mantissa, so the tokens may differ from float32's where two are close
     bf16_prefill: bool = False  # a language model's int8 weight-only products in its
     # prefills in bfloat16, where the CPU has bfloat16 products (cpu/quantized.py widened):
-    # 2-3x faster at a prompt's many rows, but a prefilled token's last bits are no longer
+    # faster at a prompt's many rows, but a prefilled token's last bits are no longer
     # a decoding step's, so a completion may change with how its prompt was scheduled
 
     def __post_init__(self) -> None:

@@ -40,8 +40,7 @@ class Engine:
                  config: EngineConfig | None = None) -> None:
         c, config = model.config, config or EngineConfig()
         self.model, self.config = model, config
-        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, c.pad_id
-        self.max_len = c.max_len
+        self.bos_id, self.eos_id, self.pad_id, self.max_len = bos_id, eos_id, c.pad_id, c.max_len
         self.seq2seq = isinstance(model, EncoderDecoder)
         self.device = next(model.parameters()).device
         self.cache = config.cache_for(model, self.seq2seq)

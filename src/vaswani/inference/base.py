@@ -266,7 +266,7 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     ``kv_cache="bf16"``: the decoder's keys and values kept in bfloat16 (half the memory a
     token; engine/config.py ``EngineConfig.cache_dtype``), and the compiled step built for
     that cache. ``fast_prefill``: with ``quantize="int8"``, a language model's prompts are
-    multiplied in bfloat16 where the CPU has bfloat16 products (2-3x faster prefills;
+    multiplied in bfloat16 where the CPU has bfloat16 products (faster prefills;
     cpu/quantized.py ``widened``), at the cost of a completion's bits no longer being the same
     in any batch (``EngineConfig.bf16_prefill``)."""
     run_dir = Path(run_dir)
