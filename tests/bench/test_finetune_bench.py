@@ -53,7 +53,7 @@ def test_the_finetune_benchmark_races_vaswani_and_peft_on_the_same_steps(tmp_pat
     assert result["loss_gap"] < 1e-3  # the same model, adapters and batches: the same losses
     for name in ("vaswani LoRA", "peft LoRA", "vaswani LoRA, whole logits"):  # float steps
         r = result["results"][name]
-        assert 0 < r["products_s"] < r["step_s"], name
+        assert r["products_s"] > 0, name  # timed apart from the step: no order between them
         seconds = [x["seconds"] for x in r["products"]]  # the costliest first, each named
         assert seconds == sorted(seconds, reverse=True) and sum(seconds) <= r["products_s"]
         assert all(x["op"].startswith("aten.") and x["times"] >= 1 and x["arguments"]
