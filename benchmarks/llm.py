@@ -104,10 +104,8 @@ def _measure_one(run_dir: str, precision: str, mode: str) -> dict:
     short_ids = tok.encode(text)[:65]
     engine = run.engine_for(1)
     fast = None  # int8's engine with --fast-prefill, timed in turn with the plain one
-    if precision == "int8" and bf16_products():
-        run.fast_prefill = True
-        fast = run.new_engine(EngineConfig.offline(1))  # engine_for(1)'s, widened
-        run.fast_prefill = False
+    if precision == "int8" and bf16_products():  # engine_for(1)'s config, widened
+        fast = run.new_engine(EngineConfig.offline(1, bf16_prefill=True))
 
     def timed(ids: list[int], new: int, on=None) -> tuple[float, float]:
         request = Request(list(ids), Params(max_new_tokens=new))

@@ -36,6 +36,7 @@ from .common import (
     ROOT,
     VASWANI,
     ServeProcess,
+    first_difference,
     gguf_file,
     peer_venv,
     q8_0_copy,
@@ -150,8 +151,7 @@ def main() -> None:
                      f"; first token {ours['first_token_s']} s against {peer['first_token_s']}"))
     for name in served:
         ours, peer = best[name][counts[0]]["text"], best[PEER][counts[0]]["text"]
-        apart = next((i for i, (a, b) in enumerate(zip(ours, peer, strict=False)) if a != b),
-                     None if len(ours) == len(peer) else min(len(ours), len(peer)))
+        apart = None if ours == peer else first_difference(ours, peer)
         rows.append((f"the first stream's text, {name}", "llama-server's" if apart is None
                      else f"llama-server's up to character {apart} of {len(ours)}"))
     report(f"Streams (SmolLM2-135M int8 / Q8_0, llama-server -np {SLOTS})", rows,
