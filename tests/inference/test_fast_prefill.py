@@ -24,10 +24,12 @@ def test_load_fast_prefill_gives_engines_that_widen_their_prefills(small_runs, m
     calls = []
     real = quantized.widened_product
     monkeypatch.setattr(quantized, "widened_product", lambda *a: calls.append(1) or real(*a))
-    text = fast.generate("to be or not to be", max_new_tokens=8, temperature=0)
+    long = "to be or not to be, that is the question " * 3  # past WIDEN_FROM tokens
+    text = fast.generate(long, max_new_tokens=8, temperature=0)
     assert calls and isinstance(text, str)
     calls.clear()
-    plain.generate("to be or not to be", max_new_tokens=8, temperature=0)
+    fast.generate("to be", max_new_tokens=8, temperature=0)  # too short to widen
+    plain.generate(long, max_new_tokens=8, temperature=0)
     assert not calls
 
 

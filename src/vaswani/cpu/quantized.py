@@ -20,11 +20,12 @@ Two ways, for two kinds of work:
   the levels widened to bfloat16 (exactly: integers below 128), one bfloat16 product with
   float32 sums, each output scaled after (:func:`widened_product`, under :func:`widened`):
   the kernel's arithmetic up to the order of the sums and one rounding, each row's bits its
-  own, faster from a few dozen rows (docs/performance.md). But not the decoding step's bits:
-  a prompt token that one schedule prefills and another decodes (the last of a chunked
-  prompt, a kept chat turn's answer) differs in its last bits, so a completion is no longer
-  the same to the bit alone and in any batch. A vocabulary head, which a prefill reads for
-  one row a prompt, keeps the kernel (``wide`` False).
+  own, faster from a dozen rows or so (docs/performance.md). But not the decoding step's
+  bits, so the engine widens by role, not by pass (engine/runner.py): a prompt's tokens
+  always widened (a prompt of ``WIDEN_FROM`` tokens or more), generated tokens always by
+  the kernel, and a completion stays the same to the bit alone and in any batch. A
+  vocabulary head, which a prefill reads for one row a prompt, keeps the kernel (``wide``
+  False).
 * :class:`~vaswani.cpu.dynamic.Int8Linear` (``int8`` for a translator or an encoder,
   cpu/dynamic.py): int8 weights and inputs quantized on every call, fbgemm's int32 products.
 
@@ -125,6 +126,10 @@ def int4_fits(linear: nn.Linear, group: int = GROUP) -> bool:
 
 
 WIDEN: ContextVar[bool] = ContextVar("widen_int8", default=False)
+# an engine widens a prompt of at least this many tokens, whichever pass computes which of
+# them (engine/request.py ``Request.wide``): below about a dozen rows widening the weights
+# costs more than the kernel's whole product
+WIDEN_FROM = 16
 
 
 @contextmanager

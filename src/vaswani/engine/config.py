@@ -10,6 +10,7 @@ import torch
 
 from .cache import SlotCache
 from .prefixes import PrefixCache
+from .scheduler import Scheduler
 
 FAST_LANE = 32  # a CPU's fast lane: requests of at most this many tokens (scheduler.py)
 KV_CACHE = {"bf16": torch.bfloat16}  # the key/value cache's dtypes by name (--kv-cache)
@@ -48,10 +49,11 @@ class EngineConfig:
     # the model's). torch.bfloat16 under a float32 model: half the memory a token (twice
     # the tokens in cache_bytes), read back as float32 by the attention; each key rounded
     # to 8 bits of mantissa, so the tokens may differ from float32's where two are close
-    bf16_prefill: bool = False  # a language model's int8 weight-only products in its
-    # prefills in bfloat16, where the CPU has bfloat16 products (cpu/quantized.py widened):
-    # faster at a prompt's many rows, but a prefilled token's last bits are no longer
-    # a decoding step's, so a completion may change with how its prompt was scheduled
+    bf16_prefill: bool = False  # a language model's prompts' int8 weight-only products
+    # in bfloat16, where the CPU has bfloat16 products (cpu/quantized.py widened): faster
+    # at a prompt's many rows. By role (runner.py): a prompt of WIDEN_FROM tokens or more
+    # is computed widened and its generated tokens by the int8 kernel, whatever pass
+    # carries them, so a completion is still the same bits alone and in any batch
 
     def __post_init__(self) -> None:
         for name in ("max_rows", "max_step_tokens"):
@@ -92,6 +94,13 @@ class EngineConfig:
                          tokens=self.cache_tokens or slots // per_token,
                          max_rows=self.max_rows, max_len=c.max_len, seq2seq=seq2seq,
                          dtype=dtype, device=param.device, compute=param.dtype)
+
+    def scheduler_for(self, cache: SlotCache, max_len: int, device: torch.device) -> Scheduler:
+        """The scheduler of an engine with ``cache``, for a model of ``max_len`` positions on
+        ``device``."""
+        return Scheduler(cache, max_rows=self.max_rows, max_step_tokens=self.max_step_tokens,
+                         max_len=max_len, fast_lane=self.lane(device),
+                         shared_chunk=self.shared_chunk, prefixes=self.prefixes_for(cache))
 
     def prefixes_for(self, cache: SlotCache) -> PrefixCache:
         """The kept prompt prefixes of an engine with ``cache``: none for a translator (its

@@ -32,7 +32,7 @@ from .memory import collector_paused
 from .request import Acceptance, Params, Request, Sequence, Status
 from .runner import Runner
 from .sampler import Sampler, rows_of
-from .scheduler import GATHER, Scheduler, length_groups, prefill_groups
+from .scheduler import GATHER, length_groups, prefill_groups
 
 
 class Engine:
@@ -44,11 +44,7 @@ class Engine:
         self.seq2seq = isinstance(model, EncoderDecoder)
         self.device = next(model.parameters()).device
         self.cache = config.cache_for(model, self.seq2seq)
-        self.scheduler = Scheduler(self.cache, max_rows=config.max_rows,
-                                   max_step_tokens=config.max_step_tokens,
-                                   max_len=self.max_len, fast_lane=config.lane(self.device),
-                                   shared_chunk=config.shared_chunk,
-                                   prefixes=config.prefixes_for(self.cache))
+        self.scheduler = config.scheduler_for(self.cache, self.max_len, self.device)
         static = captured(model, self.cache, config, self.device, pad_id=self.pad_id)
         self.runner = Runner(model, self.cache, pad_id=self.pad_id, static=static,
                              bf16_prefill=config.bf16_prefill)
@@ -64,7 +60,8 @@ class Engine:
     def submit(self, request: Request) -> Request:
         """Queue a request; it runs from the next step. Raises ValueError for a request that
         cannot run (a seed out of range, a source or target past ``max_len``)."""
-        request.prepare(max_len=self.max_len, eos_id=self.eos_id, device=self.device)
+        request.prepare(max_len=self.max_len, eos_id=self.eos_id, device=self.device,
+                        widen=self.config.bf16_prefill)
         self.scheduler.add(request)
         return request
 

@@ -6,11 +6,13 @@ depend on the tokens up to it and nothing after.
 
 Blocks. A prompt is read in blocks of ``BLOCK`` tokens, each named by a hash of its tokens
 and of the name of the block before it (a chain: one name stands for the whole prefix up to
-its block's end), rooted in the LoRA adapter the request uses (its keys differ). Whole
-blocks are kept and found; and a finished request's last, partial block as a *tail* (named
-by its tokens after the last whole block's name), so that a chat's next turn recomputes only
-its new tokens, not up to a block of the last answer. A request always computes at least its
-last prompt token (its logits give the first new token).
+its block's end), rooted in the LoRA adapter the request uses and in whether its prompt is
+widened (request.py ``Request.wide``; their keys differ). Whole blocks are kept and found;
+and a finished request's last, partial block as a *tail* (named by its tokens after the
+last whole block's name), so that a chat's next turn recomputes only its new tokens, not up
+to a block of the last answer (a widened prompt keeps its prompt only: the next turn
+computes the answer widened, as the prompt it is then). A request always computes at least
+its last prompt token (its logits give the first new token).
 
 Segments. What is kept is a tree of *segments*: a segment holds the keys and values of
 positions ``start .. end - 1`` of one sequence, and its parent the positions before
@@ -175,7 +177,10 @@ class PrefixCache:
         if not self.usable(request) or self.budget <= 0:
             return
         seq = request.sequences[0]
-        names = self.names(request, seq.cached)
+        # a widened prompt (Request.wide) keeps its prompt only: a later prompt holding its
+        # answer computes that widened, as a prompt, and so must what it finds kept
+        cached = min(seq.cached, len(request.start)) if request.wide else seq.cached
+        names = self.names(request, cached)
         kept = self._kept(names)
         parent = self.found[names[kept - 1]][0] if kept else None
         if kept < len(names):
@@ -185,10 +190,10 @@ class PrefixCache:
             if parent is None:
                 return  # no room
         end = len(names) * BLOCK
-        if tail and seq.cached > end:
-            name = self._tail(request, names, seq.cached)
+        if tail and cached > end:
+            name = self._tail(request, names, cached)
             if name not in self.found:
-                self._add(seq.slot, parent, end, {name: seq.cached})
+                self._add(seq.slot, parent, end, {name: cached})
 
     def _add(self, slot: int, parent: Segment | None, start: int, names: dict[bytes, int]
              ) -> Segment | None:
@@ -237,5 +242,6 @@ def _name(before: bytes, tokens: list[int]) -> bytes:
 
 
 def _root(request: Request) -> bytes:
-    """The name before a request's first block: its adapter's (their keys differ)."""
-    return _name(f"adapter {request.adapter}".encode(), [])
+    """The name before a request's first block: its adapter's, and whether its prompt is
+    widened (their keys differ)."""
+    return _name(f"adapter {request.adapter}{' wide' * request.wide}".encode(), [])

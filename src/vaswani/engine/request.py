@@ -18,6 +18,7 @@ from enum import Enum
 import torch
 
 from ..config.sections import MAX_SEED
+from ..cpu.quantized import WIDEN_FROM
 from ..generation.grammar import Constraint
 from ..generation.rules import Rules
 from ..generation.search import Beam
@@ -157,6 +158,11 @@ class Request:
         self.beam: Beam | None = None  # beam search: made by the engine, which knows <eos>
         self.generator: torch.Generator | None = None  # made on the model's device
         self.cancelled = False
+        # its prompt's int8 products widened to bfloat16 (EngineConfig.bf16_prefill, for a
+        # prompt of cpu/quantized.py WIDEN_FROM tokens or more): its prompt tokens are
+        # computed widened and its generated ones by the int8 kernel, whatever pass
+        # carries them (runner.py), so that its bits are the same alone and in any batch
+        self.wide = False
         self.recomputed = False  # its rows' keys computed again row by row (a preemption, a
         # slide, a move to another engine): a beam search's slots no longer hold a shared
         # prefix bit for bit (beam.py ``shared``)
@@ -179,11 +185,14 @@ class Request:
         limit = max(1, int(len(source) * max_len_a + max_len_b))
         return cls(source, params, start=[bos_id], history_start=1, limit=limit)
 
-    def prepare(self, *, max_len: int, eos_id: int, device: torch.device) -> None:
+    def prepare(self, *, max_len: int, eos_id: int, device: torch.device,
+                widen: bool = False) -> None:
         """Ready it for an engine of a model of ``max_len`` positions on ``device``: its
-        limit within the target's room, its generator and its beam search made. Raises
+        limit within the target's room, its generator and its beam search made, its prompt
+        widened where the engine ``widen``s prompts and it is long enough. Raises
         ValueError if it cannot run (a seed out of range, a source past ``max_len``)."""
         p = self.params
+        self.wide = widen and not self.seq2seq and len(self.prompt) >= WIDEN_FROM
         if self.seq2seq and len(self.prompt) > max_len:
             raise ValueError(f"the source is {len(self.prompt)} tokens; the model takes "
                              f"{max_len} at most")
@@ -197,6 +206,14 @@ class Request:
             bounded = p.rules.presence_penalty >= 0 and p.rules.frequency_penalty >= 0
             self.beam = Beam(p.beam, self.limit, eos_id=eos_id, alpha=p.length_penalty,
                              bounded=bounded, n_best=p.n_best)
+
+    def prompt_pending(self, seq: Sequence) -> int:
+        """How many of a row's uncached tokens are its prompt's (a language model's: a
+        prompt being prefilled, or recomputed after a preemption or a slide); 0 for a
+        translation, whose prompt is its source."""
+        if self.seq2seq:
+            return 0
+        return max(0, min(len(self.start) - seq.offset - seq.cached, seq.pending))
 
     @property
     def output(self) -> list[int]:

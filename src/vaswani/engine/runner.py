@@ -14,8 +14,14 @@ its own, and the attention runs by the kind of pass, not by its shapes (cpu/atte
 ``engine_pass``), so that neither the keys read past a row's own for its batch's longest nor
 the number of rows change any of its bits: a row's logits are the same alone and in any
 batch where the layers compute row by row (as the weight-only int8 and int4 ones do;
-float32's BLAS may not), and where a prefill computes a token as a decoding step does (not
-with ``bf16_prefill``: cpu/quantized.py ``widened``).
+float32's BLAS may not), and a prefill computes a token as a decoding step does.
+
+With ``bf16_prefill`` a long prompt's int8 products are widened to bfloat16
+(cpu/quantized.py ``widened``: faster at its many rows, not a decoding step's bits), and so
+by role, not by pass (request.py ``Request.wide``): its prompt tokens always widened, its
+generated ones always by the kernel. The scheduler prefills such a prompt's tokens apart
+from its row's generated ones, its last token too (scheduler.py ``_to_prefill``); a pass
+whose rows hold both kinds runs as two.
 
 A decode step runs over every used slot, 0 .. R - 1, in slot order, so that its keys are a
 view of the cache (cache.py); a slot whose row is not decoded this step (it is being
@@ -168,6 +174,23 @@ class Runner:
         "verify", a row's token and the tokens guessed after it (speculate.py), the logits
         after each of them (R, T, V; a row's first ``n``), each computed as a decoding step
         computes it (plan.py ``apart``)."""
+        if kind != "prefill" or not self.bf16_prefill:
+            return self._forward(rows, kind)
+        prompt = [request.wide and request.prompt_pending(seq) > 0 for request, seq, _ in rows]
+        if all(prompt) or not any(prompt):
+            return self._forward(rows, kind, widen=prompt[0])
+        logits = None
+        for widen in (True, False):  # a pass each: the rows feeding prompts, the others
+            at = [i for i, p in enumerate(prompt) if p is widen]
+            part = self._forward([rows[i] for i in at], kind, widen)
+            if logits is None:
+                logits = part.new_empty(len(rows), part.size(-1))
+            logits[tensor_of(at, self.device)] = part
+        return logits
+
+    def _forward(self, rows: list[tuple[Request, Sequence, int]], kind: str,
+                 widen: bool = False) -> Tensor:
+        """One pass of :meth:`forward`; ``widen``: its int8 products in bfloat16."""
         device = self.device
         fed = [seq.uncached()[:n] for _, seq, n in rows]
         lengths = tensor_of([len(f) for f in fed], device)
@@ -191,7 +214,7 @@ class Runner:
         verify = kind == "verify"
         plan = StepPlan(columns, width, slots=slots, apart=verify, **cross)
         with engine_pass("prefill" if kind == "prefill" else "decode"), \
-                widened(kind == "prefill" and self.bf16_prefill), \
+                widened(widen), \
                 self.adapters([request.adapter for request, _, _ in rows]):
             return forward_step(self.model, self.cache, ids.to(device), positions,
                                 None if verify else lengths - 1, plan)

@@ -4,9 +4,9 @@ status, its slots, what its rows have cached); nothing here runs a model.
 Every step:
 
 1. requests cancelled since the last step are retired (their slots freed at once);
-2. every running row with exactly one token not yet cached is decoded (it feeds that token
-   and gets its next one); a language model's row whose context would pass ``max_len``
-   slides first (its context is cut to the last half window and recomputed, as
+2. every running row with exactly one token not yet cached, a generated one, is decoded (it
+   feeds that token and gets its next one); a language model's row whose context would pass
+   ``max_len`` slides first (its context is cut to the last half window and recomputed, as
    generation/reference.py ``LMStepper`` does);
 3. waiting requests are admitted in arrival order while slots and the budget allow (in an
    offline run, ``gather``: only once enough rows are free for a group of them); a request
@@ -214,11 +214,11 @@ class Scheduler:
         this step could still prefill; a long prefill that shares counts for one chunk)."""
         for seq in request.sequences:
             n = self._to_prefill(request, seq)
-            if seq.pending == 1:
-                plan.decode.append((request, seq))
-            elif n:
+            if n:
                 prefill.append((request, seq, n))
                 budget -= min(self.shared_chunk if self._long(n) else n, budget)
+            elif seq.pending == 1:
+                plan.decode.append((request, seq))
         return budget
 
     def _long(self, n: int) -> bool:
@@ -230,8 +230,13 @@ class Scheduler:
     def _to_prefill(request: Request, seq: Sequence) -> int:
         """How many of a row's uncached tokens to prefill (0 when one is left: that one is
         decoded). A beam search's rows stop one short, so that they are all decoded, and
-        searched, in the same step."""
+        searched, in the same step. A language model's prompt tokens are prefilled apart
+        from its generated ones, down to the last (a chunked prompt's, one after a kept
+        prefix), so that each token is computed by one kind of pass whatever the schedule:
+        a prompt's by a prefill, a generated one's as a decoding step (runner.py)."""
         n = seq.pending
+        if prompt := request.prompt_pending(seq):
+            return prompt
         if n <= 1:
             return 0
         return n - 1 if request.beam is not None else n
