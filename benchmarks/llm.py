@@ -9,10 +9,11 @@ first, its time kept: ``{precision}_compiled_build_s``; the two in alternating o
 precision to the next), in a process of its own (so that its peak memory is its own), the
 time ``vaswani.load`` took (``load_s``: a compiled run loads its package too) and:
 
-* prompt processing: tokens/s of a 256-token prompt's prefill, to its first token (best of 3);
-  int8 also with ``--fast-prefill`` (``fast_prefill``: its prompt figure, timed in turn with
-  the plain one, and how far its greedy tokens are eager's), where the CPU has bfloat16
-  products;
+* prompt processing: tokens/s of a 256-token prompt's prefill, to its first token (best of 3),
+  as ``vaswani.load`` runs it (int8: with ``--fast-prefill``, its default where the CPU has
+  bfloat16 products); there, int8 also with ``--no-fast-prefill`` (``exact_prefill``: the int8
+  kernel's prompt figure, timed in turn with the default's, and how far its greedy tokens
+  are the default's);
 * generation: tokens/s of 128 greedy tokens after a 65-token prompt, batch 1 (best of 3);
 * peak resident memory of the process while it loads the model and runs those prompts (the
   quality measures after it hold more), under the malloc settings the ``vaswani`` command
@@ -91,7 +92,6 @@ def measure_one(run_dir: str, precision: str, mode: str = "eager") -> dict:
 
 def _measure_one(run_dir: str, precision: str, mode: str) -> dict:
     import vaswani
-    from vaswani.cpu.quantized import bf16_products
     from vaswani.engine import EngineConfig, Params, Request
 
     start = time.perf_counter()
@@ -103,9 +103,9 @@ def _measure_one(run_dir: str, precision: str, mode: str) -> dict:
     long_ids = tok.encode(text * 4)[:256]
     short_ids = tok.encode(text)[:65]
     engine = run.engine_for(1)
-    fast = None  # int8's engine with --fast-prefill, timed in turn with the plain one
-    if precision == "int8" and bf16_products():  # engine_for(1)'s config, widened
-        fast = run.new_engine(EngineConfig.offline(1, bf16_prefill=True))
+    exact = None  # int8's engine with --no-fast-prefill, timed in turn with the default
+    if run.fast_prefill:  # engine_for(1)'s config, not widened
+        exact = run.new_engine(EngineConfig.offline(1), fast_prefill=False)
 
     def timed(ids: list[int], new: int, on=None) -> tuple[float, float]:
         request = Request(list(ids), Params(max_new_tokens=new))
@@ -114,14 +114,14 @@ def _measure_one(run_dir: str, precision: str, mode: str) -> dict:
         first = request.first_token - start
         return first, (time.perf_counter() - start - first) / max(1, len(request.output) - 1)
 
-    for on in (engine, fast):  # warm-ups
+    for on in (engine, exact):  # warm-ups
         if on is not None:
             timed(long_ids, 2, on)
-    prefill, fast_prefill = [], []
+    prefill, exact_prefill = [], []
     for _ in range(3):
         prefill.append(timed(long_ids, 1)[0])
-        if fast is not None:
-            fast_prefill.append(timed(long_ids, 1, fast)[0])
+        if exact is not None:
+            exact_prefill.append(timed(long_ids, 1, exact)[0])
     prefill = min(prefill)
     per_token = min(timed(short_ids, 128)[1] for _ in range(3))
     greedy = Request(list(short_ids), Params(max_new_tokens=AGREE_TOKENS))
@@ -148,12 +148,13 @@ def _measure_one(run_dir: str, precision: str, mode: str) -> dict:
         engine.run([completion.request])
         out[f"readme_ids_{README_TOKENS}"].append([list(completion.request.prompt),
                                                    list(completion.request.output)])
-    if fast is not None:  # --fast-prefill: the prompt in bfloat16 products
+    out["fast_prefill"] = run.fast_prefill
+    if exact is not None:  # --no-fast-prefill: the prompt by the int8 kernel
         greedy = Request(list(short_ids), Params(max_new_tokens=AGREE_TOKENS))
-        fast.run([greedy])
-        out["fast_prefill"] = {"prompt_tokens_per_s": round(256 / min(fast_prefill), 1),
-                               "greedy_as_eager_up_to": first_difference(
-                                   list(greedy.output), out["greedy_ids"])}
+        exact.run([greedy])
+        out["exact_prefill"] = {"prompt_tokens_per_s": round(256 / min(exact_prefill), 1),
+                                "greedy_as_default_up_to": first_difference(
+                                    list(greedy.output), out["greedy_ids"])}
     return out
 
 
@@ -360,11 +361,12 @@ def main() -> None:
                                     / peer["generation_tokens_per_s"], 2),
                 "first_greedy_difference": first_difference(r["greedy_ids"],
                                                             peer["greedy_ids"])}
-            if "fast_prefill" in r:
-                r["vs_llama_cpp"]["prompt_fast_prefill"] = round(
-                    r["fast_prefill"]["prompt_tokens_per_s"] / peer["prompt_tokens_per_s"], 2)
-                same.append(f"--fast-prefill: prompt {r['fast_prefill']['prompt_tokens_per_s']}"
-                            f" tok/s, {r['vs_llama_cpp']['prompt_fast_prefill']}x llama.cpp's")
+            if "exact_prefill" in r:
+                r["vs_llama_cpp"]["prompt_exact_prefill"] = round(
+                    r["exact_prefill"]["prompt_tokens_per_s"] / peer["prompt_tokens_per_s"], 2)
+                same.append(f"--no-fast-prefill: prompt "
+                            f"{r['exact_prefill']['prompt_tokens_per_s']} tok/s, "
+                            f"{r['vs_llama_cpp']['prompt_exact_prefill']}x llama.cpp's")
             same.append(f"against llama.cpp {MATCHED[precision]}: "
                         f"{r['vs_llama_cpp']['prompt']}x its prompt, "
                         f"{r['vs_llama_cpp']['generation']}x its generation, greedy tokens "

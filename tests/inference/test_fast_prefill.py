@@ -1,6 +1,6 @@
-"""``--fast-prefill`` / ``vaswani.load(..., fast_prefill=True)``: an int8 language model's
-engines prefill with bfloat16 products (cpu/quantized.py ``widened``); refused, by name, for
-anything else."""
+"""``--fast-prefill`` / ``vaswani.load(..., fast_prefill=...)``: an int8 language model's
+engines prefill with bfloat16 products (cpu/quantized.py ``widened``), by default where the
+CPU has them; asked for anything else, refused by name."""
 
 import re
 
@@ -18,7 +18,7 @@ def test_load_fast_prefill_gives_engines_that_widen_their_prefills(small_runs, m
     monkeypatch.setattr(quantized, "bf16_products", lambda: True)
     run_dir = small_runs["decoder"][0]
     fast = vaswani.load(run_dir, quantize="int8", fast_prefill=True, compiled=False)
-    plain = vaswani.load(run_dir, quantize="int8", compiled=False)
+    plain = vaswani.load(run_dir, quantize="int8", fast_prefill=False, compiled=False)
     assert fast.new_engine(EngineConfig()).runner.bf16_prefill
     assert not plain.new_engine(EngineConfig()).runner.bf16_prefill
     calls = []
@@ -31,6 +31,26 @@ def test_load_fast_prefill_gives_engines_that_widen_their_prefills(small_runs, m
     fast.generate("to be", max_new_tokens=8, temperature=0)  # too short to widen
     plain.generate(long, max_new_tokens=8, temperature=0)
     assert not calls
+
+
+def test_fast_prefill_is_the_default_where_the_cpu_has_bfloat16_products(small_runs,
+                                                                          monkeypatch):
+    import vaswani
+    from vaswani.engine import EngineConfig
+    from vaswani.inference import base
+
+    lm, encoder = small_runs["decoder"][0], small_runs["encoder"][0]
+    for has in (True, False):
+        monkeypatch.setattr(base, "bf16_products", lambda has=has: has)
+        assert vaswani.load(lm, quantize="int8", compiled=False).fast_prefill is has
+    monkeypatch.setattr(base, "bf16_products", lambda: True)
+    for run in (vaswani.load(lm, quantize="int8", fast_prefill=False, compiled=False),
+                vaswani.load(lm, quantize="int4", compiled=False), vaswani.load(lm),
+                vaswani.load(encoder, quantize="int8")):
+        assert not run.fast_prefill  # asked not to, or nothing to widen: no refusal
+    run = vaswani.load(lm, quantize="int8", compiled=False)
+    assert run.new_engine(EngineConfig()).runner.bf16_prefill
+    assert not run.new_engine(EngineConfig(), fast_prefill=False).runner.bf16_prefill
 
 
 def test_fast_prefill_is_refused_without_int8_and_for_a_classifier(small_runs):
@@ -61,8 +81,14 @@ def test_fast_prefill_on_a_cpu_without_bfloat16_products_warns_and_keeps_the_ker
     assert not calls
 
 
-def test_generate_fast_prefill_from_the_command_line(small_runs, capsys):
+def test_generate_fast_prefill_from_the_command_line(small_runs, capsys, monkeypatch):
+    import vaswani.inference
     from vaswani.cli import main
+
+    asked = []
+    load = vaswani.inference.load
+    monkeypatch.setattr(vaswani.inference, "load", lambda *a, **kw: asked.append(
+        kw["fast_prefill"]) or load(*a, **kw))
 
     run = str(small_runs["decoder"][0])
     prompt = ["--prompt", "to be or not to be", "--temperature", "0", "--max-new-tokens", "8"]
@@ -71,3 +97,7 @@ def test_generate_fast_prefill_from_the_command_line(small_runs, capsys):
     assert capsys.readouterr().out.strip()
     assert main(["generate", run, *prompt, "--fast-prefill"]) != 0
     assert "--fast-prefill is for a language model's int8 weights" in capsys.readouterr().err
+    assert main(["generate", run, *prompt, "--quantize", "int8", "--no-fast-prefill",
+                 "--eager"]) == 0
+    assert main(["generate", run, *prompt, "--quantize", "int8", "--eager"]) == 0
+    assert asked == [True, True, False, None]  # None: load decides (the default)

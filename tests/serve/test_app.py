@@ -430,9 +430,11 @@ def test_vaswani_serve_quantize_and_kv_cache_reach_every_runs_load(monkeypatch, 
     assert "stop before the server starts" in capsys.readouterr().err
     assert torch.get_num_threads() == threads  # loading sets 1; a failure set it back
     assert loaded == [({"some-run": "some-run"}, {"device": "cpu", "quantize": "int8",
-                                                  "kv_cache": "bf16", "fast_prefill": False})]
+                                                  "kv_cache": "bf16", "fast_prefill": None})]
     assert main(["serve", "some-run", "--quantize", "int8", "--fast-prefill"]) != 0
     assert loaded[-1][1]["fast_prefill"] is True
+    assert main(["serve", "some-run", "--quantize", "int8", "--no-fast-prefill"]) != 0
+    assert loaded[-1][1]["fast_prefill"] is False
     with pytest.raises(SystemExit):
         main(["serve", "some-run", "--quantize", "int2"])
     assert "invalid choice: 'int2'" in capsys.readouterr().err

@@ -19,11 +19,11 @@ QUANTIZE_HELP = ("int8: the linear layers with int8 weights (a language model ke
                  "(and a head tied to it) in int8 rows either way. A CPU only; a little less "
                  "exact (docs/performance.md)")
 
-FAST_PREFILL_HELP = ("with --quantize int8: multiply the prompt's tokens in bfloat16 where the "
-                     "CPU has bfloat16 products (AVX512-BF16 or AMX): SmolLM2's prompts about "
-                     "twice as fast (docs/performance.md); a prompt token then differs in its "
-                     "last bits from the same token decoded, so a completion may change with "
-                     "how its prompt was batched or chunked (off: the same bits in any batch)")
+FAST_PREFILL_HELP = ("with --quantize int8, a language model: multiply prompts of 16 tokens or "
+                     "more in bfloat16, the int8 levels widened exactly (the int8 kernel's "
+                     "arithmetic up to one rounding; SmolLM2's prompts about twice as fast: "
+                     "docs/performance.md). Default: on where the CPU has bfloat16 products "
+                     "(AVX512-BF16 or AMX); --no-fast-prefill: the int8 kernel throughout")
 
 # engine/config.py's KV_CACHE (not imported: it imports torch)
 KV_CACHE = ("bf16",)
@@ -90,7 +90,7 @@ def load_run(args: argparse.Namespace):
                 engine=getattr(args, "engine", "vaswani"),
                 quantize=getattr(args, "quantize", None),
                 kv_cache=getattr(args, "kv_cache", None),
-                fast_prefill=getattr(args, "fast_prefill", False), **eager(args))
+                fast_prefill=getattr(args, "fast_prefill", None), **eager(args))
 
 
 SPECULATE_HELP = ("guess up to N tokens after each one, from the context (prompt lookup) or "

@@ -71,7 +71,8 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument("--quantize", choices=QUANTIZE, help=QUANTIZE_HELP)
     p.add_argument("--kv-cache", choices=KV_CACHE, help=KV_CACHE_HELP)
-    p.add_argument("--fast-prefill", action="store_true", help=FAST_PREFILL_HELP)
+    p.add_argument("--fast-prefill", action=argparse.BooleanOptionalAction,
+                   help=FAST_PREFILL_HELP)
     p.add_argument("--eager", action="store_true", help=EAGER_HELP)
     p.add_argument("--speculate", type=nonnegative, metavar="N", help=SPECULATE_HELP)
     p.add_argument("--draft", metavar="RUN_DIR", help=DRAFT_HELP)

@@ -86,7 +86,8 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
                    "FILE accepts, and end where it ends: every token is chosen among those "
                    "that keep the text inside the schema (structured output)")
     p.add_argument("--json", action="store_true", help="write one JSON object (any keys)")
-    p.add_argument("--fast-prefill", action="store_true", help=FAST_PREFILL_HELP)
+    p.add_argument("--fast-prefill", action=argparse.BooleanOptionalAction,
+                   help=FAST_PREFILL_HELP)
     controls(p)
     p.set_defaults(func=generate)
 

@@ -33,7 +33,7 @@ ENGINES = ("vaswani", "ct2")
 
 def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
          engine: str = "vaswani", quantize: str | None = None, compiled: bool | None = None,
-         kv_cache: str | None = None, fast_prefill: bool = False):
+         kv_cache: str | None = None, fast_prefill: bool | None = None):
     """Load a run directory written by ``vaswani train`` (or ``vaswani import``) as the class
     of its task. ``weights``: ``"best"`` (model.safetensors), ``"last"`` (the latest
     checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``).
@@ -42,8 +42,9 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     ``compiled``: decode with the step ``vaswani compile`` built for the run on this machine
     (None: where there is one; False: eagerly; True: it must be there).
     ``kv_cache="bf16"``: the decoder's keys and values kept in bfloat16 (half the memory).
-    ``fast_prefill``: an int8 language model's prompts multiplied in bfloat16 (faster; a
-    completion's bits then depend on how its prompt was batched: base.py ``load``)."""
+    ``fast_prefill``: an int8 language model's prompts multiplied in bfloat16, where the CPU
+    has bfloat16 products (None, the default: wherever it does; False: never; base.py
+    ``load``)."""
     if engine == "ct2":
         if fast_prefill:
             raise ValueError("--fast-prefill is vaswani's own engine's; CTranslate2 runs its "

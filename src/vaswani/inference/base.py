@@ -140,13 +140,14 @@ class Run:
         language model's context slides)."""
         return None
 
-    def new_engine(self, config: EngineConfig) -> Engine:
+    def new_engine(self, config: EngineConfig, fast_prefill: bool | None = None) -> Engine:
         """Another engine over the run's model, sized by ``config`` (the server runs its own,
-        in the thread of its models)."""
+        in the thread of its models); ``fast_prefill``: its prompts widened or not (None:
+        as the run was loaded)."""
         tok = self.target_tokenizer or self.source_tokenizer
         if self.kv_cache and config.cache_dtype is None:
             config = dataclasses.replace(config, cache_dtype=KV_CACHE[self.kv_cache])
-        if self.fast_prefill:
+        if self.fast_prefill if fast_prefill is None else fast_prefill:
             config = dataclasses.replace(config, bf16_prefill=True)
         engine = Engine(self.model, bos_id=tok.bos_id, eos_id=tok.eos_id, config=config)
         engine.runner.compiled = self.compiled  # its decode steps compiled (engine/compiled.py)
@@ -253,7 +254,7 @@ def owner_of(method: str) -> str | None:
 
 def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
          quantize: str | None = None, compiled: bool | None = None,
-         kv_cache: str | None = None, fast_prefill: bool = False) -> Run:
+         kv_cache: str | None = None, fast_prefill: bool | None = None) -> Run:
     """Load a run directory written by ``vaswani train`` (or ``vaswani import``) as the use
     class of its task. ``weights``: ``"best"`` (model.safetensors), ``"last"`` (the latest
     checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``).
@@ -266,9 +267,10 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     ``kv_cache="bf16"``: the decoder's keys and values kept in bfloat16 (half the memory a
     token; engine/config.py ``EngineConfig.cache_dtype``), and the compiled step built for
     that cache. ``fast_prefill``: with ``quantize="int8"``, a language model's prompts are
-    multiplied in bfloat16 where the CPU has bfloat16 products (faster prefills;
-    cpu/quantized.py ``widened``), at the cost of a completion's bits no longer being the same
-    in any batch (``EngineConfig.bf16_prefill``)."""
+    multiplied in bfloat16 where the CPU has bfloat16 products (faster prefills, the int8
+    kernel's arithmetic up to one rounding; cpu/quantized.py ``widened``,
+    ``EngineConfig.bf16_prefill``); None (the default): wherever that is so, False: never,
+    True: asked for (refused for anything else, a warning on a CPU without them)."""
     run_dir = Path(run_dir)
     if quantize is not None and quantize not in QUANTIZE:
         raise ValueError(f"quantize ({quantize!r}) must be one of {', '.join(QUANTIZE)}")
@@ -293,12 +295,15 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     if quantize in INT4_GROUPS and not language_model:
         raise ValueError(f"--quantize {quantize} is for language models; {run_dir} holds "
                          f"{kind.describes}: use --quantize int8")
-    if fast_prefill and not (language_model and quantize == "int8"):
+    widens = language_model and quantize == "int8"
+    if fast_prefill and not widens:
         raise ValueError(f"--fast-prefill is for a language model's int8 weights (--quantize "
                          f"int8); {run_dir} holds {kind.describes}, --quantize {quantize}")
     if fast_prefill and not bf16_products():
         warnings.warn("--fast-prefill: this CPU has no bfloat16 matrix products (AVX512-BF16 "
                       "or AMX); prompts keep the int8 kernel", stacklevel=2)
+    if fast_prefill is None:  # the default: where it is faster
+        fast_prefill = widens and bf16_products()
     path = checkpoint.weights_path(run_dir, weights)
     if weights == "best" and path.parent != run_dir:
         warnings.warn(f"{run_dir} has no best weights ({rundir.BEST}: no evaluation kept "

@@ -48,8 +48,8 @@ class LanguageModel(Run):
         if self._engine is not None:
             self._engine.guesser = self._guesser()
 
-    def new_engine(self, config: EngineConfig) -> Engine:
-        engine = super().new_engine(config)
+    def new_engine(self, config: EngineConfig, fast_prefill: bool | None = None) -> Engine:
+        engine = super().new_engine(config, fast_prefill)
         engine.guesser = self._guesser()
         return engine
 
