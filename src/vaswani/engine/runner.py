@@ -14,7 +14,11 @@ its own, and the attention runs by the kind of pass, not by its shapes (cpu/atte
 ``engine_pass``), so that neither the keys read past a row's own for its batch's longest nor
 the number of rows change any of its bits: a row's logits are the same alone and in any
 batch where the layers compute row by row (as the weight-only int8 and int4 ones do;
-float32's BLAS may not), and a prefill computes a token as a decoding step does.
+float32's BLAS may not). Whatever the schedule, a prompt token is computed by a prefill and
+a generated one by a decoding step (scheduler.py ``_to_prefill``), but for a row recomputed
+after a preemption: its generated tokens are prefilled, their attention summed in another
+order than a decoding step's, a difference the int8 kernel's bfloat16 inputs mostly round
+away (tests/engine/test_runner.py).
 
 With ``bf16_prefill`` a long prompt's int8 products are widened to bfloat16
 (cpu/quantized.py ``widened``: faster at its many rows, not a decoding step's bits), and so

@@ -235,7 +235,7 @@ class Scheduler:
         prefix), so that each token is computed by one kind of pass whatever the schedule:
         a prompt's by a prefill, a generated one's as a decoding step (runner.py)."""
         n = seq.pending
-        if prompt := request.prompt_pending(seq):
+        if request.beam is None and (prompt := request.prompt_pending(seq)):
             return prompt
         if n <= 1:
             return 0

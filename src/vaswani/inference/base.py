@@ -266,11 +266,10 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     if there is one, True: it must be there, False: eagerly, whatever is there).
     ``kv_cache="bf16"``: the decoder's keys and values kept in bfloat16 (half the memory a
     token; engine/config.py ``EngineConfig.cache_dtype``), and the compiled step built for
-    that cache. ``fast_prefill``: with ``quantize="int8"``, a language model's prompts are
-    multiplied in bfloat16 where the CPU has bfloat16 products (faster prefills, the int8
-    kernel's arithmetic up to one rounding; cpu/quantized.py ``widened``,
-    ``EngineConfig.bf16_prefill``); None (the default): wherever that is so, False: never,
-    True: asked for (refused for anything else, a warning on a CPU without them)."""
+    that cache. ``fast_prefill``: an int8 language model's prompts multiplied in bfloat16
+    (faster; the int8 kernel's arithmetic up to one rounding: ``EngineConfig.bf16_prefill``):
+    None, where the CPU has bfloat16 products; False, never; True, asked for (refused for
+    anything else, a warning on a CPU without them)."""
     run_dir = Path(run_dir)
     if quantize is not None and quantize not in QUANTIZE:
         raise ValueError(f"quantize ({quantize!r}) must be one of {', '.join(QUANTIZE)}")
@@ -302,8 +301,6 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     if fast_prefill and not bf16_products():
         warnings.warn("--fast-prefill: this CPU has no bfloat16 matrix products (AVX512-BF16 "
                       "or AMX); prompts keep the int8 kernel", stacklevel=2)
-    if fast_prefill is None:  # the default: where it is faster
-        fast_prefill = widens and bf16_products()
     path = checkpoint.weights_path(run_dir, weights)
     if weights == "best" and path.parent != run_dir:
         warnings.warn(f"{run_dir} has no best weights ({rundir.BEST}: no evaluation kept "
@@ -325,7 +322,7 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
         model.to(dev).eval()
     run = use(run_dir, config, model, source, target, labels, dev)
     run.kv_cache = kv_cache
-    run.fast_prefill = fast_prefill
+    run.fast_prefill = (widens and bf16_products()) if fast_prefill is None else fast_prefill
     if compiled is not False and kind.decoder and dev.type == "cpu":
         run.compiled = compiled_step(run_dir, path, quantize, required=bool(compiled),
                                      kv_cache=kv_cache)
