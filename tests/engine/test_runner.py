@@ -8,7 +8,7 @@ for token in test_engine.py).
 With ``bf16_prefill`` (a prompt's products widened to bfloat16: cpu/quantized.py) the same
 holds: a prompt token is computed widened and a generated one by the kernel, whichever pass
 carries it (a chunked prompt's last token, a preempted or slid row's recomputing, a chat's
-kept answer). The widened path is forced on, whatever this CPU has."""
+next turn after its kept prompt). The widened path is forced on, whatever this CPU has."""
 
 import pytest
 import torch
@@ -72,7 +72,7 @@ def test_an_int8_rows_logits_are_the_same_bits_alone_and_in_any_batch(int8_lm, t
         assert logprobs(int8_lm, batch, bf16_prefill=bf16_prefill, **config) == together
 
 
-def test_preempted_slid_and_kept_rows_keep_their_bits(int8_lm, two_threads, bf16_prefill):
+def test_preempted_and_slid_rows_keep_their_bits(int8_lm, two_threads, bf16_prefill):
     """Rows recomputed after a preemption or past ``max_len`` (96) get the bits of a row
     that computed everything once, alone."""
     batch = prompts()[::3]
