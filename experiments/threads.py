@@ -35,8 +35,8 @@ def switches() -> dict[str, int]:
                 for line in f:
                     if line.startswith("voluntary_ctxt_switches"):
                         counts[path.split("/")[-2]] = int(line.split()[1])
-        except FileNotFoundError:  # a thread that ended between the listing and the read
-            continue
+        except (FileNotFoundError, ProcessLookupError):  # a thread that ended between the
+            continue  # listing and the read (opened and gone: ESRCH on reading)
     return counts
 
 
