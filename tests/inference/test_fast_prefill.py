@@ -19,8 +19,8 @@ def test_load_fast_prefill_gives_engines_that_widen_their_prefills(small_runs, m
     run_dir = small_runs["decoder"][0]
     fast = vaswani.load(run_dir, quantize="int8", fast_prefill=True, compiled=False)
     plain = vaswani.load(run_dir, quantize="int8", fast_prefill=False, compiled=False)
-    assert fast.new_engine(EngineConfig()).runner.bf16_prefill
-    assert not plain.new_engine(EngineConfig()).runner.bf16_prefill
+    assert fast.new_engine(EngineConfig()).config.bf16_prefill
+    assert not plain.new_engine(EngineConfig()).config.bf16_prefill
     calls = []
     real = quantized.widened_product
     monkeypatch.setattr(quantized, "widened_product", lambda *a: calls.append(1) or real(*a))
@@ -49,8 +49,8 @@ def test_fast_prefill_is_the_default_where_the_cpu_has_bfloat16_products(small_r
                 vaswani.load(encoder, quantize="int8")):
         assert not run.fast_prefill  # asked not to, or nothing to widen: no refusal
     run = vaswani.load(lm, quantize="int8", compiled=False)
-    assert run.new_engine(EngineConfig()).runner.bf16_prefill
-    assert not run.new_engine(EngineConfig(), fast_prefill=False).runner.bf16_prefill
+    assert run.new_engine(EngineConfig()).config.bf16_prefill
+    assert not run.new_engine(EngineConfig(), fast_prefill=False).config.bf16_prefill
 
 
 def test_fast_prefill_is_refused_without_int8_and_for_a_classifier(small_runs):

@@ -46,8 +46,7 @@ class Engine:
         self.cache = config.cache_for(model, self.seq2seq)
         self.scheduler = config.scheduler_for(self.cache, self.max_len, self.device)
         static = captured(model, self.cache, config, self.device, pad_id=self.pad_id)
-        self.runner = Runner(model, self.cache, pad_id=self.pad_id, static=static,
-                             bf16_prefill=config.bf16_prefill)
+        self.runner = Runner(model, self.cache, pad_id=self.pad_id, static=static)
         self.sampler = Sampler(pad_id=self.pad_id, bos_id=bos_id, eos_id=eos_id,
                                device=self.device)
         self.tokens_out = self.steps = 0  # tokens generated and steps run so far (throughput)

@@ -20,7 +20,7 @@ after a preemption: its generated tokens are prefilled, their attention summed i
 order than a decoding step's, a difference the int8 kernel's bfloat16 inputs mostly round
 away (tests/engine/test_runner.py).
 
-With ``bf16_prefill`` a long prompt's int8 products are widened to bfloat16
+With ``bf16_prefill`` (config.py) a long prompt's int8 products are widened to bfloat16
 (cpu/quantized.py ``widened``: faster at its many rows, not a decoding step's bits), and so
 by role, not by pass (request.py ``Request.wide``): its prompt tokens always widened, its
 generated ones always by the kernel. The scheduler prefills such a prompt's tokens apart
@@ -55,9 +55,8 @@ from .tensors import tensor_of
 
 class Runner:
     def __init__(self, model: torch.nn.Module, cache: SlotCache, *, pad_id: int,
-                 static: StaticDecoder | None = None, bf16_prefill: bool = False) -> None:
+                 static: StaticDecoder | None = None) -> None:
         self.model, self.cache, self.pad_id = model, cache, pad_id
-        self.bf16_prefill = bf16_prefill  # prefills' int8 products in bfloat16 (config.py)
         self.static = static  # decode steps as CUDA graphs (graphs.py), on a GPU
         # decode steps compiled ahead of time (compiled.py), set by the run that has them
         self.compiled: CompiledStep | None = None
@@ -178,8 +177,8 @@ class Runner:
         "verify", a row's token and the tokens guessed after it (speculate.py), the logits
         after each of them (R, T, V; a row's first ``n``), each computed as a decoding step
         computes it (plan.py ``apart``)."""
-        if kind != "prefill" or not self.bf16_prefill:
-            return self._forward(rows, kind)
+        if kind != "prefill":
+            return self._forward(rows, kind)  # a widened request's rows: prefills only
         prompt = [request.wide and request.prompt_pending(seq) > 0 for request, seq, _ in rows]
         if all(prompt) or not any(prompt):
             return self._forward(rows, kind, widen=prompt[0])
