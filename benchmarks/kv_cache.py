@@ -70,7 +70,7 @@ def build(run_dir: Path, quantize: str | None, cache: str) -> float | None:
     """`vaswani compile` for this quantization and cache unless a package built for exactly
     this run, code and machine is there: its seconds (None: it was there)."""
     from vaswani import checkpoint
-    from vaswani.engine.compiled import differences, identity, package_path, record_path
+    from vaswani.engine.package import differences, identity, package_path, record_path
 
     kv_cache = None if cache == "float" else cache
     package = package_path(run_dir, quantize, kv_cache)

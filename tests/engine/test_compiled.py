@@ -26,14 +26,12 @@ from vaswani.engine.compiled import (
     CompiledStep,
     DecodeStep,
     build,
-    differences,
     example_inputs,
     inductor_options,
-    package_path,
-    record_path,
 )
+from vaswani.engine.package import differences, package_path, record_path, unpacked
 from vaswani.inference.compiled import compile_run
-from vaswani.rundir import written
+from vaswani.rundir import survey, written
 
 pytestmark = pytest.mark.skipif(DEVICE.type != "cpu", reason="a CPU's compiled step")
 
@@ -62,8 +60,16 @@ def test_vaswani_compile_writes_the_package_and_its_record_in_the_run(lm_run, ca
     assert package.stat().st_size > 0
     assert record["torch"] == torch.__version__ and record["quantize"] is None
     assert record["capability"] == torch.backends.cpu.get_cpu_capability()
+    # its library unpacked beside it, the one file of its kind there
+    library = unpacked(package)
+    assert [p.name for p in package.parent.glob("*.so")] == [library.name]
+    with zipfile.ZipFile(package) as archive:
+        assert library.read_bytes() == archive.read(
+            next(name for name in archive.namelist() if name.endswith(".so")))
     # listed in the manifest: `--overwrite` of the run takes them away with it
-    assert {"compiled/decode-float.pt2", "compiled/decode-float.json"} <= set(written(lm_run))
+    assert {"compiled/decode-float.pt2", "compiled/decode-float.json",
+            "compiled/decode-*.so"} <= set(written(lm_run))
+    assert not survey(lm_run)[1]  # nothing in compiled/ is in a new run's way
 
 
 def rows_mid_way(run, prompts, **params):
@@ -200,22 +206,76 @@ def test_a_step_of_more_rows_than_its_package_takes_runs_eagerly(lm_run):
     assert len(calls) > before  # a step of one row: compiled
 
 
-def test_a_step_calls_the_packages_runner_with_its_tensors_flat(lm_run, mt_run, monkeypatch):
+@pytest.mark.parametrize("library", [True, False], ids=["unpacked", "archive"])
+def test_a_step_calls_the_packages_runner_with_its_tensors_flat(library, lm_run, mt_run,
+                                                                monkeypatch, tmp_path):
     """A step hands the package's runner its input tensors as one flat list, in the order
     the package's own call would flatten them (the logits are the eager step's: the tests
-    above), without that call's parsing of the package's specs and pytree walk each step."""
+    above). The runner opens the package's library unpacked beside it, never the archive
+    (``aoti_load_package`` unpacks it anew at every load); a package without its library
+    (a copy of the archive alone) is loaded from the archive, and called without its own
+    ``__call__``'s parsing of the package's specs and pytree walk each step."""
+    import torch._inductor
     from torch.export.pt2_archive._package import AOTICompiledModel
 
-    def parsed(*args, **kwargs):
-        raise AssertionError("the package's __call__ ran")
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the archive's loader or its __call__ ran")
 
-    compiled = {run: load(run) for run in (lm_run, mt_run)}
-    monkeypatch.setattr(AOTICompiledModel, "__call__", parsed)
+    runs = {lm_run: lm_run, mt_run: mt_run}
+    if library:
+        monkeypatch.setattr(torch._inductor, "aoti_load_package", forbidden)
+    else:
+        for run in runs:
+            runs[run] = tmp_path / run.name
+            shutil.copytree(run, runs[run])
+            unpacked(package_path(runs[run], None)).unlink()
+    monkeypatch.setattr(AOTICompiledModel, "__call__", forbidden)
+    compiled = {run: load(copy) for run, copy in runs.items()}
+    for run in runs:
+        assert (compiled[run].compiled.library is not None) is library
     assert compiled[lm_run].generate("the cat", max_new_tokens=4, temperature=0) == \
         load(lm_run, compiled=False).generate("the cat", max_new_tokens=4, temperature=0)
     words = ["abc", "hello"]
     assert compiled[mt_run].translate(words, beam=2) == \
         load(mt_run, compiled=False).translate(words, beam=2)
+
+
+def test_the_steps_weights_are_its_own_64_byte_aligned_copies(lm_run):
+    """AOTInductor copies a library's weights into one block that malloc aligns to 16 bytes
+    only; the step hands its runner copies in torch's 64-byte aligned memory instead, and
+    the runner reads those (its constants are the step's tensors, every one of them, in
+    memory of torch's allocator, not views of a block it was handed)."""
+    step = load(lm_run).compiled
+    assert step.library is not None
+    runner = step._boxed_run.__self__
+    mine = step._constants
+    assert len(mine) == len(runner.get_constant_names_to_original_fqns()) > 0
+    used = [t for t in runner.extract_constants_map(False).values()
+            if t.layout == torch.strided]
+    strided = [t for t in mine.values() if t.layout == torch.strided]
+    assert strided and {t.data_ptr() for t in used} == {t.data_ptr() for t in strided}
+    assert all(t.data_ptr() % 64 == 0 and t.untyped_storage().resizable() for t in used)
+
+
+@pytest.mark.parametrize("damaged", ["package", "library"])
+def test_a_damaged_package_or_library_is_named_and_the_run_still_decodes(damaged, lm_run,
+                                                                         tmp_path):
+    """A damaged archive: the run decodes eagerly; a library cut short (a copy stopped
+    part-way; mapping it would fault the process): the package is loaded from its archive.
+    Each is named in a warning that says how to rebuild it."""
+    run = tmp_path / "run"
+    shutil.copytree(lm_run, run)
+    package = package_path(run, None)
+    path = package if damaged == "package" else unpacked(package)
+    path.write_bytes(path.read_bytes()[:4096])
+    with pytest.warns(UserWarning, match="cannot be loaded" if damaged == "package" else
+                      "is not the whole library") as caught:
+        loaded = load(run)
+    assert (loaded.compiled is None) is (damaged == "package")
+    assert str(path) in str(caught[0].message)
+    assert f"vaswani compile {run}" in str(caught[0].message)
+    assert loaded.generate("the cat", max_new_tokens=4, temperature=0) == \
+        load(lm_run, compiled=False).generate("the cat", max_new_tokens=4, temperature=0)
 
 
 def test_compiled_generation_equals_eager_token_for_token(lm_run):

@@ -106,7 +106,11 @@ def compile_run(args: argparse.Namespace) -> int:
 
     out, seconds = compile_run(args.run_dir, quantize=args.quantize, weights=args.weights,
                                kv_cache=args.kv_cache)
-    size = out.stat().st_size / 2 ** 20
-    print(f"compiled {args.run_dir}'s decode step into {out} ({size:,.0f} MB) in "
-          f"{seconds:.0f} s; generate, translate and serve use it from now on")
+    from ..engine.package import unpacked
+
+    library = unpacked(out)
+    size = (out.stat().st_size + library.stat().st_size) / 2 ** 20
+    print(f"compiled {args.run_dir}'s decode step into {out} and {library.name} beside it "
+          f"({size:,.0f} MB in all) in {seconds:.0f} s; generate, translate and serve use it "
+          "from now on")
     return 0

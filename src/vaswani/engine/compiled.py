@@ -23,27 +23,20 @@ the cache's slots and width) are dynamic dimensions of one package, not one pack
 shape. ``W`` and ``X`` come in as the lengths of two empty tensors (a traced graph takes
 sizes from its inputs' shapes).
 
-A package is bound to what it was built from (:func:`identity`): the run's weights (file,
-size, modification time) and config, the quantization, the torch version, vaswani's code
-that the step runs (a digest of its source) and the CPU (its model and instruction sets:
-Inductor compiles for the machine it runs on, and a package from another CPU may not run at
-all). Loading one that does not
-match is refused with a warning that names the difference and the command that rebuilds it;
-the run is then used eagerly, as it is without a package (``--eager`` says so outright).
-The package lives in the run: ``RUN_DIR/compiled/decode-{float,int8,int4}.pt2`` beside a
-JSON record of its identity.
+A package is bound to what it was built from, and lies in the run beside a record of that
+and its shared library unpacked (package.py); loading one that does not match is refused
+with a warning that names the difference; the run is then used eagerly, as it is without a
+package (``--eager`` says so outright).
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
-import platform
 import shutil
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,14 +44,24 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ..atomic import atomic_write, atomic_write_text
 from ..cpu.linear import USE_ONEDNN
-from ..rundir import COMPILED, CONFIG
+from ..devices import give_back_freed_memory
 from .config import KV_CACHE
+from .package import (
+    differences,
+    intact,
+    options,
+    package_path,
+    record_path,
+    remove_others,
+    unpack,
+    unpacked,
+)
 from .plan import StepPlan
 from .step import forward_step
 from .views import StepCache
 
-STEP_VERSION = 2  # the exported step's signature and code; a package of another is rebuilt
 ROWS = 1 << 14  # the most rows a package's step takes (its rows' dynamic size)
 # The matrix products' kernels, pinned per quantization, not autotuned at build time:
 # timings taken on a loaded machine pick badly (pytorch#148494). Float weights: not
@@ -156,80 +159,6 @@ class DecodeStep(nn.Module):
         return forward_step(self.model, cache, ids, positions, last, plan)
 
 
-# --- what a package is bound to ------------------------------------------------------------
-
-def cpu_identity() -> dict:
-    """The CPU a package is compiled for: its model name and instruction-set flags (Linux's
-    /proc/cpuinfo; elsewhere the platform's name), and the vector width PyTorch uses on it."""
-    name, flags = platform.processor() or platform.machine(), ""
-    try:
-        fields = dict(line.split(":", 1) for line in
-                      Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
-                      if ":" in line)
-        fields = {key.strip(): value.strip() for key, value in fields.items()}
-        name = fields.get("model name", name)
-        flags = " ".join(sorted(fields.get("flags", fields.get("Features", "")).split()))
-    except OSError:
-        pass
-    return {"cpu": name, "cpu_flags": flags,
-            "capability": torch.backends.cpu.get_cpu_capability()}
-
-
-def identity(run_dir: Path, weights: Path, quantize: str | None,
-             kv_cache: str | None = None) -> dict:
-    """Everything a package of ``run_dir``'s ``weights`` file depends on (the module's
-    docstring)."""
-    stat = weights.stat()
-    return {"step": STEP_VERSION, "code": code_digest(), "torch": torch.__version__,
-            "weights": weights.relative_to(run_dir).as_posix(), "weights_bytes": stat.st_size,
-            "weights_mtime_ns": stat.st_mtime_ns,
-            "config": (run_dir / CONFIG).read_text(),
-            "quantize": quantize, "kv_cache": kv_cache, **cpu_identity()}
-
-
-@functools.cache  # the source does not change while a process runs
-def code_digest() -> str:
-    """The sha256 of the source of every package whose code a step runs (nn/, cpu/,
-    models/, engine/): another version of vaswani's modules is another package."""
-    root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for package in CODE:
-        for path in sorted((root / package).rglob("*.py")):
-            digest.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
-    return digest.hexdigest()
-
-
-CODE = ("nn", "cpu", "models", "engine")
-WHAT = {"step": "vaswani's decode step", "code": "vaswani's code", "torch": "torch",
-        "weights": "weights file",
-        "weights_bytes": "weights (size)", "weights_mtime_ns": "weights (changed since)",
-        "config": "config.toml", "quantize": "quantization", "kv_cache": "key/value cache",
-        "cpu": "CPU",
-        "cpu_flags": "CPU instruction sets", "capability": "CPU vector width"}
-
-
-def differences(built: dict, wanted: dict) -> list[str]:
-    """What differs between a package's record and what is loaded now, in words."""
-    out = []
-    for key, what in WHAT.items():
-        if built.get(key) != wanted.get(key):
-            short = key in ("torch", "quantize", "kv_cache", "cpu", "capability", "weights",
-                            "step")
-            out.append(f"{what} ({built.get(key)!r} -> {wanted.get(key)!r})" if short else what)
-    return out
-
-
-def package_path(run_dir: Path, quantize: str | None, kv_cache: str | None = None) -> Path:
-    """decode-{float,int8,int4,int4-g64}.pt2, -kv-bf16 before the suffix for a step over a
-    bfloat16 cache."""
-    kept = f"-kv-{kv_cache}" if kv_cache else ""
-    return run_dir / COMPILED / f"decode-{quantize or 'float'}{kept}.pt2"
-
-
-def record_path(package: Path) -> Path:
-    return package.with_suffix(".json")
-
-
 # --- building and loading -------------------------------------------------------------------
 
 def example_inputs(model: nn.Module, seq2seq: bool, kv_cache: str | None = None
@@ -278,8 +207,6 @@ def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
     ``say`` reports each stage; ``quantize``: the model's (its products' kernels, GEMM);
     ``kv_cache``: the cache's dtype by name (config.py ``KV_CACHE``; None: the model's).
     Returns the seconds it took."""
-    from ..atomic import atomic_write, atomic_write_text
-
     start = time.perf_counter()
     args, shapes = example_inputs(model, seq2seq, kv_cache)
     with torch.no_grad():  # Inductor freezes the weights only without autograd
@@ -292,7 +219,17 @@ def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
                 program, package_path=str(Path(tmp) / "step.pt2"),
                 inductor_configs=inductor_options(quantize))
             out.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(out, lambda path: shutil.copyfile(built, path))
+            say("writing it and its library, unpacked for every later load to open ...")
+            library = unpacked(out, Path(built))
+            new = not library.exists()
+            unpack(Path(built), out)
+            try:
+                atomic_write(out, lambda path: shutil.copyfile(built, path))
+            except BaseException:
+                if new:  # (an identical package's library stays, with its package)
+                    library.unlink(missing_ok=True)
+                raise
+            remove_others(library, out)
     seconds = time.perf_counter() - start
     atomic_write_text(record_path(out), json.dumps({**record, "build_seconds": round(seconds, 1)},
                                                    indent=1) + "\n")
@@ -305,11 +242,18 @@ class CompiledStep:
 
     def __init__(self, path: Path, max_rows: int = MAX_ROWS[None]) -> None:
         self.path, self.max_rows = path, max_rows
-        self.run = torch._inductor.aoti_load_package(str(path))
-        # its runner, called with the flat list of the input tensors: the package's own
+        # its runner, called with the flat list of the input tensors (a package's own
         # __call__ parses its input and output specs anew and flattens the arguments by
-        # pytree at every call (docs/performance.md)
-        self._boxed_run = self.run.loader.boxed_run
+        # pytree at every call: docs/performance.md): the library unpacked beside the
+        # package, or, where there is none (removed, or a package copied alone), the
+        # package as AOTInductor loads it, unpacked anew into a temporary folder
+        self.library, self._constants = intact(path), {}
+        if self.library:
+            runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(self.library), 1)
+            self._constants = own_constants(runner)
+            self._boxed_run = runner.run
+        else:
+            self._boxed_run = torch._inductor.aoti_load_package(str(path)).loader.boxed_run
         self._sizes = torch.empty(0)  # W and X are read as lengths: views of one tensor
 
     def sizes(self, n: int) -> Tensor:
@@ -339,6 +283,22 @@ class CompiledStep:
         return self._boxed_run(flat)[0][:R]  # (the step's one output, the logits)
 
 
+def own_constants(runner) -> dict[str, Tensor]:
+    """Move a loaded library's constants (its weights) out of the one block AOTInductor
+    copies them into, ``std::malloc``'s, 16-byte aligned: where it lands off a 64-byte line
+    (as the heap's history has it), every weight does, and the AVX-512 products that read
+    them straddle cache lines (docs/performance.md, "A compiled decode step"). Each is
+    copied into torch's own memory (64-byte aligned) and handed to the runner as its
+    constant, kept alive by the returned dict (user-managed), and the block is freed."""
+    names = {fqn: name for name, fqn in runner.get_constant_names_to_original_fqns().items()}
+    kept = {names.get(k, k): t.clone() for k, t in runner.extract_constants_map(False).items()}
+    runner.update_constant_buffer(kept, True, False, True)  # the spare buffer, user-managed
+    runner.swap_constant_buffer()
+    runner.free_inactive_constant_buffer()
+    give_back_freed_memory()  # (the heap keeps a freed block's pages resident otherwise)
+    return kept
+
+
 def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
                   warn: Callable[[str], None], kv_cache: str | None = None
                   ) -> CompiledStep | None:
@@ -353,17 +313,19 @@ def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
     except (OSError, ValueError):
         built = {}
     changed = differences(built, wanted) if isinstance(built, dict) else ["its record"]
+    rebuild = f"rebuild it with `vaswani compile {run_dir}{options(quantize, kv_cache)}`"
     if changed:
-        warn(f"{path} was built for another {', '.join(changed)}; running eagerly (rebuild "
-             f"it with `vaswani compile {run_dir}{options(quantize, kv_cache)}`)")
+        warn(f"{path} was built for another {', '.join(changed)}; running eagerly ({rebuild})")
         return None
-    return CompiledStep(path, MAX_ROWS[quantize])
-
-
-def options(quantize: str | None, kv_cache: str | None) -> str:
-    """The command-line options that name a package: " --quantize int8 --kv-cache bf16"."""
-    return (f" --quantize {quantize}" if quantize else "") + \
-        (f" --kv-cache {kv_cache}" if kv_cache else "")
+    try:
+        if unpacked(path).exists() and not intact(path):
+            warn(f"{unpacked(path)} is not the whole library of {path}; loading the package "
+                 f"from its archive, which takes longer ({rebuild})")
+        return CompiledStep(path, MAX_ROWS[quantize])
+    except (OSError, ValueError, RuntimeError, zipfile.BadZipFile) as e:
+        cause = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        warn(f"{path} cannot be loaded ({cause}); running eagerly ({rebuild})")
+        return None
 
 
 def progress(message: str) -> None:

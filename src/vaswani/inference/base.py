@@ -36,8 +36,9 @@ from ..data.tokenizers import Tokenizer
 from ..devices import resolve_device
 from ..engine import Engine, EngineConfig, Params
 from ..engine.adapters import choose
-from ..engine.compiled import CompiledStep, identity, load_compiled, options, package_path
+from ..engine.compiled import CompiledStep, load_compiled
 from ..engine.config import KV_CACHE
+from ..engine.package import identity, options, package_path
 from ..generation import Rules
 from ..models import build_model
 from ..models.common import fill_buffers
@@ -327,9 +328,8 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
         run.compiled = compiled_step(run_dir, path, quantize, required=bool(compiled),
                                      kv_cache=kv_cache)
     elif compiled:
-        raise ValueError(f"a compiled decode step is for a run that decodes on a CPU; "
-                         f"{run_dir} holds {kind.describes}" + (f", on {dev}" if dev.type !=
-                                                                "cpu" else ""))
+        raise ValueError(f"a compiled decode step is for a run that decodes on a CPU; {run_dir} "
+                         f"holds {kind.describes}" + (f", on {dev}" if dev.type != "cpu" else ""))
     return run
 
 

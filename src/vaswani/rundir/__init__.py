@@ -22,6 +22,7 @@ in it are checkpoint/'s, and every write goes through atomic.py::
     compiled/            `vaswani compile`: the decode step compiled for this machine
         decode-float.pt2, decode-float.json ...   (engine/compiled.py), one per quantization
         decode-int4-kv-bf16.pt2 ...               and key/value cache (--kv-cache bf16)
+        decode-float.<crc32>.so ...               each package's library, unpacked
 
     vaswani_run.json     the manifest: every path above that vaswani wrote here
 
@@ -71,7 +72,8 @@ TOKENIZER_FILES = tuple(f"{TOKENIZER}/{name}" for name in (
 LAYOUT = (CONFIG, *TOKENIZER_FILES, CHAT_TEMPLATE, BEST, f"{LAST}/{BEST}", f"{LAST}/trainer.pt",
           f"{LAST}/state.json", f"{LAST}/{COMPLETE}", f"{LAST}/{SHARDED}/*",
           f"{CHECKPOINTS}/step-*.safetensors", AVERAGED, METRICS, LOSS_PLOT, LAUNCHER,
-          f"{TENSORBOARD}/*", f"{COMPILED}/decode-*.pt2", f"{COMPILED}/decode-*.json")
+          f"{TENSORBOARD}/*", f"{COMPILED}/decode-*.pt2", f"{COMPILED}/decode-*.json",
+          f"{COMPILED}/decode-*.so")
 # What a name with "*" in LAYOUT stands for: file names matched a path segment at a time (a
 # "*" never crosses a "/"), each as narrow as the library that writes them names its files
 # (torch.distributed.checkpoint's shards and metadata; SummaryWriter's event files).
@@ -81,7 +83,8 @@ PATTERNS = {f"{LAST}/{SHARDED}/*": (f"{LAST}/{SHARDED}/.metadata",
             f"{TENSORBOARD}/*": (f"{TENSORBOARD}/events.out.tfevents.*",),
             f"{CHECKPOINTS}/step-*.safetensors": (f"{CHECKPOINTS}/step-*.safetensors",),
             f"{COMPILED}/decode-*.pt2": (f"{COMPILED}/decode-*.pt2",),
-            f"{COMPILED}/decode-*.json": (f"{COMPILED}/decode-*.json",)}
+            f"{COMPILED}/decode-*.json": (f"{COMPILED}/decode-*.json",),
+            f"{COMPILED}/decode-*.so": (f"{COMPILED}/decode-*.so",)}
 # The names at the top of a run directory that belong to vaswani: a file of the user's there,
 # or in a folder of that name, is in a run's way.
 RUN_NAMES = frozenset({p.split("/")[0] for p in LAYOUT} | {"last.tmp", "last.old",
