@@ -287,7 +287,7 @@ def own_constants(runner) -> dict[str, Tensor]:
     """Move a loaded library's constants (its weights) out of the one block AOTInductor
     copies them into, ``std::malloc``'s, 16-byte aligned: where it lands off a 64-byte line
     (as the heap's history has it), every weight does, and the AVX-512 products that read
-    them straddle cache lines (docs/performance.md, "A compiled decode step"). Each is
+    them straddle cache lines (docs/performance.md, "A warm start in under a second"). Each is
     copied into torch's own memory (64-byte aligned) and handed to the runner as its
     constant, kept alive by the returned dict (user-managed), and the block is freed."""
     names = {fqn: name for name, fqn in runner.get_constant_names_to_original_fqns().items()}
