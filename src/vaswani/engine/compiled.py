@@ -318,10 +318,11 @@ def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
         warn(f"{path} was built for another {', '.join(changed)}; running eagerly ({rebuild})")
         return None
     try:
-        if unpacked(path).exists() and not intact(path):
-            warn(f"{unpacked(path)} is not the whole library of {path}; loading the package "
+        step = CompiledStep(path, MAX_ROWS[quantize])
+        if step.library is None and unpacked(path).exists():
+            warn(f"{unpacked(path)} is not the whole library of {path}; loaded the package "
                  f"from its archive, which takes longer ({rebuild})")
-        return CompiledStep(path, MAX_ROWS[quantize])
+        return step
     except (OSError, ValueError, RuntimeError, zipfile.BadZipFile) as e:
         cause = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         warn(f"{path} cannot be loaded ({cause}); running eagerly ({rebuild})")

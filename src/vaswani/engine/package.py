@@ -31,7 +31,6 @@ import torch
 from ..atomic import atomic_write
 from ..rundir import COMPILED, CONFIG
 
-LIBRARIES = f"{COMPILED}/decode-*.so"  # the unpacked libraries, as the manifest lists them
 STEP_VERSION = 2  # the exported step's signature and code; a package of another is rebuilt
 
 

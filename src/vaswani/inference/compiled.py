@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import checkpoint, rundir
 from ..config.family import family
 from ..engine.compiled import build, progress
-from ..engine.package import LIBRARIES, identity, package_path, record_path
+from ..engine.package import identity, package_path, record_path
 from ..models import EncoderDecoder
 from .base import load
 
@@ -36,7 +36,7 @@ def compile_run(run_dir: str | Path, *, quantize: str | None = None, weights: st
     out = package_path(run_dir, quantize, kv_cache)
     with rundir.locked(run_dir):
         rundir.record(run_dir, *(p.relative_to(run_dir).as_posix()
-                                 for p in (out, record_path(out))), LIBRARIES)
+                                 for p in (out, record_path(out))), rundir.COMPILED_LIBRARIES)
         seconds = build(run.model, isinstance(run.model, EncoderDecoder), out, record, say,
                         quantize, kv_cache)
     return out, seconds

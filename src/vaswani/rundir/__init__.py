@@ -64,6 +64,7 @@ SHARDED = "sharded"  # in last/: a sharded run's state; sharded.tmp/ in RUN_DIR 
 LAUNCHER = "launcher.json"  # under torchrun: the job that started the run (its restarts resume)
 TENSORBOARD = "tensorboard"  # [train] tensorboard = true: SummaryWriter's event files
 COMPILED = "compiled"  # `vaswani compile`: AOTInductor packages of the decode step
+COMPILED_LIBRARIES = f"{COMPILED}/decode-*.so"  # each package's library, unpacked
 MANIFEST = "vaswani_run.json"  # the paths vaswani wrote in the run directory
 # Every path vaswani writes in a run directory, as the manifest lists them ("DIR/*": a folder
 # whose files a library names, written whole). A run from before the manifest is read as this.
@@ -73,7 +74,7 @@ LAYOUT = (CONFIG, *TOKENIZER_FILES, CHAT_TEMPLATE, BEST, f"{LAST}/{BEST}", f"{LA
           f"{LAST}/state.json", f"{LAST}/{COMPLETE}", f"{LAST}/{SHARDED}/*",
           f"{CHECKPOINTS}/step-*.safetensors", AVERAGED, METRICS, LOSS_PLOT, LAUNCHER,
           f"{TENSORBOARD}/*", f"{COMPILED}/decode-*.pt2", f"{COMPILED}/decode-*.json",
-          f"{COMPILED}/decode-*.so")
+          COMPILED_LIBRARIES)
 # What a name with "*" in LAYOUT stands for: file names matched a path segment at a time (a
 # "*" never crosses a "/"), each as narrow as the library that writes them names its files
 # (torch.distributed.checkpoint's shards and metadata; SummaryWriter's event files).
@@ -84,7 +85,7 @@ PATTERNS = {f"{LAST}/{SHARDED}/*": (f"{LAST}/{SHARDED}/.metadata",
             f"{CHECKPOINTS}/step-*.safetensors": (f"{CHECKPOINTS}/step-*.safetensors",),
             f"{COMPILED}/decode-*.pt2": (f"{COMPILED}/decode-*.pt2",),
             f"{COMPILED}/decode-*.json": (f"{COMPILED}/decode-*.json",),
-            f"{COMPILED}/decode-*.so": (f"{COMPILED}/decode-*.so",)}
+            COMPILED_LIBRARIES: (COMPILED_LIBRARIES,)}
 # The names at the top of a run directory that belong to vaswani: a file of the user's there,
 # or in a folder of that name, is in a run's way.
 RUN_NAMES = frozenset({p.split("/")[0] for p in LAYOUT} | {"last.tmp", "last.old",
