@@ -14,7 +14,15 @@ from collections import Counter, defaultdict
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, register_flop_formula
+
+if torch.backends.mkldnn.is_available() and \
+        torch.ops.mkldnn._linear_pointwise not in flop_registry:
+    @register_flop_formula(torch.ops.mkldnn._linear_pointwise)
+    def _onednn_linear_flop(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+        """oneDNN's linear (vaswani's products on AMD's CPUs, cpu/linear.py) counted as
+        ``FlopCounterMode`` counts ``aten.mm``: 2 x rows x in x out."""
+        return 2 * torch.Size(x_shape).numel() * w_shape[0]
 
 
 class _Products(TorchDispatchMode):

@@ -2,11 +2,18 @@
 in vaswani's CPU decoding path (experiments/README.md says which).
 
     python -m experiments.decode_kernels linear|burst|attention|cold-keys|top-k|first-max|
-                                          cache-writes [--json OUT.json]
+                                          cache-writes|frozen-linear [--json OUT.json]
 
 ``linear`` times a linear layer's two CPU inference paths: ``torch.nn.Linear`` (MKL) and
 cpu/linear.py ``OneDNNLinear`` (oneDNN over a reordered copy of the weight; timed on any CPU,
 though a model takes it on CPUs that are not Intel's only), for four weights and 1-512 rows.
+
+``frozen-linear`` times a frozen weight's product in a training step, forward and the
+input's gradient, at 512 rows (4 x 128 tokens, ``benchmarks.finetune``'s batch) for SmolLM2's
+weights (q, k and v stacked; o; gate and up stacked; down; a block of 4,096 words of the
+vocabulary projection): ``F.linear`` under autograd (MKL) and cpu/linear.py
+``frozen_linear`` (oneDNN, what a LoRA base takes on CPUs that are not Intel's; timed on
+any CPU), alternating; the input's gradients checked equal.
 
 ``burst`` times the step that prefills 14 prompts of 15-199 tokens arriving together
 (the shakespeare-char preset's shape, ``max_len`` 512), with scheduler.py ``prefill_groups``
@@ -51,7 +58,8 @@ import torch
 
 from benchmarks.common import interleaved_best, report
 
-WAYS = ("linear", "burst", "attention", "cold-keys", "top-k", "first-max", "cache-writes")
+WAYS = ("linear", "burst", "attention", "cold-keys", "top-k", "first-max", "cache-writes",
+        "frozen-linear")
 
 
 SHAPES = [(768, 256), (2000, 128), (8000, 256), (1536, 576)]  # (out, in) of a decode step
@@ -79,6 +87,35 @@ def linear_paths(shapes=SHAPES, rows=(1, 8, 64, 512), repeats: int = 5,
                 "f_linear", torch_layer, "linear", layer,
                 lambda want, got: torch.allclose(got, want, rtol=1e-4, atol=1e-4),
                 repeats, calls))
+    return out
+
+
+FROZEN_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (4096, 576)]  # SmolLM2's
+
+
+def frozen_paths(shapes=FROZEN_SHAPES, rows: int = 512, repeats: int = 5,
+                 calls: int = 5) -> dict:
+    """A frozen weight's product in a training step, forward and the input's gradient, by
+    ``F.linear`` under autograd and by cpu/linear.py ``frozen_linear``: the module's text."""
+    import torch.nn.functional as F
+
+    from vaswani.cpu.linear import frozen_linear
+
+    def way(product, w):
+        def run(x):
+            x = x.detach().requires_grad_()
+            out = product(x, w)
+            out.backward(torch.ones_like(out))
+            return x.grad
+        return run
+
+    out = {}
+    for o, i in shapes:
+        w = torch.randn(o, i) / i**0.5
+        out.update(two_ways({f"{o} x {i}, {rows} rows": torch.randn(rows, i)},
+                            "f_linear", way(F.linear, w), "frozen", way(frozen_linear, w),
+                            lambda want, got: torch.allclose(got, want, rtol=1e-4, atol=1e-4),
+                            repeats, calls))
     return out
 
 
@@ -319,6 +356,12 @@ def main() -> None:
                [(way, f"{ms} ms") for way, ms in burst["first_step_ms"].items()]
                + [("one pass / grouped (best)", f"{burst['one_pass_over_grouped']}x; same "
                    f"outputs: {burst['same_outputs']}")], {"burst": burst}, args.json)
+        return
+    if args.which == "frozen-linear":
+        timed = frozen_paths()
+        report("A frozen weight's product in a training step, forward and the input's "
+               "gradient (fp32): F.linear / cpu/linear.py frozen_linear",
+               versus_rows(timed, "f_linear", "frozen"), {"frozen_linear": timed}, args.json)
         return
     if args.which == "linear":
         paths = linear_paths()

@@ -56,7 +56,8 @@ def test_the_finetune_benchmark_races_vaswani_and_peft_on_the_same_steps(tmp_pat
         assert r["products_s"] > 0, name  # timed apart from the step: no order between them
         seconds = [x["seconds"] for x in r["products"]]  # the costliest first, each named
         assert seconds == sorted(seconds, reverse=True) and sum(seconds) <= r["products_s"]
-        assert all(x["op"].startswith("aten.") and x["times"] >= 1 and x["arguments"]
+        assert all(x["op"].startswith(("aten.", "mkldnn.")) and x["times"] >= 1
+                   and x["arguments"]
                    for x in r["products"]), name
         assert 0 < r["in_step_products_s"] < r["in_step_s"], name  # each operator clocked
         assert 0 < r["in_step_other_s"] < r["in_step_s"] - r["in_step_products_s"], name
@@ -105,6 +106,26 @@ def test_a_steps_products_are_recorded_with_their_layouts_and_timed_alone():
     assert alone["products_s"] == pytest.approx(sum(x["seconds"] for x in alone["products"]))
     addmm = next(x for x in alone["products"] if x["op"] == "aten.addmm")
     assert addmm["arguments"] == [[[5], [1]], [[6, 4], [4, 1]], [[4, 5], [1, 4]]]
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
+def test_a_onednn_product_is_counted_and_recorded_as_an_mm_is():
+    """vaswani's frozen weights multiply through oneDNN on AMD's CPUs (cpu/linear.py): the
+    step's FLOPs (the MFU) and its products alone must count those as they count mm."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x, w = torch.randn(2, 6, 4), torch.randn(5, 4)
+    counts = []
+    for product in (lambda: torch.nn.functional.linear(x, w),
+                    lambda: torch.ops.mkldnn._linear_pointwise(x, w.T.contiguous().T, None,
+                                                               "none", [], "")):
+        with FlopCounterMode(display=False) as counter:
+            product()
+        counts.append(counter.get_total_flops())
+    assert counts == [2 * 12 * 4 * 5] * 2
+    alone = products_alone(lambda _: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [],
+                                                                        ""), None)
+    assert [(p["op"], p["times"]) for p in alone["products"]] == [("mkldnn._linear_pointwise", 1)]
 
 
 def test_a_step_is_clocked_operator_by_operator_products_apart():

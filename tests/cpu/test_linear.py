@@ -138,3 +138,82 @@ def test_torch_compile_takes_f_linear_without_breaking_its_graph():
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), F.linear(x, linear.weight, linear.bias))
     assert linear._packed == {}
+
+
+class OneDNNCalls(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts oneDNN's linear calls and ATen's products inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.onednn = self.aten = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        self.onednn += name == "mkldnn._linear_pointwise"
+        self.aten += name in ("aten.mm", "aten.addmm", "aten.bmm")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("part", [None, (32, 96)])
+def test_a_frozen_weight_multiplies_through_onednn_while_training(part):
+    """A LoRA layer's frozen base: forward and the input's gradient through oneDNN (no ATen
+    product, no reordered copy), equal to F.linear's; the weight gets no gradient."""
+    torch.manual_seed(0)
+    linear = Linear(48, 96).train().requires_grad_(False)
+    x = torch.randn(4, 200, 48, requires_grad=True)  # past MIN_MACS
+    g = torch.randn(4, 200, 96 if part is None else part[1] - part[0])
+    with OneDNNCalls() as calls:
+        y = linear(x) if part is None else linear.rows(x, *part)
+        y.backward(g)
+    assert (calls.onednn, calls.aten) == (2, 0)  # forward, then the input's gradient
+    x_ref = x.detach().requires_grad_()
+    w, b = (linear.weight, linear.bias) if part is None else \
+        (linear.weight[part[0]:part[1]], linear.bias[part[0]:part[1]])
+    y_ref = F.linear(x_ref, w, b)
+    y_ref.backward(g)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    assert linear.weight.grad is None and linear._packed == {}
+
+
+def test_a_frozen_weight_under_an_input_without_gradient_computes_none():
+    torch.manual_seed(0)
+    linear = Linear(48, 96).requires_grad_(False)
+    x = torch.randn(800, 48)
+    adapter = torch.randn(96, requires_grad=True)  # something after it trains
+    with OneDNNCalls() as calls:
+        (linear(x) * adapter).sum().backward()
+    assert calls.onednn == 1 and adapter.grad is not None
+
+
+def test_a_weight_that_trains_small_products_and_autocast_keep_f_linear():
+    """Only a frozen float32 weight at MIN_MACS or more takes oneDNN under autograd: a
+    weight that trains gets MKL's gradient as before, and autocast multiplies in bfloat16."""
+    torch.manual_seed(0)
+    trained, frozen = Linear(48, 96, bias=False), Linear(48, 96).requires_grad_(False)
+    x, few = torch.randn(800, 48, requires_grad=True), torch.randn(2, 48, requires_grad=True)
+    for layer, inputs in ((trained, x), (frozen, few)):
+        with OneDNNCalls() as calls:
+            layer(inputs).sum().backward()
+        assert calls.onednn == 0 and calls.aten >= 2
+    assert trained.weight.grad is not None
+    with OneDNNCalls() as calls, torch.autocast("cpu", dtype=torch.bfloat16):
+        out = frozen(x)
+    assert calls.onednn == 0 and out.dtype == torch.bfloat16
+
+
+def test_an_intel_cpu_keeps_f_linear_for_frozen_weights_too(monkeypatch):
+    monkeypatch.setattr(vaswani.cpu.linear.OneDNNLinear, "onednn", False)
+    linear = Linear(48, 96).requires_grad_(False)
+    with OneDNNCalls() as calls:
+        linear(torch.randn(800, 48, requires_grad=True)).sum().backward()
+    assert calls.onednn == 0
+
+
+def test_times_transposed_multiplies_by_a_matrix_and_by_its_transpose():
+    torch.manual_seed(0)
+    h, w, p = torch.randn(30, 16), torch.randn(40, 16), torch.randn(30, 40)
+    with OneDNNCalls() as calls:
+        torch.testing.assert_close(vaswani.cpu.linear.times_transposed(h, w), h @ w.T)
+        torch.testing.assert_close(vaswani.cpu.linear.times_transposed(p, w.T), p @ w)
+    assert (calls.onednn, calls.aten) == (2, 2)  # the references' two

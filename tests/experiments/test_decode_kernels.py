@@ -23,6 +23,22 @@ def test_a_linear_layers_two_paths_are_timed_on_equal_products(monkeypatch):
     assert vaswani.cpu.linear.OneDNNLinear.onednn is chosen  # the class's choice untouched
 
 
+def test_a_frozen_weights_two_training_paths_are_timed_on_equal_gradients(monkeypatch):
+    """frozen-linear: F.linear and frozen_linear (oneDNN) each forward and backward at each
+    shape, the input's gradients checked equal inside; oneDNN taken on any CPU."""
+    import torch
+
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise",
+                        lambda *a: calls.append(a[0].shape) or real(*a), raising=False)
+    rows = decode_kernels.frozen_paths(shapes=[(50, 16), (16, 50)], rows=8, repeats=1, calls=1)
+    assert list(rows) == ["50 x 16, 8 rows", "16 x 50, 8 rows"]
+    for r in rows.values():
+        assert r["f_linear_ms"] > 0 and r["frozen_ms"] > 0 and r["f_linear_over_frozen"] > 0
+    assert (8, 16) in calls and (8, 50) in calls  # forward and backward by oneDNN
+
+
 def test_a_bursts_prefill_is_timed_both_ways_with_the_same_outputs():
     burst = decode_kernels.prefill_burst(rounds=1, n=4, d_model=32, layers=1)
     assert set(burst["first_step_ms"]) == {"one pass", "grouped"}

@@ -2,6 +2,7 @@
 rows or of words at a time, equal to projecting first and taking the loss of the logits,
 without the (N, V) logits."""
 
+import collections
 import functools
 
 import pytest
@@ -149,14 +150,16 @@ def test_the_logits_are_never_saved_for_backward_nor_made_whole():
 
 
 class Outputs(torch.utils._python_dispatch.TorchDispatchMode):
-    """The shape of every tensor the aten operations make."""
+    """The shape of every tensor the operations make, and the operations by name."""
 
     def __init__(self):
         super().__init__()
         self.shapes = []
+        self.ops = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        self.ops[str(func.overloadpacket)] += 1
         self.shapes += [tuple(t.shape) for t in torch.utils._pytree.tree_leaves(out)
                         if isinstance(t, torch.Tensor)]
         return out
@@ -182,6 +185,28 @@ def test_a_frozen_float_head_goes_through_its_words_a_block_at_a_time():
     assert_close(loss, ref, rtol=1e-12, atol=1e-12)
     assert_close(nll, ref_nll, rtol=1e-12, atol=1e-12)
     assert_close(h.grad, h_ref.grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
+def test_a_frozen_float32_heads_blocks_multiply_through_onednn_where_the_cpu_uses_it(
+        monkeypatch):
+    """On AMD's CPUs (forced here, on any CPU) a frozen head's two products a block (the
+    logits, then their softmax by the weights) go through oneDNN: the same loss and input
+    gradient as the projection's in float32 rounding, no ATen product left."""
+    monkeypatch.setattr("vaswani.cpu.linear.OneDNNLinear.onednn", True)
+    h, head, target = case(torch.float32)
+    head.weight.requires_grad_(False)
+    with Outputs() as made:
+        loss, _, _ = head_cross_entropy(h, head, target, smoothing=0.1, pad_id=PAD)
+    assert made.ops["mkldnn._linear_pointwise"] == 2 * 2 * 3  # 2 chunks of rows x 3 blocks
+    assert not {"aten.mm", "aten.addmm"} & set(made.ops)
+    loss.backward()
+    h_ref = h.detach().requires_grad_()
+    ref, _, _ = reference_smoothed_cross_entropy(nn.functional.linear(h_ref, head.weight),
+                                                 target, smoothing=0.1, pad_id=PAD)
+    ref.backward()
+    assert_close(loss, ref)
+    assert_close(h.grad, h_ref.grad)
 
 
 @pytest.mark.parametrize("scale", [1.0, 40.0])

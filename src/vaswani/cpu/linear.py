@@ -25,6 +25,12 @@ and inference set).
 ``rows(x, start, stop)`` uses output rows ``start:stop`` of the weight only (multi-head
 attention's fused q/k/v projection, whose parts cross-attention uses apart), each part's copy
 made once.
+
+A weight that does not train (a LoRA layer's frozen base, a frozen vocabulary projection)
+also multiplies through oneDNN while training, on that CPU: forward x W^T, backward only
+the input's gradient g W (:func:`frozen_linear`), both on the weight as it is (oneDNN takes a
+transposed view: no copy, no second weight in memory). A weight that trains keeps
+``F.linear``, its gradient MKL's as before.
 """
 
 from __future__ import annotations
@@ -79,9 +85,11 @@ class OneDNNLinear(Linear):
         return layer.train(linear.training)
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self._fast(x):
-            return F.linear(x, self.weight, self.bias)
-        return self._onednn(x, 0, self.out_features, self.bias)
+        if self._fast(x):
+            return self._onednn(x, 0, self.out_features, self.bias)
+        if self.onednn and _frozen_pays(x, self.weight, self.bias):
+            return frozen_linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
     def train(self, mode: bool = True) -> OneDNNLinear:
         if mode:  # training may change the weight unseen (a fused optimizer): copies go
@@ -89,9 +97,12 @@ class OneDNNLinear(Linear):
         return super().train(mode)
 
     def rows(self, x: Tensor, start: int, stop: int) -> Tensor:
-        if not self._fast(x):
-            return super().rows(x, start, stop)
-        return self._onednn(x, start, stop, None if self.bias is None else self.bias[start:stop])
+        bias = None if self.bias is None else self.bias[start:stop]
+        if self._fast(x):
+            return self._onednn(x, start, stop, bias)
+        if self.onednn and _frozen_pays(x, self.weight, self.bias):
+            return frozen_linear(x, self.weight[start:stop], bias)
+        return super().rows(x, start, stop)
 
     def _onednn(self, x: Tensor, start: int, stop: int, bias: Tensor | None) -> Tensor:
         m = x.numel() // self.in_features  # rows, padded to a bucket (see bucket())
@@ -122,3 +133,56 @@ class OneDNNLinear(Linear):
             made = (key, torch.ops.mkldnn._reorder_linear_weight(rows, ROWS_HINT))
             self._packed[(start, stop)] = made
         return made[1]
+
+
+def frozen_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x W^T + b through oneDNN, for a ``weight`` (and ``bias``) that does not train: its
+    backward pass gives ``x`` its gradient g W, also through oneDNN, and nothing else (on
+    AMD's CPUs faster than MKL's at a training step's hundreds of rows: docs/performance.md,
+    "Frozen weights through oneDNN")."""
+    return _FrozenProduct.apply(x, weight, bias)
+
+
+def times_transposed(x: Tensor, weight: Tensor) -> Tensor:
+    """x W^T for tensors outside autograd (a frozen head's loss, models/head_loss.py), through
+    oneDNN where this CPU's linear layers use it (float32), else ``F.linear``. ``weight`` may
+    be a transposed view: ``times_transposed(p, w.T)`` is p W."""
+    if (OneDNNLinear.onednn and x.dtype == weight.dtype == torch.float32
+            and x.device.type == "cpu" and not torch.compiler.is_compiling()):
+        return _onednn_product(x, weight)
+    return F.linear(x, weight)
+
+
+def _frozen_pays(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether a product under autograd takes :func:`frozen_linear`: a frozen float32 weight
+    on the CPU, a product of ``MIN_MACS`` or more, outside autocast (which multiplies in
+    bfloat16), tracing and torch.compile (which see ``F.linear``)."""
+    return (torch.is_grad_enabled() and not weight.requires_grad
+            and (bias is None or not bias.requires_grad)
+            and x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu"
+            and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
+            and not torch.is_autocast_enabled("cpu")
+            and x.numel() // weight.size(1) * weight.numel() >= MIN_MACS
+            and type(weight.data) is Tensor)
+
+
+def _onednn_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x (..., in) W^T (W: (out, in), any strides) + b, one oneDNN call."""
+    flat = x.reshape(-1, x.size(-1))
+    out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
+    return out.view(*x.shape[:-1], weight.size(0))
+
+
+class _FrozenProduct(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(weight)  # not x: the weight's gradient is never made
+        return _onednn_product(x, weight, bias)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        (weight,) = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        return _onednn_product(grad, weight.t()), None, None

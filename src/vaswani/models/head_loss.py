@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..cpu.linear import times_transposed
 from .losses import _chunk_sums, _chunks, _other_classes, smoothed_cross_entropy
 
 # logits made at a time: 16 MiB in float32 (a chunk of rows by all the words, or a block of
@@ -167,7 +168,7 @@ def _words_at_a_time(h: Tensor, w: Tensor, y: Tensor, keep: Tensor, smoothing: f
     for start in range(0, V, ROW_BLOCK):
         stop = min(start + ROW_BLOCK, V)
         w_b = w[start:stop]
-        x = h @ w_b.T
+        x = times_transposed(h, w_b)  # (n, words): oneDNN's product on AMD's CPUs
         here = (y >= start) & (y < stop)  # rows whose target is among these words
         x_y = torch.where(here, x.gather(1, (y - start).clamp(0, stop - start - 1)[:, None])[:, 0],
                           x_y)
@@ -179,7 +180,7 @@ def _words_at_a_time(h: Tensor, w: Tensor, y: Tensor, keep: Tensor, smoothing: f
         rescale = (most - new_most).exp_()
         p = x.sub_(new_most[:, None]).exp_()  # in the logits' place
         total.mul_(rescale).add_(p.sum(dim=-1))
-        a = torch.addmm(a.mul_(rescale[:, None]), p, w_b)  # not in place: FLOP counters see it
+        a = a.mul_(rescale[:, None]).add_(times_transposed(p, w_b.T))
         most = new_most
     lse = most + total.log()
     nll = (lse - x_y).masked_fill(~keep, 0.0)
