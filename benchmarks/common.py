@@ -87,15 +87,8 @@ def matmul_peak_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> 
     products = [lambda: a @ b]
     if a.device.type == "cpu" and torch.backends.mkldnn.is_available():
         products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
-    best = float("inf")
-    for product in products:
-        for _ in range(3):
-            product()
-        for _ in range(3):
-            start = time.perf_counter()
-            for _ in range(repeats):
-                product()
-            best = min(best, time.perf_counter() - start)
+    best = min(interleaved_best([lambda p=p: [p() for _ in range(repeats)]
+                                 for p in products], 3))
     return 2 * n**3 * repeats / best / 1e9
 
 

@@ -87,7 +87,7 @@ class OneDNNLinear(Linear):
     def forward(self, x: Tensor) -> Tensor:
         if self._fast(x):
             return self._onednn(x, 0, self.out_features, self.bias)
-        if self.onednn and _frozen_pays(x, self.weight, self.bias):
+        if self._frozen(x):
             return frozen_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
@@ -100,7 +100,7 @@ class OneDNNLinear(Linear):
         bias = None if self.bias is None else self.bias[start:stop]
         if self._fast(x):
             return self._onednn(x, start, stop, bias)
-        if self.onednn and _frozen_pays(x, self.weight, self.bias):
+        if self._frozen(x):
             return frozen_linear(x, self.weight[start:stop], bias)
         return super().rows(x, start, stop)
 
@@ -114,15 +114,24 @@ class OneDNNLinear(Linear):
         return out[:m].view(*x.shape[:-1], stop - start)
 
     def _fast(self, x: Tensor) -> bool:
+        """Whether an inference product takes the reordered copy (the module's text)."""
         w = self.weight
-        return (self.onednn and not self.training and x.dtype == w.dtype == torch.float32
-                and x.device.type == "cpu" and not torch.is_grad_enabled()
+        return (self.onednn and not self.training and not torch.is_grad_enabled()
                 # first: a compiled graph may not ask what follows (is_inference breaks it)
-                and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
+                and _onednn_serves(x, w)
                 and (w.numel() >= MIN_WEIGHT
                      or x.numel() // self.in_features * w.numel() >= MIN_MACS)
-                and type(w.data) is Tensor  # not a sharded (DTensor) weight
                 and not w.is_inference())  # made under inference_mode: no version to watch
+
+    def _frozen(self, x: Tensor) -> bool:
+        """Whether a product under autograd takes :func:`frozen_linear`: a frozen weight (and
+        bias), a product of ``MIN_MACS`` or more, outside autocast (which multiplies in
+        bfloat16)."""
+        w, b = self.weight, self.bias
+        return (self.onednn and torch.is_grad_enabled() and not w.requires_grad
+                and (b is None or not b.requires_grad) and _onednn_serves(x, w)
+                and not torch.is_autocast_enabled("cpu")
+                and x.numel() // self.in_features * w.numel() >= MIN_MACS)
 
     def _reordered(self, start: int, stop: int) -> Tensor:
         w = self.weight
@@ -147,22 +156,16 @@ def times_transposed(x: Tensor, weight: Tensor) -> Tensor:
     """x W^T for tensors outside autograd (a frozen head's loss, models/head_loss.py), through
     oneDNN where this CPU's linear layers use it (float32), else ``F.linear``. ``weight`` may
     be a transposed view: ``times_transposed(p, w.T)`` is p W."""
-    if (OneDNNLinear.onednn and x.dtype == weight.dtype == torch.float32
-            and x.device.type == "cpu" and not torch.compiler.is_compiling()):
+    if OneDNNLinear.onednn and _onednn_serves(x, weight):
         return _onednn_product(x, weight)
     return F.linear(x, weight)
 
 
-def _frozen_pays(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
-    """Whether a product under autograd takes :func:`frozen_linear`: a frozen float32 weight
-    on the CPU, a product of ``MIN_MACS`` or more, outside autocast (which multiplies in
-    bfloat16), tracing and torch.compile (which see ``F.linear``)."""
-    return (torch.is_grad_enabled() and not weight.requires_grad
-            and (bias is None or not bias.requires_grad)
-            and x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu"
+def _onednn_serves(x: Tensor, weight: Tensor) -> bool:
+    """What every oneDNN product here needs: float32 on the CPU, a plain weight (not a sharded
+    DTensor), outside tracing and torch.compile (which see ``F.linear``)."""
+    return (x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu"
             and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
-            and not torch.is_autocast_enabled("cpu")
-            and x.numel() // weight.size(1) * weight.numel() >= MIN_MACS
             and type(weight.data) is Tensor)
 
 
