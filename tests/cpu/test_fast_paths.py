@@ -12,8 +12,10 @@ from vaswani.cpu import fast_path, fast_paths
 from vaswani.cpu.attention import CPUAttention
 from vaswani.cpu.dropout import LaneDropout
 from vaswani.cpu.linear import OneDNNLinear
+from vaswani.cpu.norm import CPURMSNorm
 from vaswani.nn.attention import Attention
 from vaswani.nn.dropout import Dropout
+from vaswani.nn.norm import RMSNorm
 
 pytestmark = pytest.mark.usefixtures("on_cpu")
 
@@ -61,8 +63,10 @@ def test_the_fast_model_equals_the_written_out_one(arch, monkeypatch):
         assert torch.equal(a, b), name
     types = {type(m) for m in fast.modules()}
     assert {CPUAttention, LaneDropout, OneDNNLinear} <= types
-    assert not types & {Attention, Dropout, nn.Linear}
-    assert not {CPUAttention, LaneDropout, OneDNNLinear} & {type(m) for m in plain.modules()}
+    assert not types & {Attention, Dropout, nn.Linear, RMSNorm}
+    assert (CPURMSNorm in types) == (config.norm == "rmsnorm")
+    assert not {CPUAttention, LaneDropout, OneDNNLinear, CPURMSNorm} & {
+        type(m) for m in plain.modules()}
     assert _ties(fast) == _ties(plain)
     assert any(len(names) > 1 for names in _ties(fast)) == (config.arch != "encoder")
     ids = torch.randint(3, 40, (6, 50))  # enough rows and keys for every fast path to act

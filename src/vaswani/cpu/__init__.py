@@ -8,7 +8,8 @@ otherwise (another device, training, a dtype they do not serve):
 * a linear layer through oneDNN on CPUs that are not Intel's (:mod:`.linear`);
 * attention choosing per call between SDPA and the written-out products, and a decoding
   step's lean path (:mod:`.attention`);
-* dropout drawing one random number per four elements (:mod:`.dropout`).
+* dropout drawing one random number per four elements (:mod:`.dropout`);
+* RMSNorm under autograd as one node, its backward pass written out (:mod:`.norm`).
 
 ``build_model`` applies it (``fast=False`` gives nn/'s modules as written); the parameters,
 their names and ties are unchanged, so any checkpoint loads either way. Each fast path has a
@@ -22,9 +23,11 @@ from torch import nn
 
 from ..nn.attention import Attention
 from ..nn.dropout import Dropout
+from ..nn.norm import RMSNorm
 from .attention import CPUAttention
 from .dropout import LaneDropout
 from .linear import OneDNNLinear
+from .norm import CPURMSNorm
 
 
 def fast_path(module: nn.Module) -> nn.Module | None:
@@ -35,6 +38,8 @@ def fast_path(module: nn.Module) -> nn.Module | None:
         return CPUAttention.of(module)
     if isinstance(module, nn.Linear) and not isinstance(module, OneDNNLinear):
         return OneDNNLinear.of(module)
+    if type(module) is RMSNorm:
+        return CPURMSNorm.of(module)
     return None
 
 
