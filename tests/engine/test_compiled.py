@@ -21,6 +21,7 @@ from vaswani.cpu.linear import USE_ONEDNN
 from vaswani.engine import Engine, EngineConfig, Params, Request
 from vaswani.engine import compiled as compiled_module
 from vaswani.engine.compiled import (
+    INT8_ROWS_BLOCK,
     MAX_ROWS,
     SOURCE_PARTS,
     CompiledStep,
@@ -28,6 +29,7 @@ from vaswani.engine.compiled import (
     build,
     example_inputs,
     inductor_options,
+    int8_blocking,
 )
 from vaswani.engine.package import differences, package_path, record_path, unpacked
 from vaswani.inference.compiled import compile_run
@@ -306,6 +308,25 @@ def int8_run(lm_run):
     return lm_run
 
 
+def test_the_int8_blocking_is_pinned_while_inside_and_restored_after():
+    """compiled.py ``int8_blocking``: Inductor's AVX-512 bfloat16 x int8 kernel offers one
+    blocking, ours, while a package is built (whatever this CPU), and its own list after."""
+    import torch._inductor.compile_fx  # noqa: F401
+    from torch._inductor.codegen import cpp_micro_gemm as micro
+    from torch._inductor.cpu_vec_isa import VecAVX512
+
+    def blockings():
+        return sorted(tuple(c.register_blocking) for configs in micro.micro_gemm_configs.values()
+                      for c in configs if c.vec_isa_cls is VecAVX512
+                      and c.input2_dtype == torch.int8 and c.input_dtype == torch.bfloat16
+                      and c.register_blocking.block_k == 1)
+    before = blockings()
+    assert (8, 48, 1) in before
+    with int8_blocking():
+        assert blockings() == [INT8_ROWS_BLOCK]
+    assert blockings() == before
+
+
 def test_int8_weights_compile_to_the_eager_steps_logits_within_bfloat16s_rounding(int8_run):
     """Inductor's int8 template keeps the products in float32 where ATen's kernel rounds
     them to bfloat16, so logits differ by bfloat16's steps, not more."""
@@ -332,6 +353,12 @@ def test_an_int8_compiled_rows_logits_are_the_same_bits_alone_and_in_a_batch(tmp
     model = int8_model()
     build(model, False, tmp_path / "step.pt2", {}, lambda message: None, "int8")
     step = CompiledStep(tmp_path / "step.pt2")
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":  # the kernel's blocks of rows
+        with zipfile.ZipFile(tmp_path / "step.pt2") as package:
+            source = "".join(package.read(name).decode() for name in package.namelist()
+                             if name.endswith(".cpp"))
+        assert "micro_gemm_kernel<4, 48, accum" in source, "blocks of 4 rows (INT8_ROWS_BLOCK)"
+        assert "micro_gemm_kernel<8, 48, accum" not in source
 
     def logprobs(batch):
         engine = Engine(model, bos_id=1, eos_id=2, config=EngineConfig())

@@ -31,13 +31,15 @@ package (``--eager`` says so outright).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +76,14 @@ ROWS = 1 << 14  # the most rows a package's step takes (its rows' dynamic size)
 # template (AVX-512 only) cannot replace everywhere. The figures: docs/performance.md,
 # "A compiled decode step".
 GEMM = {None: "ATEN", "int8": "CPP", "int4": "ATEN", "int4-g64": "ATEN"}
+# The C++ template's int8 kernel on an AVX-512 CPU: Inductor's micro-kernel multiplies a
+# block of rows by 48 columns of the weight, keeping one float32 vector of sums per row and
+# 16 columns. Its blocks of 8 rows need 24 such vectors, which the C++ compiler (GCC 12)
+# keeps on the stack, storing each after every multiply-add: a step of 6 rows or more cost
+# about 4 rows' time per 2 rows. Blocks of 4 rows (12 vectors) stay in registers: the same
+# sums in the same order, about twice as fast from 8 rows (docs/performance.md, "A compiled
+# decode step"). Only the blocking of that kernel is pinned; AMX's and AVX2's are as they are.
+INT8_ROWS_BLOCK = (4, 48, 1)
 PREPACK = {"int8": True, "int4": True, "int4-g64": True}  # float's: USE_ONEDNN
 # Rows of a decode step past which the eager step is used instead, per quantization: float
 # steps compiled are the faster at every size tried (up to the 512 hypotheses a beam-4
@@ -95,6 +105,32 @@ def inductor_options(quantize: str | None) -> dict:
             # recomputed, its cos and sin with it, for every key the attention's sums
             # read, several times slower; docs/performance.md, "A compiled decode step")
             "realize_opcount_threshold": 8}
+
+
+@contextmanager
+def int8_blocking(block: tuple[int, int, int] = INT8_ROWS_BLOCK) -> Iterator[None]:
+    """While inside, Inductor's AVX-512 micro-kernel for bfloat16 inputs times int8 weights
+    (summed in float32) blocks ``block`` (rows, columns, inputs) instead of choosing among
+    its own (:data:`INT8_ROWS_BLOCK` says why)."""
+    import torch._inductor.compile_fx  # noqa: F401  (first: the order Inductor imports in)
+    from torch._inductor.codegen import cpp_micro_gemm as micro
+    from torch._inductor.cpu_vec_isa import VecAVX512
+
+    def int8_avx512(config) -> bool:
+        return (config.vec_isa_cls is VecAVX512 and config.input_dtype == torch.bfloat16
+                and config.input2_dtype == torch.int8 and config.register_blocking.block_k == 1)
+
+    saved = {cls: list(configs) for cls, configs in micro.micro_gemm_configs.items()}
+    try:
+        for configs in micro.micro_gemm_configs.values():
+            ours = [c for c in configs if int8_avx512(c)]
+            if ours:  # one: theirs would rank above it as the larger blocks
+                configs[:] = [c for c in configs if not int8_avx512(c)] + [
+                    dataclasses.replace(ours[0], register_blocking=micro.GemmBlocking(*block))]
+        yield
+    finally:
+        for cls, configs in saved.items():
+            micro.micro_gemm_configs[cls][:] = configs
 
 
 @dataclass
@@ -215,9 +251,10 @@ def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
         say(f"compiling it (AOTInductor; a few minutes on 2 cores; "
             f"{time.perf_counter() - start:.0f} s so far) ...")
         with tempfile.TemporaryDirectory() as tmp:
-            built = torch._inductor.aoti_compile_and_package(
-                program, package_path=str(Path(tmp) / "step.pt2"),
-                inductor_configs=inductor_options(quantize))
+            with int8_blocking():
+                built = torch._inductor.aoti_compile_and_package(
+                    program, package_path=str(Path(tmp) / "step.pt2"),
+                    inductor_configs=inductor_options(quantize))
             out.parent.mkdir(parents=True, exist_ok=True)
             say("writing it and its library, unpacked for every later load to open ...")
             library = unpacked(out, Path(built))
