@@ -79,10 +79,10 @@ GEMM = {None: "ATEN", "int8": "CPP", "int4": "ATEN", "int4-g64": "ATEN"}
 # The C++ template's int8 kernel on an AVX-512 CPU: Inductor's micro-kernel multiplies a
 # block of rows by 48 columns of the weight, keeping one float32 vector of sums per row and
 # 16 columns. Its blocks of 8 rows need 24 such vectors, which the C++ compiler (GCC 12)
-# keeps on the stack, storing each after every multiply-add: a step of 6 rows or more cost
-# about 4 rows' time per 2 rows. Blocks of 4 rows (12 vectors) stay in registers: the same
-# sums in the same order, about twice as fast from 8 rows (docs/performance.md, "A compiled
-# decode step"). Only the blocking of that kernel is pinned; AMX's and AVX2's are as they are.
+# keeps on the stack, storing each after every multiply-add: from 6 rows on, a step cost
+# about twice what it does in blocks of 4 rows (12 vectors, kept in registers), which make
+# the same sums in the same order (docs/performance.md, "The int8 kernel's blocks of rows").
+# Only the blocking of that kernel is pinned; AMX's and AVX2's are as Inductor chooses.
 INT8_ROWS_BLOCK = (4, 48, 1)
 PREPACK = {"int8": True, "int4": True, "int4-g64": True}  # float's: USE_ONEDNN
 # Rows of a decode step past which the eager step is used instead, per quantization: float
