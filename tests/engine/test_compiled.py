@@ -22,7 +22,7 @@ from vaswani.engine import Engine, EngineConfig, Params, Request
 from vaswani.engine import compiled as compiled_module
 from vaswani.engine.compiled import (
     INT8_ROWS_BLOCK,
-    MAX_ROWS,
+    ROWS,
     SOURCE_PARTS,
     CompiledStep,
     DecodeStep,
@@ -185,11 +185,10 @@ def test_a_float_package_prepacks_its_weights_only_where_eager_uses_onednn(
 
 
 def test_a_step_of_more_rows_than_its_package_takes_runs_eagerly(lm_run):
-    """A quantized package is kept to the steps' sizes tried with its kernels (compiled.py
-    ``MAX_ROWS``), a float one takes any: a step past its package's rows does not call the
-    package, a smaller one does."""
+    """A package takes steps of up to ``ROWS`` rows (compiled.py): a step past its package's
+    rows does not call the package, a smaller one does."""
     run = load(lm_run)
-    assert run.compiled.max_rows == MAX_ROWS[None] > MAX_ROWS["int8"]
+    assert run.compiled.max_rows == ROWS
     calls = []
     step = run.compiled
 
@@ -332,6 +331,7 @@ def test_int8_weights_compile_to_the_eager_steps_logits_within_bfloat16s_roundin
     them to bfloat16, so logits differ by bfloat16's steps, not more."""
     run = load(int8_run, quantize="int8")
     assert run.compiled is not None and run.compiled.path.name == "decode-int8.pt2"
+    assert run.compiled.max_rows == ROWS  # as a float package: steps of any size compiled
     tok = run.source_tokenizer
     engine, rows = rows_mid_way(run, [tok.encode(t) for t in ["the cat", "a dog ran", "it"]])
     state = [t.clone() for t in engine.cache.k]

@@ -64,7 +64,12 @@ from .plan import StepPlan
 from .step import forward_step
 from .views import StepCache
 
-ROWS = 1 << 14  # the most rows a package's step takes (its rows' dynamic size)
+# The most rows a package's step takes (its rows' dynamic size); a step of more runs eagerly.
+# Every kind of package is the faster up to there at every size tried: float32 up to the 512
+# hypotheses a beam-4 translation decodes together by default, int8 and int4 up to the 312
+# rows SmolLM2's offline engine decodes at once (docs/performance.md, "A compiled decode
+# step").
+ROWS = 1 << 14
 # The matrix products' kernels, pinned per quantization, not autotuned at build time:
 # timings taken on a loaded machine pick badly (pytorch#148494). Float weights: not
 # Inductor's C++ GEMM template (slower than the libraries' for many rows) but the library
@@ -85,11 +90,6 @@ GEMM = {None: "ATEN", "int8": "CPP", "int4": "ATEN", "int4-g64": "ATEN"}
 # Only the blocking of that kernel is pinned; AMX's and AVX2's are as Inductor chooses.
 INT8_ROWS_BLOCK = (4, 48, 1)
 PREPACK = {"int8": True, "int4": True, "int4-g64": True}  # float's: USE_ONEDNN
-# Rows of a decode step past which the eager step is used instead, per quantization: float
-# steps compiled are the faster at every size tried (up to the 512 hypotheses a beam-4
-# translation decodes together by default); quantized ones are kept to the sizes tried
-# with their kernels (the figures: docs/performance.md, "A compiled decode step").
-MAX_ROWS = {None: ROWS, "int8": 256, "int4": 256, "int4-g64": 256}
 # A translator's rows read their sources' keys in this many runs of rows, each run only as
 # many keys as its longest source (plan.py ``parts``), not every row the step's longest.
 SOURCE_PARTS = 4
@@ -277,7 +277,7 @@ class CompiledStep:
     """A loaded package: the engine's decode step over its cache (runner.py), for steps of
     at most ``max_rows`` rows."""
 
-    def __init__(self, path: Path, max_rows: int = MAX_ROWS[None]) -> None:
+    def __init__(self, path: Path, max_rows: int = ROWS) -> None:
         self.path, self.max_rows = path, max_rows
         # its runner, called with the flat list of the input tensors (a package's own
         # __call__ parses its input and output specs anew and flattens the arguments by
@@ -355,7 +355,7 @@ def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
         warn(f"{path} was built for another {', '.join(changed)}; running eagerly ({rebuild})")
         return None
     try:
-        step = CompiledStep(path, MAX_ROWS[quantize])
+        step = CompiledStep(path)
         if step.library is None and unpacked(path).exists():
             warn(f"{unpacked(path)} is not the whole library of {path}; loaded the package "
                  f"from its archive, which takes longer ({rebuild})")
