@@ -2,28 +2,18 @@
 on equal logits (timing is never asserted)."""
 
 import json
-import shutil
 
 import pytest
 
 from experiments import compiled_rows
 from tests.conftest import DEVICE
+from tests.engine.test_compiled import lm_run  # noqa: F401  (the small LM, its package built)
 from vaswani import load
-from vaswani.cli import main as vaswani_main
 
 pytestmark = pytest.mark.skipif(DEVICE.type != "cpu", reason="a CPU's compiled step")
 
 
-@pytest.fixture(scope="module")
-def lm_run(small_runs, tmp_path_factory):
-    """The small language model, copied, with its decode step built by `vaswani compile`."""
-    run = tmp_path_factory.mktemp("compiled-rows") / "lm"
-    shutil.copytree(small_runs["decoder"][0], run)
-    assert vaswani_main(["compile", str(run)]) == 0
-    return run
-
-
-def test_the_step_due_is_timed_with_the_package_and_eagerly(lm_run):
+def test_the_step_due_is_timed_with_the_package_and_eagerly(lm_run):  # noqa: F811
     """Each round calls the package once and the eager step once (not the package), over the
     same rows, and the two give the same logits within float32's rounding."""
     run = load(lm_run, compiled=True)
@@ -42,7 +32,7 @@ def test_the_step_due_is_timed_with_the_package_and_eagerly(lm_run):
     assert one["largest_logit_difference"] < 1e-3
 
 
-def test_the_command_writes_each_steps_figures(lm_run, tmp_path):
+def test_the_command_writes_each_steps_figures(lm_run, tmp_path):  # noqa: F811
     out = tmp_path / "rows.json"
     result = compiled_rows.main([str(lm_run), "--rows", "2,4", "--rounds", "1",
                                  "--json", str(out)])
