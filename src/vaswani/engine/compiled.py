@@ -275,10 +275,10 @@ def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
 
 class CompiledStep:
     """A loaded package: the engine's decode step over its cache (runner.py), for steps of
-    at most ``max_rows`` rows."""
+    at most ``max_rows`` (:data:`ROWS`) rows."""
 
-    def __init__(self, path: Path, max_rows: int = ROWS) -> None:
-        self.path, self.max_rows = path, max_rows
+    def __init__(self, path: Path) -> None:
+        self.path, self.max_rows = path, ROWS
         # its runner, called with the flat list of the input tensors (a package's own
         # __call__ parses its input and output specs anew and flattens the arguments by
         # pytree at every call: docs/performance.md): the library unpacked beside the
