@@ -176,6 +176,39 @@ def test_a_frozen_weight_multiplies_through_onednn_while_training(part):
     assert linear.weight.grad is None and linear._packed == {}
 
 
+def test_a_compiled_training_step_keeps_the_frozen_products_on_onednn():
+    """Under torch.compile (``[train] compile = true``) a frozen weight's product, forward and
+    the input's gradient, is oneDNN's opaque call (``vaswani::onednn_linear``: Inductor's
+    own lowering of oneDNN's product takes only a constant weight and fails on this one), no
+    ATen product, with F.linear's values; an export (no gradients) still traces F.linear, which
+    exporters know."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    linear = Linear(48, 96).train().requires_grad_(False)
+    x = torch.randn(4, 200, 48, requires_grad=True)
+    g = torch.randn(4, 200, 96)
+    compiled = torch.compile(linear, fullgraph=True)
+
+    def step():
+        y = compiled(x)
+        y.backward(g)
+        return y
+
+    y, (forward, backward) = run_and_get_code(step)
+    for code in (forward, backward):
+        assert "vaswani.onednn_linear" in code
+        assert "extern_kernels.mm" not in code and "addmm" not in code
+    x_ref = x.detach().requires_grad_()
+    y_ref = F.linear(x_ref, linear.weight, linear.bias)
+    y_ref.backward(g)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    exported = torch.export.export(linear.eval(), (x,))
+    assert [str(n.target) for n in exported.graph.nodes if n.op == "call_function"] == \
+        ["aten.linear.default"]
+
+
 def test_a_frozen_weight_under_an_input_without_gradient_computes_none():
     torch.manual_seed(0)
     linear = Linear(48, 96).requires_grad_(False)

@@ -13,8 +13,8 @@ without gradients, in float32, a :class:`OneDNNLinear` multiplies through that c
 (under ``MIN_MACS`` multiply-adds: a few rows through a small matrix) keeps ``F.linear``, as
 oneDNN's call has a fixed cost whatever its size; a large matrix (from ``MIN_WEIGHT``
 numbers: a vocabulary projection) takes the copy at one row already. Training, other devices
-and dtypes, sharded weights, tracing and torch.compile use ``F.linear``. The price: a second
-copy of each weight while it lives.
+and dtypes, sharded weights, tracing and a compiled inference graph use ``F.linear``. The
+price: a second copy of each weight while it lives.
 
 The copy is made again whenever the weight may have changed: when its version counter moves
 (an in-place edit, a load) and whenever the layer is put back in training mode, because a
@@ -30,7 +30,9 @@ A weight that does not train (a LoRA layer's frozen base, a frozen vocabulary pr
 also multiplies through oneDNN while training, on that CPU: forward x W^T, backward only
 the input's gradient g W (:func:`frozen_linear`), both on the weight as it is (oneDNN takes a
 transposed view: no copy, no second weight in memory). A weight that trains keeps
-``F.linear``, its gradient MKL's as before.
+``F.linear``, its gradient MKL's as before. Under torch.compile (``[train] compile = true``)
+these products stay oneDNN's, each one opaque call (:func:`onednn_linear`): Inductor's own
+lowering of oneDNN's product takes only a weight it may freeze as a constant.
 """
 
 from __future__ import annotations
@@ -117,8 +119,9 @@ class OneDNNLinear(Linear):
         """Whether an inference product takes the reordered copy (the module's text)."""
         w = self.weight
         return (self.onednn and not self.training and not torch.is_grad_enabled()
-                # first: a compiled graph may not ask what follows (is_inference breaks it)
-                and _onednn_serves(x, w)
+                # first: a compiled graph may not ask what follows (is_inference breaks it);
+                # a compiled inference graph is Inductor's to lower (F.linear)
+                and not torch.compiler.is_compiling() and _onednn_serves(x, w)
                 and (w.numel() >= MIN_WEIGHT
                      or x.numel() // self.in_features * w.numel() >= MIN_MACS)
                 and not w.is_inference())  # made under inference_mode: no version to watch
@@ -163,17 +166,32 @@ def times_transposed(x: Tensor, weight: Tensor) -> Tensor:
 
 def _onednn_serves(x: Tensor, weight: Tensor) -> bool:
     """What every oneDNN product here needs: float32 on the CPU, a plain weight (not a sharded
-    DTensor), outside tracing and torch.compile (which see ``F.linear``)."""
+    DTensor), outside TorchScript's tracing (which sees ``F.linear``)."""
     return (x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu"
-            and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
-            and type(weight.data) is Tensor)
+            and not torch.jit.is_tracing() and type(weight.data) is Tensor)
 
 
 def _onednn_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x (..., in) W^T (W: (out, in), any strides) + b, one oneDNN call."""
     flat = x.reshape(-1, x.size(-1))
-    out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
+    if torch.compiler.is_compiling():
+        out = onednn_linear(flat, weight, bias)
+    else:  # the op itself: a custom op's dispatch costs a few microseconds a call
+        out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
     return out.view(*x.shape[:-1], weight.size(0))
+
+
+@torch.library.custom_op("vaswani::onednn_linear", mutates_args=())
+def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x (rows, in) W^T + b by oneDNN's product, as one call torch.compile keeps as it is: its
+    own lowering of the product (``mkldnn._linear_pointwise``) takes only a weight frozen into
+    the graph as a constant, never one passed in, as a training step's are."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@onednn_linear.register_fake
+def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return x.new_empty(x.size(0), weight.size(0))
 
 
 class _FrozenProduct(torch.autograd.Function):
