@@ -90,6 +90,36 @@ def test_a_lora_run_resumes_exactly(base, tmp_path):
               launch=Launch(progress=False))
 
 
+def test_a_compiled_lora_run_trains_as_the_eager_one(base, lora_run, tmp_path, monkeypatch):
+    """``[train] compile = true`` on a CPU: the same losses and adapters as the eager run, the
+    vocabulary projection and the loss still together chunk by chunk (never the whole
+    logits through the compiled criterion)."""
+    import json
+
+    from vaswani.models import losses as loss_module
+
+    def whole_logits(*args, **kwargs):
+        raise AssertionError("a CPU language model's compiled step made its whole logits")
+
+    monkeypatch.setattr(loss_module, "compiled_smoothed_cross_entropy", whole_logits)
+    base_dir, data = base
+    cfg = _config(tmp_path / "c.toml", data, base_dir, finetune=LORA, compile=True)
+    train(str(cfg), [], out=str(tmp_path / "c"), launch=Launch(progress=False))
+
+    def losses(run):
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+    eager, compiled = losses(lora_run), losses(tmp_path / "c")
+    assert eager.keys() == compiled.keys() and len(eager) == 6
+    for step in eager:
+        assert compiled[step] == pytest.approx(eager[step], rel=1e-4)
+    a, b = load_file(str(lora_run / rundir.BEST)), load_file(str(tmp_path / "c" / rundir.BEST))
+    assert a.keys() == b.keys()  # no "_orig_mod." prefix
+    for name in a:
+        assert_close(b[name], a[name], rtol=1e-3, atol=1e-4, msg=name)
+
+
 def test_lora_settings_that_cannot_work_are_refused_by_name(base, tmp_path):
     base_dir, data = base
     with pytest.raises(ValueError, match="set \\[train\\] init_from"):

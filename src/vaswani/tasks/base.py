@@ -172,12 +172,12 @@ class Task:
                         smoothing: float = 0.0, pad_id: int | None = None
                         ) -> tuple[Tensor, Tensor, Tensor]:
         """A decoder-only ``model``'s loss predicting ``target`` (B, T) from ``ids`` (B, T)
-        (causal attention alone: no padding before a real token). On a CPU, where the step is
-        not compiled, the vocabulary projection and the loss run together, chunk by chunk,
-        so the (B, T, V) logits never exist (head_loss.head_cross_entropy); elsewhere the
-        logits are made and :meth:`criterion` takes them."""
+        (causal attention alone: no padding before a real token). On a CPU, compiled or not,
+        the vocabulary projection and the loss run together, chunk by chunk, so the (B, T, V)
+        logits never exist (head_loss.head_cross_entropy); elsewhere the logits are made and
+        :meth:`criterion` takes them."""
         target = target.flatten()
-        if ids.device.type == "cpu" and not self.config.train.compiles(ids.device):
+        if ids.device.type == "cpu":
             loss, nll, n = model(ids, mask=True, loss=functools.partial(
                 head_loss.head_cross_entropy, target=target, smoothing=smoothing, pad_id=pad_id))
         else:
