@@ -1,6 +1,7 @@
 """[finetune] method = "lora": a run that trains adapters on its init_from run's frozen
 weights, keeps only them, resumes exactly, loads merged, and exports for peft."""
 
+import json
 import shutil
 
 import pytest
@@ -30,6 +31,12 @@ def _config(path, data, base_dir=None, *, finetune=None, model=None, **train_opt
         from vaswani.config import dump_toml
         cfg.write_text(cfg.read_text() + "\n" + dump_toml({"finetune": finetune}))
     return cfg
+
+
+def _losses(run) -> dict[int, float]:
+    """A run's training loss by step (metrics.jsonl)."""
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +101,6 @@ def test_a_compiled_lora_run_trains_as_the_eager_one(base, lora_run, tmp_path, m
     """``[train] compile = true`` on a CPU: the same losses and adapters as the eager run, the
     vocabulary projection and the loss still together chunk by chunk (never the whole
     logits through the compiled criterion)."""
-    import json
-
     from vaswani.models import losses as loss_module
 
     def whole_logits(*args, **kwargs):
@@ -106,11 +111,7 @@ def test_a_compiled_lora_run_trains_as_the_eager_one(base, lora_run, tmp_path, m
     cfg = _config(tmp_path / "c.toml", data, base_dir, finetune=LORA, compile=True)
     train(str(cfg), [], out=str(tmp_path / "c"), launch=Launch(progress=False))
 
-    def losses(run):
-        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-        return {r["step"]: r["loss"] for r in rows if "loss" in r}
-
-    eager, compiled = losses(lora_run), losses(tmp_path / "c")
+    eager, compiled = _losses(lora_run), _losses(tmp_path / "c")
     assert eager.keys() == compiled.keys() and len(eager) == 6
     for step in eager:
         assert compiled[step] == pytest.approx(eager[step], rel=1e-4)
@@ -229,6 +230,20 @@ def test_qlora_trains_adapters_over_quantized_frozen_weights(base, tmp_path, qua
         train(str(_config(tmp_path / "x.toml", data, base_dir,
                           finetune={"quantize": quantize})), [], out=str(tmp_path / "x"),
               launch=Launch(progress=False))
+
+
+def test_a_compiled_qlora_run_trains_as_the_eager_one(base, tmp_path):
+    """``[train] compile = true`` over int4 frozen weights: the same losses as eagerly."""
+    base_dir, data = base
+    runs = {}
+    for compiled in (False, True):
+        cfg = _config(tmp_path / f"{compiled}.toml", data, base_dir,
+                      finetune={**LORA, "quantize": "int4"}, compile=compiled)
+        train(str(cfg), [], out=str(tmp_path / str(compiled)), launch=Launch(progress=False))
+        runs[compiled] = _losses(tmp_path / str(compiled))
+    assert runs[False].keys() == runs[True].keys() and len(runs[False]) == 6
+    for step, loss in runs[False].items():
+        assert runs[True][step] == pytest.approx(loss, rel=1e-4)
 
 
 def test_a_base_whose_weights_changed_is_refused(base, lora_run, tmp_path):
