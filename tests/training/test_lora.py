@@ -126,15 +126,15 @@ def test_lora_settings_that_cannot_work_are_refused_by_name(base, tmp_path):
     with pytest.raises(ValueError, match="set \\[train\\] init_from"):
         train(str(_config(tmp_path / "a.toml", data, finetune=LORA)), [],
               out=str(tmp_path / "a"), launch=Launch(progress=False))
-    with pytest.raises(ValueError, match='parallel = "fsdp" is for full training'):
-        train(str(_config(tmp_path / "b.toml", data, base_dir, finetune=LORA,
-                          parallel="fsdp")), [], out=str(tmp_path / "b"),
-              launch=Launch(progress=False))
+    with pytest.raises(ValueError, match=r'quantize = "int4" \(QLoRA\) .* not int8/int4'):
+        train(str(_config(tmp_path / "b.toml", data, base_dir,
+                          finetune={**LORA, "quantize": "int4"}, parallel="fsdp")), [],
+              out=str(tmp_path / "b"), launch=Launch(progress=False))
     with pytest.raises(ValueError, match="targets"):
         train(str(_config(tmp_path / "c.toml", data, base_dir,
                           finetune={**LORA, "targets": ["query"]})), [],
               out=str(tmp_path / "c"), launch=Launch(progress=False))
-    assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()
+    assert not any((tmp_path / x).exists() for x in "abc")
 
 
 def test_a_moved_base_is_named_when_the_run_loads(base, lora_run, tmp_path):
@@ -290,3 +290,41 @@ def test_two_ddp_processes_train_the_adapters_as_one_process_on_the_combined_bat
     assert wa.keys() == wb.keys() and all(".lora_" in n for n in wa)
     for name in wa:
         assert_close(wa[name], wb[name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_fsdp_shards_a_lora_run_that_trains_and_resumes_as_one_process(base, tmp_path):
+    """parallel = "fsdp": the frozen weights and the adapters sliced over two processes for
+    three steps, then resumed by one (DCP re-slices): the losses, evaluations and adapters of
+    one unsharded process, and checkpoints that hold the adapters alone (their optimizer
+    state too, in the sharded folder), never the base run's weights."""
+    import torch.distributed.checkpoint as dcp
+
+    from tests.training.test_sharded import vaswani as run
+
+    base_dir, data = base
+    cfg = _config(tmp_path / "ft.toml", data, base_dir, finetune=LORA, lr=1e-3)
+    train(str(cfg), [], out=str(tmp_path / "one"), launch=Launch(progress=False))
+    sharded = tmp_path / "fsdp"
+    run("train", str(cfg), "--out", str(sharded), "--set", "train.parallel=fsdp",
+        "--set", "train.max_steps=3", nproc=2)
+    saved = dcp.FileSystemReader(str(sharded / "last/sharded")).read_metadata()
+    names = list(saved.state_dict_metadata)
+    assert any(n.startswith("model.") for n in names)
+    assert all(".lora_" in n for n in names if n.startswith(("model.", "optimizer.state.")))
+    run("train", "--resume", str(sharded), "--set", "train.max_steps=6")  # one process
+
+    def evaluations(run_dir):
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["valid_loss"] for r in rows if "valid_loss" in r}
+
+    for read in (_losses, evaluations):
+        a, b = read(tmp_path / "one"), read(sharded)
+        assert a and a.keys() == b.keys()
+        for step in a:
+            assert abs(a[step] - b[step]) <= 1e-5, (read.__name__, step, a[step], b[step])
+    for which in (rundir.BEST, f"last/{rundir.BEST}"):
+        wa, wb = (load_file(str(d / which)) for d in (tmp_path / "one", sharded))
+        assert wa.keys() == wb.keys() and all(".lora_" in n for n in wa)
+        for name in wa:
+            assert_close(wb[name], wa[name], rtol=0, atol=1e-5, msg=name)
+

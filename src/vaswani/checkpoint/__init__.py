@@ -28,7 +28,7 @@ from torch import nn
 
 from ..atomic import atomic_write, atomic_write_text, file_sha256, fsync_dir
 from ..models.common import assign
-from ..models.finetune import saved_names
+from ..models.finetune import base_names, saved_names
 from ..rundir import AVERAGED, BEST, CHECKPOINTS, COMPLETE, LAST, SHARDED, record
 from .files import RowBlocks as RowBlocks
 from .files import iter_weights, read_weights, write_tensors
@@ -80,22 +80,29 @@ def save_weights(weights: Weights, path: Path, metadata: dict[str, str] | None =
     write_tensors(path, as_tensors(weights), metadata)
 
 
-def load_weights(model: nn.Module, path: Path, *, fresh: tuple[str, ...] = ()) -> None:
+def load_weights(model: nn.Module, path: Path, *, fresh: tuple[str, ...] = (),
+                 frozen: bool = False) -> None:
     """Load safetensors weights, one tensor at a time; names from compiled models
     (``_orig_mod.``) are accepted and tied weights that were stored once are restored to every
     name. Parameters whose names start with one of ``fresh`` are not loaded and keep their
-    initial values (a new head). A sharded (FSDP) model takes each rank's slices."""
-    load_tensors(model, iter_weights(path), path, fresh=fresh)
+    initial values (a new head). A sharded (FSDP) model takes each rank's slices. A model
+    with LoRA adapters takes its trainable parameters from ``path``, or with ``frozen`` every
+    other weight, from its base run's weights (models/finetune.py ``base_names``)."""
+    load_tensors(model, iter_weights(path), path, fresh=fresh, frozen=frozen)
 
 
 def load_tensors(model: nn.Module,
                  tensors: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
-                 where: Path | str, *, fresh: tuple[str, ...] = ()) -> None:
+                 where: Path | str, *, fresh: tuple[str, ...] = (),
+                 frozen: bool = False) -> None:
     """:func:`load_weights` of tensors in memory, or of (name, tensor) pairs as they are read
     (``where`` names them in errors)."""
-    kept = saved_names(unwrap(model))  # adapters: the frozen weights were loaded before
-    slots = {k: v for k, v in unwrap(model).state_dict(keep_vars=True).items()  # tied = same
-             if kept is None or k in kept}
+    state = unwrap(model).state_dict(keep_vars=True)  # tied names hold the same tensor
+    if frozen:  # an adapted model's frozen weights, under their base run's names
+        slots = {plain: state[name] for name, plain in base_names(unwrap(model)).items()}
+    else:
+        kept = saved_names(unwrap(model))  # adapters: the trainable parameters only
+        slots = {k: v for k, v in state.items() if kept is None or k in kept}
     loaded: set[int] = set()
     wrong, unexpected = [], []
     with torch.no_grad():

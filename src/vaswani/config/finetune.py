@@ -64,14 +64,15 @@ class FinetuneConfig(ConfigBase):
 
     def check_with(self, train) -> None:
         """Against the run's ``[train]``: LoRA adapts a run's weights (``init_from``), on one
-        process or several with DDP (FSDP's slices are not adapted)."""
+        process or several (DDP, or FSDP's slices); QLoRA's int8/int4 layers are not sharded."""
         if not self.lora:
             return
         if not train.init_from:
             raise ValueError('[finetune] method = "lora" trains adapters on a run\'s weights: '
                              "set [train] init_from to that run (e.g. one made by vaswani "
                              "import)")
-        if train.parallel == "fsdp":
-            raise ValueError('[finetune] method = "lora" trains on one process or with '
-                             'parallel = "ddp"; parallel = "fsdp" is for full training (the '
-                             "adapters are small: DDP keeps them whole on every rank)")
+        if self.quantize and train.parallel == "fsdp":
+            raise ValueError(f'[finetune] quantize = "{self.quantize}" (QLoRA) trains on one '
+                             'process or with parallel = "ddp": FSDP shards float weights, '
+                             'not int8/int4 layers; parallel = "fsdp" with float frozen '
+                             "weights shards them instead")

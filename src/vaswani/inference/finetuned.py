@@ -9,9 +9,8 @@ from torch import nn
 
 from .. import checkpoint, rundir
 from ..config import RunConfig
-from ..config.family import family
 from ..models import build_model
-from ..models.finetune import add_adapters, check_base
+from ..models.finetune import add_adapters, check_base, new_parts
 from ..nn.lora import merge_lora
 
 
@@ -19,7 +18,7 @@ def adapted(run_dir: Path, config: RunConfig, adapters: Path, *, fast: bool,
             merge: bool = True) -> nn.Module:
     """The model of a LoRA run: the base weights, then the adapters of ``adapters`` (a
     weights file of the run), merged into them unless ``merge`` is False."""
-    fresh = ("head.",) if family(config.model.arch).classes else ()  # the run's own head
+    fresh = new_parts(config.model)  # a classifier's own head
     model = build_model(config.model, initialise=False, fast=fast)
     base = check_base(Path(config.train.init_from) / rundir.BEST, config.finetune, run_dir)
     checkpoint.load_weights(model, base, fresh=fresh)

@@ -16,6 +16,7 @@ from ..nn.attention import Attention, Heads, MultiHeadAttention
 from ..nn.feedforward import FeedForward
 from ..nn.layers import DecoderLayer, EncoderLayer, LayerWeights, Residual
 from ..nn.linear import Linear
+from ..nn.lora import LoRA
 from ..nn.moe import MixtureOfExperts, Router
 from ..nn.norm import make_norm
 from ..nn.positional import Embeddings, embedding, positions
@@ -176,10 +177,12 @@ def init_weights(model: nn.Module, pad_id: int | None = None) -> None:
     (``padding_idx`` keeps it there during training). The random draws are the same, in the
     same order, whether the parameters are whole or sharded (FSDP's DTensors: each rank draws
     the whole matrix, one at a time, and keeps its slice), so a sharded run starts from the
-    weights a single process starts from.
+    weights a single process starts from. LoRA adapters are left to their own layer's
+    draws (nn/lora.py; models/finetune.py ``draw_adapters``).
     """
     fill_buffers(model)
-    seen: set[int] = set()
+    seen = {id(p) for m in model.modules() if isinstance(m, LoRA)  # drawn apart
+            for p in (*m.lora_A.values(), *m.lora_B.values())}
     with torch.no_grad():
         for module in model.modules():
             for name, p in module.named_parameters(recurse=False):

@@ -10,10 +10,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from torch import nn
 
-from ..config import FinetuneConfig
+from ..config import FinetuneConfig, ModelConfig
+from ..config.family import family
 from ..nn.lora import LoRA, add_lora
+from .common import assign
+
+
+def new_parts(config: ModelConfig) -> tuple[str, ...]:
+    """The parameters a fine-tune of a ``config`` model draws anew and trains, by the start of
+    their names, rather than reading them from its base: a classifier's head."""
+    return ("head.",) if family(config.arch).classes else ()
 
 
 def add_adapters(model: nn.Module, finetune: FinetuneConfig, *,
@@ -27,6 +36,35 @@ def add_adapters(model: nn.Module, finetune: FinetuneConfig, *,
         if trainable and name.startswith(trainable):
             p.requires_grad_(True)
     return wrapped
+
+
+def draw_adapters(model: nn.Module) -> None:
+    """Every LoRA layer's A drawn again and B zeroed, in the order :func:`add_adapters` draws
+    them, each A whole and then cut to this rank's slice where it is sharded: a model whose
+    adapters were added on the meta device before FSDP sharded it (training/sharding.py)
+    starts from the adapters a single process draws."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, LoRA):
+                for a in module.lora_A.values():
+                    assign(a, LoRA.draw_a(torch.empty(a.shape, dtype=a.dtype, device=a.device)))
+                for b in module.lora_B.values():
+                    b.zero_()
+
+
+def base_names(model: nn.Module) -> dict[str, str]:
+    """Each tensor of an adapted ``model``'s state dict that is not an adapter, by name, with
+    the name it has in the base run's weights, where no adapters were (a LoRA layer at ``p``
+    holds its frozen layer's weight as ``p.base.weight``; the base run has ``p.weight``)."""
+    wrapped = [f"{name}." for name, m in model.named_modules() if isinstance(m, LoRA)]
+    out = {}
+    for name in model.state_dict():
+        within = next((p for p in wrapped if name.startswith(p)), None)
+        if within is None:
+            out[name] = name
+        elif name.startswith(f"{within}base."):  # not lora_A. / lora_B.
+            out[name] = within + name[len(f"{within}base."):]
+    return out
 
 
 def base_sha256(path: Path) -> str:

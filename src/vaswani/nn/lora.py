@@ -60,11 +60,16 @@ class LoRA(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """A as ``nn.Linear`` draws its weight (Kaiming-uniform, as peft does); B zero."""
+        """A drawn (:meth:`draw_a`); B zero."""
         for a in self.lora_A.values():
-            nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+            self.draw_a(a)
         for b in self.lora_B.values():
             nn.init.zeros_(b)
+
+    @staticmethod
+    def draw_a(a: Tensor) -> Tensor:
+        """An A, in place: as ``nn.Linear`` draws its weight (Kaiming-uniform, as peft does)."""
+        return nn.init.kaiming_uniform_(a, a=math.sqrt(5))
 
     def delta(self, x: Tensor, start: int, stop: int) -> Tensor | None:
         """The update of output rows ``start:stop`` for ``x``: (alpha / r) dropout(x) A^T B^T

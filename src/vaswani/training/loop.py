@@ -35,11 +35,10 @@ from torch import Tensor, nn
 from .. import checkpoint, devices, rundir
 from ..checkpoint.quantized import load_frozen
 from ..config import RunConfig
-from ..config.family import family
 from ..data.batching import Batch
 from ..devices import peak_resident_bytes
 from ..evaluation.metrics import perplexity
-from ..models.finetune import add_adapters, check_base
+from ..models.finetune import add_adapters, check_base, new_parts
 from ..nn.layers import Stack
 from ..tasks import Task, TaskData
 from . import parallel
@@ -70,22 +69,26 @@ class Trainer:
         t = cfg.train
         torch.manual_seed(t.seed)  # same initial weights on every rank
         self.parallel = parallel.for_run(t.parallel, dist)  # one process, DDP or FSDP
-        fresh = ("head.",) if family(cfg.model.arch).classes else ()  # a classifier's new head
+        fresh = new_parts(cfg.model)  # a classifier's new head
         # resumed, or fine-tuned with no new head, every weight is loaded: none drawn first
         loaded = resume or bool(t.init_from and not fresh)
         base = Path(t.init_from) / rundir.BEST
         if lora := cfg.finetune.lora:  # the weights its adapters were trained on, still
             check_base(base, cfg.finetune, run_dir)
         qlora = cfg.finetune.quantize  # QLoRA: the frozen weights read into int8/int4 layers
-        self.model = load_frozen(cfg.model, base, qlora, device) if qlora else \
-            self.parallel.build(cfg.model, device, t.precision, initialise=not loaded)
+        if qlora:  # adapters on the frozen int8/int4 layers: all that is trained and saved
+            self.model = load_frozen(cfg.model, base, qlora, device)
+            add_adapters(self.model, cfg.finetune, trainable=fresh)
+        else:  # LoRA: built with its adapters (sharded: before the slices are cut)
+            self.model = self.parallel.build(cfg.model, device, t.precision,
+                                             initialise=not loaded, trainable=fresh,
+                                             adapters=cfg.finetune if lora else None)
         for module in self.model.modules():  # [train] checkpoint_activations: every stack
             if isinstance(module, Stack):
                 module.checkpoint_activations = t.checkpoint_activations
         if t.init_from and (lora or not resume) and not qlora:  # pretrained (into the slices)
-            checkpoint.load_weights(self.model, base, fresh=fresh)  # (LoRA: on resume too)
-        if lora:  # adapters on the frozen weights: all that is trained and saved
-            add_adapters(self.model, cfg.finetune, trainable=fresh)
+            checkpoint.load_weights(self.model, base, fresh=fresh,  # (LoRA: on resume too,
+                                    frozen=bool(lora))  # into its frozen weights)
         self.optimizer = make_optimizer(self.model, t)
         self.batches = task.batches(data, dist.rank, dist.world)
         self.feed = Feed(self.batches, device, t.grad_accum)
@@ -271,7 +274,7 @@ class Trainer:
 
     def _evaluate_and_keep_best(self, weights: checkpoint.Weights, flags: Tensor) -> dict:
         """Rank 0's part of :meth:`_eval_step`: evaluate, judge, save the best weights."""
-        model = self.parallel.evaluation_model(self.model, weights, self.cfg.model, self.device)
+        model = self.parallel.evaluation_model(self.model, weights, self.cfg, self.device)
         try:
             result = self.evaluate(model)
         except _Abandoned:

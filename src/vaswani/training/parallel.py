@@ -26,8 +26,9 @@ import torch
 from torch import Tensor, nn
 
 from .. import checkpoint, rundir
-from ..config import ModelConfig
+from ..config import FinetuneConfig, ModelConfig, RunConfig
 from ..models import build_model
+from ..models.finetune import add_adapters, has_adapters, new_parts
 from . import sharding
 from .distributed import Dist
 from .optimizers import Optimizers
@@ -42,10 +43,16 @@ class Single:
         self.dist = dist
 
     def build(self, config: ModelConfig, device: torch.device, precision: str, *,
-              initialise: bool = True) -> nn.Module:
+              initialise: bool = True, adapters: FinetuneConfig | None = None,
+              trainable: tuple[str, ...] = ()) -> nn.Module:
         """The model to train; ``initialise=False`` when every weight is loaded next (a
-        resumed run, a fine-tune without a new head): its random draws would be overwritten."""
-        return build_model(config, device, initialise=initialise)
+        resumed run, a fine-tune without a new head): its random draws would be overwritten.
+        With ``adapters``, a LoRA run's, added (``add_adapters``; its base run's weights are
+        loaded next, with ``frozen=True``)."""
+        model = build_model(config, device, initialise=initialise)
+        if adapters is not None:
+            add_adapters(model, adapters, trainable=trainable)
+        return model
 
     def wrap(self, model: nn.Module, device: torch.device) -> nn.Module:
         """The module the training step's forward and backward run through."""
@@ -67,7 +74,7 @@ class Single:
         return model
 
     def evaluation_model(self, model: nn.Module, weights: checkpoint.Weights,
-                         config: ModelConfig, device: torch.device) -> nn.Module:
+                         config: RunConfig, device: torch.device) -> nn.Module:
         """The model rank 0 evaluates, holding ``weights`` (from :meth:`full_weights`)."""
         return model
 
@@ -116,9 +123,12 @@ class FSDP(Single):
     group_of_one = True  # FSDP shards over a process group, even of one process
 
     def build(self, config: ModelConfig, device: torch.device, precision: str, *,
-              initialise: bool = True) -> nn.Module:
-        """Each process allocates and initialises its slices only."""
-        return sharding.build(config, device, precision, initialise=initialise)
+              initialise: bool = True, adapters: FinetuneConfig | None = None,
+              trainable: tuple[str, ...] = ()) -> nn.Module:
+        """Each process allocates and initialises its slices only (a LoRA run's adapters
+        sharded with their layers)."""
+        return sharding.build(config, device, precision, initialise=initialise,
+                              adapters=adapters, trainable=trainable)
 
     @contextlib.contextmanager
     def sync(self, wrapped: nn.Module, sync: bool):
@@ -134,9 +144,16 @@ class FSDP(Single):
         return sharding.full_tensors(model)
 
     def evaluation_model(self, model: nn.Module, weights: checkpoint.Weights,
-                         config: ModelConfig, device: torch.device) -> nn.Module:
-        """An unsharded copy, which rank 0 evaluates alone (sharding.py says why)."""
-        whole = build_model(config, device, initialise=False)  # the weights come next
+                         config: RunConfig, device: torch.device) -> nn.Module:
+        """An unsharded copy, which rank 0 evaluates alone (sharding.py says why); a LoRA
+        run's, its base run's weights with the gathered adapters."""
+        adapters = config.finetune if has_adapters(model) else None
+        whole = Single.build(self, config.model, device, config.train.precision,
+                             initialise=False, adapters=adapters,
+                             trainable=new_parts(config.model))  # the weights come next
+        if adapters is not None:
+            checkpoint.load_weights(whole, Path(config.train.init_from) / rundir.BEST,
+                                    fresh=new_parts(config.model), frozen=True)
         checkpoint.load_tensors(whole, weights, "the gathered weights")
         return whole
 

@@ -25,7 +25,10 @@ What the rest of training sees:
   between ranks that evaluated and ranks that did not: a deadlock at the next backward.);
 - :func:`save_sharded` / :func:`load_sharded` write and read every rank's slices of the model
   and the optimizer (keyed by parameter name), which DCP re-slices when the number of ranks
-  changes: a run saved by 2 processes resumes in 1, and one saved by 1 in 2.
+  changes: a run saved by 2 processes resumes in 1, and one saved by 1 in 2;
+- a LoRA run is sharded with its adapters in their layers' units: each rank holds a slice of
+  the frozen weights as of any weight, and only the adapters (and a classifier's new head)
+  have gradients, optimizer state and a place in the checkpoints.
 """
 
 from __future__ import annotations
@@ -46,28 +49,40 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from ..config import ModelConfig
+from ..config import FinetuneConfig, ModelConfig
 from ..models import build_model, materialise
 from ..models.common import fill_buffers, init_weights
+from ..models.finetune import add_adapters, draw_adapters, has_adapters, saved_names
 from ..nn.layers import Stack
 from .optimizers import Optimizers
 
 
 def build(config: ModelConfig, device: torch.device, precision: str = "fp32", *,
-          initialise: bool = True) -> nn.Module:
+          initialise: bool = True, adapters: FinetuneConfig | None = None,
+          trainable: tuple[str, ...] = ()) -> nn.Module:
     """The model for ``config``, sharded, holding this rank's slices only: built on the meta
     device (shapes, no memory), sharded, then each rank allocates its slices on ``device`` and
     initialises them (``init_weights`` draws each whole matrix, one at a time, and keeps the
     rank's slice: the weights a single process starts from, with the same seed). Peak memory
     at start-up is the slices plus the largest single matrix, not the model. Weights from
     ``init_from`` are loaded into the slices the same way (checkpoint.load_weights);
-    ``initialise=False`` when they all are (the slices' tables are filled, nothing drawn)."""
-    model = shard(build_model(config, "meta", fast=device.type == "cpu"), device, precision)
+    ``initialise=False`` when they all are (the slices' tables are filled, nothing drawn).
+
+    With ``adapters`` (a LoRA run) the adapters are added before sharding, so that FSDP
+    shards them with their layer's frozen weights and reduces their gradients; they are drawn
+    last, as a single process draws them (models/finetune.py ``draw_adapters``), and the base
+    run's weights go into the frozen slices (``checkpoint.load_weights(..., frozen=True)``).
+    ``trainable``: as ``add_adapters``'s (a classifier's new head)."""
+    model = build_model(config, "meta", fast=device.type == "cpu")
+    if adapters is not None:
+        add_adapters(model, adapters, trainable=trainable)  # meta: nothing drawn yet
+    model = shard(model, device, precision)
     materialise(model, device)
     if initialise:
         init_weights(model, config.pad_id)
     else:
         fill_buffers(model)
+    draw_adapters(model)
     return model
 
 
@@ -106,28 +121,44 @@ def full_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's weights as one state dict in rank 0's CPU memory (a collective; the other
     ranks get ``{}``), each tied tensor under its first name, as checkpoint.model_tensors
     gives for an unsharded model."""
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-                                                                  cpu_offload=True))
-    keep = {name for name, _ in model.named_parameters()}  # one name per tied parameter
-    keep |= {name for name, _ in model.named_buffers()}
+    adapted = has_adapters(model)  # a LoRA run's: its trainable parameters alone
+    state = get_model_state_dict(model, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True, ignore_frozen_params=adapted))
+    keep = saved_names(model) or {name for name, _ in model.named_parameters()}  # tied: once
+    keep |= set() if adapted else {name for name, _ in model.named_buffers()}
     return {k: v.contiguous() for k, v in state.items() if k in keep}
 
 
 def save_sharded(model: nn.Module, optimizer: Optimizers, folder: Path) -> None:
     """Every rank writes its slices of the weights and the optimizer state into ``folder``
-    (a collective; DCP writes the metadata that maps slices to names last)."""
-    model_state, optim_state = get_state_dict(model, tuple(optimizer))
+    (a collective; DCP writes the metadata that maps slices to names last). A LoRA run's
+    frozen weights are not written: they are its base run's."""
+    model_state, optim_state = _state_dicts(model, optimizer)
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(folder))
 
 
 def load_sharded(model: nn.Module, optimizer: Optimizers, folder: Path) -> None:
     """Load what :func:`save_sharded` wrote, re-sliced for this many ranks, into ``model``
     and ``optimizer`` (sharded or not: a single unsharded process reads it too)."""
-    model_state, optim_state = get_state_dict(model, tuple(optimizer))
+    model_state, optim_state = _state_dicts(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=str(folder))
+    dcp.load(state, checkpoint_id=str(folder))  # every tensor asked for, or an error
+    adapted = has_adapters(model)  # (the frozen weights are not among them)
     set_state_dict(model, tuple(optimizer), model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])
+                   optim_state_dict=state["optimizer"],
+                   options=StateDictOptions(ignore_frozen_params=adapted, strict=not adapted))
+
+
+def _state_dicts(model: nn.Module, optimizer: Optimizers) -> tuple[dict, dict]:
+    """The model's and the optimizer's state as DCP saves and loads them. A LoRA run's hold
+    its trainable parameters alone: its frozen weights are its base run's, loaded from
+    there (``ignore_frozen_params`` drops a tied weight under its first name only)."""
+    kept = saved_names(model)
+    model_state, optim_state = get_state_dict(model, tuple(optimizer), options=StateDictOptions(
+        ignore_frozen_params=kept is not None))
+    if kept is not None:
+        model_state = {k: v for k, v in model_state.items() if k in kept}
+    return model_state, optim_state
 
 
 def training_bytes(model: nn.Module, optimizer: Optimizers) -> dict[str, int]:
