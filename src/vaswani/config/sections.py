@@ -162,8 +162,8 @@ class TrainConfig(ConfigBase):
     """Compile the model with `torch.compile`: true, false, or "auto": on a GPU, where a
     step of many small kernels is bound by their launches and compiling fuses them, not on
     a CPU, where a translator's compiled step was slower than the eager one; a LoRA step
-    of a language model on a CPU gains a few percent compiled, after its first step
-    compiles for a minute or less in each process (docs/performance.md). A run directory
+    of a language model on a CPU gains about a tenth compiled, after its first step
+    compiles for a minute or two in each process (docs/performance.md). A run directory
     loads the same either way."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """Several processes (torchrun): "ddp" keeps the whole model, gradients and optimizer
