@@ -74,5 +74,5 @@ class FinetuneConfig(ConfigBase):
         if self.quantize and train.parallel == "fsdp":
             raise ValueError(f'[finetune] quantize = "{self.quantize}" (QLoRA) trains on one '
                              'process or with parallel = "ddp": FSDP shards float weights, '
-                             'not int8/int4 layers; parallel = "fsdp" with float frozen '
-                             "weights shards them instead")
+                             "not int8/int4 layers (LoRA without quantize trains sharded, "
+                             "its frozen float weights sliced over the processes)")

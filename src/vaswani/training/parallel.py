@@ -147,13 +147,12 @@ class FSDP(Single):
                          config: RunConfig, device: torch.device) -> nn.Module:
         """An unsharded copy, which rank 0 evaluates alone (sharding.py says why); a LoRA
         run's, its base run's weights with the gathered adapters."""
-        adapters = config.finetune if has_adapters(model) else None
+        adapters, fresh = config.finetune if has_adapters(model) else None, new_parts(config.model)
         whole = Single.build(self, config.model, device, config.train.precision,
-                             initialise=False, adapters=adapters,
-                             trainable=new_parts(config.model))  # the weights come next
-        if adapters is not None:
+                             initialise=False, adapters=adapters, trainable=fresh)
+        if adapters is not None:  # the weights come next: the base run's, then the gathered
             checkpoint.load_weights(whole, Path(config.train.init_from) / rundir.BEST,
-                                    fresh=new_parts(config.model), frozen=True)
+                                    fresh=fresh, frozen=True)
         checkpoint.load_tensors(whole, weights, "the gathered weights")
         return whole
 

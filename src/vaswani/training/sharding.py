@@ -27,7 +27,7 @@ What the rest of training sees:
   and the optimizer (keyed by parameter name), which DCP re-slices when the number of ranks
   changes: a run saved by 2 processes resumes in 1, and one saved by 1 in 2;
 - a LoRA run is sharded with its adapters in their layers' units: each rank holds a slice of
-  the frozen weights as of any weight, and only the adapters (and a classifier's new head)
+  every frozen weight and every adapter, and only the adapters (and a classifier's new head)
   have gradients, optimizer state and a place in the checkpoints.
 """
 
@@ -121,12 +121,13 @@ def full_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's weights as one state dict in rank 0's CPU memory (a collective; the other
     ranks get ``{}``), each tied tensor under its first name, as checkpoint.model_tensors
     gives for an unsharded model."""
-    adapted = has_adapters(model)  # a LoRA run's: its trainable parameters alone
+    kept = saved_names(model)  # a LoRA run's: its trainable parameters alone
     state = get_model_state_dict(model, options=StateDictOptions(
-        full_state_dict=True, cpu_offload=True, ignore_frozen_params=adapted))
-    keep = saved_names(model) or {name for name, _ in model.named_parameters()}  # tied: once
-    keep |= set() if adapted else {name for name, _ in model.named_buffers()}
-    return {k: v.contiguous() for k, v in state.items() if k in keep}
+        full_state_dict=True, cpu_offload=True, ignore_frozen_params=kept is not None))
+    if kept is None:  # one name per tied parameter, and the buffers
+        kept = {name for name, _ in model.named_parameters()}
+        kept |= {name for name, _ in model.named_buffers()}
+    return {k: v.contiguous() for k, v in state.items() if k in kept}
 
 
 def save_sharded(model: nn.Module, optimizer: Optimizers, folder: Path) -> None:
