@@ -96,6 +96,27 @@ def test_init_from_is_loaded_into_the_slices(small_runs, tmp_path):
     assert_same_run(tmp_path / "one", tmp_path / "two", steps=3)
 
 
+def test_a_lora_classifier_trains_sharded_as_one_process(small_runs, tmp_path):
+    """LoRA on a classifier under FSDP: the new head drawn after the body, the adapters last,
+    as one unsharded process draws them; its checkpoints the head and the adapters alone."""
+    from vaswani.config import dump_toml
+
+    base_dir, _ = small_runs["encoder"]
+    data = classification_file(tmp_path / "d.tsv", n=60)
+    cfg = config(tmp_path / "ft.toml", "encoder", data,
+                 train={"init_from": str(base_dir), "max_steps": 3, "eval_every": 3,
+                        "save_every": 3})
+    cfg.write_text(cfg.read_text() + "\n" + dump_toml(
+        {"finetune": {"method": "lora", "rank": 2, "alpha": 4.0, "targets": ["q", "v", "o"]}}))
+    vaswani("train", str(cfg), "--out", str(tmp_path / "one"))
+    vaswani("train", str(cfg), "--out", str(tmp_path / "two"), "--set", "train.parallel=fsdp",
+            nproc=2)
+    assert_same_run(tmp_path / "one", tmp_path / "two", steps=3)
+    saved = load_file(str(tmp_path / "two/last/model.safetensors"))
+    assert all(".lora_" in n or n.startswith("head.") for n in saved)
+    assert any(n.startswith("head.") for n in saved)
+
+
 @pytest.mark.slow
 def test_a_sharded_run_resumes_on_another_number_of_processes(runs):
     """2 -> 1 and 1 -> 2 processes, with activation checkpointing: each equals the straight
