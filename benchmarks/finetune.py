@@ -238,14 +238,17 @@ def allocator_environment() -> dict[str, str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json")
-    p.add_argument("--work", default="/tmp/bench-finetune")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", metavar="OUT.json", help="write the results here")
+    p.add_argument("--work", default="/tmp/bench-finetune", metavar="DIR",
+                   help="where SmolLM2's run and its hf export are made once and kept "
+                        "(default %(default)s)")
     p.add_argument("--steps", type=int, default=8, help="steps timed (after 2 untimed)")
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--length", type=int, default=128)
-    p.add_argument("--rank", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--batch", type=int, default=4, help="sequences a step (default 4)")
+    p.add_argument("--length", type=int, default=128, help="tokens a sequence (default 128)")
+    p.add_argument("--rank", type=int, default=8, help="the adapters' rank (default 8)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="alternating rounds of every contender, the fastest kept (default 2)")
     p.add_argument("--run", help="a LLaMA-family language-model run to use instead of "
                                  "SmolLM2 (its hf export is written under --work)")
     p.add_argument("--checkpoint-activations", action="store_true",
