@@ -404,7 +404,7 @@ def test_a_package_built_for_something_else_is_named_and_not_used(lm_run, tmp_pa
                               ("code", "0" * 64, "vaswani's code"),
                               ("weights_mtime_ns", 1, "weights (changed since)")]:
         record.write_text(json.dumps({**built, key: value}))
-        with pytest.warns(UserWarning, match=r"built for another .*") as caught:
+        with pytest.warns(UserWarning, match=r"does not match what is loaded now: .*") as caught:
             assert load(run).compiled is None  # eager, never the package
         message = str(caught[0].message)
         assert named in message and f"vaswani compile {run}" in message

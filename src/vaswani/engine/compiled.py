@@ -352,7 +352,8 @@ def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
     changed = differences(built, wanted) if isinstance(built, dict) else ["its record"]
     rebuild = f"rebuild it with `vaswani compile {run_dir}{options(quantize, kv_cache)}`"
     if changed:
-        warn(f"{path} was built for another {', '.join(changed)}; running eagerly ({rebuild})")
+        warn(f"{path} does not match what is loaded now: {', '.join(changed)}; running "
+             f"eagerly ({rebuild})")
         return None
     try:
         step = CompiledStep(path)
