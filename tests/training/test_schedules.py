@@ -55,3 +55,21 @@ def test_a_cooldown_outside_zero_to_one_is_refused():
     for bad in (0.0, 1.5):
         with pytest.raises(ValueError, match=r"cooldown \(.*\) must be in \(0, 1\]"):
             TrainConfig(schedule="wsd", cooldown=bad).validate()
+
+
+def test_a_run_that_ends_inside_its_warmup_is_told_its_rate_never_reaches_lr(capsys):
+    """The default warmup (100 steps) in a 30-step fine-tune: the rate climbs the whole run
+    and peaks at 30% of lr. Said, with the factor the last step really gets; a warmup
+    shorter than the run, or none, says nothing."""
+    from vaswani.config import TrainConfig
+    from vaswani.training.train import check_schedule
+
+    def said(**kw) -> str:
+        check_schedule(TrainConfig(lr=2e-3, **kw).replace(schedule_steps=kw["max_steps"]))
+        return capsys.readouterr().err
+
+    message = said(max_steps=30, warmup=100)
+    assert "train.warmup (100) is not shorter than max_steps (30)" in message
+    assert "reaches 30% of lr (0.002)" in message
+    assert lr_factor(29, schedule="cosine", warmup=100, max_steps=30) == pytest.approx(0.3)
+    assert said(max_steps=30, warmup=5) == said(max_steps=30, warmup=0) == ""

@@ -259,7 +259,15 @@ def accumulation(cfg: RunConfig, micro_batch_tokens: int, world: int) -> int:
 def check_schedule(t) -> None:
     """A decaying schedule (cosine, wsd) shorter than the run: refused where the steps past
     its end would change nothing (min_lr 0) or where it ends still warming up (the rate
-    would climb past its end); otherwise said."""
+    would climb past its end); otherwise said. A run that ends inside its warmup (the
+    default warmup, 100 steps, in a short fine-tune) is said too: its rate never reaches
+    ``lr``."""
+    if t.warmup >= t.max_steps and t.max_steps <= t.schedule_steps and t.warmup:
+        print(f"vaswani: warning: train.warmup ({t.warmup}) is not shorter than max_steps "
+              f"({t.max_steps}): the learning rate rises for the whole run and reaches "
+              f"{t.max_steps / t.warmup:.0%} of lr ({t.lr:g}) at the last step; set "
+              "train.warmup below max_steps for the run to train at lr",
+              file=sys.stderr, flush=True)
     if not (t.max_steps > t.schedule_steps and t.schedule in DECAYING):
         return
     if t.warmup >= t.schedule_steps:
