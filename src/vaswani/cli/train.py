@@ -44,7 +44,8 @@ def add_commands(sub, cache: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value, e.g. --set train.lr=3e-4 (repeatable)")
     p.add_argument("--out", metavar="RUN_DIR", help="run directory (default runs/<config name>)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue this run exactly where it stopped;\n"
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue this run exactly where it stopped;\n"
                    "to train longer: --set train.max_steps=N, and with a\n"
                    "cosine or wsd schedule --set train.schedule_steps=N\n"
                    "to stretch it over the new steps")
