@@ -62,7 +62,7 @@ def test_a_run_that_ends_inside_its_warmup_is_told_its_rate_never_reaches_lr(cap
     and peaks at 30% of lr. Said, with the factor the last step really gets; a warmup
     shorter than the run, or none, says nothing."""
     from vaswani.config import TrainConfig
-    from vaswani.training.train import check_schedule
+    from vaswani.training.schedules import check_schedule
 
     def said(**kw) -> str:
         check_schedule(TrainConfig(lr=2e-3, **kw).replace(schedule_steps=kw["max_steps"]))

@@ -43,7 +43,7 @@ from .distributed import Dist, RankZeroFailed, init, rank0_decides, shutdown
 from .loop import Trainer
 from .parallel import parallel_class
 from .progress import TENSORBOARD
-from .schedules import DECAYING
+from .schedules import check_schedule
 from .state import StopRequest
 
 
@@ -254,37 +254,6 @@ def accumulation(cfg: RunConfig, micro_batch_tokens: int, world: int) -> int:
         raise ValueError(f"[data] batch_tokens ({cfg.data.batch_tokens}) sets grad_accum; "
                          f"leave [train] grad_accum ({cfg.train.grad_accum}) out")
     return max(1, -(-cfg.data.batch_tokens // (micro_batch_tokens * world)))
-
-
-def check_schedule(t) -> None:
-    """A decaying schedule (cosine, wsd) shorter than the run: refused where the steps past
-    its end would change nothing (min_lr 0) or where it ends still warming up (the rate
-    would climb past its end); otherwise said. A run that ends inside its warmup (the
-    default warmup, 100 steps, in a short fine-tune) is said too: its rate never reaches
-    ``lr``."""
-    if t.warmup >= t.max_steps and t.max_steps <= t.schedule_steps and t.warmup:
-        print(f"vaswani: warning: train.warmup ({t.warmup}) is not shorter than max_steps "
-              f"({t.max_steps}): the learning rate rises for the whole run and reaches "
-              f"{t.max_steps / t.warmup:.0%} of lr ({t.lr:g}) at the last step; set "
-              "train.warmup below max_steps for the run to train at lr",
-              file=sys.stderr, flush=True)
-    if not (t.max_steps > t.schedule_steps and t.schedule in DECAYING):
-        return
-    if t.warmup >= t.schedule_steps:
-        raise ValueError(f"train.warmup ({t.warmup}) is not shorter than the {t.schedule} "
-                         f"schedule (schedule_steps {t.schedule_steps}), and max_steps "
-                         f"({t.max_steps}) goes past its end: the rate would still be warming "
-                         "up there. Shorten warmup, or set schedule_steps to max_steps")
-    if t.min_lr == 0:
-        raise ValueError(
-            f"train.max_steps ({t.max_steps}) goes past the end of this run's {t.schedule} "
-            f"schedule ({t.schedule_steps} steps), where the learning rate is min_lr (0): "
-            f"the extra steps would change nothing. Also --set train.schedule_steps="
-            f"{t.max_steps} to stretch the schedule over them (the rate rises again), "
-            "or set train.min_lr")
-    print(f"vaswani: steps {t.schedule_steps + 1}-{t.max_steps} run after the end of the "
-          f"{t.schedule} schedule, at min_lr ({t.min_lr:g}); --set train.schedule_steps="
-          f"{t.max_steps} would stretch the schedule instead", file=sys.stderr, flush=True)
 
 
 def encode_data(config: str, overrides: list[str], cache: Path, *,
