@@ -73,3 +73,28 @@ def test_a_run_that_ends_inside_its_warmup_is_told_its_rate_never_reaches_lr(cap
     assert "reaches 30% of lr (0.002)" in message
     assert lr_factor(29, schedule="cosine", warmup=100, max_steps=30) == pytest.approx(0.3)
     assert said(max_steps=30, warmup=5) == said(max_steps=30, warmup=0) == ""
+
+
+def test_only_the_process_that_says_prints_the_schedules_warnings(tmp_path, capsys):
+    """Every rank of a multi-process run reads the config; rank 0 alone prints what its
+    schedule says (train.py passes ``say=launch.rank == 0``), and every rank refuses a
+    schedule that cannot run."""
+    from vaswani.config import TrainConfig
+    from vaswani.training.schedules import check_schedule
+    from vaswani.training.train import configure
+
+    config = tmp_path / "lm.toml"
+    config.write_text('[model]\narch = "decoder"\n[data]\ndataset = "tiny-shakespeare"\n'
+                      '[train]\nmax_steps = 30\nwarmup = 100\n')
+    configure(str(config), [], say=False)
+    assert capsys.readouterr().err == ""
+    configure(str(config), [])
+    assert "train.warmup (100) is not shorter than max_steps (30)" in capsys.readouterr().err
+    past = TrainConfig(max_steps=300, schedule="cosine", min_lr=1e-5, warmup=5
+                       ).replace(schedule_steps=200)
+    check_schedule(past, say=False)
+    assert capsys.readouterr().err == ""
+    check_schedule(past)
+    assert "steps 201-300 run after the end" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="min_lr"):
+        check_schedule(past.replace(min_lr=0.0), say=False)

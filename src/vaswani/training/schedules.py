@@ -40,13 +40,14 @@ def lr_factor(step: int, *, schedule: str, warmup: int, max_steps: int,
     raise ValueError(f"schedule ({schedule!r}) must be 'noam', 'cosine', 'constant' or 'wsd'")
 
 
-def check_schedule(t) -> None:
+def check_schedule(t, say: bool = True) -> None:
     """A decaying schedule (cosine, wsd) shorter than the run: refused where the steps past
     its end would change nothing (min_lr 0) or where it ends still warming up (the rate
     would climb past its end); otherwise said. A run that ends inside its warmup (the
     default warmup, 100 steps, in a short fine-tune) is said too: its rate never reaches
-    ``lr``."""
-    if t.warmup >= t.max_steps and t.max_steps <= t.schedule_steps and t.warmup:
+    ``lr``. ``say``: whether to print what is said (one process of a multi-process run
+    does; every one refuses)."""
+    if t.warmup >= t.max_steps and t.max_steps <= t.schedule_steps and t.warmup and say:
         print(f"vaswani: warning: train.warmup ({t.warmup}) is not shorter than max_steps "
               f"({t.max_steps}): the learning rate rises for the whole run and reaches "
               f"{t.max_steps / t.warmup:.0%} of lr ({t.lr:g}) at the last step; set "
@@ -66,6 +67,7 @@ def check_schedule(t) -> None:
             f"the extra steps would change nothing. Also --set train.schedule_steps="
             f"{t.max_steps} to stretch the schedule over them (the rate rises again), "
             "or set train.min_lr")
-    print(f"vaswani: steps {t.schedule_steps + 1}-{t.max_steps} run after the end of the "
-          f"{t.schedule} schedule, at min_lr ({t.min_lr:g}); --set train.schedule_steps="
-          f"{t.max_steps} would stretch the schedule instead", file=sys.stderr, flush=True)
+    if say:
+        print(f"vaswani: steps {t.schedule_steps + 1}-{t.max_steps} run after the end of the "
+              f"{t.schedule} schedule, at min_lr ({t.min_lr:g}); --set train.schedule_steps="
+              f"{t.max_steps} would stretch the schedule instead", file=sys.stderr, flush=True)

@@ -70,7 +70,8 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
     began = time.perf_counter()
     cache = default_cache() if cache is None else cache
     if resume:
-        run_dir, cfg, init_tokenizers = Path(resume), resumed_config(Path(resume), overrides), None
+        run_dir, init_tokenizers = Path(resume), None
+        cfg = resumed_config(run_dir, overrides, say=launch.rank == 0)
     elif config is None:
         raise ValueError("give a CONFIG.toml to train, or --resume RUN_DIR")
     else:
@@ -78,8 +79,8 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
         if rank0_decides("continues", lambda: str(rundir.restarted_into(run_dir)),
                          launch.rank, launch.world) == "True":  # torchrun restarting its job
             resume, overwrite = _continue_after_restart(run_dir, launch.rank)
-        cfg, init_tokenizers = ((resumed_config(run_dir, overrides), None) if resume
-                                else configure(config, overrides))
+        cfg, init_tokenizers = ((resumed_config(run_dir, overrides, say=launch.rank == 0), None)
+                                if resume else configure(config, overrides, launch.rank == 0))
     device = devices.resolve_device(cfg.train.device, launch.local_rank,
                                     on_cpu="--set train.device=cpu")
     # config.toml says what the run trained in
@@ -162,14 +163,16 @@ def _continue_after_restart(run_dir: Path, rank: int) -> tuple[str | None, bool]
 
 # --- 1. the config -----------------------------------------------------------------------------
 
-def configure(config: str, overrides: list[str]) -> tuple[RunConfig, Tokenizers | None]:
+def configure(config: str, overrides: list[str], say: bool = True
+              ) -> tuple[RunConfig, Tokenizers | None]:
     """A new run's config (the file with ``--set`` overrides) and, with ``[train]
     init_from``, the tokenizers of the run it starts from, whose ``[model]`` replaces the
     file's (what the new data decides, the classes, is filled in later). The schedule's
-    length is fixed now, so that resuming with more steps continues it."""
+    length is fixed now, so that resuming with more steps continues it. ``say``: whether
+    this process prints the schedule's warnings (rank 0 of a multi-process run)."""
     cfg = load_run_config(config, overrides, fixed=architectures.fixes)
     cfg = cfg.replace(train=cfg.train.replace(schedule_steps=cfg.train.schedule_steps))
-    check_schedule(cfg.train)
+    check_schedule(cfg.train, say)
     if not cfg.train.init_from:
         return cfg, None
     base_dir = Path(cfg.train.init_from)
@@ -213,7 +216,7 @@ RESUMABLE = {
 }
 
 
-def resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
+def resumed_config(run_dir: Path, overrides: list[str], say: bool = True) -> RunConfig:
     """The run's config with ``--set`` overrides, which may change only what
     :data:`RESUMABLE` lists (a resumed run continues exactly: another model, seed, batching
     or optimizer would not). A run written before ``schedule_steps`` existed keeps the
@@ -243,7 +246,7 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> RunConfig:
                          "[train] init_from starts from these weights). On resume --set may "
                          f"change {', '.join(sorted(RESUMABLE['train']))} of [train], and "
                          "[decode]")
-    check_schedule(cfg.train)
+    check_schedule(cfg.train, say)  # printed by rank 0 alone
     return cfg
 
 
