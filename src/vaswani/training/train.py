@@ -80,7 +80,7 @@ def train(config: str | None, overrides: list[str], out: str | None = None,
                          launch.rank, launch.world) == "True":  # torchrun restarting its job
             resume, overwrite = _continue_after_restart(run_dir, launch.rank)
         cfg, init_tokenizers = ((resumed_config(run_dir, overrides, say=launch.rank == 0), None)
-                                if resume else configure(config, overrides, launch.rank == 0))
+                                if resume else configure(config, overrides, say=launch.rank == 0))
     device = devices.resolve_device(cfg.train.device, launch.local_rank,
                                     on_cpu="--set train.device=cpu")
     # config.toml says what the run trained in
@@ -263,7 +263,7 @@ def encode_data(config: str, overrides: list[str], cache: Path, *,
                 progress: bool = True) -> TaskData:
     """``vaswani data encode``: the data step of ``vaswani train CONFIG`` alone, so that the
     training (and every DDP process) later maps the encoded files."""
-    cfg, tokenizers = configure(config, overrides)
+    cfg, tokenizers = configure(config, overrides, say=False)  # the schedule: train's to say
     return task_for(cfg).load(cache, tokenizers, progress=progress)
 
 
