@@ -221,7 +221,8 @@ def resumed_config(run_dir: Path, overrides: list[str], say: bool = True) -> Run
     :data:`RESUMABLE` lists (a resumed run continues exactly: another model, seed, batching
     or optimizer would not). A run written before ``schedule_steps`` existed keeps the
     schedule its ``max_steps`` gave it. Extending a cosine schedule that has ended at a zero
-    learning rate (or a wsd one) would change nothing, so it is refused."""
+    learning rate (or a wsd one) would change nothing, so it is refused. ``say``: whether
+    this process prints the schedule's warnings (rank 0 of a multi-process run)."""
     if not (run_dir / rundir.CONFIG).exists():
         rundir.read_config(run_dir)  # the clear "not a run directory" error
     data = load_toml(run_dir / rundir.CONFIG)
@@ -246,7 +247,7 @@ def resumed_config(run_dir: Path, overrides: list[str], say: bool = True) -> Run
                          "[train] init_from starts from these weights). On resume --set may "
                          f"change {', '.join(sorted(RESUMABLE['train']))} of [train], and "
                          "[decode]")
-    check_schedule(cfg.train, say)  # printed by rank 0 alone
+    check_schedule(cfg.train, say)
     return cfg
 
 
