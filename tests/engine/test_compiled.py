@@ -483,3 +483,28 @@ def test_a_step_over_a_bfloat16_cache_is_a_package_of_its_own_and_decodes_as_eag
     assert main(["generate", str(kv_run), "--prompt", "the", "--max-new-tokens", "4",
                  "--kv-cache", "bf16"]) == 0
     assert capsys.readouterr().out.strip()
+
+
+class _SharedNamesRunner:
+    """A loaded library's runner as own_constants sees it, in which two constants share one
+    original name (as Inductor's C++ GEMM template writes them for float products)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def get_constant_names_to_original_fqns(self):
+        return {"constant3": "constant3", "constant3_0": "constant3", "w": "model.w"}
+
+    def extract_constants_map(self, use_inactive):
+        return {"constant3": torch.ones(4), "model.w": torch.zeros(4)}
+
+    def __getattr__(self, name):  # update_constant_buffer, swap_constant_buffer, ...
+        return lambda *args: self.calls.append(name)
+
+
+def test_a_library_whose_constants_share_a_name_keeps_them_where_it_loaded_them():
+    """Handing the runner copies by name would leave one of two constants of one name empty
+    (a crash at the next step): such a library's constants stay as loaded, untouched."""
+    runner = _SharedNamesRunner()
+    assert compiled_module.own_constants(runner) == {}
+    assert runner.calls == []

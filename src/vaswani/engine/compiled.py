@@ -326,8 +326,16 @@ def own_constants(runner) -> dict[str, Tensor]:
     (as the heap's history has it), every weight does, and the AVX-512 products that read
     them straddle cache lines (docs/performance.md, "A warm start in under a second"). Each is
     copied into torch's own memory (64-byte aligned) and handed to the runner as its
-    constant, kept alive by the returned dict (user-managed), and the block is freed."""
-    names = {fqn: name for name, fqn in runner.get_constant_names_to_original_fqns().items()}
+    constant, kept alive by the returned dict (user-managed), and the block is freed.
+
+    Only where each constant has a name of its own: the runner hands them out by their
+    original names, and a library in which two constants share one (Inductor's C++ GEMM
+    template for float products writes such pairs) would get one of the two back and the
+    other left empty, a crash at the next step; such a library keeps its block as loaded."""
+    fqns = runner.get_constant_names_to_original_fqns()
+    names = {fqn: name for name, fqn in fqns.items()}
+    if len(names) < len(fqns):
+        return {}
     kept = {names.get(k, k): t.clone() for k, t in runner.extract_constants_map(False).items()}
     runner.update_constant_buffer(kept, True, False, True)  # the spare buffer, user-managed
     runner.swap_constant_buffer()
