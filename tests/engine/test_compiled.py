@@ -21,15 +21,21 @@ from vaswani.cpu.linear import USE_ONEDNN
 from vaswani.engine import Engine, EngineConfig, Params, Request
 from vaswani.engine import compiled as compiled_module
 from vaswani.engine.compiled import (
+    FEW_GEMM,
+    FEW_ROWS_TRIED,
     INT8_ROWS_BLOCK,
     ROWS,
     SOURCE_PARTS,
     CompiledStep,
     DecodeStep,
     build,
+    crossover,
     example_inputs,
+    few_path,
     inductor_options,
     int8_blocking,
+    probe_inputs,
+    remove_package,
 )
 from vaswani.engine.package import differences, package_path, record_path, unpacked
 from vaswani.inference.compiled import compile_run
@@ -49,10 +55,24 @@ def lm_run(small_runs, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def mt_run(copy_run, tmp_path_factory):
+    """The copy-task translator, copied, with its float step and the companion for steps of
+    a few rows built. The companion is timed against the step as every build times it, but
+    kept for at least 8 rows whatever the timings say, so that the tests below can use it
+    (the decision is :func:`test_the_few_row_package_takes_the_rows_it_was_faster_at`'s)."""
     run = tmp_path_factory.mktemp("compiled") / "mt"
     shutil.copytree(copy_run[0], run)
-    out, seconds = compile_run(run, say=lambda message: None)
+    timed = []
+
+    def kept(*args, **kwargs):
+        rows, timings = crossover(*args, **kwargs)
+        timed.append(timings)
+        return max(rows, 8), timings
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiled_module, "crossover", kept)
+        out, seconds = compile_run(run, say=lambda message: None)
     assert out == package_path(run, None) and seconds > 0
+    assert len(timed) == 1 and set(timed[0]) <= {str(n) for n in FEW_ROWS_TRIED}
     return run
 
 
@@ -72,6 +92,7 @@ def test_vaswani_compile_writes_the_package_and_its_record_in_the_run(lm_run, ca
     assert {"compiled/decode-float.pt2", "compiled/decode-float.json",
             "compiled/decode-*.so"} <= set(written(lm_run))
     assert not survey(lm_run)[1]  # nothing in compiled/ is in a new run's way
+    assert not few_path(package).exists()  # a language model's package has no companion
 
 
 def rows_mid_way(run, prompts, **params):
@@ -508,3 +529,134 @@ def test_a_library_whose_constants_share_a_name_keeps_them_where_it_loaded_them(
     runner = _SharedNamesRunner()
     assert compiled_module.own_constants(runner) == {}
     assert runner.calls == []
+
+
+# --- a translator's steps of a few rows ------------------------------------------------------
+
+def test_a_translators_float_step_has_a_companion_for_steps_of_a_few_rows(mt_run):
+    """`vaswani compile` of a translator builds a second package beside its float step, its
+    products through Inductor's C++ GEMM template, with a record of the rows it takes and
+    the times both took at each size tried; the run loads both."""
+    package = package_path(mt_run, None)
+    few = few_path(package)
+    assert few.name == "decode-float-few.pt2"
+    record = json.loads(record_path(few).read_text())
+    main_record = json.loads(record_path(package).read_text())
+    assert record["gemm"] == FEW_GEMM == "CPP" and record["rows"] >= 8
+    assert {k: v for k, v in record.items() if k not in ("gemm", "rows", "step_ms")} == \
+        {k: v for k, v in main_record.items() if k != "build_seconds"}
+    assert record["step_ms"] and all(len(pair) == 2 and min(pair) > 0
+                                     for pair in record["step_ms"].values())
+    assert unpacked(few).exists() and unpacked(few) != unpacked(package)
+    assert {"compiled/decode-float-few.pt2", "compiled/decode-float-few.json"} <= \
+        {p.relative_to(mt_run).as_posix() for p in mt_run.glob("compiled/*")}
+    assert not survey(mt_run)[1]
+    step = load(mt_run).compiled
+    assert step.few is not None and step.few.path == few and step.few_rows == record["rows"]
+    assert inductor_options(None, FEW_GEMM)["max_autotune_gemm_backends"] == "CPP"
+
+
+def test_steps_of_a_few_rows_run_the_companion_to_the_eager_steps_logits(mt_run):
+    """A step of at most ``few_rows`` rows runs the companion package, not the step's own
+    (their runners counted), and gives every row the eager step's logits; with
+    ``few_rows`` 0 the step's own package runs it."""
+    run = load(mt_run)
+    step = run.compiled
+    tok = run.source_tokenizer
+    engine, rows = rows_mid_way(run, [tok.encode(t) for t in PROMPTS["mt"]])
+    assert len(rows) <= step.few_rows
+    calls = []
+    for name, package in (("step", step), ("few", step.few)):
+        runner = package._boxed_run
+        package._boxed_run = lambda flat, runner=runner, name=name: (
+            calls.append(name), runner(flat))[1]
+    state = [t.clone() for t in engine.cache.k]  # each pass writes the cache: restore it
+    results = {}
+    for kind, few_rows in (("eager", None), ("few", step.few_rows), ("step", 0)):
+        with torch.inference_mode():
+            for t, saved in zip(engine.cache.k, state, strict=True):
+                t.copy_(saved)
+        engine.runner.compiled = None if few_rows is None else step
+        step.few_rows = few_rows or 0
+        calls.clear()
+        results[kind] = engine.runner.decode(rows)
+        assert calls == ([] if few_rows is None else [kind])
+    want, at = results["eager"]
+    for kind in ("few", "step"):
+        got, at_compiled = results[kind]
+        assert at_compiled == at
+        assert_close(got[at], want[at], rtol=1e-4, atol=1e-4)
+
+
+def test_a_compiled_translator_with_and_without_its_few_row_step_decodes_as_eager(mt_run):
+    compiled, eager = load(mt_run), load(mt_run, compiled=False)
+    lines = ["a b c d", "e f", "g h i j k l", "b"]
+    for few_rows in (compiled.compiled.few_rows, 0):
+        compiled.compiled.few_rows = few_rows
+        for beam in (1, 4):
+            assert compiled.translate(lines, beam=beam) == eager.translate(lines, beam=beam)
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.mark.parametrize("faster_up_to", [0, 4, 12, 32])
+def test_the_few_row_package_takes_the_rows_it_was_faster_at(faster_up_to, mt_run,
+                                                             monkeypatch):
+    """The crossover times both packages at each size tried, smallest first, and keeps the
+    companion for the sizes up to the last where it was the faster (0: none); sizes past
+    the first where it was not are not timed. A clock the fake steps advance stands in for
+    the machine's."""
+    clock = _Clock()
+    monkeypatch.setattr(compiled_module.time, "perf_counter", clock)
+    sizes = []
+
+    def package(faster: bool):
+        def step(cache, ids, *args):
+            rows = ids.size(0)
+            sizes.append(rows)
+            clock.now += 1.0 if faster == (rows <= faster_up_to) else 2.0
+        return step
+
+    model = load(mt_run, compiled=False).model
+    rows, timings = crossover(package(False), package(True), model, rounds=3)
+    assert rows == faster_up_to
+    timed = [n for n in FEW_ROWS_TRIED if n <= faster_up_to] + \
+        [n for n in FEW_ROWS_TRIED if n > faster_up_to][:1]
+    assert list(timings) == [str(n) for n in timed] and sorted(set(sizes)) == timed
+    for n in timed:
+        assert timings[str(n)] == ([2000.0, 1000.0] if n <= faster_up_to else [1000.0, 2000.0])
+    cache, args = probe_inputs(model, 8)
+    assert args[0].shape == (8, 1) and cache.k[0].size(0) == 8 and cache.seq2seq
+
+
+def test_a_run_compiled_before_the_few_row_step_loads_without_it(mt_run, tmp_path):
+    """A run compiled by an earlier version has no companion: it loads its step alone and
+    decodes as before; ``remove_package`` takes a package, its record and its library."""
+    run = tmp_path / "run"
+    shutil.copytree(mt_run, run)
+    few = few_path(package_path(run, None))
+    library = unpacked(few)
+    remove_package(few)
+    assert not few.exists() and not record_path(few).exists() and not library.exists()
+    assert unpacked(package_path(run, None)).exists()  # the step's own library stays
+    step = load(run).compiled
+    assert step is not None and step.few is None and step.few_rows == 0
+    assert load(run).translate(["a b c"]) == load(mt_run, compiled=False).translate(["a b c"])
+
+
+def test_a_few_row_step_built_for_something_else_is_named_and_not_used(mt_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(mt_run, run)
+    few = few_path(package_path(run, None))
+    record = json.loads(record_path(few).read_text())
+    record_path(few).write_text(json.dumps({**record, "torch": "2.0.0"}))
+    with pytest.warns(UserWarning, match="steps of a few rows run as the others") as caught:
+        step = load(run).compiled
+    assert str(few) in str(caught[0].message) and "torch ('2.0.0'" in str(caught[0].message)
+    assert step is not None and step.few is None and step.few_rows == 0

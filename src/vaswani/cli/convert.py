@@ -106,11 +106,19 @@ def compile_run(args: argparse.Namespace) -> int:
 
     out, seconds = compile_run(args.run_dir, quantize=args.quantize, weights=args.weights,
                                kv_cache=args.kv_cache)
-    from ..engine.package import unpacked
+    import json
 
-    library = unpacked(out)
-    size = (out.stat().st_size + library.stat().st_size) / 2 ** 20
-    print(f"compiled {args.run_dir}'s decode step into {out} and {library.name} beside it "
-          f"({size:,.0f} MB in all) in {seconds:.0f} s; generate, translate and serve use it "
-          "from now on")
+    from ..engine.compiled import few_path
+    from ..engine.package import record_path, unpacked
+
+    few = few_path(out)
+    built = [p for p in (out, few) if p.exists()]
+    size = sum(p.stat().st_size + unpacked(p).stat().st_size for p in built) / 2 ** 20
+    also = ""
+    if few.exists():  # a translator's step for a few rows (engine/compiled.py)
+        rows = json.loads(record_path(few).read_text())["rows"]
+        also = f", {few.name} for steps of at most {rows} rows"
+    print(f"compiled {args.run_dir}'s decode step into {out} and {unpacked(out).name} beside "
+          f"it{also} ({size:,.0f} MB in all) in {seconds:.0f} s; generate, translate and "
+          "serve use it from now on")
     return 0

@@ -27,6 +27,10 @@ A package is bound to what it was built from, and lies in the run beside a recor
 and its shared library unpacked (package.py); loading one that does not match is refused
 with a warning that names the difference; the run is then used eagerly, as it is without a
 package (``--eager`` says so outright).
+
+A translator's float package has a companion built from the same trace with other matrix
+products, for its steps of a few rows (:data:`FEW_GEMM`): the engine calls whichever its
+step's rows fall to, and a package loads its companion with it.
 """
 
 from __future__ import annotations
@@ -95,10 +99,24 @@ PREPACK = {"int8": True, "int4": True, "int4-g64": True}  # float's: USE_ONEDNN
 SOURCE_PARTS = 4
 
 
-def inductor_options(quantize: str | None) -> dict:
+# A step of a few rows costs a float package mostly the fixed cost of each product's call
+# into the library (oneDNN's: about 35 us a call on the Zen 4 EPYC, 13 products a step in
+# the demo translator), not arithmetic; Inductor's C++ GEMM template, compiled into the step,
+# has next to none, but multiplies many rows at a half to two thirds of the library's speed.
+# So a translator's float package has a companion built with the template (FEW_GEMM) for the
+# steps of at most as many rows as it measured faster at, timed against the package when
+# both are built (:func:`crossover`, over FEW_ROWS_TRIED; docs/performance.md, "Steps of a
+# few rows"): the last sentences of a batch, and a sentence translated alone.
+FEW_GEMM = "CPP"
+FEW_ROWS_TRIED = (4, 8, 12, 16, 24, 32)  # rows, multiples of SOURCE_PARTS
+
+
+def inductor_options(quantize: str | None, gemm: str | None = None) -> dict:
+    """Inductor's settings for a package of ``quantize``'s weights; ``gemm``: the products'
+    kernels if not :data:`GEMM`'s (a few-row package's, FEW_GEMM)."""
     return {"freezing": True,  # the weights as constants, laid out once for the products
             "max_autotune": True,  # Inductor's own GEMM kernels for the step's shapes ...
-            "max_autotune_gemm_backends": GEMM[quantize],  # ... or ATen's, as pinned
+            "max_autotune_gemm_backends": gemm or GEMM[quantize],  # ... or ATen's, as pinned
             "cpp.weight_prepack": PREPACK.get(quantize, USE_ONEDNN),
             # a value computed by more than 8 operations is written out, not recomputed
             # where it is read (Inductor's default on a CPU, 50, let a rotated query be
@@ -235,12 +253,27 @@ def example_inputs(model: nn.Module, seq2seq: bool, kv_cache: str | None = None
     return args, shapes
 
 
+def has_few_rows(quantize: str | None, seq2seq: bool) -> bool:
+    """Whether a package gets a companion for steps of a few rows (:data:`FEW_GEMM`): a
+    translator's float package, the one measured. A language model's steps read its
+    weights from memory, which the template does not change; int8's package multiplies
+    with the template already."""
+    return quantize is None and seq2seq
+
+
+def few_path(package: Path) -> Path:
+    """Where a package's companion for steps of a few rows lies: decode-float-few.pt2."""
+    return package.with_name(f"{package.stem}-few{package.suffix}")
+
+
 def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
           say: Callable[[str], None] = print, quantize: str | None = None,
           kv_cache: str | None = None) -> float:
     """Export ``model``'s decode step, compile it with AOTInductor and write the package to
     ``out`` (and ``record`` beside it), each written whole (a kill leaves the previous one);
-    ``say`` reports each stage; ``quantize``: the model's (its products' kernels, GEMM);
+    where :func:`has_few_rows`, its companion for steps of a few rows too, kept for the rows
+    it measured faster at (:func:`crossover`, in its record) or removed if none. ``say``
+    reports each stage; ``quantize``: the model's (its products' kernels, GEMM);
     ``kv_cache``: the cache's dtype by name (config.py ``KV_CACHE``; None: the model's).
     Returns the seconds it took."""
     start = time.perf_counter()
@@ -250,27 +283,96 @@ def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
         program = torch.export.export(DecodeStep(model).eval(), args, dynamic_shapes=shapes)
         say(f"compiling it (AOTInductor; a few minutes on 2 cores; "
             f"{time.perf_counter() - start:.0f} s so far) ...")
-        with tempfile.TemporaryDirectory() as tmp:
-            with int8_blocking():
-                built = torch._inductor.aoti_compile_and_package(
-                    program, package_path=str(Path(tmp) / "step.pt2"),
-                    inductor_configs=inductor_options(quantize))
-            out.parent.mkdir(parents=True, exist_ok=True)
-            say("writing it and its library, unpacked for every later load to open ...")
-            library = unpacked(out, Path(built))
-            new = not library.exists()
-            unpack(Path(built), out)
-            try:
-                atomic_write(out, lambda path: shutil.copyfile(built, path))
-            except BaseException:
-                if new:  # (an identical package's library stays, with its package)
-                    library.unlink(missing_ok=True)
-                raise
-            remove_others(library, out)
+        write_package(program, out, inductor_options(quantize), say)
+        few, rows = few_path(out), 0
+        if has_few_rows(quantize, seq2seq):
+            say(f"compiling it for steps of a few rows (Inductor's C++ GEMM template; "
+                f"{time.perf_counter() - start:.0f} s so far) ...")
+            write_package(program, few, inductor_options(quantize, FEW_GEMM), say)
+            rows, timings = crossover(CompiledStep(out), CompiledStep(few), model, kv_cache)
+            say(f"timed both: the few-row step is the faster up to {rows} rows"
+                if rows else "timed both: the few-row step is the faster at no size here, "
+                "not kept")
     seconds = time.perf_counter() - start
+    if rows:
+        atomic_write_text(record_path(few), json.dumps(
+            {**record, "gemm": FEW_GEMM, "rows": rows, "step_ms": timings}, indent=1) + "\n")
+    else:  # none, or one built before that is not this package's
+        remove_package(few)
     atomic_write_text(record_path(out), json.dumps({**record, "build_seconds": round(seconds, 1)},
                                                    indent=1) + "\n")
     return seconds
+
+
+def write_package(program, out: Path, configs: dict, say: Callable[[str], None]) -> None:
+    """Compile an exported step with Inductor's ``configs`` into the package ``out``, its
+    library unpacked beside it, each written whole."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with int8_blocking():
+            built = torch._inductor.aoti_compile_and_package(
+                program, package_path=str(Path(tmp) / "step.pt2"), inductor_configs=configs)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        say(f"writing {out.name} and its library, unpacked for every later load to open ...")
+        library = unpacked(out, Path(built))
+        new = not library.exists()
+        unpack(Path(built), out)
+        try:
+            atomic_write(out, lambda path: shutil.copyfile(built, path))
+        except BaseException:
+            if new:  # (an identical package's library stays, with its package)
+                library.unlink(missing_ok=True)
+            raise
+        remove_others(library, out)
+
+
+def remove_package(package: Path) -> None:
+    """Remove a package, its record and its unpacked libraries (the record first: a package
+    without one is not loaded)."""
+    record_path(package).unlink(missing_ok=True)
+    for library in package.parent.glob(f"{package.stem}.*.so"):
+        library.unlink(missing_ok=True)
+    package.unlink(missing_ok=True)
+
+
+def crossover(step: CompiledStep, few: CompiledStep, model: nn.Module,
+              kv_cache: str | None = None, tried: tuple[int, ...] = FEW_ROWS_TRIED,
+              rounds: int = 9) -> tuple[int, dict[str, list[float]]]:
+    """Up to how many rows the few-row package ``few`` is faster than ``step`` (0: at none
+    of ``tried``, smallest first, where it is not, it is not at any larger size either):
+    each timed ``rounds`` times at each size, the two in turn (a busy machine slows both
+    alike), the best of each compared. Returns the rows and the times (ms: package, few)."""
+    rows, timings = 0, {}
+    for n in tried:
+        cache, args = probe_inputs(model, n, kv_cache)
+        best = [float("inf"), float("inf")]
+        with torch.inference_mode():
+            for _ in range(rounds):
+                for i, s in enumerate((step, few)):
+                    t = time.perf_counter()
+                    s(cache, *args)
+                    best[i] = min(best[i], time.perf_counter() - t)
+        timings[str(n)] = [round(b * 1e3, 3) for b in best]
+        if best[1] >= best[0]:
+            break
+        rows = n
+    return rows, timings
+
+
+def probe_inputs(model: nn.Module, rows: int, kv_cache: str | None = None
+                 ) -> tuple[CacheTensors, tuple]:
+    """A translator's step of ``rows`` rows as :class:`CompiledStep` takes it, to time:
+    each row 30 tokens into its own slot (32 keys read) and a source of 40 tokens."""
+    c, param = model.config, next(model.parameters())
+    d, dtype = param.device, KV_CACHE[kv_cache] if kv_cache else param.dtype
+
+    def cache(width: int) -> list[Tensor]:
+        return [torch.randn(rows, c.n_kv_heads, width, c.head_dim, device=d).to(dtype)
+                for _ in range(c.n_decoder_layers)]
+    tensors = CacheTensors(cache(64), cache(64), cache(48), cache(48), param.dtype)
+    index = dict(dtype=torch.long, device=d)
+    at = torch.full((rows, 1), 30, **index)
+    return tensors, (torch.ones(rows, 1, **index), at, at, torch.arange(rows, **index), 32,
+                     torch.arange(rows, **index), torch.full((rows,), 40, **index))
 
 
 class CompiledStep:
@@ -279,6 +381,9 @@ class CompiledStep:
 
     def __init__(self, path: Path) -> None:
         self.path, self.max_rows = path, ROWS
+        # the package's companion for steps of at most few_rows rows (FEW_GEMM), if built
+        self.few: CompiledStep | None = None
+        self.few_rows = 0
         # its runner, called with the flat list of the input tensors (a package's own
         # __call__ parses its input and output specs anew and flattens the arguments by
         # pytree at every call: docs/performance.md): the library unpacked beside the
@@ -306,6 +411,8 @@ class CompiledStep:
         translator's rows read source slots ``sources`` of ``lengths`` tokens -> the
         next-token logits (R, V)."""
         R = ids.size(0)
+        if R <= self.few_rows:
+            return self.few(cache, ids, positions, columns, slots, width, sources, lengths)
         if cache.seq2seq and R % SOURCE_PARTS:  # its last row again, which writes its keys
             extra = SOURCE_PARTS - R % SOURCE_PARTS  # again: the same bits in the same place
             ids, positions, columns, slots, sources, lengths = (
@@ -353,16 +460,42 @@ def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
     path = package_path(run_dir, quantize, kv_cache)
     if not path.exists():
         return None
-    try:
-        built = json.loads(record_path(path).read_text())
-    except (OSError, ValueError):
-        built = {}
-    changed = differences(built, wanted) if isinstance(built, dict) else ["its record"]
     rebuild = f"rebuild it with `vaswani compile {run_dir}{options(quantize, kv_cache)}`"
+    _, changed = _record(path, wanted)
     if changed:
         warn(f"{path} does not match what is loaded now: {', '.join(changed)}; running "
              f"eagerly ({rebuild})")
         return None
+    step = _opened(path, warn, rebuild, "running eagerly")
+    few = few_path(path)
+    if step is not None and few.exists():  # (a run compiled before there were none has none)
+        built, changed = _record(few, wanted)
+        rows = built.get("rows")
+        if changed or not isinstance(rows, int):
+            warn(f"{few} does not match what is loaded now: "
+                 f"{', '.join(changed) or 'its record'}; steps of a few rows run as the "
+                 f"others ({rebuild})")
+        else:
+            step.few = _opened(few, warn, rebuild, "steps of a few rows run as the others")
+            step.few_rows = rows if step.few is not None else 0
+    return step
+
+
+def _record(package: Path, wanted: dict) -> tuple[dict, list[str]]:
+    """A package's record and what differs between it and ``wanted``, in words."""
+    try:
+        built = json.loads(record_path(package).read_text())
+    except (OSError, ValueError):
+        built = None
+    if not isinstance(built, dict):
+        return {}, ["its record"]
+    return built, differences(built, wanted)
+
+
+def _opened(path: Path, warn: Callable[[str], None], rebuild: str, otherwise: str
+            ) -> CompiledStep | None:
+    """The package at ``path`` loaded, or None with a warning that says why and what is
+    done ``otherwise``."""
     try:
         step = CompiledStep(path)
         if step.library is None and unpacked(path).exists():
@@ -371,7 +504,7 @@ def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
         return step
     except (OSError, ValueError, RuntimeError, zipfile.BadZipFile) as e:
         cause = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        warn(f"{path} cannot be loaded ({cause}); running eagerly ({rebuild})")
+        warn(f"{path} cannot be loaded ({cause}); {otherwise} ({rebuild})")
         return None
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import checkpoint, rundir
 from ..config.family import family
-from ..engine.compiled import build, progress
+from ..engine.compiled import build, few_path, has_few_rows, progress
 from ..engine.package import identity, package_path, record_path
 from ..models import EncoderDecoder
 from .base import load
@@ -34,9 +34,12 @@ def compile_run(run_dir: str | Path, *, quantize: str | None = None, weights: st
     path = checkpoint.weights_path(run_dir, weights)
     record = identity(run_dir, path, quantize, kv_cache)
     out = package_path(run_dir, quantize, kv_cache)
+    seq2seq = isinstance(run.model, EncoderDecoder)
+    files = [out, record_path(out)]
+    if has_few_rows(quantize, seq2seq):  # a translator's step for a few rows (compiled.py)
+        files += [few_path(out), record_path(few_path(out))]
     with rundir.locked(run_dir):
-        rundir.record(run_dir, *(p.relative_to(run_dir).as_posix()
-                                 for p in (out, record_path(out))), rundir.COMPILED_LIBRARIES)
-        seconds = build(run.model, isinstance(run.model, EncoderDecoder), out, record, say,
-                        quantize, kv_cache)
+        rundir.record(run_dir, *(p.relative_to(run_dir).as_posix() for p in files),
+                      rundir.COMPILED_LIBRARIES)
+        seconds = build(run.model, seq2seq, out, record, say, quantize, kv_cache)
     return out, seconds
