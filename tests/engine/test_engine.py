@@ -12,6 +12,7 @@ from tests.conftest import DEVICE
 from vaswani import ModelConfig, build_model
 from vaswani.config.sections import MAX_SEED
 from vaswani.engine import Engine, EngineConfig, Params, Request, Status
+from vaswani.engine.runner import consecutive
 from vaswani.generation import Rules, beam_decode, generate, greedy_decode
 from vaswani.nn import kv_cache
 from vaswani.nn.kv_cache import KV
@@ -68,15 +69,16 @@ def test_every_decoding_rule_together_equals_each_request_alone():
 
 
 def test_sources_are_encoded_into_their_slots_taken_in_order_or_not():
-    """A group of sources taken into consecutive source slots is written as one slice, any
-    other as an indexed write: each source's cross-attention keys and values land in its
-    own slot either way."""
+    """A group of sources is written into its source slots a slice for each run of slots
+    that follow one another (runner.py ``consecutive``), in the order of their slots,
+    whatever order the group comes in: each source's cross-attention keys and values land
+    in its own slot."""
     mt = model("encoder-decoder")
     e = engine(mt, max_rows=8)
     e.cache.resize(e.cache.width, e.cache.cross_width, rows=8)  # slots as if 8 were taken
     sources = [s + [EOS] for s in prompts(4, seed=2, low=2)]
     requests = [Request(s, Params(max_new_tokens=0), start=[BOS], limit=5) for s in sources]
-    for slots in ([2, 3, 4, 5], [3, 0, 6, 1]):
+    for slots in ([2, 3, 4, 5], [3, 0, 6, 1], [5, 4, 3, 2], [6, 7, 0, 1]):
         for r, slot in zip(requests, slots, strict=True):
             r.source_slot = slot
         e.runner.encode(requests)
@@ -87,6 +89,12 @@ def test_sources_are_encoded_into_their_slots_taken_in_order_or_not():
             for i, (k, v) in enumerate(alone):
                 torch.testing.assert_close(e.cache.ck[i][r.source_slot, :, :S], k[0])
                 torch.testing.assert_close(e.cache.cv[i][r.source_slot, :, :S], v[0])
+
+
+def test_slots_are_cut_into_runs_that_follow_one_another():
+    assert consecutive([3, 4, 5, 0, 1, 7]) == [(0, 3, 3), (3, 0, 2), (5, 7, 1)]
+    assert consecutive([2]) == [(0, 2, 1)] and consecutive([]) == []
+    assert consecutive([5, 4]) == [(0, 5, 1), (1, 4, 1)]
 
 
 # 640: beam.py ranks through top_k's columns, greedy rows choose through first_max's blocks

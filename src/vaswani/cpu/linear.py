@@ -109,8 +109,12 @@ class OneDNNLinear(Linear):
     def _onednn(self, x: Tensor, start: int, stop: int, bias: Tensor | None) -> Tensor:
         m = x.numel() // self.in_features  # rows, padded to a bucket (see bucket())
         flat = x.reshape(m, self.in_features)
-        if bucket(m) > m:  # only then: a pad copies every row
-            flat = F.pad(flat, (0, 0, 0, bucket(m) - m))
+        if bucket(m) > m:  # only then a copy of every row, into the bucket's rows (not
+            # F.pad, which first fills every row of its output with zeros)
+            padded = flat.new_empty(bucket(m), self.in_features)
+            padded[:m] = flat
+            padded[m:].zero_()
+            flat = padded
         out = torch.ops.mkldnn._linear_pointwise(flat, self._reordered(start, stop), bias,
                                                  "none", [], "")
         return out[:m].view(*x.shape[:-1], stop - start)

@@ -53,6 +53,19 @@ from .step import forward_step
 from .tensors import tensor_of
 
 
+def consecutive(slots: list[int]) -> list[tuple[int, int, int]]:
+    """``slots`` as runs of slots that follow one another: (first index, first slot,
+    length) each, in order."""
+    runs: list[tuple[int, int, int]] = []
+    for i, slot in enumerate(slots):
+        if runs and runs[-1][1] + runs[-1][2] == slot:
+            first, start, n = runs[-1]
+            runs[-1] = (first, start, n + 1)
+        else:
+            runs.append((i, slot, 1))
+    return runs
+
+
 class Runner:
     def __init__(self, model: torch.nn.Module, cache: SlotCache, *, pad_id: int,
                  static: StaticDecoder | None = None) -> None:
@@ -71,6 +84,9 @@ class Runner:
     def encode(self, requests: list[Request]) -> None:
         """Encode the requests' sources and store each decoder layer's cross-attention keys
         and values in their requests' source slots (which all their rows read)."""
+        # in the order of their slots, which mostly follow one another (the scheduler hands
+        # a group over shortest first, an offline call's slots were taken longest first)
+        requests = sorted(requests, key=lambda r: r.source_slot)
         lengths = tensor_of([len(r.prompt) for r in requests], self.device)
         S = int(lengths.max())
         src = torch.full((len(requests), S), self.pad_id, dtype=torch.long, device=self.device)
@@ -80,14 +96,14 @@ class Runner:
         with engine_pass("prefill"), self.adapters([r.adapter for r in requests]):
             memory = self.model.encode(src, src_mask=keep)  # (B, S, D)
             cross = self.model.cross_keys_values(memory)
-        slots = [r.source_slot for r in requests]
-        # slots taken one after another, as they mostly are: a slice's copy, not an index_put
-        in_order = slots == list(range(slots[0], slots[0] + len(slots)))
-        to = (slice(slots[0], slots[0] + len(slots)) if in_order
-              else tensor_of(slots, self.device))
-        for i, (k, v) in enumerate(cross):  # (B, Hkv, S, Dh)
-            self.cache.ck[i][to, :, :S] = k.to(self.cache.dtype)  # (under autocast: bf16)
-            self.cache.cv[i][to, :, :S] = v.to(self.cache.dtype)
+        # a slice's copy for each run of slots that follow one another (mostly one or a
+        # few runs): an index_copy_ or index_put over the slots is several times slower
+        runs = consecutive([r.source_slot for r in requests])
+        for i, pair in enumerate(cross):  # (B, Hkv, S, Dh) each
+            for store, x in zip((self.cache.ck[i], self.cache.cv[i]), pair, strict=True):
+                x = x.to(self.cache.dtype)  # (under autocast: bf16)
+                for first, slot, n in runs:
+                    store[slot:slot + n, :, :S] = x[first:first + n]
 
     @torch.inference_mode()
     def decode(self, rows: list[tuple[Request, Sequence]]) -> tuple[Tensor, list[int]]:
