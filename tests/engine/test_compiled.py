@@ -30,6 +30,7 @@ from vaswani.engine.compiled import (
     DecodeStep,
     build,
     crossover,
+    encoder_path,
     example_inputs,
     few_path,
     inductor_options,
@@ -92,7 +93,8 @@ def test_vaswani_compile_writes_the_package_and_its_record_in_the_run(lm_run, ca
     assert {"compiled/decode-float.pt2", "compiled/decode-float.json",
             "compiled/decode-*.so"} <= set(written(lm_run))
     assert not survey(lm_run)[1]  # nothing in compiled/ is in a new run's way
-    assert not few_path(package).exists()  # a language model's package has no companion
+    # a language model's package has no companion and no encoder pass
+    assert not few_path(package).exists() and not encoder_path(package).exists()
 
 
 def rows_mid_way(run, prompts, **params):
@@ -635,28 +637,91 @@ def test_the_few_row_package_takes_the_rows_it_was_faster_at(faster_up_to, mt_ru
     assert args[0].shape == (8, 1) and cache.k[0].size(0) == 8 and cache.seq2seq
 
 
-def test_a_run_compiled_before_the_few_row_step_loads_without_it(mt_run, tmp_path):
-    """A run compiled by an earlier version has no companion: it loads its step alone and
-    decodes as before; ``remove_package`` takes a package, its record and its library."""
+COMPANIONS = {"few": (few_path, "steps of a few rows run as the others"),
+              "encoder": (encoder_path, "sources are encoded eagerly")}
+
+
+def without(step, part: str) -> bool:
+    return step.few is None and step.few_rows == 0 if part == "few" else step.encoder is None
+
+
+@pytest.mark.parametrize("part", list(COMPANIONS))
+def test_a_run_compiled_before_a_companion_package_loads_without_it(part, mt_run, tmp_path):
+    """A run compiled by an earlier version has no companion for a few rows and no encoder
+    pass: it loads its step without them and decodes as before; ``remove_package`` takes a
+    package, its record and its library."""
     run = tmp_path / "run"
     shutil.copytree(mt_run, run)
-    few = few_path(package_path(run, None))
-    library = unpacked(few)
-    remove_package(few)
-    assert not few.exists() and not record_path(few).exists() and not library.exists()
+    companion = COMPANIONS[part][0](package_path(run, None))
+    library = unpacked(companion)
+    remove_package(companion)
+    assert not companion.exists() and not record_path(companion).exists()
+    assert not library.exists()
     assert unpacked(package_path(run, None)).exists()  # the step's own library stays
     step = load(run).compiled
-    assert step is not None and step.few is None and step.few_rows == 0
+    assert step is not None and without(step, part) and not without(step, (
+        set(COMPANIONS) - {part}).pop())
     assert load(run).translate(["a b c"]) == load(mt_run, compiled=False).translate(["a b c"])
 
 
-def test_a_few_row_step_built_for_something_else_is_named_and_not_used(mt_run, tmp_path):
+@pytest.mark.parametrize("part", list(COMPANIONS))
+def test_a_companion_package_built_for_something_else_is_named_and_not_used(part, mt_run,
+                                                                            tmp_path):
     run = tmp_path / "run"
     shutil.copytree(mt_run, run)
-    few = few_path(package_path(run, None))
-    record = json.loads(record_path(few).read_text())
-    record_path(few).write_text(json.dumps({**record, "torch": "2.0.0"}))
-    with pytest.warns(UserWarning, match="steps of a few rows run as the others") as caught:
+    companion, otherwise = COMPANIONS[part]
+    companion = companion(package_path(run, None))
+    record = json.loads(record_path(companion).read_text())
+    record_path(companion).write_text(json.dumps({**record, "torch": "2.0.0"}))
+    with pytest.warns(UserWarning, match=otherwise) as caught:
         step = load(run).compiled
-    assert str(few) in str(caught[0].message) and "torch ('2.0.0'" in str(caught[0].message)
-    assert step is not None and step.few is None and step.few_rows == 0
+    message = str(caught[0].message)
+    assert str(companion) in message and "torch ('2.0.0'" in message
+    assert step is not None and without(step, part)
+
+
+# --- a translator's encoder pass --------------------------------------------------------------
+
+def test_a_translators_encoder_pass_is_compiled_beside_its_step(mt_run):
+    """`vaswani compile` of a translator builds its encoder pass too (decode-float-encoder.pt2,
+    its record the step's identity), which the run loads with its step."""
+    package = package_path(mt_run, None)
+    encoder = encoder_path(package)
+    assert encoder.name == "decode-float-encoder.pt2" and unpacked(encoder).exists()
+    record = json.loads(record_path(package).read_text())
+    assert json.loads(record_path(encoder).read_text()) == \
+        {k: v for k, v in record.items() if k != "build_seconds"}
+    step = load(mt_run).compiled
+    assert step.encoder is not None and step.encoder.path == encoder
+
+
+def test_the_compiled_encoder_pass_writes_the_eager_ones_keys_and_values(mt_run):
+    """Sources of unlike lengths (one of a single token, <eos> alone, which the pass was not
+    traced for) encoded with the compiled pass and eagerly: every source slot holds the
+    same keys and values within float32's rounding; the package ran for the groups of two
+    tokens or more only (its runner counted)."""
+    run = load(mt_run)
+    step = run.compiled
+    runner, calls = step.encoder._boxed_run, []
+    step.encoder._boxed_run = lambda flat: (calls.append(flat[0].shape), runner(flat))[1]
+    tok = run.source_tokenizer
+    sources = [tok.encode(t) + [tok.eos_id] for t in ["a b c d e", "b", "g h i j k l a b"]]
+    sources.append([tok.eos_id])
+    stores = {}
+    for kind in ("compiled", "eager"):
+        engine = run.new_engine(run.engine_for(8).config)
+        if kind == "eager":
+            engine.runner.compiled = None
+        requests = [Request(s, Params(max_new_tokens=0), start=[tok.bos_id], limit=5)
+                    for s in sources]
+        for r in requests:
+            engine.cache.take_source(r, len(r.prompt))
+        engine.runner.encode(requests[:3])
+        engine.runner.encode(requests[3:])  # <eos> alone
+        stores[kind] = [(engine.cache.ck[i][r.source_slot, :, :len(r.prompt)],
+                         engine.cache.cv[i][r.source_slot, :, :len(r.prompt)])
+                        for r in requests for i in range(len(engine.cache.ck))]
+    assert [shape[1] for shape in calls] == [max(len(s) for s in sources[:3])]
+    for (k, v), (k_eager, v_eager) in zip(stores["compiled"], stores["eager"], strict=True):
+        assert_close(k, k_eager, rtol=1e-5, atol=1e-5)
+        assert_close(v, v_eager, rtol=1e-5, atol=1e-5)

@@ -108,16 +108,16 @@ def compile_run(args: argparse.Namespace) -> int:
                                kv_cache=args.kv_cache)
     import json
 
-    from ..engine.compiled import few_path
+    from ..engine.compiled import encoder_path, few_path
     from ..engine.package import record_path, unpacked
 
-    few = few_path(out)
-    built = [p for p in (out, few) if p.exists()]
+    few, encoder = few_path(out), encoder_path(out)  # a translator's (engine/compiled.py)
+    built = [p for p in (out, few, encoder) if p.exists()]
     size = sum(p.stat().st_size + unpacked(p).stat().st_size for p in built) / 2 ** 20
-    also = ""
-    if few.exists():  # a translator's step for a few rows (engine/compiled.py)
+    also = f", {encoder.name} its encoder pass" if encoder.exists() else ""
+    if few.exists():
         rows = json.loads(record_path(few).read_text())["rows"]
-        also = f", {few.name} for steps of at most {rows} rows"
+        also += f", {few.name} for steps of at most {rows} rows"
     print(f"compiled {args.run_dir}'s decode step into {out} and {unpacked(out).name} beside "
           f"it{also} ({size:,.0f} MB in all) in {seconds:.0f} s; generate, translate and "
           "serve use it from now on")

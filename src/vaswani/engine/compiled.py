@@ -28,9 +28,10 @@ and its shared library unpacked (package.py); loading one that does not match is
 with a warning that names the difference; the run is then used eagerly, as it is without a
 package (``--eager`` says so outright).
 
-A translator's float package has a companion built from the same trace with other matrix
-products, for its steps of a few rows (:data:`FEW_GEMM`): the engine calls whichever its
-step's rows fall to, and a package loads its companion with it.
+A translator's float package has two companions: one built from the same trace with other
+matrix products, for its steps of a few rows (:data:`FEW_GEMM`: the engine calls whichever
+its step's rows fall to), and its encoder pass (:class:`EncodeStep`: runner.py encodes the
+sources it admits with it). A package loads its companions with it.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from ..atomic import atomic_write, atomic_write_text
+from ..cpu.attention import engine_pass
 from ..cpu.linear import USE_ONEDNN
 from ..devices import give_back_freed_memory
 from .config import KV_CACHE
@@ -213,6 +215,35 @@ class DecodeStep(nn.Module):
         return forward_step(self.model, cache, ids, positions, last, plan)
 
 
+class EncodeStep(nn.Module):
+    """A translator's encoder pass as a function of tensors, which ``torch.export`` traces:
+    sources src (B, S), padded, of ``lengths`` (B,) tokens -> each decoder layer's
+    cross-attention keys and values, flat: [k0, v0, k1, v1, ...], (B, Hkv, S, Dh) each
+    (what runner.py ``Runner.encode`` writes into the sources' slots)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, src: Tensor, lengths: Tensor) -> list[Tensor]:
+        keep = torch.arange(src.size(1), device=src.device)[None, :] < lengths[:, None]
+        memory = self.model.encode(src, src_mask=keep)
+        return [t for pair in self.model.cross_keys_values(memory) for t in pair]
+
+
+def encoder_inputs(model: nn.Module) -> tuple[tuple, tuple]:
+    """Sources to trace :class:`EncodeStep` with (one shorter than the rest), and their
+    dynamic dimensions: the sources and their length, up to the model's ``max_len``."""
+    d = next(model.parameters()).device
+    B, S = 7, 23
+    src = torch.full((B, S), 5, dtype=torch.long, device=d)
+    lengths = torch.full((B,), S, dtype=torch.long, device=d)
+    lengths[0] = 5
+    batch = torch.export.Dim("sources", min=1, max=ROWS)
+    length = torch.export.Dim("source_length", min=2, max=model.config.max_len)
+    return (src, lengths), ({0: batch, 1: length}, {0: batch})
+
+
 # --- building and loading -------------------------------------------------------------------
 
 def example_inputs(model: nn.Module, seq2seq: bool, kv_cache: str | None = None
@@ -261,6 +292,11 @@ def has_few_rows(quantize: str | None, seq2seq: bool) -> bool:
     return quantize is None and seq2seq
 
 
+def encoder_path(package: Path) -> Path:
+    """Where a translator's package's encoder pass lies: decode-float-encoder.pt2."""
+    return package.with_name(f"{package.stem}-encoder{package.suffix}")
+
+
 def few_path(package: Path) -> Path:
     """Where a package's companion for steps of a few rows lies: decode-float-few.pt2."""
     return package.with_name(f"{package.stem}-few{package.suffix}")
@@ -284,6 +320,14 @@ def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
         say(f"compiling it (AOTInductor; a few minutes on 2 cores; "
             f"{time.perf_counter() - start:.0f} s so far) ...")
         write_package(program, out, inductor_options(quantize), say)
+        encoder = encoder_path(out)
+        if seq2seq:  # the encoder pass, eager until now (every translator's is float)
+            say(f"compiling the encoder pass ({time.perf_counter() - start:.0f} s so far) ...")
+            args, shapes = encoder_inputs(model)
+            with engine_pass("prefill"):  # the attention the eager pass takes
+                traced = torch.export.export(EncodeStep(model).eval(), args,
+                                             dynamic_shapes=shapes)
+            write_package(traced, encoder, inductor_options(quantize), say)
         few, rows = few_path(out), 0
         if has_few_rows(quantize, seq2seq):
             say(f"compiling it for steps of a few rows (Inductor's C++ GEMM template; "
@@ -299,6 +343,8 @@ def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
             {**record, "gemm": FEW_GEMM, "rows": rows, "step_ms": timings}, indent=1) + "\n")
     else:  # none, or one built before that is not this package's
         remove_package(few)
+    if seq2seq:
+        atomic_write_text(record_path(encoder), json.dumps(record, indent=1) + "\n")
     atomic_write_text(record_path(out), json.dumps({**record, "build_seconds": round(seconds, 1)},
                                                    indent=1) + "\n")
     return seconds
@@ -375,20 +421,15 @@ def probe_inputs(model: nn.Module, rows: int, kv_cache: str | None = None
                      torch.arange(rows, **index), torch.full((rows,), 40, **index))
 
 
-class CompiledStep:
-    """A loaded package: the engine's decode step over its cache (runner.py), for steps of
-    at most ``max_rows`` (:data:`ROWS`) rows."""
+class Package:
+    """A loaded package, its runner called with the flat list of its input tensors (a
+    package's own __call__ parses its input and output specs anew and flattens the
+    arguments by pytree at every call: docs/performance.md): the library unpacked beside
+    the package, or, where there is none (removed, or a package copied alone), the package
+    as AOTInductor loads it, unpacked anew into a temporary folder."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.max_rows = path, ROWS
-        # the package's companion for steps of at most few_rows rows (FEW_GEMM), if built
-        self.few: CompiledStep | None = None
-        self.few_rows = 0
-        # its runner, called with the flat list of the input tensors (a package's own
-        # __call__ parses its input and output specs anew and flattens the arguments by
-        # pytree at every call: docs/performance.md): the library unpacked beside the
-        # package, or, where there is none (removed, or a package copied alone), the
-        # package as AOTInductor loads it, unpacked anew into a temporary folder
+        self.path = path
         self.library, self._constants = intact(path), {}
         if self.library:
             runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(self.library), 1)
@@ -396,6 +437,29 @@ class CompiledStep:
             self._boxed_run = runner.run
         else:
             self._boxed_run = torch._inductor.aoti_load_package(str(path)).loader.boxed_run
+
+
+class CompiledEncoder(Package):
+    """A translator's encoder pass, compiled (:class:`EncodeStep`): sources (B, S) of
+    ``lengths`` (B,) tokens -> each decoder layer's cross-attention keys and values."""
+
+    def __call__(self, src: Tensor, lengths: Tensor) -> list[tuple[Tensor, Tensor]]:
+        flat = self._boxed_run([src, lengths])
+        return list(zip(flat[0::2], flat[1::2], strict=True))
+
+
+class CompiledStep(Package):
+    """A loaded package: the engine's decode step over its cache (runner.py), for steps of
+    at most ``max_rows`` (:data:`ROWS`) rows; a translator's comes with its encoder pass
+    and its companion for steps of a few rows, where they were built."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.max_rows = ROWS
+        # the package's companion for steps of at most few_rows rows (FEW_GEMM), if built
+        self.few: CompiledStep | None = None
+        self.few_rows = 0
+        self.encoder: CompiledEncoder | None = None  # a translator's encoder pass, if built
         self._sizes = torch.empty(0)  # W and X are read as lengths: views of one tensor
 
     def sizes(self, n: int) -> Tensor:
@@ -478,6 +542,15 @@ def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
         else:
             step.few = _opened(few, warn, rebuild, "steps of a few rows run as the others")
             step.few_rows = rows if step.few is not None else 0
+    encoder = encoder_path(path)
+    if step is not None and encoder.exists():  # a translator's (none before 2026-12-04)
+        _, changed = _record(encoder, wanted)
+        if changed:
+            warn(f"{encoder} does not match what is loaded now: {', '.join(changed)}; "
+                 f"sources are encoded eagerly ({rebuild})")
+        else:
+            step.encoder = _opened(encoder, warn, rebuild, "sources are encoded eagerly",
+                                   CompiledEncoder)
     return step
 
 
@@ -492,12 +565,12 @@ def _record(package: Path, wanted: dict) -> tuple[dict, list[str]]:
     return built, differences(built, wanted)
 
 
-def _opened(path: Path, warn: Callable[[str], None], rebuild: str, otherwise: str
-            ) -> CompiledStep | None:
-    """The package at ``path`` loaded, or None with a warning that says why and what is
-    done ``otherwise``."""
+def _opened(path: Path, warn: Callable[[str], None], rebuild: str, otherwise: str,
+            kind: type[Package] = CompiledStep) -> Package | None:
+    """The package at ``path`` loaded as ``kind``, or None with a warning that says why and
+    what is done ``otherwise``."""
     try:
-        step = CompiledStep(path)
+        step = kind(path)
         if step.library is None and unpacked(path).exists():
             warn(f"{unpacked(path)} is not the whole library of {path}; loaded the package "
                  f"from its archive, which takes longer ({rebuild})")

@@ -92,10 +92,15 @@ class Runner:
         src = torch.full((len(requests), S), self.pad_id, dtype=torch.long, device=self.device)
         for i, r in enumerate(requests):
             src[i, :len(r.prompt)] = torch.tensor(r.prompt, device=self.device)
-        keep = torch.arange(S, device=self.device)[None, :] < lengths[:, None]  # (B, S)
-        with engine_pass("prefill"), self.adapters([r.adapter for r in requests]):
-            memory = self.model.encode(src, src_mask=keep)  # (B, S, D)
-            cross = self.model.cross_keys_values(memory)
+        encoder = None if self.compiled is None else self.compiled.encoder
+        # (traced for sources of 2 tokens or more; a 1-token one, <eos> alone, eagerly)
+        if encoder is not None and S > 1 and not any(r.adapter for r in requests):
+            cross = encoder(src, lengths)  # the pass compiled (compiled.py EncodeStep)
+        else:
+            keep = torch.arange(S, device=self.device)[None, :] < lengths[:, None]  # (B, S)
+            with engine_pass("prefill"), self.adapters([r.adapter for r in requests]):
+                memory = self.model.encode(src, src_mask=keep)  # (B, S, D)
+                cross = self.model.cross_keys_values(memory)
         # a slice's copy for each run of slots that follow one another (mostly one or a
         # few runs): an index_copy_ or index_put over the slots is several times slower
         runs = consecutive([r.source_slot for r in requests])

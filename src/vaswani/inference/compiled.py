@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import checkpoint, rundir
 from ..config.family import family
-from ..engine.compiled import build, few_path, has_few_rows, progress
+from ..engine.compiled import build, encoder_path, few_path, has_few_rows, progress
 from ..engine.package import identity, package_path, record_path
 from ..models import EncoderDecoder
 from .base import load
@@ -36,6 +36,8 @@ def compile_run(run_dir: str | Path, *, quantize: str | None = None, weights: st
     out = package_path(run_dir, quantize, kv_cache)
     seq2seq = isinstance(run.model, EncoderDecoder)
     files = [out, record_path(out)]
+    if seq2seq:  # a translator's encoder pass (compiled.py)
+        files += [encoder_path(out), record_path(encoder_path(out))]
     if has_few_rows(quantize, seq2seq):  # a translator's step for a few rows (compiled.py)
         files += [few_path(out), record_path(few_path(out))]
     with rundir.locked(run_dir):

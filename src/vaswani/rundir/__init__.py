@@ -22,7 +22,8 @@ in it are checkpoint/'s, and every write goes through atomic.py::
     compiled/            `vaswani compile`: the decode step compiled for this machine
         decode-float.pt2, decode-float.json ...   (engine/compiled.py), one per quantization
         decode-int4-kv-bf16.pt2 ...               and key/value cache (--kv-cache bf16)
-        decode-float-few.pt2, ...-few.json        a translator's: its steps of a few rows
+        decode-float-encoder.pt2, ...             a translator's: its encoder pass,
+        decode-float-few.pt2, ...                 and its steps of a few rows
         decode-float.<crc32>.so ...               each package's library, unpacked
 
     vaswani_run.json     the manifest: every path above that vaswani wrote here
