@@ -19,24 +19,27 @@ from vaswani import load
 from vaswani.cli import main
 from vaswani.cpu.linear import USE_ONEDNN
 from vaswani.engine import Engine, EngineConfig, Params, Request
+from vaswani.engine import build as build_module
 from vaswani.engine import compiled as compiled_module
-from vaswani.engine.compiled import (
+from vaswani.engine.build import (
     FEW_GEMM,
     FEW_ROWS_TRIED,
     INT8_ROWS_BLOCK,
-    ROWS,
-    SOURCE_PARTS,
-    CompiledStep,
-    DecodeStep,
     build,
     crossover,
-    encoder_path,
     example_inputs,
-    few_path,
     inductor_options,
     int8_blocking,
     probe_inputs,
     remove_package,
+)
+from vaswani.engine.compiled import (
+    ROWS,
+    SOURCE_PARTS,
+    CompiledStep,
+    DecodeStep,
+    encoder_path,
+    few_path,
 )
 from vaswani.engine.package import differences, package_path, record_path, unpacked
 from vaswani.inference.compiled import compile_run
@@ -70,7 +73,7 @@ def mt_run(copy_run, tmp_path_factory):
         return max(rows, 8), timings
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(compiled_module, "crossover", kept)
+        patch.setattr(build_module, "crossover", kept)
         out, seconds = compile_run(run, say=lambda message: None)
     assert out == package_path(run, None) and seconds > 0
     assert len(timed) == 1 and set(timed[0]) <= {str(n) for n in FEW_ROWS_TRIED}
@@ -200,7 +203,7 @@ def test_a_float_package_prepacks_its_weights_only_where_eager_uses_onednn(
     prepacked (Inductor's oneDNN linear) where cpu/linear.py multiplies through oneDNN, left
     as they are (ATen's product, MKL) where it uses ``F.linear``; quantized packages always
     prepack for their kernels."""
-    monkeypatch.setattr(compiled_module, "USE_ONEDNN", onednn)
+    monkeypatch.setattr(build_module, "USE_ONEDNN", onednn)
     assert inductor_options(None)["cpp.weight_prepack"] is onednn
     assert inductor_options(None)["max_autotune_gemm_backends"] == "ATEN"
     for quantize in ("int8", "int4", "int4-g64"):
@@ -615,7 +618,7 @@ def test_the_few_row_package_takes_the_rows_it_was_faster_at(faster_up_to, mt_ru
     the first where it was not are not timed. A clock the fake steps advance stands in for
     the machine's."""
     clock = _Clock()
-    monkeypatch.setattr(compiled_module.time, "perf_counter", clock)
+    monkeypatch.setattr(build_module.time, "perf_counter", clock)
     sizes = []
 
     def package(faster: bool):

@@ -11,7 +11,7 @@ import pytest
 from torch import nn
 
 from vaswani.atomic import WriteError
-from vaswani.engine import compiled as compiled_module
+from vaswani.engine import build as build_module
 from vaswani.engine.package import remove_others, unpack, unpacked
 
 
@@ -68,10 +68,10 @@ def test_a_build_replaces_the_last_library_and_a_failed_one_leaves_the_last_whol
     def compiled(program, package_path, inductor_configs):
         return str(archive(Path(package_path), next(built)))
 
-    monkeypatch.setattr(compiled_module, "example_inputs", lambda *args: ((), ()))
-    monkeypatch.setattr(compiled_module.torch.export, "export", lambda *a, **k: None)
-    monkeypatch.setattr(compiled_module.torch._inductor, "aoti_compile_and_package", compiled)
-    compiled_module.build(nn.Linear(2, 2), False, out, {}, lambda message: None)
+    monkeypatch.setattr(build_module, "example_inputs", lambda *args: ((), ()))
+    monkeypatch.setattr(build_module.torch.export, "export", lambda *a, **k: None)
+    monkeypatch.setattr(build_module.torch._inductor, "aoti_compile_and_package", compiled)
+    build_module.build(nn.Linear(2, 2), False, out, {}, lambda message: None)
     new = unpacked(out)
     assert new != old and new.read_bytes() == b"ELF new"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
@@ -80,9 +80,9 @@ def test_a_build_replaces_the_last_library_and_a_failed_one_leaves_the_last_whol
     def full(path, write):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(compiled_module, "atomic_write", full)
+    monkeypatch.setattr(build_module, "atomic_write", full)
     with pytest.raises(OSError, match="No space"):
-        compiled_module.build(nn.Linear(2, 2), False, out, {}, lambda message: None)
+        build_module.build(nn.Linear(2, 2), False, out, {}, lambda message: None)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [out.name, new.name, "decode-float.json"])
     assert unpacked(out) == new and new.read_bytes() == b"ELF new"

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from .. import checkpoint, rundir
 from ..config.family import family
-from ..engine.compiled import build, encoder_path, few_path, has_few_rows, progress
+from ..engine.build import build, has_few_rows
+from ..engine.compiled import encoder_path, few_path, progress
 from ..engine.package import identity, package_path, record_path
 from ..models import EncoderDecoder
 from .base import load
