@@ -56,13 +56,14 @@ INT8_ROWS_BLOCK = (4, 48, 1)
 PREPACK = {"int8": True, "int4": True, "int4-g64": True}  # float's: USE_ONEDNN
 # A step of a few rows costs a float package mostly the fixed cost of each product's call
 # into the library, not arithmetic; Inductor's C++ GEMM template, compiled into the step,
-# has next to none, but multiplies many rows more slowly than the library.
-# So a translator's float package has a companion built with the template (FEW_GEMM) for the
+# has next to none, but multiplies many rows more slowly than the library. So a
+# translator's float package has a companion built with the template (FEW_GEMM) for the
 # steps of at most as many rows as it measured faster at, timed against the package when
 # both are built (:func:`crossover`, over FEW_ROWS_TRIED; docs/performance.md, "Steps of a
 # few rows"): the last sentences of a batch, and a sentence translated alone.
 FEW_GEMM = "CPP"
 FEW_ROWS_TRIED = (4, 8, 12, 16, 24, 32)  # rows, multiples of SOURCE_PARTS
+
 
 def inductor_options(quantize: str | None, gemm: str | None = None) -> dict:
     """Inductor's settings for a package of ``quantize``'s weights; ``gemm``: the products'
@@ -102,6 +103,7 @@ def int8_blocking(block: tuple[int, int, int] = INT8_ROWS_BLOCK) -> Iterator[Non
     finally:
         for cls, configs in saved.items():
             micro.micro_gemm_configs[cls][:] = configs
+
 
 def example_inputs(model: nn.Module, seq2seq: bool, kv_cache: str | None = None
                    ) -> tuple[tuple, tuple]:
@@ -161,13 +163,15 @@ def has_few_rows(quantize: str | None, seq2seq: bool) -> bool:
     with the template already."""
     return quantize is None and seq2seq
 
+
 def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
           say: Callable[[str], None] = print, quantize: str | None = None,
           kv_cache: str | None = None) -> float:
     """Export ``model``'s decode step, compile it with AOTInductor and write the package to
     ``out`` (and ``record`` beside it), each written whole (a kill leaves the previous one);
-    where :func:`has_few_rows`, its companion for steps of a few rows too, kept for the rows
-    it measured faster at (:func:`crossover`, in its record) or removed if none. ``say``
+    a translator's encoder pass too (:class:`EncodeStep`) and, where :func:`has_few_rows`,
+    its companion for steps of a few rows, kept for the rows it measured faster at
+    (:func:`crossover`, in its record) or removed if none. ``say``
     reports each stage; ``quantize``: the model's (its products' kernels, GEMM);
     ``kv_cache``: the cache's dtype by name (config.py ``KV_CACHE``; None: the model's).
     Returns the seconds it took."""

@@ -161,6 +161,7 @@ def few_path(package: Path) -> Path:
     """Where a package's companion for steps of a few rows lies: decode-float-few.pt2."""
     return package.with_name(f"{package.stem}-few{package.suffix}")
 
+
 class Package:
     """A loaded package, its runner called with the flat list of its input tensors (a
     package's own __call__ parses its input and output specs anew and flattens the
