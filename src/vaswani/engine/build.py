@@ -164,6 +164,17 @@ def has_few_rows(quantize: str | None, seq2seq: bool) -> bool:
     return quantize is None and seq2seq
 
 
+def written(out: Path, quantize: str | None, seq2seq: bool) -> list[Path]:
+    """Every file :func:`build` may write for the package ``out`` but its libraries: the
+    package and its record, and a translator's companions and theirs."""
+    packages = [out]
+    if seq2seq:
+        packages.append(encoder_path(out))
+    if has_few_rows(quantize, seq2seq):
+        packages.append(few_path(out))
+    return [f for p in packages for f in (p, record_path(p))]
+
+
 def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
           say: Callable[[str], None] = print, quantize: str | None = None,
           kv_cache: str | None = None) -> float:

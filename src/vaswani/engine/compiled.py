@@ -134,20 +134,25 @@ class DecodeStep(nn.Module):
         return forward_step(self.model, cache, ids, positions, last, plan)
 
 
+def encode_sources(model: nn.Module, src: Tensor, lengths: Tensor
+                   ) -> list[tuple[Tensor, Tensor]]:
+    """A translator's encoder pass: sources src (B, S), padded, of ``lengths`` (B,) tokens
+    -> each decoder layer's cross-attention keys and values, (B, Hkv, S, Dh) each (what
+    runner.py ``Runner.encode`` writes into the sources' slots)."""
+    keep = torch.arange(src.size(1), device=src.device)[None, :] < lengths[:, None]  # (B, S)
+    return model.cross_keys_values(model.encode(src, src_mask=keep))
+
+
 class EncodeStep(nn.Module):
-    """A translator's encoder pass as a function of tensors, which ``torch.export`` traces:
-    sources src (B, S), padded, of ``lengths`` (B,) tokens -> each decoder layer's
-    cross-attention keys and values, flat: [k0, v0, k1, v1, ...], (B, Hkv, S, Dh) each
-    (what runner.py ``Runner.encode`` writes into the sources' slots)."""
+    """:func:`encode_sources` as a function of tensors, which ``torch.export`` traces: its
+    keys and values flat, [k0, v0, k1, v1, ...]."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, src: Tensor, lengths: Tensor) -> list[Tensor]:
-        keep = torch.arange(src.size(1), device=src.device)[None, :] < lengths[:, None]
-        memory = self.model.encode(src, src_mask=keep)
-        return [t for pair in self.model.cross_keys_values(memory) for t in pair]
+        return [t for pair in encode_sources(self.model, src, lengths) for t in pair]
 
 
 # --- loading ---------------------------------------------------------------------------------

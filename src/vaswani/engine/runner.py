@@ -45,7 +45,7 @@ from ..cpu.attention import engine_pass
 from ..cpu.quantized import widened
 from .adapters import choose
 from .cache import SlotCache, aligned, parts
-from .compiled import CompiledStep
+from .compiled import CompiledStep, encode_sources
 from .graphs import StaticDecoder
 from .plan import StepPlan
 from .request import Request, Sequence
@@ -97,10 +97,8 @@ class Runner:
         if encoder is not None and S > 1 and not any(r.adapter for r in requests):
             cross = encoder(src, lengths)  # the pass compiled (compiled.py EncodeStep)
         else:
-            keep = torch.arange(S, device=self.device)[None, :] < lengths[:, None]  # (B, S)
             with engine_pass("prefill"), self.adapters([r.adapter for r in requests]):
-                memory = self.model.encode(src, src_mask=keep)  # (B, S, D)
-                cross = self.model.cross_keys_values(memory)
+                cross = encode_sources(self.model, src, lengths)
         # a slice's copy for each run of slots that follow one another (mostly one or a
         # few runs): an index_copy_ or index_put over the slots is several times slower
         runs = consecutive([r.source_slot for r in requests])

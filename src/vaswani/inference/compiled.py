@@ -9,9 +9,9 @@ from pathlib import Path
 
 from .. import checkpoint, rundir
 from ..config.family import family
-from ..engine.build import build, has_few_rows
-from ..engine.compiled import encoder_path, few_path, progress
-from ..engine.package import identity, package_path, record_path
+from ..engine.build import build, written
+from ..engine.compiled import progress
+from ..engine.package import identity, package_path
 from ..models import EncoderDecoder
 from .base import load
 
@@ -36,13 +36,9 @@ def compile_run(run_dir: str | Path, *, quantize: str | None = None, weights: st
     record = identity(run_dir, path, quantize, kv_cache)
     out = package_path(run_dir, quantize, kv_cache)
     seq2seq = isinstance(run.model, EncoderDecoder)
-    files = [out, record_path(out)]
-    if seq2seq:  # a translator's encoder pass (compiled.py)
-        files += [encoder_path(out), record_path(encoder_path(out))]
-    if has_few_rows(quantize, seq2seq):  # a translator's step for a few rows (compiled.py)
-        files += [few_path(out), record_path(few_path(out))]
     with rundir.locked(run_dir):
-        rundir.record(run_dir, *(p.relative_to(run_dir).as_posix() for p in files),
+        rundir.record(run_dir, *(p.relative_to(run_dir).as_posix()
+                                 for p in written(out, quantize, seq2seq)),
                       rundir.COMPILED_LIBRARIES)
         seconds = build(run.model, seq2seq, out, record, say, quantize, kv_cache)
     return out, seconds
