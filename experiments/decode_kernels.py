@@ -56,7 +56,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import interleaved_best, report
+from benchmarks.common import interleaved_best, ratio, report
 
 WAYS = ("linear", "burst", "attention", "cold-keys", "top-k", "first-max", "cache-writes",
         "frozen-linear")
@@ -156,8 +156,8 @@ def decode_attention(shapes=ATTENTION_SHAPES, heads: int = 4, repeats: int = 5,
         out[f"{rows} rows x {queries} queries, {keys} keys, head dim {dh}"] = {
             "sdpa_ms": round(best[0] * 1e3, 3), "written_out_ms": round(best[1] * 1e3, 3),
             "decoding_ms": round(best[2] * 1e3, 3),
-            "written_out_over_sdpa": round(best[1] / best[0], 2),
-            "decoding_over_written_out": round(best[2] / best[1], 2)}
+            "written_out_over_sdpa": ratio(best[1], best[0]),
+            "decoding_over_written_out": ratio(best[2], best[1])}
     return out
 
 
@@ -172,7 +172,7 @@ def two_ways(shapes: dict[str, torch.Tensor], a: str, way_a, b: str, way_b, same
         best = [seconds / calls for seconds in interleaved_best(
             [lambda x=x, f=f: [f(x) for _ in range(calls)] for f in (way_a, way_b)], repeats)]
         out[shape] = {f"{a}_ms": round(best[0] * 1e3, 3), f"{b}_ms": round(best[1] * 1e3, 3),
-                      f"{a}_over_{b}": round(best[0] / best[1], 2)}
+                      f"{a}_over_{b}": ratio(best[0], best[1])}
     return out
 
 
@@ -265,7 +265,7 @@ def cache_writes(rounds: int = 4, steps: int = 40, tensors: int = 8, slots: int 
                 huge_kb[way] = int(re.search(r"AnonHugePages:\s+(\d+)", smaps.read_text())[1])
             del caches
     return {"us_per_write": {way: round(t * 1e6, 1) for way, t in best.items()},
-            "four_k_over_huge": round(best["4 KiB pages"] / best["huge pages"], 2),
+            "four_k_over_huge": ratio(best["4 KiB pages"], best["huge pages"]),
             "anon_huge_pages_kb_while_held": huge_kb,
             "same_writes": written["4 KiB pages"] == written["huge pages"]}
 
@@ -302,7 +302,7 @@ def prefill_burst(rounds: int = 4, n: int = 14, d_model: int = 256, layers: int 
                 engine.step()
             outputs[way] = [r.output for r in requests]
     return {"prompt_tokens": sorted(lengths), "first_step_ms": times,
-            "one_pass_over_grouped": round(min(times["one pass"]) / min(times["grouped"]), 2),
+            "one_pass_over_grouped": ratio(min(times["one pass"]), min(times["grouped"])),
             "same_outputs": outputs["one pass"] == outputs["grouped"]}
 
 

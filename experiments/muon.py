@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-from benchmarks.common import interleaved_best, preset_model, report
+from benchmarks.common import interleaved_best, preset_model, ratio, report
 from vaswani import build_model
 from vaswani.training.optimizers import Muon, hidden_matrices, orthogonalize, orthogonalize_all
 
@@ -50,7 +50,7 @@ def measure(preset: str, repeats: int) -> dict:
     result = {"matrices": len(matrices), "shapes": len({p.shape for p in matrices}),
               "numbers": sum(p.numel() for p in matrices),
               "bf16_ms": round(bf16 * 1e3, 2), "float32_ms": round(fp32 * 1e3, 2),
-              "bf16_over_float32": round(bf16 / fp32, 2)}
+              "bf16_over_float32": ratio(bf16, fp32)}
     updates = [p.grad for p in matrices]
     for name, dtype in [("bf16", torch.bfloat16), ("float32", torch.float32)]:
         stacked, alone = interleaved_best([iteration(updates, dtype, True),

@@ -88,3 +88,12 @@ def test_a_peer_venv_asked_for_twice_at_once_is_made_once(tmp_path, monkeypatch)
         (root / ".complete").write_text("x==1\n")
     second.join(60)
     assert ran == [] and got == [root / "bin" / "python"]
+
+
+def test_a_ratio_keeps_three_significant_figures_however_small():
+    """The CI failure it fixes: 0.008 ms against a 2.128 ms hiccup read 0.0 at two decimals."""
+    from benchmarks.common import ratio
+
+    assert ratio(0.008, 2.128) == 0.00376
+    assert ratio(2.128, 0.008) == 266.0
+    assert ratio(1.0, 3.0) == 0.333
