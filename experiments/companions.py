@@ -1,13 +1,16 @@
 """A translator's compiled step with and without each of its two companion packages
 (engine/compiled.py): the step for a few rows (``FEW_GEMM``) and the encoder pass
-(``EncodeStep``): what each buys a whole translation.
+(``EncodeStep``), and with its runs of rows reading their own keys as far as the step's
+longest row instead of their own longest's (``CompiledStep.own_widths``): what each buys a
+whole translation.
 
     python -m experiments.companions RUN_DIR [--limit 300] [--rounds 5] [--json OUT.json]
 
 The run's packages are built first (``vaswani compile RUN_DIR``). Four jobs, each timed
-three ways, in turn, ``--rounds`` times after a warm-up round: with both companions, without
-the few-row step (``few_rows`` 0: every step the step's own package) and without the encoder
-pass (sources encoded eagerly). The jobs: the first ``--limit`` test sentences greedily and
+four ways, in turn, ``--rounds`` times after a warm-up round: with both companions, without
+the few-row step (``few_rows`` 0: every step the step's own package), without the encoder
+pass (sources encoded eagerly), and with both but every run of rows reading its own keys as
+far as the step's longest row. The jobs: the first ``--limit`` test sentences greedily and
 with beam 4 (as ``benchmarks.export`` translates them: no length penalty, capped at
 ``max_len - 1`` tokens), and the one of them with the longest translation alone, greedily and
 with beam 4 (a sentence typed at ``vaswani translate``: every step a few rows). Each way's
@@ -23,15 +26,18 @@ import statistics
 import time
 from pathlib import Path
 
-WAYS = ("with both", "without the few-row step", "without the encoder pass")
+WAYS = ("with both", "without the few-row step", "without the encoder pass",
+        "own keys at the step's width")
 
 
 def time_jobs(run, sources: list[str], rounds: int) -> dict:
     """Each job's seconds each way (see the module)."""
     step = run.compiled
     few_rows, encoder = step.few_rows, step.encoder
-    settings = {"with both": (few_rows, encoder), "without the few-row step": (0, encoder),
-                "without the encoder pass": (few_rows, None)}
+    settings = {"with both": (few_rows, encoder, True),
+                "without the few-row step": (0, encoder, True),
+                "without the encoder pass": (few_rows, None, True),
+                "own keys at the step's width": (few_rows, encoder, False)}
     cap = run.config.model.max_len - 1
     options = dict(length_penalty=0.0, max_len_a=0.0, max_len_b=cap)
     greedy = run.translate(sources, beam=1, **options)
@@ -46,7 +52,9 @@ def time_jobs(run, sources: list[str], rounds: int) -> dict:
             outputs = {}
             for i in range(rounds + 1):
                 for way in WAYS:
-                    step.few_rows, step.encoder = settings[way]
+                    step.few_rows, step.encoder, step.own_widths = settings[way]
+                    if step.few is not None:
+                        step.few.own_widths = step.own_widths
                     start = time.perf_counter()
                     outputs[way] = run.translate(texts, beam=beam, **options)
                     if i:  # the first round warms each up
@@ -60,7 +68,9 @@ def time_jobs(run, sources: list[str], rounds: int) -> dict:
                                    for way, b in best.items()},
                 "same_translations": all(o == outputs["with both"] for o in outputs.values())}
     finally:
-        step.few_rows, step.encoder = few_rows, encoder
+        step.few_rows, step.encoder, step.own_widths = few_rows, encoder, True
+        if step.few is not None:
+            step.few.own_widths = True
     return result
 
 

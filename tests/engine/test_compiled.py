@@ -131,16 +131,56 @@ def test_a_compiled_decode_step_gives_every_row_the_eager_steps_logits(family, r
     tok = run.source_tokenizer
     engine, rows = rows_mid_way(run, [tok.encode(t) for t in PROMPTS[family]])
     assert len(rows) == len(PROMPTS[family])
+    assert_compiled_as_eager(engine, rows, run.compiled)
+
+
+def assert_compiled_as_eager(engine, rows, compiled) -> None:
+    """The compiled step over ``rows`` gives each the eager step's logits."""
     state = [t.clone() for t in engine.cache.k]  # the step writes the cache: run it twice
     engine.runner.compiled = None
     want, at = engine.runner.decode(rows)
     with torch.inference_mode():  # (the cache's tensors are inference tensors)
         for t, saved in zip(engine.cache.k, state, strict=True):
             t.copy_(saved)
-    engine.runner.compiled = run.compiled
+    engine.runner.compiled = compiled
     got, at_compiled = engine.runner.decode(rows)
     assert at == at_compiled
     assert_close(got[at], want[at], rtol=1e-4, atol=1e-4)
+
+
+def test_a_translators_runs_of_rows_read_as_many_of_their_own_keys_as_their_longest(
+        mt_run, monkeypatch):
+    """Sentences admitted steps apart (as in a beam search, where new ones start beside
+    hypotheses far along): each run of rows reads as many of its own keys as its longest
+    row has (compiled.py SOURCE_PARTS), not the step's longest, and every row's logits are
+    still the eager step's."""
+    run = load(mt_run)
+    assert run.compiled is not None
+    engine = run.new_engine(run.engine_for(8).config)
+    tok, greedy = run.source_tokenizer, dataclasses.replace(run.config.decode, beam=1)
+
+    def submit(texts):
+        for text in texts:
+            engine.submit(run.request(tok.encode(text) + [tok.eos_id], greedy))
+    submit(["g h i j k l a b c d e", "a b c d e f g h i j", "k l a b c d e f"])
+    for _ in range(3):
+        engine.step()
+    submit(["b c d", "d e f g", "e f g h"])
+    engine.step()
+    rows = engine.scheduler.plan().decode
+    positions = [seq.cached for _, seq in rows]
+    # runs of more than one row (a short source may be done already), longest first
+    assert len(rows) > SOURCE_PARTS and positions[0] > positions[-1]
+    read = []  # the keys each run of rows read (the step's last inputs), from either package
+    for package in filter(None, (run.compiled, run.compiled.few)):
+        monkeypatch.setattr(package, "_boxed_run", lambda flat, boxed=package._boxed_run: (
+            read.append([t.numel() for t in flat[-SOURCE_PARTS:]]) or boxed(flat)))
+    assert_compiled_as_eager(engine, rows, run.compiled)
+    # the rows in SOURCE_PARTS runs of one size, the last row again to fill them
+    padded = positions + positions[-1:] * (-len(rows) % SOURCE_PARTS)
+    size = len(padded) // SOURCE_PARTS
+    assert read == [[max(padded[i:i + size]) + 1 for i in range(0, len(padded), size)]]
+    assert len(set(read[0])) > 1
 
 
 @pytest.mark.parametrize("family", ["lm", "mt"])
@@ -156,8 +196,9 @@ def test_the_compiled_steps_attention_is_sums_that_read_the_cache_in_place(
     called = [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
     assert not [name for name in called if "scaled_dot_product" in name]
     softmaxes = [name for name in called if "softmax" in name]
-    # a translator's rows read their sources in runs of rows, each over its own keys
-    parts = 1 + SOURCE_PARTS if family == "mt" else 1
+    # a translator's rows read their sources, and their own keys, in runs of rows, each
+    # over its own keys
+    parts = 2 * SOURCE_PARTS if family == "mt" else 1
     assert len(softmaxes) == parts * model.config.n_decoder_layers
 
 
@@ -177,8 +218,8 @@ def test_every_layers_cache_is_traced_with_the_steps_one_slot_count_and_width(
              for size in node.meta["val"].shape if isinstance(size, torch.SymInt)
              for symbol in size.node.expr.free_symbols}
     # rows, keys read, slots, width; a translator's too: sources' keys, source width, and
-    # each run of rows' keys (rows come in SOURCE_PARTS runs of one size)
-    assert len(sizes) == (6 + SOURCE_PARTS if family == "mt" else 4), sizes
+    # each run of rows' source keys and own keys (rows come in SOURCE_PARTS runs of one size)
+    assert len(sizes) == (6 + 2 * SOURCE_PARTS if family == "mt" else 4), sizes
 
 
 def test_float_weights_multiply_through_the_library_eager_uses_on_this_cpu(lm_run):

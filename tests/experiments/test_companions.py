@@ -7,6 +7,7 @@ from experiments import companions
 from tests.conftest import DEVICE
 from tests.engine.test_compiled import mt_run  # noqa: F401  (its packages built)
 from vaswani import load
+from vaswani.engine.compiled import SOURCE_PARTS
 
 pytestmark = [pytest.mark.skipif(DEVICE.type != "cpu", reason="a CPU's compiled step"),
               pytest.mark.slow]  # (its module builds a translator's packages: a minute)
@@ -23,6 +24,12 @@ def test_each_job_is_timed_with_and_without_each_companion(mt_run):  # noqa: F81
         runner = package._boxed_run
         package._boxed_run = lambda flat, runner=runner, name=name: (
             calls.append((name, step.few_rows, step.encoder is not None)), runner(flat))[1]
+    widths = []  # each step's keys: its runs' own, and the step's width
+    for package in (step, step.few):
+        runner = package._boxed_run
+        package._boxed_run = lambda flat, runner=runner: (widths.append((
+            step.own_widths, flat[4].numel(), [t.numel() for t in flat[-SOURCE_PARTS:]])),
+            runner(flat))[1]
     result = companions.time_jobs(run, ["a b c d", "e f", "g h i j k l"], rounds=1)
     assert list(result) == ["all, greedy", "all, beam 4", "longest alone, greedy",
                             "longest alone, beam 4"]
@@ -34,4 +41,8 @@ def test_each_job_is_timed_with_and_without_each_companion(mt_run):  # noqa: F81
     assert {(name, rows > 0, kept) for name, rows, kept in calls} == {
         ("few", True, True), ("few", True, False), ("encoder", True, True),
         ("encoder", False, True)}
-    assert step.few_rows == few_rows and step.encoder is encoder
+    assert step.few_rows == few_rows and step.encoder is encoder and step.own_widths
+    # at the step's width only in the way that asks it, and there every run
+    assert {own for own, *_ in widths} == {True, False}
+    assert all(runs == [width] * SOURCE_PARTS for own, width, runs in widths if not own)
+    assert any(max(runs) < width for own, width, runs in widths if own)

@@ -136,10 +136,12 @@ def example_inputs(model: nn.Module, seq2seq: bool, kv_cache: str | None = None
     if seq2seq:
         args += (torch.zeros(R, **index), torch.full((R,), X, **index),
                  torch.empty(X, device=d), cache(S), cache(S),
-                 [torch.empty(n, device=d) for n in (16, 14, 10, 7)[:SOURCE_PARTS]])
+                 [torch.empty(n, device=d) for n in (16, 14, 10, 7)[:SOURCE_PARTS]],
+                 [torch.empty(n, device=d) for n in (18, 15, 11, 9)[:SOURCE_PARTS]])
         source = [{0: slots_, 2: torch.export.Dim("source_width", min=1)}] * n
         shapes += ({0: rows}, {0: rows}, {0: torch.export.Dim("cross", min=1)}, source, source,
-                   [{0: torch.export.Dim(f"part{i}", min=1)} for i in range(SOURCE_PARTS)])
+                   [{0: torch.export.Dim(f"part{i}", min=1)} for i in range(SOURCE_PARTS)],
+                   [{0: torch.export.Dim(f"own{i}", min=1)} for i in range(SOURCE_PARTS)])
     return args, shapes
 
 

@@ -13,7 +13,9 @@ compiling anything.
 What is compiled is the engine's own decode step (step.py ``forward_step``): each of R rows
 feeds one token at its position into the slot it names, writes its keys and values into
 its column there, and reads the first ``W`` keys of that slot, by index, under a mask of its
-position; a translator's rows also read their source slots' ``X`` keys, by index. Rows may
+position; a translator's rows also read their source slots' ``X`` keys, by index, and
+come in runs (``SOURCE_PARTS``) that each read only as many keys as their own longest row
+and source. Rows may
 name one slot: the places of a speculative pass (speculate.py), a row's token and the
 tokens guessed after it, are rows of their own in the row's slot, each writing its keys
 before any reads them, and each computes what the decoding step at its place would, bit
@@ -67,8 +69,11 @@ from .views import StepCache
 # rows SmolLM2's offline engine decodes at once (docs/performance.md, "A compiled decode
 # step").
 ROWS = 1 << 14
-# A translator's rows read their sources' keys in this many runs of rows, each run only as
-# many keys as its longest source (plan.py ``parts``), not every row the step's longest.
+# A translator's rows read their sources' keys, and their own, in this many runs of rows,
+# each run only as many keys as its longest source (plan.py ``parts``) and its longest row
+# (``self_parts``), not every row the step's longest: in a beam search, hypotheses admitted
+# as others finish sit beside rows far longer (the engine hands rows in longest first), and
+# the attention's time is mostly the reading of keys.
 SOURCE_PARTS = 4
 
 
@@ -110,8 +115,9 @@ class DecodeStep(nn.Module):
     (W,) and, for a translator, cross (X,): empty tensors whose lengths are the keys read;
     k, v: the cache's per-layer tensors (slots, Hkv, width, Dh), written in place; sources,
     lengths (R,): each row's source slot and its length; ck, cv: the sources' keys and
-    values; part_keys: ``SOURCE_PARTS`` empty tensors, the source keys each run of R /
-    SOURCE_PARTS rows reads (R a multiple of it) -> logits (R, V)."""
+    values; part_keys and self_keys: ``SOURCE_PARTS`` empty tensors each, the source keys
+    and the row's own keys each run of R / SOURCE_PARTS rows reads (R a multiple of it)
+    -> logits (R, V)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -121,14 +127,17 @@ class DecodeStep(nn.Module):
                 keys: Tensor, k: list[Tensor], v: list[Tensor], sources: Tensor | None = None,
                 lengths: Tensor | None = None, cross: Tensor | None = None,
                 ck: list[Tensor] | None = None, cv: list[Tensor] | None = None,
-                part_keys: list[Tensor] | None = None) -> Tensor:
+                part_keys: list[Tensor] | None = None,
+                self_keys: list[Tensor] | None = None) -> Tensor:
         cache = CacheTensors(k, v, ck or [], cv or [], next(self.model.parameters()).dtype)
         extra = {}
         if cache.seq2seq:
             size = ids.size(0) // len(part_keys)
             extra = dict(sources=sources, lengths=lengths, cross=cross.size(0),
                          parts=[(i * size, (i + 1) * size, run.size(0))
-                                for i, run in enumerate(part_keys)])
+                                for i, run in enumerate(part_keys)],
+                         self_parts=[(i * size, (i + 1) * size, run.size(0))
+                                     for i, run in enumerate(self_keys)])
         plan = StepPlan(columns, keys.size(0), slots=slots, **extra)
         last = torch.zeros(ids.size(0), dtype=torch.long, device=ids.device)
         return forward_step(self.model, cache, ids, positions, last, plan)
@@ -206,6 +215,9 @@ class CompiledStep(Package):
         self.few: CompiledStep | None = None
         self.few_rows = 0
         self.encoder: CompiledEncoder | None = None  # a translator's encoder pass, if built
+        # a translator's runs of rows each read as many of their own keys as their longest
+        # row has; False: every run as many as the step's longest (experiments/companions.py)
+        self.own_widths = True
         self._sizes = torch.empty(0)  # W and X are read as lengths: views of one tensor
 
     def sizes(self, n: int) -> Tensor:
@@ -229,10 +241,13 @@ class CompiledStep(Package):
                 torch.cat([x, x[-1:].expand(extra, *x.shape[1:])])
                 for x in (ids, positions, columns, slots, sources, lengths))
         args = [ids, positions, columns, slots, self.sizes(width), cache.k, cache.v]
-        if cache.seq2seq:  # each run of rows reads as many keys as its longest source
+        if cache.seq2seq:  # each run of rows reads as many keys as its longest source, and
+            # as many of its own as its longest row has (not rounded up, as ``width`` is)
             longest = lengths.view(SOURCE_PARTS, -1).amax(1).tolist()
+            own = (positions.view(SOURCE_PARTS, -1).amax(1) + 1).tolist() \
+                if self.own_widths else [width] * SOURCE_PARTS
             args += [sources, lengths, self.sizes(max(longest)), cache.ck, cache.cv,
-                     [self.sizes(n) for n in longest]]
+                     [self.sizes(n) for n in longest], [self.sizes(n) for n in own]]
         flat = [t for arg in args for t in (arg if isinstance(arg, list) else (arg,))]
         return self._boxed_run(flat)[0][:R]  # (the step's one output, the logits)
 
