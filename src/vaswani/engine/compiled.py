@@ -11,20 +11,19 @@ package (a shared library and the weights) that ``aoti_load_package`` opens with
 compiling anything.
 
 What is compiled is the engine's own decode step (step.py ``forward_step``): each of R rows
-feeds one token at its position into the slot it names, writes its keys and values into
-its column there, and reads the first ``W`` keys of that slot, by index, under a mask of its
-position; a translator's rows also read their source slots' ``X`` keys, by index, and
-come in runs (``SOURCE_PARTS``) that each read only as many keys as their own longest row
-and source. Rows may
-name one slot: the places of a speculative pass (speculate.py), a row's token and the
-tokens guessed after it, are rows of their own in the row's slot, each writing its keys
-before any reads them, and each computes what the decoding step at its place would, bit
-for bit (the same graph, one token a row). Nothing is reimplemented, so the compiled step
-computes what the eager one does: the cache's tensors are the package's inputs, written in
-place, and the sizes that change from step to step (rows R, keys read W, sources' keys X,
-the cache's slots and width) are dynamic dimensions of one package, not one package per
-shape. ``W`` and ``X`` come in as the lengths of two empty tensors (a traced graph takes
-sizes from its inputs' shapes).
+feeds one token at its position into the slot it names, writes its keys and values into its
+column there, and reads the first ``W`` keys of that slot, by index, under a mask of its
+position; a translator's rows also read their source slots' ``X`` keys, by index, and come
+in runs (``SOURCE_PARTS``) that each read only as many keys as their own longest row and
+source. Rows may name one slot: the places of a speculative pass (speculate.py), a row's
+token and the tokens guessed after it, are rows of their own in the row's slot, each
+writing its keys before any reads them, and each computes what the decoding step at its
+place would, bit for bit (the same graph, one token a row). Nothing is reimplemented, so
+the compiled step computes what the eager one does: the cache's tensors are the package's
+inputs, written in place, and the sizes that change from step to step (rows R, keys read W,
+sources' keys X, the cache's slots and width) are dynamic dimensions of one package, not
+one package per shape. ``W``, ``X`` and each run's keys come in as the lengths of empty
+tensors (a traced graph takes sizes from its inputs' shapes).
 
 A package is bound to what it was built from, and lies in the run beside a record of that
 and its shared library unpacked (package.py); loading one that does not match is refused
@@ -116,7 +115,7 @@ class DecodeStep(nn.Module):
     k, v: the cache's per-layer tensors (slots, Hkv, width, Dh), written in place; sources,
     lengths (R,): each row's source slot and its length; ck, cv: the sources' keys and
     values; part_keys and self_keys: ``SOURCE_PARTS`` empty tensors each, the source keys
-    and the row's own keys each run of R / SOURCE_PARTS rows reads (R a multiple of it)
+    and the rows' own keys each run of R / SOURCE_PARTS rows reads (R a multiple of it)
     -> logits (R, V)."""
 
     def __init__(self, model: nn.Module) -> None:
