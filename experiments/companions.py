@@ -52,9 +52,8 @@ def time_jobs(run, sources: list[str], rounds: int) -> dict:
             outputs = {}
             for i in range(rounds + 1):
                 for way in WAYS:
-                    step.few_rows, step.encoder, step.own_widths = settings[way]
-                    if step.few is not None:
-                        step.few.own_widths = step.own_widths
+                    step.few_rows, step.encoder, own = settings[way]
+                    own_widths(step, own)
                     start = time.perf_counter()
                     outputs[way] = run.translate(texts, beam=beam, **options)
                     if i:  # the first round warms each up
@@ -68,10 +67,16 @@ def time_jobs(run, sources: list[str], rounds: int) -> dict:
                                    for way, b in best.items()},
                 "same_translations": all(o == outputs["with both"] for o in outputs.values())}
     finally:
-        step.few_rows, step.encoder, step.own_widths = few_rows, encoder, True
-        if step.few is not None:
-            step.few.own_widths = True
+        step.few_rows, step.encoder = few_rows, encoder
+        own_widths(step, True)
     return result
+
+
+def own_widths(step, on: bool) -> None:
+    """``CompiledStep.own_widths`` of the step and of its few-row companion, which takes
+    the steps of a few rows with its own."""
+    for package in filter(None, (step, step.few)):
+        package.own_widths = on
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -134,8 +134,10 @@ def test_a_compiled_decode_step_gives_every_row_the_eager_steps_logits(family, r
     assert_compiled_as_eager(engine, rows, run.compiled)
 
 
-def assert_compiled_as_eager(engine, rows, compiled) -> None:
-    """The compiled step over ``rows`` gives each the eager step's logits."""
+def assert_compiled_as_eager(engine, rows, compiled, rtol: float = 1e-4,
+                             atol: float = 1e-4) -> None:
+    """The compiled step over ``rows`` gives each the eager step's logits, within ``rtol``
+    and ``atol``."""
     state = [t.clone() for t in engine.cache.k]  # the step writes the cache: run it twice
     engine.runner.compiled = None
     want, at = engine.runner.decode(rows)
@@ -145,7 +147,7 @@ def assert_compiled_as_eager(engine, rows, compiled) -> None:
     engine.runner.compiled = compiled
     got, at_compiled = engine.runner.decode(rows)
     assert at == at_compiled
-    assert_close(got[at], want[at], rtol=1e-4, atol=1e-4)
+    assert_close(got[at], want[at], rtol=rtol, atol=atol)
 
 
 def test_a_translators_runs_of_rows_read_as_many_of_their_own_keys_as_their_longest(
@@ -401,14 +403,7 @@ def test_int8_weights_compile_to_the_eager_steps_logits_within_bfloat16s_roundin
     assert run.compiled.max_rows == ROWS  # as a float package: steps of any size compiled
     tok = run.source_tokenizer
     engine, rows = rows_mid_way(run, [tok.encode(t) for t in ["the cat", "a dog ran", "it"]])
-    state = [t.clone() for t in engine.cache.k]
-    got, at = engine.runner.decode(rows)
-    with torch.inference_mode():
-        for t, saved in zip(engine.cache.k, state, strict=True):
-            t.copy_(saved)
-    engine.runner.compiled = None
-    want, _ = engine.runner.decode(rows)
-    assert_close(got[at], want[at], rtol=2 ** -7, atol=0.05)
+    assert_compiled_as_eager(engine, rows, run.compiled, rtol=2 ** -7, atol=0.05)
 
 
 def test_an_int8_compiled_rows_logits_are_the_same_bits_alone_and_in_a_batch(tmp_path,
