@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
+import vaswani.nn.moe
 from vaswani.nn.feedforward import FeedForward
 from vaswani.nn.moe import MixtureOfExperts, Router, load_balancing_loss
 
@@ -59,6 +60,22 @@ def test_traced_and_compiled_give_the_same_sums():
     assert_close(compiled(x), expected, atol=1e-5, rtol=1e-5)
     exported = torch.export.export(moe, (x,)).module()  # what `vaswani compile` traces with
     assert_close(exported(other), moe(other), atol=1e-5, rtol=1e-5)
+
+
+def test_a_compiled_mixture_never_asks_cuda_whether_it_is_capturing(monkeypatch):
+    """On a machine with a GPU the compiled mixture broke its graph on
+    ``torch.cuda.is_current_stream_capturing`` (an H200): compiling must decide from
+    ``is_compiling`` alone. Here the question to CUDA fails wherever it is asked."""
+
+    def capturing():
+        raise AssertionError("asked CUDA whether a graph is being captured")
+
+    moe = mixture(False)
+    x = torch.randn(2, 6, 16)
+    expected = moe(x)
+    monkeypatch.setattr(vaswani.nn.moe, "capturing_cuda_graph", capturing)
+    compiled = torch.compile(moe, backend="eager", fullgraph=True)
+    assert_close(compiled(x), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_router_scores_kept_for_the_loss_only_while_training():

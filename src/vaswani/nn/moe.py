@@ -46,9 +46,16 @@ class Router(nn.Module):
 
 def static_shapes() -> bool:
     """Whether the forward is being traced, exported, compiled or captured: then a tensor's
-    shape may not depend on its values."""
-    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or capturing
+    shape may not depend on its values. CUDA is asked last: torch.compile cannot trace
+    ``is_current_stream_capturing`` (a graph break, fatal under ``fullgraph=True``, on any
+    machine with a GPU)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return True
+    return capturing_cuda_graph()
+
+
+def capturing_cuda_graph() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 class MixtureOfExperts(nn.Module):
