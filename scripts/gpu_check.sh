@@ -56,7 +56,7 @@ elif [ "$MODE" = tests ]; then
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / WORKERS > 0 ? $(nproc) / WORKERS : 1 ))}"
     # shellcheck disable=SC2086
     timeout "${TEST_LIMIT:-540}" python3 -m pytest --device cuda $FILES -q -n "$WORKERS" \
-        --timeout 60 -p no:cacheprovider -p scripts.pytest_failures -rfE --tb=short ${PYTEST_ARGS:-} \
+        --timeout 240 -p no:cacheprovider -p scripts.pytest_failures -rfE --tb=short ${PYTEST_ARGS:-} \
         >"$OUT/pytest-$K-of-$N.log" 2>&1
     RC=$?
     echo "rc=$RC"

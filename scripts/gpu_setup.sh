@@ -15,10 +15,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WHEELS=(pydantic pydantic-core annotated-types typing-inspection typing-extensions fastapi
         starlette uvicorn h11 click anyio sniffio idna gguf annotated-doc prometheus-client
-        jinja2 markupsafe tqdm opentelemetry-api)
-# what the wheels above need that the machine's image has (tests/test_gpu_scripts.py checks
-# that every requirement of a wheel is one or the other)
-ON_THE_MACHINE=(numpy pyyaml requests)
+        jinja2 markupsafe tqdm opentelemetry-api llguidance jsonschema-rs)
+# what vaswani (with [serve]) and the wheels above need that the machine's image has
+# (tests/test_gpu_scripts.py checks that each of those requirements is one or the other)
+ON_THE_MACHINE=(numpy pyyaml requests torch tokenizers safetensors matplotlib sacrebleu)
 
 case "${1:-}" in
 fetch)
@@ -28,8 +28,9 @@ fetch)
         version="$(python3 -m pip show "$name" 2>/dev/null | sed -n "s/^Version: //p" || true)"
         spec="$name${version:+==$version}"
         python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-            --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-            --platform manylinux2014_x86_64 --platform any -d .whl "$spec" \
+            --implementation cp --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 \
+            --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
+            -d .whl "$spec" \
             || echo "gpu_setup: no wheel for $spec (skipped)" >&2
     done
     VASWANI_CACHE="$ROOT/.gpu-cache" python3 -m vaswani data prepare bible-en-es

@@ -80,7 +80,8 @@ def test_the_engine_decodes_each_request_with_its_adapter_in_shared_batches(mode
     gets the tokens its adapter's merged model gives it alone."""
     served, _, merged = models
     g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(3, 300, (5 + 3 * i,), generator=g).tolist() for i in range(6)]
+    prompts = [torch.randint(3, 300, (5 + 3 * i,), generator=g, device="cpu").tolist()
+               for i in range(6)]
     params = [Params(max_new_tokens=12, logprobs=2),
               Params(max_new_tokens=9, temperature=0.8, seed=4)]
     chosen = [1, 2, 0, 2, 1, 1]

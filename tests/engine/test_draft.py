@@ -37,7 +37,7 @@ def test_a_draft_guesses_its_greedy_continuation_and_reuses_its_cache():
     model = small_model(0)
     draft = DraftModel(model)
     g = torch.Generator().manual_seed(3)
-    seq = Sequence(torch.randint(3, 300, (11,), generator=g).tolist())
+    seq = Sequence(torch.randint(3, 300, (11,), generator=g, device="cpu").tolist())
     for step in range(6):  # the context grows by guesses that held and tokens that did not
         context = seq.tokens[seq.offset:]
         guess = draft(seq, 4)

@@ -623,7 +623,7 @@ def test_prompts_that_fit_a_step_are_prefilled_beside_decoding_not_in_turns():
     eng.step()
     assert first.first_token is not None  # decoding from here on
     g = torch.Generator().manual_seed(0)
-    prompts = [Request(torch.randint(3, 23, (30 + i,), generator=g).tolist(),
+    prompts = [Request(torch.randint(3, 23, (30 + i,), generator=g, device="cpu").tolist(),
                        Params(max_new_tokens=3)) for i in range(8)]
     for r in prompts:
         eng.submit(r)

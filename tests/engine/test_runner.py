@@ -40,7 +40,8 @@ def int8_lm():
 def prompts():
     """Lengths that are no multiple of anything: 3 .. 41 tokens."""
     g = torch.Generator().manual_seed(1)
-    return [torch.randint(3, 300, (3 + 7 * i % 39,), generator=g).tolist() for i in range(24)]
+    return [torch.randint(3, 300, (3 + 7 * i % 39,), generator=g, device="cpu").tolist()
+            for i in range(24)]
 
 
 @pytest.fixture(params=[False, True], ids=["kernel", "widened-prompts"])

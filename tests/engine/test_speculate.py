@@ -40,10 +40,10 @@ KINDS = {"paper": {}, "llama": dict(d_model=384, n_heads=6, n_kv_heads=2, positi
 def lm(request):
     if DEVICE.type != "cpu":  # int8 weights run on a CPU; a float model elsewhere
         torch.manual_seed(0)
-        return build_model(ModelConfig(arch="decoder", vocab_size=300, d_model=128,
-                                       n_heads=2, d_ff=256, n_layers=2, dropout=0.0,
-                                       max_len=96, pad_id=0, **KINDS[request.param])
-                           ).to(DEVICE).eval()
+        return build_model(ModelConfig(**{**dict(arch="decoder", vocab_size=300, d_model=128,
+                                                 n_heads=2, d_ff=256, n_layers=2, dropout=0.0,
+                                                 max_len=96, pad_id=0),
+                                          **KINDS[request.param]})).to(DEVICE).eval()
     return int8_model(**KINDS[request.param])
 
 
@@ -52,7 +52,7 @@ def repeating(n):
     g = torch.Generator().manual_seed(2)
     out = []
     for i in range(n):
-        part = torch.randint(3, 300, (4 + i % 5,), generator=g).tolist()
+        part = torch.randint(3, 300, (4 + i % 5,), generator=g, device="cpu").tolist()
         out.append(part * (2 + i % 3) + part[:2])
     return out
 

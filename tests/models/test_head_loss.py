@@ -77,10 +77,13 @@ def test_a_tied_head_gets_the_sum_of_both_uses_gradients():
 
 @pytest.mark.parametrize("bits", [8, 4])
 def test_a_quantized_frozen_head_gives_its_own_logits_loss_and_input_gradient(bits,
-                                                                             monkeypatch):
+                                                                             monkeypatch,
+                                                                             request):
     """QLoRA: the head multiplies by its int8/int4 weights; the input's gradient goes through
     the weights it multiplies by, as the layer's own backward sends it. An int8 table (a tied
     head's) is dequantized a block of words at a time, never whole."""
+    if bits == 4:
+        request.getfixturevalue("on_cpu")  # int4's packing and product are CPU kernels
     h, head, target = case(torch.float32)
     q = WeightOnlyLinear.of(nn.Linear(64, 64, bias=False), bits)  # int4 packs 64 inputs
     monkeypatch.setattr(head_loss, "ROW_BLOCK", 24)  # blocks of 24, 24 and 16 words
@@ -101,9 +104,12 @@ def test_a_quantized_frozen_head_gives_its_own_logits_loss_and_input_gradient(bi
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-def test_validation_through_a_quantized_head_never_makes_its_matrix(bits, monkeypatch):
+def test_validation_through_a_quantized_head_never_makes_its_matrix(bits, monkeypatch,
+                                                                   request):
     """Without gradients the loss needs only the head's own product, chunk by chunk: an int4
     head (an untied one) is not dequantized whole to find that out, nor an int8 one."""
+    if bits == 4:
+        request.getfixturevalue("on_cpu")  # int4's packing and product are CPU kernels
     _, _, target = case(torch.float32)
     q = WeightOnlyLinear.of(nn.Linear(64, 64, bias=False), bits)
     h64, target = torch.randn(N, 64), target % 64
@@ -189,7 +195,7 @@ def test_a_frozen_float_head_goes_through_its_words_a_block_at_a_time():
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
 def test_a_frozen_float32_heads_blocks_multiply_through_onednn_where_the_cpu_uses_it(
-        monkeypatch):
+        monkeypatch, on_cpu):
     """On AMD's CPUs (forced here, on any CPU) a frozen head's two products a block (the
     logits, then their softmax by the weights) go through oneDNN: the same loss and input
     gradient as the projection's in float32 rounding, no ATen product left."""
