@@ -134,10 +134,11 @@ class SlotCache:
             self.allocated <= max(1, self.reserved)
 
     def restart(self) -> None:
-        """Idle (no slot held): back to the initial widths and one slot."""
+        """Idle (no slot held): back to the initial widths, and to one slot or as many as an
+        offline run has just reserved (made once, not doubled up to them again)."""
         assert self.used == 0 and self.sources_used == 0
-        self.allocated = self.reserved = 0
-        self.resize(*self.initial)
+        self.allocated = 0
+        self.resize(*self.initial, max(1, self.reserved))
 
     # --- size ---------------------------------------------------------------------------
     def rows_at(self, width: int, cross_width: int) -> int:
