@@ -2,7 +2,7 @@
 # Prepared passes over a lent GPU machine (no package registry there), each under 10 minutes,
 # so that several short calls of a 15-minute lease finish the work: the GPU benchmarks first,
 # on an idle card (each part under its own limit, under 10 minutes in all), then the CUDA test
-# suite, whole (`tests 1/1`: about 4 minutes with 14 processes on an H200) or in shards whose
+# suite, whole (`tests 1/1`: about 3 minutes with 12 processes on an H200) or in shards whose
 # results are recorded (which shard passed at which commit: scripts/gpu_shards.py). Logs and JSON go to
 # $OUT (or ./gpu-out), and each test failure to $OUT/failures.txt as it happens
 # (scripts/pytest_failures.py).
