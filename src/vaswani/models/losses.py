@@ -143,7 +143,7 @@ class _SmoothedCEFromLogSoftmax(torch.autograd.Function):
         grad.scatter_(1, target[:, None], -on_target[:, None])
         if _mixed_backward(logp.device, ctx.dtype):
             grad = torch.ops.aten._log_softmax_backward_data(grad, logp, 1, ctx.dtype)
-        else:  # the float32 gradient, then the logits' dtype: one more pass over it
+        else:  # in logp's dtype, then the logits' (one more pass where the two differ)
             grad = torch.ops.aten._log_softmax_backward_data(grad, logp, 1, logp.dtype)
             grad = grad.to(ctx.dtype)
         return grad, None, None, None, None
@@ -154,8 +154,7 @@ def _mixed_backward(device: torch.device, dtype: torch.dtype) -> bool:
     log-probabilities for logits of ``dtype`` and writes the logits' dtype in the same pass:
     the CPU's kernel does for any dtype, CUDA's for float16 only (bfloat16 raises "expected
     input and grad types to match"; an H200, PyTorch 2.11)."""
-    return dtype in (torch.float32, torch.float64) or device.type == "cpu" \
-        or dtype == torch.float16
+    return device.type == "cpu" or dtype == torch.float16
 
 
 def _other_classes(V: int, pad_id: int | None) -> int:
