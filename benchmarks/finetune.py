@@ -50,7 +50,9 @@ peft's own QLoRA needs bitsandbytes' GPU kernels and is not a contender on this 
 With ``--compiled``, vaswani's LoRA step and peft's also run under ``torch.compile`` (the
 model compiled, as ``[train] compile = true`` and transformers' ``Trainer(torch_compile=True)``
 do; its first step, compiling, is reported and not timed), and the fastest of each one's
-rows are compared as well.
+rows are compared as well. Beside the ratio of the two eager LoRA steps' best rounds, the
+ratio within each round (the two ran one after the other) and its median: on a shared
+machine the best rounds of two contenders may come from rounds minutes apart.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -296,8 +299,10 @@ def main() -> None:
                   f"{out['peak_rss_mb']:.0f} MB (training {out['training_peak_rss_mb']:.0f})",
                   file=sys.stderr, flush=True)
             best = results.get(name)
+            speeds = (best or {}).get("rounds_tokens_per_s", []) + [out["tokens_per_s"]]
             if best is None or out["tokens_per_s"] > best["tokens_per_s"]:
                 results[name] = out
+            results[name]["rounds_tokens_per_s"] = speeds  # every round's, in order
             if "products_s" in out:  # a floor: the fastest of the rounds
                 results[name]["products_s"] = min(out["products_s"], (best or out)["products_s"])
     ours, theirs = results["vaswani LoRA"], results["peft LoRA"]
@@ -338,6 +343,11 @@ def main() -> None:
 
     fastest = {who: max((r["tokens_per_s"], name) for name, r in results.items()
                         if name.startswith(f"{who} LoRA")) for who in ("vaswani", "peft")}
+    # each round's two eager LoRA steps ran one after the other: their ratio, round by round,
+    # shows how far this shared machine's speed moved between rounds (the best of each one's
+    # rounds may come from rounds far apart)
+    by_round = [a / b for a, b in zip(ours["rounds_tokens_per_s"], theirs["rounds_tokens_per_s"],
+                                      strict=True)]
     rows += [("vaswani LoRA / peft LoRA (tokens/s)",
               f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x"),
              *[(f"{name} / peft LoRA, compiled (tokens/s)", f"{speed(name) / speed(peft):.2f}x")
@@ -345,6 +355,9 @@ def main() -> None:
                for peft in ["peft LoRA, compiled"]],
              (f"vaswani's fastest ({fastest['vaswani'][1]}) / peft's fastest "
               f"({fastest['peft'][1]})", f"{fastest['vaswani'][0] / fastest['peft'][0]:.2f}x"),
+             ("vaswani LoRA / peft LoRA, round by round",
+              ", ".join(f"{r:.2f}x" for r in by_round)
+              + f" (median {statistics.median(by_round):.2f}x)"),
              ("the most over peft a step of vaswani's products could be (peft's step / "
               "vaswani's products alone)", f"{ceiling:.2f}x"),
              ("QLoRA int4 / LoRA (training peak RSS above the imports)",
@@ -367,6 +380,7 @@ def main() -> None:
             "loss_gap": gap, "matmul_peak_gflops": peak, "ceiling_over_peft": ceiling,
             "compiled": args.compiled, "compiled_loss_gaps": compiled_gaps,
             "fastest_over_fastest": fastest["vaswani"][0] / fastest["peft"][0],
+            "round_ratios": by_round, "median_round_ratio": statistics.median(by_round),
             "step_flops": flops}, args.json)
 
 

@@ -60,6 +60,11 @@ def test_the_finetune_benchmark_races_vaswani_and_peft_on_the_same_steps(tmp_pat
     speeds = {who: max(r["tokens_per_s"] for name, r in result["results"].items()
                        if name.startswith(f"{who} LoRA")) for who in ("vaswani", "peft")}
     assert result["fastest_over_fastest"] == pytest.approx(speeds["vaswani"] / speeds["peft"])
+    ours, theirs = (result["results"][f"{who} LoRA"] for who in ("vaswani", "peft"))
+    assert ours["rounds_tokens_per_s"] == [ours["tokens_per_s"]]  # one round: its own
+    assert result["round_ratios"] == [pytest.approx(ours["tokens_per_s"] / theirs["tokens_per_s"])]
+    assert result["median_round_ratio"] == result["round_ratios"][0]
+    assert "round by round" in done.stdout
     assert "vaswani LoRA, compiled / peft LoRA, compiled" in done.stdout
     for name in ("vaswani LoRA, compiled", "peft LoRA, compiled"):  # not counted, not clocked
         assert "products_s" not in result["results"][name], name
