@@ -278,3 +278,35 @@ def test_a_built_language_models_own_head_is_chunked():
     criterion = functools.partial(head_cross_entropy, target=ids.flatten(), pad_id=PAD)
     sizes = saved_sizes(lambda: model(ids, mask=True, loss=criterion))
     assert max(sizes) < 3 * 7 * 512
+
+
+@pytest.mark.parametrize("kind", ["frozen head", "head trains", "logits"])
+def test_compiled_the_losses_give_the_eager_gradients(kind):
+    """Under torch.compile, as a compiled training step calls them: the same loss and
+    gradients. (torch 2.11 gave a zero gradient to an autograd function's output that its
+    forward had summed into in place: every LoRA step on a CPU trained nothing.)"""
+    from vaswani.models.losses import smoothed_cross_entropy
+
+    h, head, target = case()
+    head.weight.requires_grad_(kind == "head trains")
+
+    def loss(h):
+        if kind == "logits":
+            total, _, count = smoothed_cross_entropy(head(h), target, smoothing=0.1,
+                                                     pad_id=PAD)
+        else:
+            total, _, count = head_cross_entropy(h, head, target, smoothing=0.1, pad_id=PAD)
+        return total / count
+
+    results = []
+    for run in (loss, torch.compile(loss)):
+        h.grad = head.weight.grad = None
+        value = run(h)
+        value.backward()
+        results.append((value.detach(), h.grad, head.weight.grad))
+    (eager, grad_h, grad_w), (compiled, compiled_h, compiled_w) = results
+    assert grad_h.abs().max() > 0
+    assert_close(compiled, eager, rtol=1e-12, atol=1e-12)
+    assert_close(compiled_h, grad_h, rtol=1e-12, atol=1e-12)
+    if kind == "head trains":
+        assert_close(compiled_w, grad_w, rtol=1e-12, atol=1e-12)

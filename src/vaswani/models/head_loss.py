@@ -116,14 +116,13 @@ class _HeadCrossEntropy(torch.autograd.Function):
                 if by_words:
                     loss, nll, grad_h[rows] = _words_at_a_time(
                         h[rows].to(acc), w, target[rows], keep[rows], smoothing, pad_id)
-                    loss_sum += loss
-                    nll_sum += nll
+                    # new sums, not in place (losses.py's _ChunkedSmoothedCE says why)
+                    loss_sum, nll_sum = loss_sum + loss, nll_sum + nll
                     continue
                 x, y, k = head(h[rows].detach()).to(acc), target[rows, None], keep[rows]
                 lse = torch.logsumexp(x, dim=-1)
                 nll, loss = _chunk_sums(x, lse, y[:, 0], k, smoothing, pad_id)
-                nll_sum += nll
-                loss_sum += loss
+                loss_sum, nll_sum = loss_sum + loss, nll_sum + nll
                 if not wanted:
                     continue
                 g = x.sub_(lse[:, None]).exp_()  # softmax, in the logits' place

@@ -179,8 +179,9 @@ class _ChunkedSmoothedCE(torch.autograd.Function):
             x, y, k = logits[rows].to(acc), target[rows], keep[rows]
             lse[rows] = row_lse = torch.logsumexp(x, dim=-1)
             nll, loss = _chunk_sums(x, row_lse, y, k, smoothing, pad_id)
-            nll_sum += nll
-            loss_sum += loss
+            # sums by new tensors, not in place: under torch.compile with torch 2.11 an output
+            # added to in place got no gradient (the loss's was zero; 2.13 is right)
+            nll_sum, loss_sum = nll_sum + nll, loss_sum + loss
         ctx.save_for_backward(logits, target, keep, lse)
         ctx.smoothing, ctx.pad_id = smoothing, pad_id
         return loss_sum, nll_sum
