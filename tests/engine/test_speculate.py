@@ -65,6 +65,28 @@ def decode(model, prompts, params, guesser=None, **config):
     return [(r.output, r.logprobs, r.reason) for r in requests], engine
 
 
+def assert_decodings_equal(got, plain):
+    """``decode``'s results equal: exactly on a CPU. On a GPU the pass that checks k guesses
+    multiplies k + 1 positions where plain decoding multiplies one, and its products round
+    differently with the number of rows (the H200 of 2026-12-04: the same tokens, log-
+    probabilities a few 1e-6 apart), so there: the same tokens, top tokens and reasons, the
+    log-probabilities within float32 rounding."""
+    if DEVICE.type == "cpu":
+        assert got == plain
+        return
+
+    def split(results):
+        tokens = [(out, reason, [[t for t, _ in top] for _, top in lps or []])
+                  for out, lps, reason in results]
+        values = [v for _, lps, _ in results for lp, top in lps or []
+                  for v in (lp, *(x for _, x in top))]
+        return tokens, values
+
+    (got_tokens, got_values), (tokens, values) = split(got), split(plain)
+    assert got_tokens == tokens
+    assert got_values == pytest.approx(values, abs=1e-4)
+
+
 def test_guessing_gives_every_request_the_tokens_and_log_probabilities_it_gets_without(lm):
     """Greedy, seeded sampling and decoding rules, alone and batched with requests that do
     not guess; limits from 1 token up, and contexts that slide past max_len (96)."""
@@ -77,14 +99,14 @@ def test_guessing_gives_every_request_the_tokens_and_log_probabilities_it_gets_w
     plain, _ = decode(lm, prompts, params)
     fast = [Params(**{**p.__dict__, "speculate": 4}) for p in params]
     guessed, engine = decode(lm, prompts, fast)
-    assert guessed == plain
+    assert_decodings_equal(guessed, plain)
     said = engine.speculation
     assert said.passes and 0 < said.accepted <= said.guessed  # guesses were made, some held
     # guessing and plain requests side by side, each as alone
     mixed, _ = decode(lm, prompts, [fast[0], params[1], fast[2], params[3], fast[4]])
-    assert mixed == plain
+    assert_decodings_equal(mixed, plain)
     alone, _ = decode(lm, prompts[:1], fast[:1])
-    assert alone == plain[:1]
+    assert_decodings_equal(alone, plain[:1])
 
 
 def test_a_guess_that_holds_saves_forward_passes(lm):
