@@ -284,7 +284,7 @@ def test_a_built_language_models_own_head_is_chunked():
 def test_compiled_the_losses_give_the_eager_gradients(kind):
     """Under torch.compile, as a compiled training step calls them: the same loss and
     gradients. (torch 2.11 gave a zero gradient to an autograd function's output that its
-    forward had summed into in place: every LoRA step on a CPU trained nothing.)"""
+    forward had summed into in place: every compiled LoRA step on a CPU trained nothing.)"""
     from vaswani.models.losses import smoothed_cross_entropy
 
     h, head, target = case()
