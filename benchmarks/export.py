@@ -11,7 +11,8 @@ CTranslate2 fp32 and int8 (and ONNX Runtime, greedy, with ``--onnx``), greedy an
 Every engine runs in a process of its own, called as its own users call it (benchmarks/peers.py
 says how): vaswani's ``translate``; CTranslate2's one ``translate_batch`` over every sentence
 with its own sorting and batching (each of ``peers.CT2_BATCHINGS`` on each of its CPU backends,
-``peers.CT2_BACKENDS``, tried once, its fastest kept) and the options the export's README
+``peers.CT2_BACKENDS``, with one worker and with a worker per core, ``peers.workers_for``,
+tried once, its fastest kept) and the options the export's README
 gives; ONNX Runtime's two graphs under a numpy greedy loop. Then the engines take turns,
 ``--rounds`` times, and each keeps its best time (peers.py ``race_at_best``). The sentences are the
 run's test split. ``--length-penalty`` (default 0) is given to every engine: with 0 vaswani's
@@ -191,7 +192,8 @@ def step_costs(args, sentence: str, tmp: Path, threads: int, cap: int, steps_of)
             **common, "engine": "ctranslate2", "model": str(tmp / "fp32"),
             "compute_type": "float32", "options": {"beam_size": 1, "length_penalty": 0.0,
                                                    "max_decoding_length": cap}},
-            settings={f"{R} examples": {"max_batch_size": R, "batch_type": "examples"}}))
+            settings={f"{R} examples": {"max_batch_size": R, "batch_type": "examples"}},
+            workers=(1,)))  # one batch: nothing to run side by side
         raced = race_at_best(jobs, rounds=args.rounds)
         ours, peer = raced["vaswani"], raced["CTranslate2"]
         steps = steps_of(ours["outputs"][0])

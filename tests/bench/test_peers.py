@@ -109,6 +109,13 @@ def test_ctranslate2_is_raced_at_each_batch_setting_and_keeps_its_fastest(copy_c
         assert result["settings"]["CT2_USE_MKL"] == env["CT2_USE_MKL"]
         assert result["outputs"] == ours
 
+    # on more than one core, also a worker per core, batches side by side (inter_threads)
+    two = peers.batchings("ctranslate2", {**job, "threads": 2, "inputs": WORDS * 8})
+    assert len(two) == 2 * len(jobs)
+    result = peers.run_child(two["ctranslate2 [64 examples, oneDNN, 2 workers]"])
+    assert (result["settings"]["inter_threads"], result["settings"]["intra_threads"]) == (2, 1)
+    assert result["outputs"] == ours * 8
+
     raced = {"vaswani": {"seconds": 2.0, "per_s": 3.5},
              "ct2 [1024 tokens]": {"seconds": 3.0, "per_s": 2.3, "settings": "a"},
              "ct2 [64 examples]": {"seconds": 1.0, "per_s": 7.0, "settings": "b"},
