@@ -72,6 +72,40 @@ def test_an_idle_cache_restarts_with_the_slots_a_run_reserved():
     assert c.resizes == before + 1  # the run's four slots without another remake
 
 
+def test_an_offline_run_makes_its_slots_no_wider_than_its_rows_can_grow():
+    """Given the longest context and source its rows can reach, an idle cache makes its
+    slots that wide (here 16 and 16 of the initial 32 and 32: half the memory to zero),
+    restarts to them while the run holds them, keeps wider tensors that hold as many slots
+    (no remake), never starts wider than its initial widths, and after the run goes back to
+    those."""
+    c = cache()
+    assert c.initial == (32, 32)
+    c.reserve(4, context=10, source=7)
+    assert (c.width, c.cross_width, c.allocated) == (16, 16, 4) and c.at_start
+    before = c.resizes
+    c.restart()  # the first step of the run, idle: the reserved widths stay
+    assert (c.width, c.cross_width) == (16, 16) and c.resizes == before + 1
+    rows = filled(c, 4)
+    assert c.resizes == before + 1
+    for row in rows:
+        c.free_source(c.requests[row.slot])
+        c.free(row)
+    c.compact()
+    c.release()
+    assert not c.at_start
+    c.restart()
+    assert (c.width, c.cross_width) == c.initial
+    assert c.allocated == 1 and c.resizes == before + 2
+    c.reserve(1, context=10, source=7)  # wider tensors of enough slots: kept
+    assert (c.width, c.cross_width) == c.initial and c.resizes == before + 2 and c.at_start
+    c.release()
+    c.reserve(2, context=10, source=7)  # too few slots: made anew, at the widths needed
+    assert (c.width, c.cross_width, c.allocated) == (16, 16, 2) and c.resizes == before + 3
+    c.release()
+    c.reserve(2, context=100, source=100)  # past the initial widths: those (rows widen later)
+    assert (c.width, c.cross_width) == c.initial and c.resizes == before + 4
+
+
 def test_compacting_without_holes_reads_no_slot():
     """Every slot taken and every step compacts; with no slot let go since the last time
     (as many held as listed) it moves nothing and reads none of the slots."""

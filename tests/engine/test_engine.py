@@ -217,6 +217,22 @@ def test_long_prompts_are_prefilled_in_chunks_and_slide_past_max_len():
         assert request.output == alone(lm, p, params)  # > max_len (40): sliding windows
 
 
+def test_an_offline_run_makes_its_slots_as_wide_as_its_rows_can_grow():
+    """``Engine.run`` knows every prompt and limit: its cache is made that wide (prompts of
+    at most 20 tokens and 5 new ones: 32 columns, against the 48 of the model's full
+    length), and the outputs are those of each request alone."""
+    lm = model("decoder")
+    cases = [(p, Params(max_new_tokens=5)) for p in prompts(6, seed=4, low=3, high=20)]
+    assert 16 <= max(len(p) for p, _ in cases) + 5 < 31
+    requests = [lm_request(p, params) for p, params in cases]
+    eng = engine(lm, max_rows=8)
+    assert eng.cache.initial[0] == 48
+    eng.run(requests)
+    assert eng.cache.width == 32 and eng.cache.resizes == 2  # made at the start, then once
+    for (p, params), request in zip(cases, requests, strict=True):
+        assert request.output == alone(lm, p, params)
+
+
 def test_a_tiny_cache_preempts_and_still_answers_everything_exactly():
     lm = model("decoder")
     cases = [(p, Params(max_new_tokens=25, temperature=0.9, seed=i))

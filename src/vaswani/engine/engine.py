@@ -139,7 +139,10 @@ class Engine:
         as rows finish, the slots stay in order of length (cache.py ``compact``, ``parts``)."""
         for r in sorted(requests, key=lambda q: -len(q.prompt)) if longest_first else requests:
             self.submit(r)
-        self.cache.reserve(sum(max(1, r.params.beam) for r in requests))  # made once
+        # made once, as wide as the rows and sources can grow (a translation's is its limit)
+        self.cache.reserve(sum(max(1, r.params.beam) for r in requests),
+                           max((len(r.start) + r.limit for r in requests), default=0),
+                           max((len(r.prompt) for r in requests), default=0) * self.seq2seq)
         s = self.scheduler
         s.gather = max(1, s.max_rows // GATHER)  # new requests in groups (scheduler.py)
         try:
