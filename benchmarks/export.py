@@ -12,7 +12,8 @@ Every engine runs in a process of its own, called as its own users call it (benc
 says how): vaswani's ``translate``; CTranslate2's one ``translate_batch`` over every sentence
 with its own sorting and batching (each of ``peers.CT2_BATCHINGS`` on each of its CPU backends,
 ``peers.CT2_BACKENDS``, with one worker and with a worker per core, ``peers.workers_for``,
-tried once, its fastest kept) and the options the export's README
+tried once, its fastest kept; vaswani's rows likewise in one process and split across a
+process per core, ``peers.vaswani_workers``, but bf16's) and the options the export's README
 gives; ONNX Runtime's two graphs under a numpy greedy loop. Then the engines take turns,
 ``--rounds`` times, and each keeps its best time (peers.py ``race_at_best``). The sentences are the
 run's test split. ``--length-penalty`` (default 0) is given to every engine: with 0 vaswani's
@@ -37,7 +38,7 @@ import tempfile
 from pathlib import Path
 
 from .common import step_sentence
-from .peers import agreement, batchings, race_at_best
+from .peers import agreement, batchings, race_at_best, vaswani_workers
 
 
 def main() -> None:
@@ -95,13 +96,13 @@ def main() -> None:
         common = {"task": "translate", "inputs": sources, "threads": threads}
         ct2 = {"beam_size": beam, "length_penalty": args.length_penalty,
                "max_decoding_length": cap}
-        jobs = {"vaswani fp32": {**common, "engine": "vaswani", "model": args.run_dir,
-                                 "options": ours}}
+        fp32 = {**common, "engine": "vaswani", "model": args.run_dir, "options": ours}
+        jobs = vaswani_workers("vaswani fp32", fp32)  # one process, and one a core
         if build_s is not None:
-            jobs["vaswani fp32 compiled"] = {**jobs["vaswani fp32"], "compiled": True}
-        if bf16:
-            jobs["vaswani bf16"] = {**jobs["vaswani fp32"], "dtype": "bf16"}
-        jobs["vaswani int8"] = {**jobs["vaswani fp32"], "quantize": "int8"}
+            jobs.update(vaswani_workers("vaswani fp32 compiled", {**fp32, "compiled": True}))
+        if bf16:  # (the child casts its own model: one process)
+            jobs["vaswani bf16"] = {**fp32, "dtype": "bf16"}
+        jobs.update(vaswani_workers("vaswani int8", {**fp32, "quantize": "int8"}))
         for precision, compute_type in [("fp32", "float32"), ("int8", "int8")]:
             jobs.update(batchings(f"CTranslate2 {precision}", {
                 **common, "engine": "ctranslate2", "model": str(tmp / precision),
@@ -120,7 +121,8 @@ def main() -> None:
                 "sentences_per_s": r["per_s"], "rounds_s": r["rounds"],
                 "speed_vs_ct2_fp32": round(peer["seconds"] / r["seconds"], 2),
                 "same_as_ct2_fp32": round(agreement(r["outputs"], peer["outputs"]), 4),
-                "settings": r["settings"], **({"per_s_by_setting": r["tried"]}
+                "settings": r["settings"], **({"setting": r["setting"],
+                                               "per_s_by_setting": r["tried"]}
                                               if "tried" in r else {}),
                 "examples": r["outputs"][:3]}
         for r in list(results.values())[-len(raced):]:
@@ -137,7 +139,8 @@ def main() -> None:
     print("| engine | beam | test BLEU | vs vaswani fp32 | sentences/s | vs CTranslate2 fp32 "
           "| same output as CTranslate2 fp32 |\n|---|---|---|---|---|---|---|")
     for r in results.values():
-        print(f"| {r['engine']} | {r['beam']} | {r['bleu']:.2f} | "
+        setting = f" [{r['setting']}]" if "setting" in r else ""
+        print(f"| {r['engine']}{setting} | {r['beam']} | {r['bleu']:.2f} | "
               f"{r['bleu_vs_vaswani_fp32']:+.2f} | {r['sentences_per_s']:.1f} | "
               f"{r['speed_vs_ct2_fp32']:.2f}x | {r['same_as_ct2_fp32']:.1%} |")
     for beam, ratio in sorted(int8.items()):

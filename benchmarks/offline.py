@@ -8,7 +8,9 @@ model.
 ``vaswani export --format ct2``; 1,000 prompts (``generate_many``, 64 new tokens, greedy)
 against its ``generate_batch``. Each engine runs in a process of its own, called as its users
 call it (benchmarks/peers.py: CTranslate2 gets every input in one call and sorts and batches
-them itself); they take turns twice and each keeps its best time. Outputs are compared apart
+them itself); they take turns twice and each keeps its best time. Each translation row is
+raced with vaswani in one process and split across a process per core (``workers``), as
+CTranslate2's with one worker and a worker per core, each at its faster. Outputs are compared apart
 from the timing (the algorithms agree, beam search included). The same rows again in int8:
 vaswani's ``quantize="int8"`` against CTranslate2's int8 export.
 
@@ -37,7 +39,7 @@ from pathlib import Path
 import torch
 
 from .common import make_runs, report, sentence, test_pairs
-from .peers import agreement, batchings, race_at_best
+from .peers import agreement, batchings, race_at_best, vaswani_workers
 
 
 def against_ct2(work: Path, n: int, threads: int, rounds: int = 2,
@@ -70,9 +72,10 @@ def against_ct2(work: Path, n: int, threads: int, rounds: int = 2,
         for beam in (1, 4):
             common = {"task": "translate", "inputs": sources}
             out[f"translate {n} sentences, beam {beam}, {precision}"] = versus(race_at_best({
-                "vaswani": {**common, **ours, "model": str(runs["translator"]),
-                            "options": {"beam": beam, "length_penalty": 0.0,
-                                        "max_len_a": 0.0, "max_len_b": CAP}},
+                **vaswani_workers("vaswani", {
+                    **common, **ours, "model": str(runs["translator"]),
+                    "options": {"beam": beam, "length_penalty": 0.0, "max_len_a": 0.0,
+                                "max_len_b": CAP}}),
                 **batchings("ctranslate2", {
                     **common, **theirs, "model": str(folder / precision / "translator"),
                     "options": {"beam_size": beam, "length_penalty": 0.0,
@@ -96,7 +99,9 @@ def versus(raced: dict) -> dict:
             "vaswani_over_ct2": round(theirs["seconds"] / ours["seconds"], 2),
             "same_outputs": agreement(ours["outputs"], theirs["outputs"]),
             "ctranslate2_settings": theirs["settings"],
-            "ctranslate2_per_s_by_setting": theirs["tried"]}
+            "ctranslate2_per_s_by_setting": theirs["tried"],
+            **({"vaswani_setting": ours["setting"], "vaswani_per_s_by_setting": ours["tried"]}
+               if "tried" in ours else {})}
 
 
 def profile_row(work: Path, row: str = "lm", n: int = 300, run_dir: str | None = None) -> dict:

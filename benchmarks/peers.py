@@ -11,7 +11,8 @@ engine (the CTranslate2 and ONNX Runtime children check that torch is not loaded
 How each engine is called:
 
 - ``vaswani``: ``vaswani.load(RUN).translate(texts, ...)`` / ``generate_many(prompts, ...)``,
-  the library's own call, with its defaults (what ``vaswani translate`` runs), in a process
+  the library's own call, with its defaults (what ``vaswani translate`` runs; a translation
+  also split across worker processes, ``workers``: :func:`vaswani_workers`), in a process
   under the malloc settings every ``vaswani`` command runs under (cli/process.py
   ``keep_freed_memory``; ``malloc_pinned`` in the result says whether they took); ``quantize``
   and ``compiled`` as ``vaswani.load`` takes them (eager unless ``compiled``: the decode step
@@ -134,6 +135,18 @@ def batchings(name: str, job: dict, settings: dict = CT2_BATCHINGS,
             for n in workers}
 
 
+def vaswani_workers(name: str, job: dict, workers: tuple[int, ...] | None = None
+                    ) -> dict[str, dict]:
+    """A vaswani translation ``job`` once per number of processes its offline call is split
+    across (``vaswani.load(..., workers=N)``, vaswani's own way to keep every core busy, as
+    CTranslate2's ``inter_threads``; default :func:`workers_for` the job's threads), named
+    ``name [1 worker]`` or ``name [N workers]``, for :func:`race_at_best`, which races
+    CTranslate2's rows at both too."""
+    workers = workers_for(job["threads"]) if workers is None else workers
+    return {f"{name} [{n} worker{'s' if n > 1 else ''}]": {**job, "workers": n}
+            for n in workers}
+
+
 def keep_fastest(raced: dict[str, dict]) -> dict[str, dict]:
     """``raced`` with each group of ``name [setting]`` entries replaced by its fastest, under
     ``name``, that setting's label under ``"setting"``; the group's inputs per second at each
@@ -206,7 +219,8 @@ def _vaswani(job: dict) -> tuple[list, float, dict]:
     pinned = keep_freed_memory()  # the malloc settings `vaswani translate` runs under
     torch.set_num_threads(job["threads"])
     run = vaswani.load(job["model"], quantize=job.get("quantize"),  # eager unless asked:
-                       compiled=job.get("compiled", False))  # the run may hold a package
+                       compiled=job.get("compiled", False),  # the run may hold a package
+                       workers=job.get("workers", 1))  # (processes started here, untimed)
     if job.get("dtype") == "bf16":
         run.model.to(torch.bfloat16)
     opts = job["options"]
@@ -218,6 +232,7 @@ def _vaswani(job: dict) -> tuple[list, float, dict]:
             return run.generate_many(texts, **opts)
     out, seconds = _timed(fn, job["inputs"])
     return out, seconds, {"threads": torch.get_num_threads(), "quantize": job.get("quantize"),
+                          "workers": run.workers.count if run.workers else 1,
                           "malloc_pinned": pinned,
                           "compiled": run.compiled is not None, **opts}
 

@@ -127,6 +127,21 @@ def test_ctranslate2_is_raced_at_each_batch_setting_and_keeps_its_fastest(copy_c
     assert kept["vaswani"] == raced["vaswani"]
 
 
+def test_vaswani_is_raced_in_one_process_and_split_across_a_process_per_core(copy_run):
+    """As CTranslate2 with a worker per core: vaswani's translation rows also run split
+    across a process per core (``vaswani.load(..., workers=N)``), the translations the same."""
+    job = {"engine": "vaswani", "task": "translate", "model": str(copy_run[0]),
+           "inputs": WORDS * 8, "threads": 2,
+           "options": {"beam": 2, "max_len_a": 0.0, "max_len_b": 31}}
+    jobs = peers.vaswani_workers("vaswani", job)
+    assert list(jobs) == ["vaswani [1 worker]", "vaswani [2 workers]"]
+    assert list(peers.vaswani_workers("vaswani", {**job, "threads": 1})) == ["vaswani [1 worker]"]
+    result = peers.run_child(jobs["vaswani [2 workers]"])
+    assert result["settings"]["workers"] == 2 and result["settings"]["threads"] == 2
+    assert result["outputs"] == vaswani.load(copy_run[0]).translate(
+        WORDS * 8, beam=2, max_len_a=0.0, max_len_b=31)
+
+
 def test_race_at_best_picks_a_setting_then_times_every_engine_as_often(monkeypatch):
     """A group of settings runs once each, its fastest is kept, then it and the single jobs
     alternate for as many rounds each: no contender's best is a best of more tries."""

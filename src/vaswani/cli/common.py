@@ -83,14 +83,15 @@ def _at_least(text: str, low: int) -> int:
 
 def load_run(args: argparse.Namespace):
     """RUN_DIR loaded for use (--device, --weights, --engine, --quantize, --kv-cache,
-    --fast-prefill, --eager)."""
+    --fast-prefill, --eager, --workers)."""
     from ..inference import load
 
     return load(args.run_dir, device=args.device, weights=args.weights,
                 engine=getattr(args, "engine", "vaswani"),
                 quantize=getattr(args, "quantize", None),
                 kv_cache=getattr(args, "kv_cache", None),
-                fast_prefill=getattr(args, "fast_prefill", None), **eager(args))
+                fast_prefill=getattr(args, "fast_prefill", None),
+                workers=getattr(args, "workers", 1), **eager(args))
 
 
 SPECULATE_HELP = ("guess up to N tokens after each one, from the context (prompt lookup) or "

@@ -33,7 +33,7 @@ ENGINES = ("vaswani", "ct2")
 
 def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
          engine: str = "vaswani", quantize: str | None = None, compiled: bool | None = None,
-         kv_cache: str | None = None, fast_prefill: bool | None = None):
+         kv_cache: str | None = None, fast_prefill: bool | None = None, workers: int = 1):
     """Load a run directory written by ``vaswani train`` (or ``vaswani import``) as the class
     of its task. ``weights``: ``"best"`` (model.safetensors), ``"last"`` (the latest
     checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``).
@@ -44,8 +44,12 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     ``kv_cache="bf16"``: the decoder's keys and values kept in bfloat16 (half the memory).
     ``fast_prefill``: an int8 language model's prompts multiplied in bfloat16, where the CPU
     has bfloat16 products (None, the default: wherever it does; False: never; base.py
-    ``load``)."""
+    ``load``). ``workers``: a translator's offline calls split across this many processes,
+    each with its own copy of the run and an equal share of the threads (workers.py)."""
     if engine == "ct2":
+        if workers != 1:
+            raise ValueError("workers is vaswani's own engine's; CTranslate2 runs its own "
+                             "(its inter_threads)")
         if fast_prefill:
             raise ValueError("--fast-prefill is vaswani's own engine's; CTranslate2 runs its "
                              "own products")
@@ -59,7 +63,8 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     if engine != "vaswani":
         raise ValueError(f"engine ({engine!r}) must be one of {', '.join(ENGINES)}")
     return _load_run(run_dir, device=device, weights=weights, quantize=quantize,
-                     compiled=compiled, kv_cache=kv_cache, fast_prefill=fast_prefill)
+                     compiled=compiled, kv_cache=kv_cache, fast_prefill=fast_prefill,
+                     workers=workers)
 
 
 __all__ = ["Encoder", "LanguageModel", "Run", "Translator", "WrongModel", "load"]

@@ -44,6 +44,7 @@ from ..models import build_model
 from ..models.common import fill_buffers
 from ..tasks import Task, task_for
 from .finetuned import adapted
+from .workers import Workers
 
 
 def check_batch_size(batch_size: int) -> None:
@@ -87,6 +88,7 @@ class Run:
         self.kv_cache: str | None = None  # its engines' key/value cache dtype by name (None:
         # the model's; engine/config.py KV_CACHE)
         self.fast_prefill = False  # its engines' prefills' int8 products in bfloat16
+        self.workers: Workers | None = None  # processes its offline calls are split across
         self._engine = None
 
     def adapted(self):
@@ -255,7 +257,8 @@ def owner_of(method: str) -> str | None:
 
 def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
          quantize: str | None = None, compiled: bool | None = None,
-         kv_cache: str | None = None, fast_prefill: bool | None = None) -> Run:
+         kv_cache: str | None = None, fast_prefill: bool | None = None,
+         workers: int = 1) -> Run:
     """Load a run directory written by ``vaswani train`` (or ``vaswani import``) as the use
     class of its task. ``weights``: ``"best"`` (model.safetensors), ``"last"`` (the latest
     checkpoint) or ``"averaged"`` (averaged.safetensors, from ``vaswani average``).
@@ -270,8 +273,12 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     that cache. ``fast_prefill``: an int8 language model's prompts multiplied in bfloat16
     (faster; the int8 kernel's arithmetic up to one rounding: ``EngineConfig.bf16_prefill``):
     None, where the CPU has bfloat16 products; False, never; True, asked for (refused for
-    anything else, a warning on a CPU without them)."""
+    anything else, a warning on a CPU without them). ``workers``: a translator's offline calls
+    (``translate``, ``score``, ``evaluate``) split across this many processes on a CPU, each
+    with its own copy of the run and an equal share of torch's threads (workers.py)."""
     run_dir = Path(run_dir)
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers ({workers!r}) must be a whole number >= 1")
     if quantize is not None and quantize not in QUANTIZE:
         raise ValueError(f"quantize ({quantize!r}) must be one of {', '.join(QUANTIZE)}")
     if kv_cache is not None and kv_cache not in KV_CACHE:
@@ -330,6 +337,14 @@ def load(run_dir: str | Path, *, device: str = "cpu", weights: str = "best",
     elif compiled:
         raise ValueError(f"a compiled decode step is for a run that decodes on a CPU; {run_dir} "
                          f"holds {kind.describes}" + (f", on {dev}" if dev.type != "cpu" else ""))
+    if workers > 1:
+        if not kind.cross or dev.type != "cpu":
+            raise ValueError(f"workers split a translator's offline calls on a CPU; {run_dir} "
+                             f"holds {kind.describes}" + (f", on {dev}" if dev.type != "cpu"
+                                                          else ""))
+        run.workers = Workers(workers, dict(
+            run_dir=str(run_dir), weights=weights, quantize=quantize, kv_cache=kv_cache,
+            compiled=run.compiled is not None, fast_prefill=fast_prefill), torch.get_num_threads())
     return run
 
 

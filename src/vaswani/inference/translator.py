@@ -53,9 +53,17 @@ class Translator(Run):
         4: a small model's step costs a CPU about as much for many rows as for few, so more
         rows per step translate more sentences a second). Sources go in longest first
         (``Engine.run``'s ``longest_first``; docs/performance.md, "The engine's choices for a
-        CPU")."""
+        CPU"). A run loaded with ``workers`` splits the texts among them (workers.py)."""
         if batch_size is not None:
             check_batch_size(batch_size)
+        if self.workers is not None and len(texts) > 1:
+            return self.workers.map(self, "own_translations", texts, self.input_tokens(texts),
+                                    decode, batch_size=batch_size)
+        return self.own_translations(texts, decode, batch_size=batch_size)
+
+    def own_translations(self, texts: list[str], decode: DecodeConfig, *,
+                         batch_size: int | None = None) -> list[list[tuple[str, float]]]:
+        """:meth:`translations` in this process, on its own engine."""
         requests = self.requests(texts, decode)
         rows = max([1, *(r.params.beam for r in requests.values())])  # a request's rows
         engine = self.engine_for(rows * min(len(requests), batch_size or len(requests)))
