@@ -47,6 +47,15 @@ def test_each_text_gets_its_own_translation_with_half_of_them_made_elsewhere(
     assert here == [len(TEXTS) // 2]  # the other half translated by the worker process
 
 
+def test_fewer_texts_than_workers_leave_the_others_idle(copy_run):
+    run, alone = vaswani.load(copy_run[0], workers=3), vaswani.load(copy_run[0])
+    try:
+        for texts in (["abc", "dcba"], ["hello"], TEXTS):  # shares of 1, 1 and 0; one text
+            assert run.translate(texts) == alone.translate(texts)  # (this process alone)
+    finally:
+        run.workers.close()
+
+
 def test_a_worker_that_ended_is_an_error_naming_it(copy_run):
     run = vaswani.load(copy_run[0], workers=2)
     run.workers._processes[0].kill()

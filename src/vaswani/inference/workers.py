@@ -5,16 +5,17 @@ Why: a decode step of a small model on a CPU is partly the model's products, whi
 core busy, and partly the engine's own Python (a beam search's ranking and bookkeeping, the
 next step's plan), which keeps one busy and leaves the others idle. Two copies of the run
 with one thread each fill that gap: each one's Python runs while the other multiplies. On a
-2-vCPU Zen 4 EPYC, the demo translator's 300 test verses with its compiled step took 1.24-1.29x
-less time with two workers with beam 4 and 1.6x less greedy (docs/performance.md,
-"Translating with a worker per core").
+2-vCPU Zen 4 EPYC, the demo translator with its compiled step translated its 300 test
+verses 1.25x as fast split in two with beam 4 and 1.2-1.4x greedy, the same translations
+(docs/performance.md, "Translating with a worker per core").
 
 A process each, not a thread: a compiled step's call and the engine's Python both hold
-Python's GIL, so two threads would take turns. The processes are spawned, not forked (a
+Python's GIL, so two threads would take turns. Each is a new Python process (not a fork: a
 forked child of a process whose OpenMP threads have run can hang in its first parallel
-region), and each loads the run as this process loaded it, with ``threads // N`` threads of
-its own; this process is the first worker, under as many threads for the call. A worker
-starts in about as long as ``vaswani.load`` takes, once, when the run is loaded.
+region, and not multiprocessing's spawn, which imports the caller's own script again), on
+one end of a socket pair; it loads the run as this process loaded it, with ``threads // N``
+threads of its own; this process is the first worker, under as many threads for the call.
+A worker starts in about as long as ``vaswani.load`` takes, once, when the run is loaded.
 
 The texts are dealt out longest first, one to each worker in turn, so every share has as many
 long texts as short ones and the workers finish together; each share decodes as the whole
@@ -92,22 +93,23 @@ class Workers:
         error a worker raised is raised here."""
         if not self._closed.alive:
             raise WorkerError("the workers were closed")
-        shares = deal(lengths, self.count)
-        for pipe, share in zip(self._pipes, shares[1:], strict=True):
-            pipe.send((method, [texts[i] for i in share], args, kwargs))
+        shares = deal(lengths, self.count)  # (this process's share the first, never empty)
+        busy = [i for i in range(len(self._pipes)) if shares[i + 1]]  # fewer texts: fewer
+        for i in busy:
+            self._pipes[i].send((method, [texts[k] for k in shares[i + 1]], args, kwargs))
         try:
             with threads(self.threads):
-                parts = [getattr(run, method)([texts[i] for i in shares[0]], *args, **kwargs)]
+                parts = [getattr(run, method)([texts[k] for k in shares[0]], *args, **kwargs)]
         finally:  # every worker's answer read, whatever happened here: the pipes stay in step
-            answers = [self._receive(i) for i in range(len(self._pipes))]
+            answers = [self._receive(i) for i in busy]
         for kind, value in answers:
             if kind == "error":
                 raise value
             parts.append(value)
         results: list = [None] * len(texts)
-        for share, part in zip(shares, parts, strict=True):
-            for i, result in zip(share, part, strict=True):
-                results[i] = result
+        for share, part in zip([shares[0]] + [shares[i + 1] for i in busy], parts, strict=True):
+            for k, result in zip(share, part, strict=True):
+                results[k] = result
         return results
 
     def _receive(self, i: int) -> tuple[str, Any]:
@@ -140,7 +142,10 @@ def serve(pipe) -> None:
     """A worker process: load the run as told, say so, then answer each (method, texts,
     args, kwargs) with ("ok", the method's result) or ("error", what it raised), until told
     to stop (or its caller is gone)."""
-    load, threads = pipe.recv()
+    try:
+        load, threads = pipe.recv()
+    except EOFError:  # its caller ended before it said what to load
+        return
     torch.set_num_threads(threads)
     from . import load as load_run
 
