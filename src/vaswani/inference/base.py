@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import ClassVar
 
 import torch
-from torch import Tensor
 
 from .. import checkpoint, rundir
 from ..checkpoint.quantized import load_quantized
@@ -385,31 +384,3 @@ def encode_inputs(tokenizer: Tokenizer, texts: list[str], max_len: int, *, bos: 
                       f"max_len ({max_len} tokens) and were truncated (the longest, input "
                       f"{i + 1}, had {n})", stacklevel=3)
     return out
-
-
-def as_batch(ids: list[int], device: torch.device) -> Tensor:
-    """One sequence of ids as a (1, T) batch."""
-    return torch.tensor([ids], dtype=torch.long, device=device)
-
-
-def token_labels(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
-    """A readable label per token id (for attention plots)."""
-    return [tokenizer.token(i) for i in ids]
-
-
-def next_token_probabilities(logits: Tensor, ids: list[int], labels: list[str],
-                             last: tuple[int, str] | None = None) -> list[dict]:
-    """For each position t of a teacher-forced (1, T, V) ``logits``, the probability it gave
-    the next token ``ids[t + 1]`` (``last``: (id, label) of what follows the final position),
-    labelled with that token."""
-    probs = logits[0].float().softmax(-1)
-    out = []
-    follow = list(zip(ids[1:], labels[1:], strict=True)) + ([last] if last else [])
-    for t, (i, label) in enumerate(follow):
-        out.append({"token": label, "p": round(float(probs[t, i]), 5)})
-    return out
-
-
-def attention_map(weights: Tensor, queries: list[str], keys: list[str]) -> dict:
-    """One kind of attention of one input: (L, H, Tq, Tk) weights and the token labels."""
-    return {"weights": weights.float().cpu(), "queries": queries, "keys": keys}

@@ -15,7 +15,8 @@ import torch
 from ..data.batching import pad
 from ..data.files import DataError
 from ..tasks.classification import classifier_inputs
-from .base import Run, as_batch, attention_map, check_batch_size, token_labels
+from .base import Run, check_batch_size
+from .inside import as_batch, attention_map, token_labels
 
 
 class Encoder(Run):

@@ -20,7 +20,8 @@ from ..engine.draft import DraftModel
 from ..engine.speculate import lookup
 from ..generation.grammar import Constraint, grammars
 from ..models.losses import smoothed_cross_entropy
-from .base import Run, as_batch, attention_map, next_token_probabilities, token_labels
+from .base import Run
+from .inside import as_batch, attention_map, next_token_probabilities, token_labels
 
 
 class LanguageModel(Run):

@@ -17,15 +17,8 @@ import torch
 from ..config import DecodeConfig
 from ..engine import Request
 from ..evaluation.metrics import bleu_chrf
-from .base import (
-    Run,
-    as_batch,
-    attention_map,
-    check_batch_size,
-    encode_inputs,
-    next_token_probabilities,
-    token_labels,
-)
+from .base import Run, check_batch_size, encode_inputs
+from .inside import as_batch, attention_map, next_token_probabilities, token_labels
 
 
 class Translator(Run):

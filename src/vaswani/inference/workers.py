@@ -4,10 +4,9 @@
 Why: a decode step of a small model on a CPU is partly the model's products, which keep every
 core busy, and partly the engine's own Python (a beam search's ranking and bookkeeping, the
 next step's plan), which keeps one busy and leaves the others idle. Two copies of the run
-with one thread each fill that gap: each one's Python runs while the other multiplies. On a
-2-vCPU Zen 4 EPYC, the demo translator with its compiled step translated its 300 test
-verses 1.25x as fast split in two with beam 4 and 1.2-1.4x greedy, the same translations
-(docs/performance.md, "Translating with a worker per core").
+with one thread each fill that gap: each one's Python runs while the other multiplies (what
+it buys, against CTranslate2 too: docs/performance.md, "Translating with a worker per
+core").
 
 A process each, not a thread: a compiled step's call and the engine's Python both hold
 Python's GIL, so two threads would take turns. Each is a new Python process (not a fork: a
