@@ -6,7 +6,7 @@ import pytest
 
 import vaswani
 from vaswani.cli import main
-from vaswani.inference.workers import WorkerError, Workers, deal
+from vaswani.inference.workers import WorkerError, Workers, answer, deal
 
 TEXTS = ["abcdefghij", "", "jihgfedcba", "aabbcc", "j", "abcabc", "hello", "cab", "bad",
          "dig", "e", "abcdefghijabcdefghij"] * 3
@@ -92,3 +92,14 @@ def test_the_translate_command_splits_its_lines_with_workers(copy_run, tmp_path,
     with pytest.raises(SystemExit):
         main(["translate", str(copy_run[0]), "--workers", "0"])
     assert "whole number >= 1" in capsys.readouterr().err
+
+
+def test_an_answer_that_cannot_be_sent_comes_as_an_error():
+    """A result (or an exception) that cannot be pickled must not arrive as a result."""
+    from multiprocessing import Pipe
+
+    ours, theirs = Pipe()
+    answer(theirs, "ok", lambda: 0)
+    kind, value = ours.recv()
+    assert kind == "error" and isinstance(value, RuntimeError)
+    assert "ok answer could not be sent" in str(value) and "function" in str(value)

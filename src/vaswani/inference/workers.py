@@ -164,12 +164,13 @@ def serve(pipe) -> None:
 
 
 def answer(pipe, kind: str, value: Any) -> None:
-    """Send (kind, value); an exception that cannot be pickled goes as a RuntimeError that
-    names it."""
+    """Send (kind, value); a value that cannot be pickled (a result, or an exception) goes as
+    an error, a RuntimeError that names it."""
     try:
         pipe.send((kind, value))
-    except Exception:  # noqa: BLE001 (pickling)
-        pipe.send((kind, RuntimeError(f"{type(value).__name__}: {value}")))
+    except Exception as e:  # noqa: BLE001 (pickling)
+        pipe.send(("error", RuntimeError(f"a worker's {kind} answer could not be sent "
+                                         f"({e}): {type(value).__name__}: {value}")))
 
 
 def main(fd: int) -> None:
