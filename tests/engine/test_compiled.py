@@ -23,6 +23,7 @@ from vaswani.engine import build as build_module
 from vaswani.engine import compiled as compiled_module
 from vaswani.engine.build import (
     FEW_GEMM,
+    FEW_PARTS,
     FEW_ROWS_TRIED,
     INT8_ROWS_BLOCK,
     build,
@@ -155,9 +156,10 @@ def test_a_translators_runs_of_rows_read_as_many_of_their_own_keys_as_their_long
     """Sentences admitted steps apart (as in a beam search, where new ones start beside
     hypotheses far along): each run of rows reads as many of its own keys as its longest
     row has (compiled.py SOURCE_PARTS), not the step's longest, and every row's logits are
-    still the eager step's."""
+    still the eager step's. The few-row companion takes them as one run (FEW_PARTS)."""
     run = load(mt_run)
-    assert run.compiled is not None
+    step = run.compiled
+    assert step is not None and step.few is not None and step.few.parts == FEW_PARTS == 1
     engine = run.new_engine(run.engine_for(8).config)
     tok, greedy = run.source_tokenizer, dataclasses.replace(run.config.decode, beam=1)
 
@@ -173,16 +175,22 @@ def test_a_translators_runs_of_rows_read_as_many_of_their_own_keys_as_their_long
     positions = [seq.cached for _, seq in rows]
     # runs of more than one row (a short source may be done already), longest first
     assert len(rows) > SOURCE_PARTS and positions[0] > positions[-1]
-    read = []  # the keys each run of rows read (the step's last inputs), from either package
-    for package in filter(None, (run.compiled, run.compiled.few)):
-        monkeypatch.setattr(package, "_boxed_run", lambda flat, boxed=package._boxed_run: (
-            read.append([t.numel() for t in flat[-SOURCE_PARTS:]]) or boxed(flat)))
-    assert_compiled_as_eager(engine, rows, run.compiled)
-    # the rows in SOURCE_PARTS runs of one size, the last row again to fill them
-    padded = positions + positions[-1:] * (-len(rows) % SOURCE_PARTS)
-    size = len(padded) // SOURCE_PARTS
-    assert read == [[max(padded[i:i + size]) + 1 for i in range(0, len(padded), size)]]
-    assert len(set(read[0])) > 1
+    read = []  # the keys each run of rows read (the step's last inputs), and by which package
+    for package in (step, step.few):
+        boxed = package._boxed_run
+        monkeypatch.setattr(package, "_boxed_run", lambda flat, p=package, boxed=boxed: (
+            read.append((p, [t.numel() for t in flat[-p.parts:]])) or boxed(flat)))
+    for package, few_rows in ((step, 0), (step.few, len(rows))):  # all rows to the one
+        monkeypatch.setattr(step, "few_rows", few_rows)
+        read.clear()
+        assert_compiled_as_eager(engine, rows, step)
+        # the rows in runs of one size, the last row again to fill them
+        padded = positions + positions[-1:] * (-len(rows) % package.parts)
+        size = len(padded) // package.parts
+        assert read == [(package, [max(padded[i:i + size]) + 1
+                                   for i in range(0, len(padded), size)])]
+        if package is step:
+            assert len(set(read[0][1])) > 1  # each run as long as its own longest row
 
 
 @pytest.mark.parametrize("family", ["lm", "mt"])
@@ -261,12 +269,14 @@ def test_a_step_of_more_rows_than_its_package_takes_runs_eagerly(lm_run):
     calls = []
     step = run.compiled
 
-    def counted(*args, **kwargs):
-        calls.append(args[1].size(0))
-        return step(*args, **kwargs)
+    class Counted:  # the runner's calls, by their rows
+        max_rows = 2
 
-    counted.max_rows = 2
-    run.compiled = counted
+        def rows(self, cache, ids, *args):
+            calls.append(len(ids))
+            return step.rows(cache, ids, *args)
+
+    run.compiled = Counted()
     prompts = ["the cat", "a dog", "it was"]
     assert run.generate_many(prompts, max_new_tokens=6, temperature=0) == \
         load(lm_run, compiled=False).generate_many(prompts, max_new_tokens=6, temperature=0)
@@ -584,7 +594,8 @@ def test_a_translators_float_step_has_a_companion_for_steps_of_a_few_rows(mt_run
     record = json.loads(record_path(few).read_text())
     main_record = json.loads(record_path(package).read_text())
     assert record["gemm"] == FEW_GEMM == "CPP" and record["rows"] >= 8
-    assert {k: v for k, v in record.items() if k not in ("gemm", "rows", "step_ms")} == \
+    assert record["parts"] == FEW_PARTS  # its rows in one run
+    assert {k: v for k, v in record.items() if k not in ("gemm", "rows", "parts", "step_ms")} == \
         {k: v for k, v in main_record.items() if k != "build_seconds"}
     assert record["step_ms"] and all(len(pair) == 2 and min(pair) > 0
                                      for pair in record["step_ms"].values())
@@ -594,6 +605,7 @@ def test_a_translators_float_step_has_a_companion_for_steps_of_a_few_rows(mt_run
     assert not survey(mt_run)[1]
     step = load(mt_run).compiled
     assert step.few is not None and step.few.path == few and step.few_rows == record["rows"]
+    assert step.parts == SOURCE_PARTS and step.few.parts == FEW_PARTS
     assert inductor_options(None, FEW_GEMM)["max_autotune_gemm_backends"] == "CPP"
 
 
@@ -627,6 +639,20 @@ def test_steps_of_a_few_rows_run_the_companion_to_the_eager_steps_logits(mt_run)
         got, at_compiled = results[kind]
         assert at_compiled == at
         assert_close(got[at], want[at], rtol=1e-4, atol=1e-4)
+
+
+def test_a_sentence_translated_alone_is_one_row_of_the_companions_steps(mt_run, monkeypatch):
+    """The few-row companion takes its rows as one run (build.py FEW_PARTS), so a greedy
+    sentence alone is a step of one row, not of SOURCE_PARTS (its row again to fill the
+    runs, each multiplied by every weight); the translation is eager's."""
+    compiled = load(mt_run)
+    few = compiled.compiled.few
+    rows = []
+    boxed = few._boxed_run
+    monkeypatch.setattr(few, "_boxed_run", lambda flat: rows.append(flat[0].size(0)) or boxed(flat))
+    got = compiled.translate(["a b c d e"], beam=1)
+    assert rows and set(rows) == {1}
+    assert got == load(mt_run, compiled=False).translate(["a b c d e"], beam=1)
 
 
 def test_a_compiled_translator_with_and_without_its_few_row_step_decodes_as_eager(mt_run):

@@ -27,8 +27,8 @@ def test_each_job_is_timed_with_and_without_each_companion(mt_run):  # noqa: F81
     widths = []  # each step's keys: its runs' own, and the step's width
     for package in (step, step.few):
         runner = package._boxed_run
-        package._boxed_run = lambda flat, runner=runner: (widths.append((
-            step.own_widths, flat[4].numel(), [t.numel() for t in flat[-SOURCE_PARTS:]])),
+        package._boxed_run = lambda flat, runner=runner, parts=package.parts: (widths.append((
+            step.own_widths, flat[4].numel(), [t.numel() for t in flat[-parts:]])),
             runner(flat))[1]
     result = companions.time_jobs(run, ["a b c d", "e f", "g h i j k l"], rounds=1)
     assert list(result) == ["all, greedy", "all, beam 4", "longest alone, greedy",
@@ -44,5 +44,6 @@ def test_each_job_is_timed_with_and_without_each_companion(mt_run):  # noqa: F81
     assert step.few_rows == few_rows and step.encoder is encoder and step.own_widths
     # at the step's width only in the way that asks it, and there every run
     assert {own for own, *_ in widths} == {True, False}
-    assert all(runs == [width] * SOURCE_PARTS for own, width, runs in widths if not own)
+    assert all(runs == [width] * len(runs) for own, width, runs in widths if not own)
+    assert {len(runs) for *_, runs in widths} == {SOURCE_PARTS, 1}  # the few-row step's one
     assert any(max(runs) < width for own, width, runs in widths if own)

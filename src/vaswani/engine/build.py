@@ -63,6 +63,11 @@ PREPACK = {"int8": True, "int4": True, "int4-g64": True}  # float's: USE_ONEDNN
 # few rows"): the last sentences of a batch, and a sentence translated alone.
 FEW_GEMM = "CPP"
 FEW_ROWS_TRIED = (4, 8, 12, 16, 24, 32)  # rows, multiples of SOURCE_PARTS
+# The few-row companion takes a translator's rows as one run (DecodeStep), not in
+# SOURCE_PARTS runs of equal size: a step of one row is one row, not four (the last row
+# again three times, each multiplied by every weight), and at a few rows, runs read few
+# keys fewer (docs/performance.md, "Steps of a few rows").
+FEW_PARTS = 1
 
 
 def inductor_options(quantize: str | None, gemm: str | None = None) -> dict:
@@ -105,11 +110,12 @@ def int8_blocking(block: tuple[int, int, int] = INT8_ROWS_BLOCK) -> Iterator[Non
             micro.micro_gemm_configs[cls][:] = configs
 
 
-def example_inputs(model: nn.Module, seq2seq: bool, kv_cache: str | None = None
-                   ) -> tuple[tuple, tuple]:
+def example_inputs(model: nn.Module, seq2seq: bool, kv_cache: str | None = None,
+                   parts: int = SOURCE_PARTS) -> tuple[tuple, tuple]:
     """Inputs to trace the step with, and their dynamic dimensions. Sizes are picked unlike
     each other (and above 1, which export would fix as a constant) so that no two dynamic
-    sizes are taken for one. The cache in the model's dtype, or ``kv_cache``'s."""
+    sizes are taken for one. The cache in the model's dtype, or ``kv_cache``'s; a
+    translator's rows in ``parts`` runs of equal size."""
     c, param = model.config, next(model.parameters())
     d, dtype = param.device, KV_CACHE[kv_cache] if kv_cache else param.dtype
     R, slots, width, W, S, X = (12, 13, 48, 19, 40, 17) if seq2seq else (3, 5, 48, 19, 40, 11)
@@ -121,8 +127,8 @@ def example_inputs(model: nn.Module, seq2seq: bool, kv_cache: str | None = None
 
     index = dict(dtype=torch.long, device=d)
     rows = torch.export.Dim("rows", min=1, max=ROWS)
-    if seq2seq:  # in SOURCE_PARTS runs of equal size
-        rows = SOURCE_PARTS * torch.export.Dim("run", min=1, max=ROWS // SOURCE_PARTS)
+    if seq2seq and parts > 1:  # in runs of equal size
+        rows = parts * torch.export.Dim("run", min=1, max=ROWS // parts)
     # every layer's cache has the engine's one slot count and width (cache.py): one size
     # each for the trace, not two of their own for each layer's keys and values (export's
     # Dim.AUTO), which Inductor reasons about apart, building the slower
@@ -136,12 +142,12 @@ def example_inputs(model: nn.Module, seq2seq: bool, kv_cache: str | None = None
     if seq2seq:
         args += (torch.zeros(R, **index), torch.full((R,), X, **index),
                  torch.empty(X, device=d), cache(S), cache(S),
-                 [torch.empty(n, device=d) for n in (16, 14, 10, 7)[:SOURCE_PARTS]],
-                 [torch.empty(n, device=d) for n in (18, 15, 11, 9)[:SOURCE_PARTS]])
+                 [torch.empty(n, device=d) for n in (16, 14, 10, 7)[:parts]],
+                 [torch.empty(n, device=d) for n in (18, 15, 11, 9)[:parts]])
         source = [{0: slots_, 2: torch.export.Dim("source_width", min=1)}] * n
         shapes += ({0: rows}, {0: rows}, {0: torch.export.Dim("cross", min=1)}, source, source,
-                   [{0: torch.export.Dim(f"part{i}", min=1)} for i in range(SOURCE_PARTS)],
-                   [{0: torch.export.Dim(f"own{i}", min=1)} for i in range(SOURCE_PARTS)])
+                   [{0: torch.export.Dim(f"part{i}", min=1)} for i in range(parts)],
+                   [{0: torch.export.Dim(f"own{i}", min=1)} for i in range(parts)])
     return args, shapes
 
 
@@ -208,15 +214,20 @@ def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
         if has_few_rows(quantize, seq2seq):
             say(f"compiling it for steps of a few rows (Inductor's C++ GEMM template; "
                 f"{time.perf_counter() - start:.0f} s so far) ...")
+            args, shapes = example_inputs(model, seq2seq, kv_cache, FEW_PARTS)  # one run
+            program = torch.export.export(DecodeStep(model).eval(), args, dynamic_shapes=shapes)
             write_package(program, few, inductor_options(quantize, FEW_GEMM), say)
-            rows, timings = crossover(CompiledStep(out), CompiledStep(few), model, kv_cache)
+            companion = CompiledStep(few)
+            companion.parts = FEW_PARTS
+            rows, timings = crossover(CompiledStep(out), companion, model, kv_cache)
             say(f"timed both: the few-row step is the faster up to {rows} rows"
                 if rows else "timed both: the few-row step is the faster at no size here, "
                 "not kept")
     seconds = time.perf_counter() - start
     if rows:
         atomic_write_text(record_path(few), json.dumps(
-            {**record, "gemm": FEW_GEMM, "rows": rows, "step_ms": timings}, indent=1) + "\n")
+            {**record, "gemm": FEW_GEMM, "rows": rows, "parts": FEW_PARTS,
+             "step_ms": timings}, indent=1) + "\n")
     else:  # none, or one built before that is not this package's
         remove_package(few)
     if seq2seq:

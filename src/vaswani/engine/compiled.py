@@ -60,6 +60,7 @@ from .package import (
 )
 from .plan import StepPlan
 from .step import forward_step
+from .tensors import tensor_of
 from .views import StepCache
 
 # The most rows a package's step takes (its rows' dynamic size); a step of more runs eagerly.
@@ -114,9 +115,9 @@ class DecodeStep(nn.Module):
     (W,) and, for a translator, cross (X,): empty tensors whose lengths are the keys read;
     k, v: the cache's per-layer tensors (slots, Hkv, width, Dh), written in place; sources,
     lengths (R,): each row's source slot and its length; ck, cv: the sources' keys and
-    values; part_keys and self_keys: ``SOURCE_PARTS`` empty tensors each, the source keys
-    and the rows' own keys each run of R / SOURCE_PARTS rows reads (R a multiple of it)
-    -> logits (R, V)."""
+    values; part_keys and self_keys: an empty tensor for each run of rows (``SOURCE_PARTS``
+    runs, one in a few-row companion: build.py ``FEW_PARTS``), the source keys and the rows'
+    own keys each run of R / runs rows reads (R a multiple of it) -> logits (R, V)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -210,6 +211,9 @@ class CompiledStep(Package):
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.max_rows = ROWS
+        # a translator's rows in this many runs of equal size (DecodeStep): SOURCE_PARTS, or
+        # as its record says (a few-row companion's: one, build.py FEW_PARTS)
+        self.parts = SOURCE_PARTS
         # the package's companion for steps of at most few_rows rows (build.py), if built
         self.few: CompiledStep | None = None
         self.few_rows = 0
@@ -224,31 +228,70 @@ class CompiledStep(Package):
             self._sizes = torch.empty(max(n, 2 * self._sizes.numel()))
         return self._sizes[:n]
 
+    def rows(self, cache, ids: list[int], positions: list[int], slots: list[int], width: int,
+             sources: list[int] | None = None, lengths: list[int] | None = None) -> Tensor:
+        """:meth:`__call__` for rows given as lists (runner.py's, each row one token in
+        its own slot and column): made whole runs, measured and turned into one tensor in
+        Python, where a step of a few rows would pay more for each tensor operator than
+        for its arithmetic."""
+        R = len(ids)
+        if R <= self.few_rows:
+            return self.few.rows(cache, ids, positions, slots, width, sources, lengths)
+        lists, runs = [ids, positions, slots], None
+        if cache.seq2seq:
+            lists += [sources, lengths]
+            runs = runs_of(lists, positions, lengths, self.parts)
+        ids_, at, slots_, *cross = tensor_of(lists, cache.k[0].device).unbind(0)
+        return self(cache, ids_[:, None], at[:, None], at[:, None], slots_, width, *cross,
+                    runs=runs)[:R]
+
     def __call__(self, cache, ids: Tensor, positions: Tensor, columns: Tensor, slots: Tensor,
-                 width: int, sources: Tensor | None = None, lengths: Tensor | None = None
-                 ) -> Tensor:
+                 width: int, sources: Tensor | None = None, lengths: Tensor | None = None,
+                 runs: tuple[list[int], list[int]] | None = None) -> Tensor:
         """Rows that each feed ``ids`` (R, 1) at ``positions`` into ``columns`` of their
         ``slots`` (R,) of ``cache`` (a SlotCache) and read ``width`` keys of it; a
         translator's rows read source slots ``sources`` of ``lengths`` tokens -> the
-        next-token logits (R, V)."""
+        next-token logits (R, V). ``runs``: a translator's rows already in whole runs, with
+        each run's longest source and own keys (:func:`runs_of`); otherwise found here."""
         R = ids.size(0)
         if R <= self.few_rows:
-            return self.few(cache, ids, positions, columns, slots, width, sources, lengths)
-        if cache.seq2seq and R % SOURCE_PARTS:  # its last row again, which writes its keys
-            extra = SOURCE_PARTS - R % SOURCE_PARTS  # again: the same bits in the same place
-            ids, positions, columns, slots, sources, lengths = (
-                torch.cat([x, x[-1:].expand(extra, *x.shape[1:])])
-                for x in (ids, positions, columns, slots, sources, lengths))
+            return self.few(cache, ids, positions, columns, slots, width, sources, lengths,
+                            runs)
         args = [ids, positions, columns, slots, self.sizes(width), cache.k, cache.v]
-        if cache.seq2seq:  # each run of rows reads as many keys as its longest source, and
-            # as many of its own as its longest row has (not rounded up, as ``width`` is)
-            longest = lengths.view(SOURCE_PARTS, -1).amax(1).tolist()
-            own = (positions.view(SOURCE_PARTS, -1).amax(1) + 1).tolist() \
-                if self.own_widths else [width] * SOURCE_PARTS
+        if cache.seq2seq:
+            P = self.parts
+            if runs is None:
+                if R % P:  # its last row again, which writes its keys again: the same bits
+                    extra = P - R % P  # in the same place
+                    ids, positions, columns, slots, sources, lengths = (
+                        torch.cat([x, x[-1:].expand(extra, *x.shape[1:])])
+                        for x in (ids, positions, columns, slots, sources, lengths))
+                    args[:4] = ids, positions, columns, slots
+                runs = (lengths.view(P, -1).amax(1).tolist(),
+                        (positions.view(P, -1).amax(1) + 1).tolist())
+            # each run of rows reads as many keys as its longest source, and as many of its
+            # own as its longest row has (not rounded up, as ``width`` is)
+            longest, own = runs
+            if not self.own_widths:
+                own = [width] * P
             args += [sources, lengths, self.sizes(max(longest)), cache.ck, cache.cv,
                      [self.sizes(n) for n in longest], [self.sizes(n) for n in own]]
         flat = [t for arg in args for t in (arg if isinstance(arg, list) else (arg,))]
         return self._boxed_run(flat)[0][:R]  # (the step's one output, the logits)
+
+
+def runs_of(lists: list[list[int]], positions: list[int], lengths: list[int], parts: int
+            ) -> tuple[list[int], list[int]]:
+    """A translator's step's rows as lists of numbers (``lists``, an entry a row, among them
+    ``positions`` and the source ``lengths``) made ``parts`` whole runs in place (its last
+    row again, which writes its keys again: the same bits in the same place); returns each
+    run's longest source and own keys (its longest row's position + 1)."""
+    extra = -len(positions) % parts
+    for x in lists:
+        x += x[-1:] * extra
+    n = len(positions) // parts
+    return ([max(lengths[i * n:(i + 1) * n]) for i in range(parts)],
+            [max(positions[i * n:(i + 1) * n]) + 1 for i in range(parts)])
 
 
 def own_constants(runner) -> dict[str, Tensor]:
@@ -302,6 +345,8 @@ def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
         else:
             step.few = _opened(few, warn, rebuild, "steps of a few rows run as the others")
             step.few_rows = rows if step.few is not None else 0
+            if step.few is not None:  # (one built before FEW_PARTS took SOURCE_PARTS runs)
+                step.few.parts = built.get("parts", SOURCE_PARTS)
     encoder = encoder_path(path)
     if step is not None and encoder.exists():  # a translator's (none in older runs)
         _, changed = _record(encoder, wanted)

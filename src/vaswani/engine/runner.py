@@ -164,19 +164,17 @@ class Runner:
         uncached tokens as ``n`` rows of the step, one token each in the row's slot (a
         speculative pass's places: speculate.py) -> the logits after each, (sum of n, V)."""
         ids, positions, slots, sources, lengths = [], [], [], [], []
+        seq2seq = self.cache.seq2seq
         for request, seq, n in rows:
             ids += seq.uncached()[:n]
             positions += range(seq.cached, seq.cached + n)
             slots += [seq.slot] * n
-            if self.cache.seq2seq:
+            if seq2seq:
                 sources += [request.source_slot] * n
                 lengths += [self.cache.lengths[request.source_slot]] * n
-        d = self.device
-        width = self.keys(max(positions) + 1)
-        at = tensor_of(positions, d)[:, None]  # a row's keys go to the column of its place
-        cross = [tensor_of(sources, d), tensor_of(lengths, d)] if sources else []
-        return self.compiled(self.cache, tensor_of(ids, d)[:, None], at, at,
-                             tensor_of(slots, d), width, *cross)
+        cross = (sources, lengths) if seq2seq else ()
+        return self.compiled.rows(self.cache, ids, positions, slots,
+                                  self.keys(max(positions) + 1), *cross)
 
     def verify(self, rows: list[tuple[Request, Sequence, int]]) -> list[Tensor]:
         """The logits after each of a row's next ``n`` uncached tokens (its token and the
