@@ -19,12 +19,14 @@ def test_the_step_due_is_timed_with_the_package_and_eagerly(lm_run):  # noqa: F8
     run = load(lm_run, compiled=True)
     step, calls = run.compiled, []
 
-    def counted(*args, **kwargs):
-        calls.append(args[1].size(0))  # the rows of the step
-        return step(*args, **kwargs)
+    class Counted:  # the runner's calls, by their rows
+        max_rows = step.max_rows
 
-    counted.max_rows = step.max_rows
-    run.compiled = counted
+        def rows(self, cache, ids, *args):
+            calls.append(len(ids))
+            return step.rows(cache, ids, *args)
+
+    run.compiled = Counted()
     one = compiled_rows.time_rows(run, 3, rounds=2)
     assert one["rows"] == 3 and one["compiled_ms"] > 0 and one["eager_ms"] > 0
     # the setup's 3 decoding steps, 2 timed rounds and the logits' comparison: 6 calls
