@@ -282,7 +282,7 @@ def crossover(step: CompiledStep, few: CompiledStep, model: nn.Module,
             for _ in range(rounds):
                 for i, s in enumerate((step, few)):
                     t = time.perf_counter()
-                    s(cache, *args)
+                    s.rows(cache, *args)
                     best[i] = min(best[i], time.perf_counter() - t)
         timings[str(n)] = [round(b * 1e3, 3) for b in best]
         if best[1] >= best[0]:
@@ -293,7 +293,7 @@ def crossover(step: CompiledStep, few: CompiledStep, model: nn.Module,
 
 def probe_inputs(model: nn.Module, rows: int, kv_cache: str | None = None
                  ) -> tuple[CacheTensors, tuple]:
-    """A translator's step of ``rows`` rows as :class:`CompiledStep` takes it, to time:
+    """A translator's step of ``rows`` rows as :meth:`CompiledStep.rows` takes it, to time:
     each row 30 tokens into its own slot (32 keys read) and a source of 40 tokens."""
     c, param = model.config, next(model.parameters())
     d, dtype = param.device, KV_CACHE[kv_cache] if kv_cache else param.dtype
@@ -302,8 +302,6 @@ def probe_inputs(model: nn.Module, rows: int, kv_cache: str | None = None
         return [torch.randn(rows, c.n_kv_heads, width, c.head_dim, device=d).to(dtype)
                 for _ in range(c.n_decoder_layers)]
     tensors = CacheTensors(cache(64), cache(64), cache(48), cache(48), param.dtype)
-    index = dict(dtype=torch.long, device=d)
-    at = torch.full((rows, 1), 30, **index)
-    return tensors, (torch.ones(rows, 1, **index), at, at, torch.arange(rows, **index), 32,
-                     torch.arange(rows, **index), torch.full((rows,), 40, **index))
+    return tensors, ([1] * rows, [30] * rows, list(range(rows)), 32, list(range(rows)),
+                     [40] * rows)
 

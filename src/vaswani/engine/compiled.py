@@ -230,68 +230,44 @@ class CompiledStep(Package):
 
     def rows(self, cache, ids: list[int], positions: list[int], slots: list[int], width: int,
              sources: list[int] | None = None, lengths: list[int] | None = None) -> Tensor:
-        """:meth:`__call__` for rows given as lists (runner.py's, each row one token in
-        its own slot and column): made whole runs, measured and turned into one tensor in
-        Python, where a step of a few rows would pay more for each tensor operator than
-        for its arithmetic."""
+        """Rows that each feed their one token ``ids[i]`` at ``positions[i]`` (also the
+        column it is written to) into their ``slots`` of ``cache`` (a SlotCache) and read
+        ``width`` keys of it; a translator's rows read source slots ``sources`` of
+        ``lengths`` tokens -> the next-token logits (R, V). The rows come as lists and are
+        made whole runs, measured and turned into one tensor in Python (:func:`runs_of`),
+        where a step of a few rows would pay more for each tensor operator than for its
+        arithmetic."""
         R = len(ids)
         if R <= self.few_rows:
             return self.few.rows(cache, ids, positions, slots, width, sources, lengths)
-        lists, runs = [ids, positions, slots], None
+        lists = [ids, positions, slots] + ([sources, lengths] if cache.seq2seq else [])
         if cache.seq2seq:
-            lists += [sources, lengths]
-            runs = runs_of(lists, positions, lengths, self.parts)
+            lists, (longest, own) = runs_of(lists, self.parts)
         ids_, at, slots_, *cross = tensor_of(lists, cache.k[0].device).unbind(0)
-        return self(cache, ids_[:, None], at[:, None], at[:, None], slots_, width, *cross,
-                    runs=runs)[:R]
-
-    def __call__(self, cache, ids: Tensor, positions: Tensor, columns: Tensor, slots: Tensor,
-                 width: int, sources: Tensor | None = None, lengths: Tensor | None = None,
-                 runs: tuple[list[int], list[int]] | None = None) -> Tensor:
-        """Rows that each feed ``ids`` (R, 1) at ``positions`` into ``columns`` of their
-        ``slots`` (R,) of ``cache`` (a SlotCache) and read ``width`` keys of it; a
-        translator's rows read source slots ``sources`` of ``lengths`` tokens -> the
-        next-token logits (R, V). ``runs``: a translator's rows already in whole runs, with
-        each run's longest source and own keys (:func:`runs_of`); otherwise found here."""
-        R = ids.size(0)
-        if R <= self.few_rows:
-            return self.few(cache, ids, positions, columns, slots, width, sources, lengths,
-                            runs)
-        args = [ids, positions, columns, slots, self.sizes(width), cache.k, cache.v]
-        if cache.seq2seq:
-            P = self.parts
-            if runs is None:
-                if R % P:  # its last row again, which writes its keys again: the same bits
-                    extra = P - R % P  # in the same place
-                    ids, positions, columns, slots, sources, lengths = (
-                        torch.cat([x, x[-1:].expand(extra, *x.shape[1:])])
-                        for x in (ids, positions, columns, slots, sources, lengths))
-                    args[:4] = ids, positions, columns, slots
-                runs = (lengths.view(P, -1).amax(1).tolist(),
-                        (positions.view(P, -1).amax(1) + 1).tolist())
-            # each run of rows reads as many keys as its longest source, and as many of its
-            # own as its longest row has (not rounded up, as ``width`` is)
-            longest, own = runs
+        args = [ids_[:, None], at[:, None], at[:, None], slots_, self.sizes(width), cache.k,
+                cache.v]
+        if cache.seq2seq:  # each run of rows reads as many keys as its longest source, and
+            # as many of its own as its longest row has (not rounded up, as ``width`` is)
             if not self.own_widths:
-                own = [width] * P
-            args += [sources, lengths, self.sizes(max(longest)), cache.ck, cache.cv,
+                own = [width] * self.parts
+            args += [*cross, self.sizes(max(longest)), cache.ck, cache.cv,
                      [self.sizes(n) for n in longest], [self.sizes(n) for n in own]]
         flat = [t for arg in args for t in (arg if isinstance(arg, list) else (arg,))]
         return self._boxed_run(flat)[0][:R]  # (the step's one output, the logits)
 
 
-def runs_of(lists: list[list[int]], positions: list[int], lengths: list[int], parts: int
-            ) -> tuple[list[int], list[int]]:
-    """A translator's step's rows as lists of numbers (``lists``, an entry a row, among them
-    ``positions`` and the source ``lengths``) made ``parts`` whole runs in place (its last
-    row again, which writes its keys again: the same bits in the same place); returns each
+def runs_of(lists: list[list[int]], parts: int
+            ) -> tuple[list[list[int]], tuple[list[int], list[int]]]:
+    """A translator's step's rows as lists of numbers (``lists``: ids, positions, slots,
+    sources, source lengths; an entry a row) made ``parts`` runs of equal size (the last
+    row again, which writes its keys again: the same bits in the same place), and each
     run's longest source and own keys (its longest row's position + 1)."""
-    extra = -len(positions) % parts
-    for x in lists:
-        x += x[-1:] * extra
+    extra = -len(lists[0]) % parts
+    lists = [x + x[-1:] * extra for x in lists]
+    positions, lengths = lists[1], lists[4]
     n = len(positions) // parts
-    return ([max(lengths[i * n:(i + 1) * n]) for i in range(parts)],
-            [max(positions[i * n:(i + 1) * n]) + 1 for i in range(parts)])
+    return lists, ([max(lengths[i * n:(i + 1) * n]) for i in range(parts)],
+                   [max(positions[i * n:(i + 1) * n]) + 1 for i in range(parts)])
 
 
 def own_constants(runner) -> dict[str, Tensor]:
