@@ -77,7 +77,9 @@ def mt_run(copy_run, tmp_path_factory):
         patch.setattr(build_module, "crossover", kept)
         out, seconds = compile_run(run, say=lambda message: None)
     assert out == package_path(run, None) and seconds > 0
-    assert len(timed) == 1 and set(timed[0]) <= {str(n) for n in FEW_ROWS_TRIED}
+    # timed at one thread and at this process's count (crossovers)
+    assert len(timed) == len({1, torch.get_num_threads()})
+    assert all(set(t) <= {str(n) for n in FEW_ROWS_TRIED} for t in timed)
     return run
 
 
@@ -593,18 +595,25 @@ def test_a_translators_float_step_has_a_companion_for_steps_of_a_few_rows(mt_run
     assert few.name == "decode-float-few.pt2"
     record = json.loads(record_path(few).read_text())
     main_record = json.loads(record_path(package).read_text())
-    assert record["gemm"] == FEW_GEMM == "CPP" and record["rows"] >= 8
+    assert record["gemm"] == FEW_GEMM == "CPP"
     assert record["parts"] == FEW_PARTS  # its rows in one run
-    assert {k: v for k, v in record.items() if k not in ("gemm", "rows", "parts", "step_ms")} == \
+    assert {k: v for k, v in record.items() if k not in ("gemm", "parts", "by_threads")} == \
         {k: v for k, v in main_record.items() if k != "build_seconds"}
-    assert record["step_ms"] and all(len(pair) == 2 and min(pair) > 0
-                                     for pair in record["step_ms"].values())
+    # the rows it takes and the times both took, at one thread and at the build's count
+    threads = torch.get_num_threads()
+    by_threads = record["by_threads"]
+    assert set(by_threads) == {"1", str(threads)}
+    for entry in by_threads.values():
+        assert entry["rows"] >= 8 and entry["step_ms"]
+        assert all(len(pair) == 2 and min(pair) > 0 for pair in entry["step_ms"].values())
     assert unpacked(few).exists() and unpacked(few) != unpacked(package)
     assert {"compiled/decode-float-few.pt2", "compiled/decode-float-few.json"} <= \
         {p.relative_to(mt_run).as_posix() for p in mt_run.glob("compiled/*")}
     assert not survey(mt_run)[1]
     step = load(mt_run).compiled
-    assert step.few is not None and step.few.path == few and step.few_rows == record["rows"]
+    assert step.few is not None and step.few.path == few
+    assert step.few_limits == {int(n): entry["rows"] for n, entry in by_threads.items()}
+    assert step.few_rows == by_threads[str(threads)]["rows"]
     assert step.parts == SOURCE_PARTS and step.few.parts == FEW_PARTS
     assert inductor_options(None, FEW_GEMM)["max_autotune_gemm_backends"] == "CPP"
 
@@ -702,6 +711,69 @@ def test_the_few_row_package_takes_the_rows_it_was_faster_at(faster_up_to, mt_ru
         assert timings[str(n)] == ([2000.0, 1000.0] if n <= faster_up_to else [1000.0, 2000.0])
     cache, args = probe_inputs(model, 8)
     assert len(args[0]) == 8 and cache.k[0].size(0) == 8 and cache.seq2seq
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_the_crossover_is_timed_at_one_thread_and_at_the_builds(threads, mt_run, monkeypatch):
+    """A worker of ``--workers N`` decodes on 1/N of the threads, where the companion is the
+    faster up to fewer rows: the build times the two at one thread and at its own count
+    (the count restored after, also when a timing fails), and the message says both."""
+    clock, seen = _Clock(), []
+    monkeypatch.setattr(build_module.time, "perf_counter", clock)
+
+    class package:  # noqa: N801  (faster up to 16 rows at its build's count, 4 at one)
+        def __init__(self, faster: bool) -> None:
+            self.faster = faster
+
+        def rows(self, cache, ids, *args):
+            seen.append(torch.get_num_threads())
+            up_to = 4 if torch.get_num_threads() == 1 else 16
+            clock.now += 1.0 if self.faster == (len(ids) <= up_to) else 2.0
+
+    model = load(mt_run, compiled=False).model
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        found = build_module.crossovers(package(False), package(True), model)
+        assert torch.get_num_threads() == threads and set(seen) == {1, threads}
+        limits = {n: rows for n, (rows, _) in found.items()}
+        assert limits == {1: 4, threads: 16}
+        assert build_module.few_rows_text(limits) == "up to 16 rows, 4 at 1 thread"
+        assert build_module.few_rows_text({1: 8, threads: 8}) == "up to 8 rows"
+
+        def failing(*args, **kwargs):
+            raise RuntimeError("a timing failed")
+        monkeypatch.setattr(build_module, "crossover", failing)
+        with pytest.raises(RuntimeError):
+            build_module.crossovers(package(False), package(True), model)
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_step_runs_a_few_rows_by_the_limit_of_its_thread_count(mt_run):
+    """The companion's limit at this process's thread count is the one timed at the most
+    threads not above it; a record written before limits by thread count has one for all;
+    a record without a whole limit has none (the run warns and decodes without it)."""
+    step = load(mt_run).compiled
+    limits, before = step.few_limits, torch.get_num_threads()
+    try:
+        step.few_limits = {1: 4, 2: 12}
+        for threads, rows in ((1, 4), (2, 12), (3, 12)):
+            torch.set_num_threads(threads)
+            assert step.few_rows == rows
+        step.few_rows = 6  # a limit set by hand holds at every count
+        assert step.few_limits == {1: 6} and step.few_rows == 6
+    finally:
+        step.few_limits = limits
+        torch.set_num_threads(before)
+    few_limits = compiled_module.few_limits
+    assert few_limits({"rows": 12}) == {1: 12}  # a record of an earlier version
+    assert few_limits({"by_threads": {"1": {"rows": 4}, "2": {"rows": 16}}}) == {1: 4, 2: 16}
+    for broken in ({}, {"rows": "12"}, {"by_threads": {}}, {"by_threads": {"1": {}}},
+                   {"by_threads": {"one": {"rows": 4}}}, {"by_threads": [4]},
+                   {"by_threads": {"1": {"rows": 4.0}}}):
+        assert few_limits(broken) is None, broken
 
 
 COMPANIONS = {"few": (few_path, "steps of a few rows run as the others"),

@@ -108,7 +108,8 @@ def compile_run(args: argparse.Namespace) -> int:
                                kv_cache=args.kv_cache)
     import json
 
-    from ..engine.compiled import encoder_path, few_path
+    from ..engine.build import few_rows_text
+    from ..engine.compiled import encoder_path, few_limits, few_path
     from ..engine.package import record_path, unpacked
 
     few, encoder = few_path(out), encoder_path(out)  # a translator's (engine/compiled.py)
@@ -116,8 +117,8 @@ def compile_run(args: argparse.Namespace) -> int:
     size = sum(p.stat().st_size + unpacked(p).stat().st_size for p in built) / 2 ** 20
     also = f", {encoder.name} its encoder pass" if encoder.exists() else ""
     if few.exists():
-        rows = json.loads(record_path(few).read_text())["rows"]
-        also += f", {few.name} for steps of at most {rows} rows"
+        limits = few_limits(json.loads(record_path(few).read_text()))
+        also += f", {few.name} for steps of {few_rows_text(limits)}"
     print(f"compiled {args.run_dir}'s decode step into {out} and {unpacked(out).name} beside "
           f"it{also} ({size:,.0f} MB in all) in {seconds:.0f} s; generate, translate and "
           "serve use it from now on")

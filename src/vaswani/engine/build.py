@@ -210,7 +210,7 @@ def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
                 traced = torch.export.export(EncodeStep(model).eval(), args,
                                              dynamic_shapes=shapes)
             write_package(traced, encoder, inductor_options(quantize), say)
-        few, rows = few_path(out), 0
+        few, found = few_path(out), {}
         if has_few_rows(quantize, seq2seq):
             say(f"compiling it for steps of a few rows (Inductor's C++ GEMM template; "
                 f"{time.perf_counter() - start:.0f} s so far) ...")
@@ -219,15 +219,17 @@ def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
             write_package(program, few, inductor_options(quantize, FEW_GEMM), say)
             companion = CompiledStep(few)
             companion.parts = FEW_PARTS
-            rows, timings = crossover(CompiledStep(out), companion, model, kv_cache)
-            say(f"timed both: the few-row step is the faster up to {rows} rows"
-                if rows else "timed both: the few-row step is the faster at no size here, "
-                "not kept")
+            found = crossovers(CompiledStep(out), companion, model, kv_cache)
+            limits = {n: rows for n, (rows, _) in found.items()}
+            say(f"timed both: the few-row step is the faster {few_rows_text(limits)}"
+                if any(limits.values()) else
+                "timed both: the few-row step is the faster at no size here, not kept")
     seconds = time.perf_counter() - start
-    if rows:
+    if any(rows for rows, _ in found.values()):  # its rows and times by thread count
+        by_threads = {str(n): {"rows": rows, "step_ms": ms} for n, (rows, ms) in found.items()}
         atomic_write_text(record_path(few), json.dumps(
-            {**record, "gemm": FEW_GEMM, "rows": rows, "parts": FEW_PARTS,
-             "step_ms": timings}, indent=1) + "\n")
+            {**record, "gemm": FEW_GEMM, "parts": FEW_PARTS, "by_threads": by_threads},
+            indent=1) + "\n")
     else:  # none, or one built before that is not this package's
         remove_package(few)
     if seq2seq:
@@ -265,6 +267,34 @@ def remove_package(package: Path) -> None:
     for library in package.parent.glob(f"{package.stem}.*.so"):
         library.unlink(missing_ok=True)
     package.unlink(missing_ok=True)
+
+
+def crossovers(step: CompiledStep, few: CompiledStep, model: nn.Module,
+               kv_cache: str | None = None) -> dict[int, tuple[int, dict]]:
+    """:func:`crossover` at one thread and at this process's thread count, each (the count
+    restored after): a worker of ``--workers N`` decodes on 1/N of the threads, at which
+    the companion is the faster up to fewer rows (docs/performance.md, "Steps of a few
+    rows"); the package runs each count by the most threads timed not above it
+    (compiled.py ``CompiledStep.few_rows``)."""
+    threads, found = torch.get_num_threads(), {}
+    try:
+        for n in sorted({1, threads}):
+            torch.set_num_threads(n)
+            found[n] = crossover(step, few, model, kv_cache)
+    finally:
+        torch.set_num_threads(threads)
+    return found
+
+
+def few_rows_text(rows: dict[int, int]) -> str:
+    """Up to how many rows the companion runs (``rows`` by thread count), in words: "up
+    to 16 rows, 8 at 1 thread"."""
+    most = rows[max(rows)]
+    text = f"up to {most} rows" if most else "at no size"
+    if len(set(rows.values())) > 1:
+        text += "".join(f", {r} at {n} thread{'s' if n > 1 else ''}"
+                        for n, r in sorted(rows.items()) if n != max(rows))
+    return text
 
 
 def crossover(step: CompiledStep, few: CompiledStep, model: nn.Module,

@@ -214,14 +214,29 @@ class CompiledStep(Package):
         # a translator's rows in this many runs of equal size (DecodeStep): SOURCE_PARTS, or
         # as its record says (a few-row companion's: one, build.py FEW_PARTS)
         self.parts = SOURCE_PARTS
-        # the package's companion for steps of at most few_rows rows (build.py), if built
+        # the package's companion for steps of a few rows (build.py), if built, and the most
+        # rows it runs at each thread count its build timed it at (:attr:`few_rows`)
         self.few: CompiledStep | None = None
-        self.few_rows = 0
+        self.few_limits: dict[int, int] = {1: 0}
         self.encoder: CompiledEncoder | None = None  # a translator's encoder pass, if built
         # a translator's runs of rows each read as many of their own keys as their longest
         # row has; False: every run as many as the step's longest (experiments/companions.py)
         self.own_widths = True
         self._sizes = torch.empty(0)  # W and X are read as lengths: views of one tensor
+
+    @property
+    def few_rows(self) -> int:
+        """The most rows a step runs on the few-row companion at this process's thread count:
+        as timed at the most threads not above it (build.py ``crossovers``: at one thread,
+        as a worker of ``--workers 2`` runs on 2 cores, the companion is the faster up to
+        fewer rows than at two)."""
+        threads = torch.get_num_threads()
+        timed = [n for n in self.few_limits if n <= threads]
+        return self.few_limits[max(timed) if timed else min(self.few_limits)]
+
+    @few_rows.setter
+    def few_rows(self, rows: int) -> None:  # the same at every thread count
+        self.few_limits = {1: rows}
 
     def sizes(self, n: int) -> Tensor:
         if self._sizes.numel() < n:
@@ -313,14 +328,15 @@ def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
     few = few_path(path)
     if step is not None and few.exists():  # (a run compiled before there were none has none)
         built, changed = _record(few, wanted)
-        rows = built.get("rows")
-        if changed or not isinstance(rows, int):
+        limits = few_limits(built)
+        if changed or limits is None:
             warn(f"{few} does not match what is loaded now: "
                  f"{', '.join(changed) or 'its record'}; steps of a few rows run as the "
                  f"others ({rebuild})")
         else:
             step.few = _opened(few, warn, rebuild, "steps of a few rows run as the others")
-            step.few_rows = rows if step.few is not None else 0
+            if step.few is not None:
+                step.few_limits = limits
             if step.few is not None:  # (one built before FEW_PARTS took SOURCE_PARTS runs)
                 step.few.parts = built.get("parts", SOURCE_PARTS)
     encoder = encoder_path(path)
@@ -333,6 +349,20 @@ def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
             step.encoder = _opened(encoder, warn, rebuild, "sources are encoded eagerly",
                                    CompiledEncoder)
     return step
+
+
+def few_limits(record: dict) -> dict[int, int] | None:
+    """A few-row companion's most rows by thread count, from its record (build.py): its
+    ``by_threads``, or, in a record written before there was one, its ``rows`` at every
+    count; None if the record holds neither whole."""
+    if "by_threads" not in record:
+        rows = record.get("rows")
+        return {1: rows} if type(rows) is int else None
+    try:
+        limits = {int(n): entry["rows"] for n, entry in record["by_threads"].items()}
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return limits if limits and all(type(r) is int for r in limits.values()) else None
 
 
 def _record(package: Path, wanted: dict) -> tuple[dict, list[str]]:
