@@ -155,6 +155,39 @@ def test_beam_scores_are_log_probabilities_written_over_the_callers_logits():
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("case", ["every row in order", "rows in another order",
+                                  "searches of unlike sizes"])
+def test_rank_gives_each_searchs_best_candidates_as_one_search_alone_would(case):
+    """``rank`` ranks every search's candidates at once; each search's are those a top-k
+    over its own rows' (score + log-probability) finds, best first, in float64: with every
+    search's rows in the logits' order (no rows picked), in another order, and with
+    searches of fewer rows than others (a grid padded with -inf)."""
+    from vaswani.engine.beam import rank
+
+    g = torch.Generator().manual_seed(0)
+    sizes = [3, 1, 2, 3] if case == "searches of unlike sizes" else [3, 3, 3]
+    beams = [3] * len(sizes)
+    N = sum(sizes)
+    logp = torch.randn(N + 2, 500, generator=g).log_softmax(-1).to(DEVICE)
+    at = list(range(N))
+    if case != "every row in order":
+        at = random.Random(0).sample(range(N + 2), N)  # rows among others, shuffled
+    else:
+        logp = logp[:N]
+    scores = (torch.rand(N, generator=g, dtype=torch.float64) * -10).tolist()
+    got = rank(sizes, beams, scores, logp, at)
+    first = 0
+    for (values, index), n, K in zip(got, sizes, beams, strict=True):
+        rows = logp[at[first:first + n]].double()  # (n, V) this search's
+        candidates = (torch.tensor(scores[first:first + n], dtype=torch.float64,
+                                   device=DEVICE)[:, None] + rows).view(-1)
+        top = candidates.topk(min(2 * K, candidates.numel()))
+        assert index[:len(top.indices)] == top.indices.tolist()
+        assert values[:len(top.values)] == top.values.tolist()
+        assert all(v == float("-inf") for v in values[len(top.values):])
+        first += n
+
+
 def test_shared_is_the_common_prefix_of_what_two_slots_hold():
     from vaswani.engine.beam import shared
     from vaswani.engine.request import Sequence

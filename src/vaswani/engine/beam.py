@@ -88,14 +88,18 @@ def rank(sizes: list[int], beams: list[int], scores: list[float], logp: Tensor,
     V = logp.size(-1)
     device = logp.device
     m = min(2 * max(beams), V)
-    index = tensor_of(at, device)
-    best, tokens = (t.index_select(0, index) for t in top_k(logp, m))  # (N, m)
+    best, tokens = top_k(logp, m)  # (N, m)
+    if len(at) != logp.size(0) or at != list(range(len(at))):  # not every row, in order
+        index = tensor_of(at, device)
+        best, tokens = best.index_select(0, index), tokens.index_select(0, index)
     S, K = len(sizes), max(sizes)  # searches, rows per search
-    rows = tensor_of([i * K + j for i, n in enumerate(sizes) for j in range(n)], device)
-    candidates = torch.full((S * K, m), float("-inf"), dtype=torch.float64, device=device)
-    candidates[rows] = tensor_of(scores, device, torch.float64)[:, None] + best
-    ids = torch.zeros((S * K, m), dtype=torch.long, device=device)
-    ids[rows] = tokens
+    candidates = tensor_of(scores, device, torch.float64)[:, None] + best
+    ids = tokens
+    if min(sizes) < K:  # (a search of fewer rows: its grid padded, as rows of -inf)
+        rows = tensor_of([i * K + j for i, n in enumerate(sizes) for j in range(n)], device)
+        candidates = torch.full((S * K, m), float("-inf"), dtype=torch.float64,
+                                device=device).index_copy_(0, rows, candidates)
+        ids = torch.zeros((S * K, m), dtype=torch.long, device=device).index_copy_(0, rows, ids)
     top = candidates.view(S, K * m).topk(min(m, K * m))
     token = ids.view(S, K * m).gather(1, top.indices)
     index = top.indices // m * V + token  # Beam's candidate index: row * V + token
