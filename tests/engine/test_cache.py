@@ -2,10 +2,12 @@
 sources, through compaction, forks and widening; a decode step reads the leading slots in
 place, and rows that share a source attend over one copy of it."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from tests.conftest import DEVICE
+from vaswani.engine import cache as cache_module
 from vaswani.engine.cache import ALIGN, PART, SlotCache, parts
 from vaswani.engine.plan import StepPlan
 from vaswani.engine.request import Params, Request, Sequence
@@ -159,18 +161,28 @@ def test_a_fork_that_holds_a_prefix_already_copies_from_its_start_only():
             assert torch.all(k[2, :, 30:] == 0) and torch.all(k[1, :, :30] == 2 * 10 ** layer)
 
 
-def test_many_forks_at_once_copy_each_its_own_columns_in_place():
+@pytest.mark.parametrize("forks, gathered", [
+    ([(2, 0, 3, 17), (4, 2, 0, 9), (1, 3, 12, 13), (3, 0, 5, 5)], True),  # many
+    ([(2, 0, 3, 17), (4, 1, 0, 9)], False),  # a few: a slice's copy each
+    ([(2, 0, 3, 17), (4, 2, 0, 9)], True),  # a few, but a target another's parent
+])
+def test_many_forks_at_once_copy_each_its_own_columns_in_place(forks, gathered, monkeypatch):
     """Forks of unlike starts and lengths in one call, a slot both a fork's parent and
     another's target: each target's columns start .. length - 1 are its parent's as they
-    were before the call, head by head and column by column; nothing else changes."""
+    were before the call, head by head and column by column; nothing else changes. Many
+    forks, or any whose target is another's parent, are copied by one gather of every
+    target's columns first (flat_index); up to SLICED_FORKS others by a slice each."""
+    indexed = []
+    monkeypatch.setattr(cache_module, "flat_index",
+                        lambda *a: indexed.append(1) or flat_index(*a))
     c = cache()
     filled(c, 5, length=30)
     for layer in range(c.n_layers):  # every number its own
         for i, t in enumerate((c.k, c.v)):
             t[layer].copy_(torch.arange(t[layer].numel()).view_as(t[layer]) * (i + 1 + layer))
     before = [[t.clone() for t in ts] for ts in (c.k, c.v)]
-    forks = [(2, 0, 3, 17), (4, 2, 0, 9), (1, 3, 12, 13), (3, 0, 5, 5)]
     c.fork(forks)
+    assert bool(indexed) == gathered
     for ts, old in zip((c.k, c.v), before, strict=True):
         for t, was in zip(ts, old, strict=True):
             want = was.clone()

@@ -47,6 +47,7 @@ from .views import StepCache, flat_index
 ALIGN = 16  # slot widths are multiples of this many tokens
 START_WIDTH = 512  # slots start at most this wide
 PART = 32  # rows (source slots) per part of a decoding step's attention (parts)
+SLICED_FORKS = 2  # forks up to which a step copies slices, not one gather (SlotCache.fork)
 
 
 def aligned(n: int) -> int:
@@ -298,9 +299,17 @@ class SlotCache:
         hypotheses that fork; they share their source), slot ``target`` gets columns
         ``start .. length - 1`` of slot ``parent``: it holds the first ``start`` already.
         All in one gather and one write per tensor, as rows of Dh numbers (flat_index),
-        rather than slot slices copied by like starts."""
+        rather than slot slices copied by like starts; up to ``SLICED_FORKS`` forks, none
+        of whose targets is another's parent, a slice's copy each."""
         forks = [f for f in forks if f[3] > f[2]]
         if not forks:
+            return
+        if len(forks) <= SLICED_FORKS and not {f[0] for f in forks} & {f[1] for f in forks}:
+            # a few (a sentence searched alone): a slice's copy each costs less than the
+            # gather's dozen operators to make its indices
+            for t in (*self.k, *self.v):
+                for target, parent, start, length in forks:
+                    t[target, :, start:length] = t[parent, :, start:length]
             return
         total = sum(length - start for _, _, start, length in forks)
         at = tensor_of(forks, self.device)  # (F, 4): target, parent, start, length
