@@ -218,3 +218,16 @@ def test_set_reaches_a_sections_key():
         apply_overrides({}, ["model.rope.bse=1"])
     with pytest.raises(ValueError, match=r"--set model.window.size=x: expected int"):
         apply_overrides({}, ["model.window.size=x"])
+
+
+def test_a_sections_type_hints_are_read_once_a_class():
+    """A section made (each translation call makes its decoding options) reads its fields'
+    types from the class once, not by evaluating every annotation anew."""
+    from vaswani.config.base import type_hints
+    from vaswani.config.sections import DecodeConfig
+
+    before = type_hints.cache_info().hits
+    DecodeConfig().replace(beam=4)
+    assert type_hints.cache_info().hits > before
+    assert type_hints(DecodeConfig) is type_hints(DecodeConfig)
+    assert type_hints(DecodeConfig)["beam"] is int

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import tomllib
 import types
@@ -123,6 +124,14 @@ def unknown_key_error(section: str, key: str, known: typing.Iterable[str]) -> Va
     return ValueError(f"unknown key {where}'{key}'{hint}")
 
 
+@functools.cache
+def type_hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)``, once a class: it evaluates every annotation's text
+    anew at each call, and every section made (a translation's decoding options, each call)
+    reads them."""
+    return typing.get_type_hints(cls)
+
+
 class ConfigBase:
     """Shared behaviour of the frozen config dataclasses: type checks, defaults that follow
     another field, and dict round trips."""
@@ -130,7 +139,7 @@ class ConfigBase:
     SECTION = ""
 
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
+        hints = type_hints(type(self))
         for f in dataclasses.fields(self):
             value = coerce(f.name, getattr(self, f.name), hints[f.name])
             if isinstance(value, int) and not -2**63 <= value < 2**63:  # bool is 0 or 1
@@ -162,7 +171,7 @@ class ConfigBase:
     @classmethod
     def parts(cls) -> dict[str, type[ConfigBase]]:
         """This section's own sections, by field name (``[model]``'s ``rope``, ...)."""
-        hints = typing.get_type_hints(cls)
+        hints = type_hints(cls)
         return {f.name: hints[f.name] for f in dataclasses.fields(cls)
                 if isinstance(hints[f.name], type) and issubclass(hints[f.name], ConfigBase)}
 
