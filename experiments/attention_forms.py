@@ -30,12 +30,10 @@ best call of each and the ratio to ``sums``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -166,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", metavar="OUT.json")
     args = parser.parse_args(argv)
 
-    from benchmarks.common import hardware
+    from benchmarks.common import hardware, report
 
     torch.set_num_threads(args.threads)
     x = inputs(args.rows, args.beam, args.heads, args.head_dim, args.source)
@@ -182,11 +180,10 @@ def main(argv: list[str] | None = None) -> dict:
                          "sums_over_this": round(base / min(t), 2),
                          "largest_difference": differences[name]}
                   for name, t in times.items()}, "hardware": hardware()}
-    for name, one in result["forms"].items():
-        print(f"{name:22s} {one['ms']:8.3f} ms a call ({one['sums_over_this']:.2f}x sums), "
-              f"within {one['largest_difference']:.2g} of float64", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    report("A compiled step's cross-attention, five forms",
+           [(name, f"{one['ms']:.3f} ms a call ({one['sums_over_this']:.2f}x sums), within "
+             f"{one['largest_difference']:.2g} of float64")
+            for name, one in result["forms"].items()], result, args.json)
     return result
 
 

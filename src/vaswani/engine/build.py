@@ -210,7 +210,7 @@ def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
                 traced = torch.export.export(EncodeStep(model).eval(), args,
                                              dynamic_shapes=shapes)
             write_package(traced, encoder, inductor_options(quantize), say)
-        few, found = few_path(out), {}
+        few, found, limits = few_path(out), {}, {}
         if has_few_rows(quantize, seq2seq):
             say(f"compiling it for steps of a few rows (Inductor's C++ GEMM template; "
                 f"{time.perf_counter() - start:.0f} s so far) ...")
@@ -225,7 +225,7 @@ def build(model: nn.Module, seq2seq: bool, out: Path, record: dict,
                 if any(limits.values()) else
                 "timed both: the few-row step is the faster at no size here, not kept")
     seconds = time.perf_counter() - start
-    if any(rows for rows, _ in found.values()):  # its rows and times by thread count
+    if any(limits.values()):  # its rows and times by thread count
         by_threads = {str(n): {"rows": rows, "step_ms": ms} for n, (rows, ms) in found.items()}
         atomic_write_text(record_path(few), json.dumps(
             {**record, "gemm": FEW_GEMM, "parts": FEW_PARTS, "by_threads": by_threads},

@@ -335,9 +335,8 @@ def load_compiled(run_dir: Path, wanted: dict, quantize: str | None,
                  f"others ({rebuild})")
         else:
             step.few = _opened(few, warn, rebuild, "steps of a few rows run as the others")
-            if step.few is not None:
-                step.few_limits = limits
             if step.few is not None:  # (one built before FEW_PARTS took SOURCE_PARTS runs)
+                step.few_limits = limits
                 step.few.parts = built.get("parts", SOURCE_PARTS)
     encoder = encoder_path(path)
     if step is not None and encoder.exists():  # a translator's (none in older runs)
