@@ -233,7 +233,9 @@ def _vaswani(job: dict) -> tuple[list, float, dict]:
     out, seconds = _timed(fn, job["inputs"])
     return out, seconds, {"threads": torch.get_num_threads(), "quantize": job.get("quantize"),
                           "workers": run.workers.count if run.workers else 1,
-                          "malloc_pinned": pinned,
+                          "malloc_pinned": pinned,  # this process's, then each worker's
+                          "workers_malloc_pinned": run.workers.malloc_pinned if run.workers
+                          else [],
                           "compiled": run.compiled is not None, **opts}
 
 

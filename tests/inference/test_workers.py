@@ -2,10 +2,15 @@
 text gets the translation the run alone gives it, in its place, with part of the work done
 in another process; errors and a worker's end come back to the caller."""
 
+import os
+import platform
+import sys
+
 import pytest
 
 import vaswani
 from vaswani.cli import main
+from vaswani.cli.process import MALLOC_SETTINGS
 from vaswani.inference.workers import WorkerError, Workers, answer, deal
 
 TEXTS = ["abcdefghij", "", "jihgfedcba", "aabbcc", "j", "abcabc", "hello", "cab", "bad",
@@ -45,6 +50,22 @@ def test_each_text_gets_its_own_translation_with_half_of_them_made_elsewhere(
         assert [s for h in split for _, s in h] == pytest.approx(
             [s for h in alone for _, s in h], rel=1e-5)
     assert here == [len(TEXTS) // 2]  # the other half translated by the worker process
+
+
+def test_a_worker_process_runs_under_a_commands_malloc_settings(copy_run, split_run,
+                                                                monkeypatch):
+    """A worker's process is vaswani's own (cli/worker.py): glibc's thresholds pinned, as a
+    `vaswani` command pins its own, unless the user set malloc's variables (then they hold,
+    and the worker says it left them)."""
+    glibc = sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
+    set_by_hand = any(name in os.environ for name in MALLOC_SETTINGS)
+    assert split_run.workers.malloc_pinned == [glibc and not set_by_hand]
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1048576")
+    workers = Workers(2, dict(run_dir=copy_run[0]), threads=2)
+    try:
+        assert workers.malloc_pinned == [False]
+    finally:
+        workers.close()
 
 
 def test_fewer_texts_than_workers_leave_the_others_idle(copy_run):

@@ -15,6 +15,9 @@ region, and not multiprocessing's spawn, which imports the caller's own script a
 one end of a socket pair; it loads the run as this process loaded it, with ``threads // N``
 threads of its own; this process is the first worker, under as many threads for the call.
 A worker starts in about as long as ``vaswani.load`` takes, once, when the run is loaded.
+Its process is vaswani's own: it starts as cli/worker.py, under the malloc settings a
+``vaswani`` command makes for its process, and says whether they took
+(``Workers.malloc_pinned``).
 
 The texts are dealt out longest first, one to each worker in turn, so every share has as many
 long texts as short ones and the workers finish together; each share decodes as the whole
@@ -63,10 +66,11 @@ class Workers:
     def __init__(self, count: int, load: dict[str, Any], threads: int) -> None:
         self.count, self.threads = count, max(1, threads // count)
         self._pipes, self._processes = [], []
+        self.malloc_pinned: list[bool] = []  # each worker process's, as it said
         for _ in range(1, count):  # each on one end of a socket pair, this process the other
             ours, theirs = socket.socketpair()
             self._processes.append(subprocess.Popen(  # (its stdout is not the caller's)
-                [sys.executable, "-c", f"from {__name__} import main; main({theirs.fileno()})"],
+                [sys.executable, "-m", "vaswani.cli.worker", str(theirs.fileno())],
                 pass_fds=[theirs.fileno()], stdout=subprocess.DEVNULL))
             theirs.close()
             self._pipes.append(Connection(ours.detach()))
@@ -79,6 +83,7 @@ class Workers:
                 self.close()
                 raise WorkerError(f"worker {i + 1} could not load {load['run_dir']}: "
                                   f"{value}") from value
+            self.malloc_pinned.append(value["malloc_pinned"])
 
     def close(self) -> None:
         """End the worker processes (also done when this object is collected, or at exit)."""
@@ -137,10 +142,11 @@ def close(pipes: list, processes: list) -> None:
             process.wait()
 
 
-def serve(pipe) -> None:
-    """A worker process: load the run as told, say so, then answer each (method, texts,
-    args, kwargs) with ("ok", the method's result) or ("error", what it raised), until told
-    to stop (or its caller is gone)."""
+def serve(pipe, malloc_pinned: bool = False) -> None:
+    """A worker process: load the run as told, say so (and whether its process runs with
+    malloc's thresholds pinned), then answer each (method, texts, args, kwargs) with ("ok",
+    the method's result) or ("error", what it raised), until told to stop (or its caller is
+    gone)."""
     try:
         load, threads = pipe.recv()
     except EOFError:  # its caller ended before it said what to load
@@ -153,7 +159,7 @@ def serve(pipe) -> None:
     except Exception as e:  # noqa: BLE001 (any failure goes back to the caller)
         answer(pipe, "error", e)
         return
-    answer(pipe, "ok", None)
+    answer(pipe, "ok", {"malloc_pinned": malloc_pinned})
     with contextlib.suppress(EOFError):
         while (message := pipe.recv()) is not None:
             method, texts, args, kwargs = message
@@ -173,6 +179,7 @@ def answer(pipe, kind: str, value: Any) -> None:
                                          f"({e}): {type(value).__name__}: {value}")))
 
 
-def main(fd: int) -> None:
-    """A worker process's start: its end of the socket pair is file descriptor ``fd``."""
-    serve(Connection(fd))
+def main(fd: int, malloc_pinned: bool = False) -> None:
+    """A worker process's start (cli/worker.py): its end of the socket pair is file
+    descriptor ``fd``."""
+    serve(Connection(fd), malloc_pinned)
