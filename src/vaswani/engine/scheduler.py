@@ -374,11 +374,11 @@ def prefill_groups(rows: list[tuple[Request, Sequence, int]], slack: int = 32
     return length_groups(rows, lambda row: row[2], slack)
 
 
-def length_groups(items: list, length, slack: int = 32, tokens: int | None = None
-                  ) -> list[list]:
+def length_groups(items: list, length, slack: int = 32, tokens: int | None = None,
+                  share: int = 4) -> list[list]:
     """``items`` in groups that run as one padded pass each, shortest first: an item joins the
-    group before it while the padding that costs stays within a quarter of the group's
-    tokens and ``slack`` more, and (with ``tokens``) the pass stays within ``tokens`` padded
+    group before it while the padding that costs stays within 1 / ``share`` of the group's
+    tokens and ``slack`` more, and (with ``tokens``) the pass within ``tokens`` padded
     positions. Prompts of 5 and 200 tokens padded together would compute 400 positions for
     205 tokens; apart, 205, for one more pass. ``length(item)``: its tokens.
 
@@ -390,7 +390,7 @@ def length_groups(items: list, length, slack: int = 32, tokens: int | None = Non
     for item in sorted(items, key=length):
         n = length(item)  # the longest so far: the group is padded to it
         padded = (len(groups[-1]) + 1) * n if groups else 0
-        if groups and padded - (real + n) <= (real + n) // 4 + slack and (
+        if groups and padded - (real + n) <= (real + n) // share + slack and (
                 tokens is None or padded <= tokens):
             groups[-1].append(item)
             real += n
