@@ -419,49 +419,37 @@ def test_prefill_rows_of_unlike_lengths_run_apart_shortest_first():
         assert r.output == alone(lm, p, params)
 
 
-def test_sources_of_unlike_lengths_are_encoded_apart_and_translate_as_alone():
-    """A step that admits sources of 3, 4, 30 and 32 tokens encodes them in two passes, short
-    ones together, long ones together (padding all to 32 would waste half the encoder's
-    work), and each translation is its reference decoder's."""
-    mt = model("encoder-decoder", max_len=64)
-    eng = engine(mt, max_rows=8)
-    passes = []
-    encode = eng.runner.encode
-    eng.runner.encode = lambda group: passes.append([len(r.prompt) for r in group]) or \
-        encode(group)
-    sources = [[5 + i % 7 for i in range(n)] + [EOS] for n in (29, 2, 31, 3)]
-    requests = [Request(s, Params(max_new_tokens=0), start=[BOS], history_start=1, limit=6)
-                for s in sources]
-    eng.run(requests)
-    assert passes == [[3, 4], [30, 32]]
-    for s, r in zip(sources, requests, strict=True):
-        src = torch.tensor([s], device=DEVICE)
-        assert r.output == greedy_decode(mt, src, bos_id=BOS, eos_id=EOS, max_len_a=0,
-                                         max_len_b=6)[0]
-
-
-def test_sources_are_encoded_in_passes_that_pad_a_sixteenth_where_prompts_pad_a_quarter():
+def test_sources_pad_a_sixteenth_of_a_pass_where_prompts_pad_a_quarter():
     """Sources of 3, 20, 38 and 40 tokens: a prompt's rule (a quarter of the tokens and 32
     positions) would pad 3 to 20 in one pass; the encoder's (a sixteenth and 8: engine.py
-    ``SOURCE_SHARE``, ``SOURCE_SLACK``) keeps them apart, each padded position costing as
-    much as a token, and 38 with 40; each translation is its reference decoder's."""
+    ``SOURCE_SHARE``, ``SOURCE_SLACK``), each padded position costing as much as a token,
+    keeps them apart, and 38 with 40."""
     from vaswani.engine.engine import SOURCE_SHARE, SOURCE_SLACK, length_groups
 
     lengths = [20, 3, 40, 38]
     assert length_groups(lengths, int) == [[3, 20], [38, 40]]
     assert length_groups(lengths, int, SOURCE_SLACK, share=SOURCE_SHARE) == [
         [3], [20], [38, 40]]
+
+
+@pytest.mark.parametrize("lengths,passes", [
+    ((30, 3, 32, 4), [[3, 4], [30, 32]]),  # padding all to 32 would waste half the work
+    ((20, 3, 40, 38), [[3], [20], [38, 40]]),  # (a prompt's rule: [3, 20], [38, 40])
+])
+def test_sources_of_unlike_lengths_are_encoded_apart_and_translate_as_alone(lengths, passes):
+    """A step that admits sources of unlike lengths encodes them in passes of like lengths
+    (the rule above), and each translation is its reference decoder's."""
     mt = model("encoder-decoder", max_len=64)
     eng = engine(mt, max_rows=8)
-    passes = []
+    seen = []
     encode = eng.runner.encode
-    eng.runner.encode = lambda group: passes.append([len(r.prompt) for r in group]) or \
+    eng.runner.encode = lambda group: seen.append([len(r.prompt) for r in group]) or \
         encode(group)
     sources = [[5 + i % 7 for i in range(n - 1)] + [EOS] for n in lengths]
     requests = [Request(s, Params(max_new_tokens=0), start=[BOS], history_start=1, limit=6)
                 for s in sources]
     eng.run(requests)
-    assert passes == [[3], [20], [38, 40]]
+    assert seen == passes
     for s, r in zip(sources, requests, strict=True):
         src = torch.tensor([s], device=DEVICE)
         assert r.output == greedy_decode(mt, src, bos_id=BOS, eos_id=EOS, max_len_a=0,
