@@ -421,10 +421,11 @@ def test_prefill_rows_of_unlike_lengths_run_apart_shortest_first():
 
 def test_sources_pad_a_sixteenth_of_a_pass_where_prompts_pad_a_quarter():
     """Sources of 3, 20, 38 and 40 tokens: a prompt's rule (a quarter of the tokens and 32
-    positions) would pad 3 to 20 in one pass; the encoder's (a sixteenth and 8: engine.py
+    positions) would pad 3 to 20 in one pass; the encoder's (a sixteenth and 8: config.py
     ``SOURCE_SHARE``, ``SOURCE_SLACK``), each padded position costing as much as a token,
     keeps them apart, and 38 with 40."""
-    from vaswani.engine.engine import SOURCE_SHARE, SOURCE_SLACK, length_groups
+    from vaswani.engine.config import SOURCE_SHARE, SOURCE_SLACK
+    from vaswani.engine.scheduler import length_groups
 
     lengths = [20, 3, 40, 38]
     assert length_groups(lengths, int) == [[3, 20], [38, 40]]

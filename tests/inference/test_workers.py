@@ -45,10 +45,11 @@ def test_each_text_gets_its_own_translation_with_half_of_them_made_elsewhere(
     split = split_run.translate(TEXTS, beam=beam, n_best=n_best)
     if n_best == 1:
         assert split == alone
-    else:  # the same hypotheses; their scores up to float32's rounding in other batches
+    else:  # the same hypotheses; their scores up to float32's rounding in passes of other
+        # shapes (a share's sources are encoded in passes of their own lengths)
         assert [[t for t, _ in h] for h in split] == [[t for t, _ in h] for h in alone]
         assert [s for h in split for _, s in h] == pytest.approx(
-            [s for h in alone for _, s in h], rel=1e-5)
+            [s for h in alone for _, s in h], rel=1e-4)
     assert here == [len(TEXTS) // 2]  # the other half translated by the worker process
 
 

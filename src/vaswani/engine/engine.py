@@ -26,20 +26,13 @@ from torch import Tensor
 
 from ..models import EncoderDecoder
 from . import beam, speculate
-from .config import EngineConfig
+from .config import SOURCE_SHARE, SOURCE_SLACK, EngineConfig
 from .graphs import captured
 from .memory import collector_paused
 from .request import Acceptance, Params, Request, Sequence, Status
 from .runner import Runner
 from .sampler import Sampler, rows_of
 from .scheduler import GATHER, length_groups, prefill_groups
-
-# The encoder's passes over sources (scheduler.py length_groups): padding within a sixteenth
-# of a pass's tokens and 8 positions more, not a prompt's quarter and 32. An encoder pass is
-# all products, each position at about the CPU's float32 peak, so a padded position costs
-# as much as a token, and one pass more little: the demo translator's 150 test verses made
-# five passes, 22% of their positions padding, and its calls ~2% slower with that rule.
-SOURCE_SHARE, SOURCE_SLACK = 16, 8
 
 
 class Engine:
