@@ -255,12 +255,16 @@ def test_a_float_package_prepacks_its_weights_only_where_eager_uses_onednn(
     """The float package's products follow eager's choice of library on each CPU: weights
     prepacked (Inductor's oneDNN linear) where cpu/linear.py multiplies through oneDNN, left
     as they are (ATen's product, MKL) where it uses ``F.linear``; quantized packages always
-    prepack for their kernels."""
+    prepack for their kernels, and so does a few-row companion on every CPU: Inductor's C++
+    template offers no kernel for weights not prepacked (on an Intel CPU, where eager uses
+    MKL, its build failed with NoValidChoicesError)."""
     monkeypatch.setattr(build_module, "USE_ONEDNN", onednn)
     assert inductor_options(None)["cpp.weight_prepack"] is onednn
     assert inductor_options(None)["max_autotune_gemm_backends"] == "ATEN"
     for quantize in ("int8", "int4", "int4-g64"):
         assert inductor_options(quantize)["cpp.weight_prepack"] is True
+    few = inductor_options(None, FEW_GEMM)
+    assert few["max_autotune_gemm_backends"] == "CPP" and few["cpp.weight_prepack"] is True
 
 
 def test_a_step_of_more_rows_than_its_package_takes_runs_eagerly(lm_run):
@@ -427,10 +431,12 @@ def test_an_int8_compiled_rows_logits_are_the_same_bits_alone_and_in_a_batch(tmp
     model = int8_model()
     build(model, False, tmp_path / "step.pt2", {}, lambda message: None, "int8")
     step = CompiledStep(tmp_path / "step.pt2")
-    if torch.backends.cpu.get_cpu_capability() == "AVX512":  # the kernel's blocks of rows
-        with zipfile.ZipFile(tmp_path / "step.pt2") as package:
-            source = "".join(package.read(name).decode() for name in package.namelist()
-                             if name.endswith(".cpp"))
+    with zipfile.ZipFile(tmp_path / "step.pt2") as package:
+        source = "".join(package.read(name).decode() for name in package.namelist()
+                         if name.endswith(".cpp"))
+    if torch.cpu._is_amx_tile_supported():  # AMX's tiles, as Inductor chooses them
+        assert "micro_gemm_amx_kernel" in source
+    elif torch.backends.cpu.get_cpu_capability() == "AVX512":  # the kernel's blocks of rows
         assert "micro_gemm_kernel<4, 48, accum" in source, "blocks of 4 rows (INT8_ROWS_BLOCK)"
         assert "micro_gemm_kernel<8, 48, accum" not in source
 

@@ -76,7 +76,11 @@ def inductor_options(quantize: str | None, gemm: str | None = None) -> dict:
     return {"freezing": True,  # the weights as constants, laid out once for the products
             "max_autotune": True,  # Inductor's own GEMM kernels for the step's shapes ...
             "max_autotune_gemm_backends": gemm or GEMM[quantize],  # ... or ATen's, as pinned
-            "cpp.weight_prepack": PREPACK.get(quantize, USE_ONEDNN),
+            # Inductor's C++ template takes only prepacked weights (without, it offers no
+            # kernel, and a build of that backend alone fails): always for it, and for
+            # float products as eager multiplies them on this CPU (cpu/linear.py)
+            "cpp.weight_prepack": (gemm or GEMM[quantize]) == "CPP"
+            or PREPACK.get(quantize, USE_ONEDNN),
             # a value computed by more than 8 operations is written out, not recomputed
             # where it is read (Inductor's default on a CPU, 50, let a rotated query be
             # recomputed, its cos and sin with it, for every key the attention's sums
