@@ -73,14 +73,14 @@ FEW_PARTS = 1
 def inductor_options(quantize: str | None, gemm: str | None = None) -> dict:
     """Inductor's settings for a package of ``quantize``'s weights; ``gemm``: the products'
     kernels if not :data:`GEMM`'s (a few-row package's, FEW_GEMM)."""
+    backend = gemm or GEMM[quantize]
     return {"freezing": True,  # the weights as constants, laid out once for the products
             "max_autotune": True,  # Inductor's own GEMM kernels for the step's shapes ...
-            "max_autotune_gemm_backends": gemm or GEMM[quantize],  # ... or ATen's, as pinned
+            "max_autotune_gemm_backends": backend,  # ... or ATen's, as pinned
             # Inductor's C++ template takes only prepacked weights (without, it offers no
             # kernel, and a build of that backend alone fails): always for it, and for
             # float products as eager multiplies them on this CPU (cpu/linear.py)
-            "cpp.weight_prepack": (gemm or GEMM[quantize]) == "CPP"
-            or PREPACK.get(quantize, USE_ONEDNN),
+            "cpp.weight_prepack": backend == "CPP" or PREPACK.get(quantize, USE_ONEDNN),
             # a value computed by more than 8 operations is written out, not recomputed
             # where it is read (Inductor's default on a CPU, 50, let a rotated query be
             # recomputed, its cos and sin with it, for every key the attention's sums
