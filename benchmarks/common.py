@@ -323,7 +323,7 @@ def q8_0_copy(source: Path, out: Path) -> Path:
 
 
 def peer_venv(name: str, packages: list[str], *, with_torch: bool = True,
-              timeout: float = 3600) -> Path:
+              timeout: float = 3600, env: dict[str, str] | None = None) -> Path:
     """A virtual environment of its own for a peer with heavy requirements (lm-evaluation-
     harness) or a build step (llama-cpp-python), made once and cached in
     ``$VASWANI_CACHE/venvs/NAME``; its ``python``. A peer runs as its users run it, in a
@@ -331,29 +331,101 @@ def peer_venv(name: str, packages: list[str], *, with_torch: bool = True,
     the CPU build of torch the project pins goes in first, so that a peer's own ``torch``
     requirement is met without pulling a CUDA build. A marker file lists what the venv holds:
     a half-made one, or one made for other packages, is made again. Two processes asking for
-    one venv at once (two test workers) take turns: the second uses the first's."""
+    one venv at once (two test workers) take turns: the second uses the first's. ``env``:
+    variables added to pip's environment (a build's options; pip's cache of wheels it built
+    is then not used)."""
     from vaswani.atomic import one_at_a_time
     from vaswani.data.registry import default_cache
 
     root = Path(os.environ.get("VASWANI_CACHE") or default_cache()) / "venvs" / name
     python = root / "bin" / "python"
     marker = root / ".complete"
-    wanted = " ".join(packages) + "\n"
+    wanted = " ".join(packages) + "".join(f" {k}={v}" for k, v in (env or {}).items()) + "\n"
     with one_at_a_time(root):
         if marker.exists() and python.exists() and marker.read_text() == wanted:
             return python
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True,
                        timeout=timeout)
         pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        if env:  # built with options of its own: not a wheel pip kept from another build
+            pip.append("--no-cache-dir")
         torch_pin = [f"torch=={torch.__version__.split('+')[0]}"] if with_torch else []
         for step in ([torch_pin] if with_torch else []) + [[*packages, *torch_pin]]:
             done = subprocess.run([*pip, *step], capture_output=True, text=True,
-                                  timeout=timeout)
+                                  timeout=timeout, env={**os.environ, **(env or {})})
             if done.returncode:
                 raise RuntimeError(f"could not install {' '.join(step)} into {root}:\n"
                                    f"{done.stderr[-3000:]}")
         marker.write_text(wanted)
     return python
+
+
+LLAMA_CPP_PYTHON = ["llama-cpp-python[server]==0.3.36"]
+# llama.cpp's build options for each instruction set, where it is built for a CPU with AMX
+# but without AMX's kernels: on some hosts with AMX they die of SIGILL at their first tile
+# load (ggml_backend_amx_mul_mat; ggml-org/llama.cpp#28756, #28328)
+GGML_FLAGS = {"avx": "GGML_AVX", "avx2": "GGML_AVX2", "fma": "GGML_FMA", "f16c": "GGML_F16C",
+              "bmi2": "GGML_BMI2", "avx_vnni": "GGML_AVX_VNNI", "avx512f": "GGML_AVX512",
+              "avx512_vbmi": "GGML_AVX512_VBMI", "avx512_vnni": "GGML_AVX512_VNNI",
+              "avx512_bf16": "GGML_AVX512_BF16"}
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's instruction sets, Linux's names (the flags of ``/proc/cpuinfo``); empty
+    where that is not known."""
+    from vaswani.devices import CPUINFO
+
+    try:
+        return set(next((line.split(":", 1)[1].split() for line in
+                         Path(CPUINFO).read_text().splitlines() if line.startswith("flags")),
+                        []))
+    except OSError:
+        return set()
+
+
+def ggml_without_amx(flags: set[str]) -> str | None:
+    """llama.cpp's CMake options for a CPU with instruction sets ``flags``: None (its
+    default, ``GGML_NATIVE``: every instruction set the CPU has) where it has no AMX; on a
+    CPU with AMX, every instruction set but AMX's, named one by one."""
+    if "amx_tile" not in flags:
+        return None
+    on = " ".join(f"-D{option}=ON" for flag, option in GGML_FLAGS.items() if flag in flags)
+    return f"-DGGML_NATIVE=OFF {on} -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+
+
+def llama_cpp_build(name: str, flags: set[str]) -> tuple[str, str | None]:
+    """A llama.cpp package's venv name (from ``name``) and its extra CMake options on a CPU
+    with ``flags`` (:func:`ggml_without_amx`): a build without AMX in a venv of its own, so
+    that neither build is taken for the other."""
+    options = ggml_without_amx(flags)
+    return (name, None) if options is None else (name + "-no-amx", options)
+
+
+def llama_cpp_python() -> Path:
+    """The ``python`` of llama-cpp-python's venv for this CPU (:func:`llama_cpp_build`),
+    built from PyPI's source the first time (minutes)."""
+    name, cmake = llama_cpp_build("llama-cpp-python-0.3.36", cpu_flags())
+    return peer_venv(name, LLAMA_CPP_PYTHON, with_torch=False,
+                     env=None if cmake is None else {"CMAKE_ARGS": cmake})
+
+
+def llama_cpp_child(python: Path, job: dict, timeout: float = 1800) -> dict:
+    """benchmarks/llama_cpp_child.py's figures for ``job``, in a process of its own; where
+    the child fails (llama.cpp dies of a signal, its model does not load), ``{"error":
+    ...}`` naming how, so that a benchmark keeps the rows it measured before it."""
+    try:
+        done = subprocess.run([str(python), str(ROOT / "benchmarks" / "llama_cpp_child.py"),
+                               json.dumps(job)], capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"llama.cpp's child ran past {timeout:.0f} s"}
+    if done.returncode:
+        how = (f"killed by signal {-done.returncode}" if done.returncode < 0
+               else f"exit status {done.returncode}")
+        tail = done.stderr.strip().splitlines()[-3:]
+        return {"error": f"llama.cpp's child failed ({how})" + (": " + " / ".join(tail)
+                                                                 if tail else "")}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def first_difference(a: list[int], b: list[int]) -> int:

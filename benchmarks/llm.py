@@ -53,13 +53,15 @@ from pathlib import Path
 from vaswani.devices import peak_resident_bytes
 
 from .common import (
+    LLAMA_CPP_PYTHON,
     ROOT,
     ServeProcess,
     compile_seconds,
     first_difference,
     gguf_file,
+    llama_cpp_child,
+    llama_cpp_python,
     near_tie,
-    peer_venv,
     q8_0_copy,
     report,
     smollm2,
@@ -73,7 +75,6 @@ KNOWN = (*PRECISIONS, "int4-g64")
 ANSWER_TOKENS = (12, 32)  # the README asks for 6; a longer continuation too
 AGREE_TOKENS = 32  # greedy tokens compared with llama.cpp's
 README_TOKENS = 128  # the prompts' greedy tokens each compiled row must give as eager does
-LLAMA_CPP = ["llama-cpp-python[server]==0.3.36"]
 HELD_OUT = ROOT / "benchmarks" / "texts" / "held-out.md"  # frozen: figures stay comparable
 STREAMS, STREAM_TOKENS = 8, 128  # concurrent streaming clients, and the tokens each asks for
 PROMPTS = ["The capital of France is", "The largest planet in our solar system is",
@@ -194,18 +195,15 @@ def llama_cpp(vaswani_fp32: dict, work: Path) -> dict:
     Q8_0 copy (benchmarks/llama_cpp_child.py, a process each)."""
     print("llm: llama.cpp: making its venv (the first time builds llama-cpp-python: "
           "minutes)", flush=True)
-    python = peer_venv("llama-cpp-python-0.3.36", LLAMA_CPP, with_torch=False)
+    python = llama_cpp_python()
     original = gguf_file()
-    out = {"version": LLAMA_CPP[0]}
+    out = {"version": LLAMA_CPP_PYTHON[0]}
     for name, path in (("q4_1", original),
                        ("q8_0", q8_0_copy(original, work / (original.stem + "-Q8_0.gguf")))):
         job = {"gguf": str(path), "threads": 2, "prompt": vaswani_fp32["prompt_ids"],
                "long_prompt": vaswani_fp32["long_prompt_ids"], "new_tokens": 128,
                "agree_tokens": AGREE_TOKENS}
-        done = subprocess.run([str(python), str(ROOT / "benchmarks" / "llama_cpp_child.py"),
-                               json.dumps(job)], check=True, capture_output=True, text=True,
-                              timeout=1800)
-        out[name] = {**json.loads(done.stdout.strip().splitlines()[-1]), "file": path.name,
+        out[name] = {**llama_cpp_child(python, job), "file": path.name,
                      "file_mb": round(path.stat().st_size / 2**20)}
         print(f"llm: llama.cpp {name}: {out[name]}", flush=True)
     return out
@@ -325,8 +323,7 @@ def main() -> None:
     if not args.no_llama_cpp:
         results["llama_cpp"] = llama_cpp(results["fp32"], work)
     if not args.no_llama_cpp and not args.no_streams:
-        results["streams"] = streams(run_dir, peer_venv("llama-cpp-python-0.3.36", LLAMA_CPP,
-                                                        with_torch=False))
+        results["streams"] = streams(run_dir, llama_cpp_python())
         peer = results["streams"]["llama_cpp_q4_1"]
         for name, got in results["streams"].items():
             one, many = got[1], got[STREAMS]
@@ -338,6 +335,9 @@ def main() -> None:
     if not args.no_llama_cpp:
         for name in ("q4_1", "q8_0"):
             peer = results["llama_cpp"][name]
+            if "error" in peer:  # (its process failed: the rows measured before it stand)
+                rows.append((f"llama.cpp {name} ({peer['file_mb']} MB file)", peer["error"]))
+                continue
             rows.append((f"llama.cpp {name} ({peer['file_mb']} MB file)",
                          f"prompt {peer['prompt_tokens_per_s']} tok/s, generation "
                          f"{peer['generation_tokens_per_s']} tok/s, peak "
@@ -353,8 +353,8 @@ def main() -> None:
             same.append(f"{tokens} tokens: {r[f'answers_as_fp32_{tokens}']}/5 answers as "
                         f"fp32, {r[f'batch_of_16_equal_alone_{tokens}']}/16 in a batch as "
                         "alone")
-        if "llama_cpp" in results:
-            peer = results["llama_cpp"][MATCHED[precision]]
+        peer = results.get("llama_cpp", {}).get(MATCHED[precision], {"error": None})
+        if "error" not in peer:
             r["vs_llama_cpp"] = {"file": MATCHED[precision],
                 "prompt": round(r["prompt_tokens_per_s"] / peer["prompt_tokens_per_s"], 2),
                 "generation": round(r["generation_tokens_per_s"]

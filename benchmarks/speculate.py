@@ -16,7 +16,9 @@ Contenders, each in a process of its own, in alternating rounds (the best round 
 vaswani eager and with the decode step ``vaswani compile --quantize int8`` builds (built
 first if missing or stale), each plain and speculating (``Params.speculate``, prompt
 lookup; compiled, each guessed place is a row of the compiled step); llama.cpp
-(``llama-cpp-python`` in the venv ``benchmarks.llm`` makes, benchmarks/llama_cpp_child.py).
+(``llama-cpp-python`` in the venv ``benchmarks.llm`` makes, benchmarks/llama_cpp_child.py;
+on a CPU with AMX built without AMX's kernels, benchmarks/common.py ``llama_cpp_build``).
+Where llama.cpp's process fails, its row says how and the other rows stand.
 Each: generation tokens/s, the time from the first new token to the last over the tokens
 after the first (best of 3 in its process), as llama_cpp_child.py times its stream. Apart
 from the timing: each speculating row's tokens against its plain row's (equal: speculation
@@ -44,16 +46,18 @@ from .common import (
     ROOT,
     VASWANI,
     compile_seconds,
+    cpu_flags,
     first_difference,
+    ggml_without_amx,
     gguf_file,
+    llama_cpp_child,
+    llama_cpp_python,
     near_tie,
-    peer_venv,
     q8_0_copy,
     report,
     smollm2,
 )
 
-LLAMA_CPP = ["llama-cpp-python[server]==0.3.36"]  # benchmarks.llm's venv, shared
 # Prompts whose continuation repeats their context (our own text, written for this file).
 CODE = '''def running_total(values):
     """The running total of values, one sum per value."""
@@ -156,10 +160,9 @@ def child(job: dict) -> dict:
 def llama_cpp(python: Path, gguf: Path, prompt: list[int], tokens: int) -> dict:
     job = {"gguf": str(gguf), "threads": 2, "prompt": prompt, "long_prompt": prompt,
            "new_tokens": tokens, "agree_tokens": tokens}
-    done = subprocess.run([str(python), str(ROOT / "benchmarks" / "llama_cpp_child.py"),
-                           json.dumps(job)], check=True, capture_output=True, text=True,
-                          timeout=1800)
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = llama_cpp_child(python, job)
+    if "error" in out:
+        return out
     return {"generation_tokens_per_s": out["generation_tokens_per_s"],
             "generated": out["generated"], "ids": out["greedy_ids"]}
 
@@ -297,13 +300,15 @@ def main() -> None:
     python = gguf = None
     peer_label = f"llama.cpp {'Q4_1' if args.quantize == 'int4' else 'Q8_0'}"
     if not args.no_llama_cpp:
-        python = peer_venv("llama-cpp-python-0.3.36", LLAMA_CPP, with_torch=False)
+        python = llama_cpp_python()
         original = gguf_file()
         gguf = original if args.quantize == "int4" else \
             q8_0_copy(original, work / (original.stem + "-Q8_0.gguf"))
     results: dict = {"tokens": args.tokens, "guesses": args.guesses, "rounds": args.rounds,
                      "quantize": args.quantize, "kv_cache": args.kv_cache,
                      "compiled_build_s": built, "prompts": {}}
+    if python is not None:  # llama.cpp's CMake options beside its default's
+        results["llama_cpp_build"] = ggml_without_amx(cpu_flags()) or "default"
     for name, text in PROMPTS.items():
         prompt = tok.encode_prompt(text)
         best: dict[str, dict] = {}
@@ -319,12 +324,15 @@ def main() -> None:
                       flush=True)
             if python is not None:
                 got = llama_cpp(python, gguf, prompt, args.tokens)
-                label = peer_label
-                if label not in best or got["generation_tokens_per_s"] > \
-                        best[label]["generation_tokens_per_s"]:
-                    best[label] = got
-                print(f"speculate {name}: {label}: {got['generation_tokens_per_s']} tokens/s",
-                      flush=True)
+                if "error" in got:  # (it would fail again: no more rounds of it)
+                    results["llama_cpp_error"], python = got["error"], None
+                    print(f"speculate {name}: {peer_label}: {got['error']}", flush=True)
+                    continue
+                if peer_label not in best or got["generation_tokens_per_s"] > \
+                        best[peer_label]["generation_tokens_per_s"]:
+                    best[peer_label] = got
+                print(f"speculate {name}: {peer_label}: {got['generation_tokens_per_s']} "
+                      "tokens/s", flush=True)
         results["prompts"][name] = {"prompt_tokens": len(prompt), **best}
     ties(results, run_dir, tok)
     rows_out = []
@@ -339,6 +347,8 @@ def main() -> None:
             rows_out.append((f"{name}: {label}", f"{row['generation_tokens_per_s']} tokens/s"
                              f"{ratio}{held}; first difference from eager: "
                              f"{row['first_difference_from_eager']}"))
+    if "llama_cpp_error" in results:
+        rows_out.append((peer_label, results["llama_cpp_error"]))
     report(f"Speculative decoding (SmolLM2-135M {args.quantize}, batch 1, greedy)", rows_out,
            results,
            args.json)

