@@ -259,6 +259,29 @@ MATCHED = {"fp32": "q4_1", "int8": "q8_0", "int4": "q4_1", "int4-g64": "q4_1"}
 VARIANT = {"eager": "{}", "compiled": "{}_compiled"}  # a precision's key in the results
 
 
+def versus_llama_cpp(r: dict, peer: dict, file: str) -> list[str]:
+    """A vaswani row ``r`` against llama.cpp's on ``file`` (``peer``): the ratios, kept in
+    ``r["vs_llama_cpp"]``, in words; nothing where llama.cpp's process failed (``peer``
+    says how: ``common.llama_cpp_child``)."""
+    if "error" in peer:
+        return []
+    versus = r["vs_llama_cpp"] = {
+        "file": file,
+        "prompt": round(r["prompt_tokens_per_s"] / peer["prompt_tokens_per_s"], 2),
+        "generation": round(r["generation_tokens_per_s"] / peer["generation_tokens_per_s"], 2),
+        "first_greedy_difference": first_difference(r["greedy_ids"], peer["greedy_ids"])}
+    words = []
+    if "exact_prefill" in r:
+        versus["prompt_exact_prefill"] = round(
+            r["exact_prefill"]["prompt_tokens_per_s"] / peer["prompt_tokens_per_s"], 2)
+        words.append(f"--no-fast-prefill: prompt {r['exact_prefill']['prompt_tokens_per_s']} "
+                     f"tok/s, {versus['prompt_exact_prefill']}x llama.cpp's")
+    words.append(f"against llama.cpp {file}: {versus['prompt']}x its prompt, "
+                 f"{versus['generation']}x its generation, greedy tokens as its up to "
+                 f"{versus['first_greedy_difference']}")
+    return words
+
+
 def build(run_dir: Path, precision: str) -> float:
     """`vaswani compile RUN_DIR` for ``precision``, cold (the package removed first): its
     seconds."""
@@ -353,24 +376,9 @@ def main() -> None:
             same.append(f"{tokens} tokens: {r[f'answers_as_fp32_{tokens}']}/5 answers as "
                         f"fp32, {r[f'batch_of_16_equal_alone_{tokens}']}/16 in a batch as "
                         "alone")
-        peer = results.get("llama_cpp", {}).get(MATCHED[precision], {"error": None})
-        if "error" not in peer:
-            r["vs_llama_cpp"] = {"file": MATCHED[precision],
-                "prompt": round(r["prompt_tokens_per_s"] / peer["prompt_tokens_per_s"], 2),
-                "generation": round(r["generation_tokens_per_s"]
-                                    / peer["generation_tokens_per_s"], 2),
-                "first_greedy_difference": first_difference(r["greedy_ids"],
-                                                            peer["greedy_ids"])}
-            if "exact_prefill" in r:
-                r["vs_llama_cpp"]["prompt_exact_prefill"] = round(
-                    r["exact_prefill"]["prompt_tokens_per_s"] / peer["prompt_tokens_per_s"], 2)
-                same.append(f"--no-fast-prefill: prompt "
-                            f"{r['exact_prefill']['prompt_tokens_per_s']} tok/s, "
-                            f"{r['vs_llama_cpp']['prompt_exact_prefill']}x llama.cpp's")
-            same.append(f"against llama.cpp {MATCHED[precision]}: "
-                        f"{r['vs_llama_cpp']['prompt']}x its prompt, "
-                        f"{r['vs_llama_cpp']['generation']}x its generation, greedy tokens "
-                        f"as its up to {r['vs_llama_cpp']['first_greedy_difference']}")
+        if "llama_cpp" in results:
+            same += versus_llama_cpp(r, results["llama_cpp"][MATCHED[precision]],
+                                     MATCHED[precision])
         if mode == "compiled":
             eager = results[precision]
             key = f"readme_ids_{README_TOKENS}"

@@ -430,3 +430,21 @@ def test_the_speculate_benchmark_keeps_its_rows_when_llama_cpp_dies(small_runs, 
         assert set(found) == {"prompt_tokens", "eager", "eager, speculating"}
         assert found["eager"]["first_difference_from_eager"] is None
     assert "llama.cpp Q8_0" in capsys.readouterr().out
+
+
+def test_the_llm_benchmark_compares_with_llama_cpp_only_where_its_process_ran():
+    """benchmarks/llm.py ``versus_llama_cpp``: a row's ratios to llama.cpp's, and none
+    (the row kept as it is) where llama.cpp's process failed."""
+    from benchmarks.llm import versus_llama_cpp
+
+    row = {"prompt_tokens_per_s": 300.0, "generation_tokens_per_s": 90.0,
+           "greedy_ids": [1, 2, 3, 4], "exact_prefill": {"prompt_tokens_per_s": 150.0}}
+    peer = {"prompt_tokens_per_s": 200.0, "generation_tokens_per_s": 60.0,
+            "greedy_ids": [1, 2, 5]}
+    words = versus_llama_cpp(row, peer, "q8_0")
+    assert row["vs_llama_cpp"] == {"file": "q8_0", "prompt": 1.5, "generation": 1.5,
+                                   "first_greedy_difference": 2, "prompt_exact_prefill": 0.75}
+    assert len(words) == 2 and "1.5x its generation" in words[1]
+    dead = {"prompt_tokens_per_s": 1.0}
+    assert versus_llama_cpp(dead, {"error": "killed by signal 4"}, "q8_0") == []
+    assert "vs_llama_cpp" not in dead
