@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from vaswani.config import load_run_config
-from vaswani.devices import cpu_generation, cpu_name, cpu_simd
+from vaswani.devices import cpu_flags, cpu_generation, cpu_name, cpu_simd
 
 from .ports import free_port
 
@@ -368,19 +368,6 @@ GGML_FLAGS = {"avx": "GGML_AVX", "avx2": "GGML_AVX2", "fma": "GGML_FMA", "f16c":
               "bmi2": "GGML_BMI2", "avx_vnni": "GGML_AVX_VNNI", "avx512f": "GGML_AVX512",
               "avx512_vbmi": "GGML_AVX512_VBMI", "avx512_vnni": "GGML_AVX512_VNNI",
               "avx512_bf16": "GGML_AVX512_BF16"}
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's instruction sets, Linux's names (the flags of ``/proc/cpuinfo``); empty
-    where that is not known."""
-    from vaswani.devices import CPUINFO
-
-    try:
-        return set(next((line.split(":", 1)[1].split() for line in
-                         Path(CPUINFO).read_text().splitlines() if line.startswith("flags")),
-                        []))
-    except OSError:
-        return set()
 
 
 def ggml_without_amx(flags: set[str]) -> str | None:

@@ -98,10 +98,16 @@ def cpu_generation() -> str | None:
 SIMD_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's instruction sets, Linux's names (``CPUINFO``'s flags); empty where that
+    is not known."""
+    return set((_cpuinfo("flags") or "").split())
+
+
 def cpu_simd() -> list[str]:
     """Which of ``SIMD_FLAGS`` the CPU has (``CPUINFO``): the vector instruction sets that
     decide PyTorch's, oneDNN's and CTranslate2's kernels."""
-    flags = set((_cpuinfo("flags") or "").split())
+    flags = cpu_flags()
     return [f for f in SIMD_FLAGS if f in flags]
 
 
