@@ -53,22 +53,23 @@ from pathlib import Path
 from vaswani.devices import peak_resident_bytes
 
 from .common import (
-    LLAMA_CPP_PYTHON,
     ROOT,
     ServeProcess,
     compile_seconds,
     first_difference,
-    gguf_file,
-    llama_cpp_child,
-    llama_cpp_python,
     near_tie,
-    q8_0_copy,
     report,
     smollm2,
     stream_completions,
-    wait_until_answers,
 )
-from .ports import free_port
+from .llama_cpp_peer import (
+    LLAMA_CPP_PYTHON,
+    gguf_file,
+    llama_cpp_child,
+    llama_cpp_python,
+    llama_cpp_server,
+    q8_0_copy,
+)
 
 PRECISIONS = ("fp32", "int8", "int4")  # measured by default; --precisions adds int4-g64
 KNOWN = (*PRECISIONS, "int4-g64")
@@ -209,32 +210,6 @@ def llama_cpp(vaswani_fp32: dict, work: Path) -> dict:
     return out
 
 
-def llama_cpp_server(python: Path, gguf: Path, start_s: float = 300):
-    """``python -m llama_cpp.server`` (llama-cpp-python's own OpenAI server, 2 threads) on a
-    free port of 127.0.0.1, as a context manager giving its URL."""
-    import contextlib
-
-
-    @contextlib.contextmanager
-    def serving():
-        port = free_port()
-        process = subprocess.Popen(
-            [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--host",
-             "127.0.0.1", "--port", str(port), "--n_threads", "2", "--n_threads_batch", "2",
-             "--interrupt_requests", "false", "--verbose", "false"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_until_answers(url + "/v1/models", process, start_s, "llama_cpp.server")
-            yield url
-        finally:
-            process.terminate()
-            process.wait(timeout=60)
-
-    return serving()
-
-
 def streams(run_dir: Path, python: Path) -> dict:
     """One and :data:`STREAMS` concurrent streams through `vaswani serve` (float32 and
     ``--quantize int4``) and through llama_cpp.server on the Q4_1 file, each server alone
@@ -262,7 +237,7 @@ VARIANT = {"eager": "{}", "compiled": "{}_compiled"}  # a precision's key in the
 def versus_llama_cpp(r: dict, peer: dict, file: str) -> list[str]:
     """A vaswani row ``r`` against llama.cpp's on ``file`` (``peer``): the ratios, kept in
     ``r["vs_llama_cpp"]``, in words; nothing where llama.cpp's process failed (``peer``
-    says how: ``common.llama_cpp_child``)."""
+    says how: ``llama_cpp_peer.llama_cpp_child``)."""
     if "error" in peer:
         return []
     versus = r["vs_llama_cpp"] = {

