@@ -3,6 +3,7 @@ and ``vaswani serve`` processes that the serving benchmarks drive."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -258,6 +259,21 @@ def wait_until_answers(url: str, process: subprocess.Popen, start_s: float, what
         if process.poll() is not None or time.time() > deadline:
             raise RuntimeError(f"{what} did not start: {process.stderr.read()[-2000:]}")
         time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def peer_server(command: list[str], url: str, health: str, what: str, start_s: float = 300):
+    """A peer's server (``command``, listening at ``url``) in a process of its own while
+    the block runs: ``url`` once ``url + health`` answers (:func:`wait_until_answers`),
+    the process terminated after the block, whatever happened in it."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        wait_until_answers(url + health, process, start_s, what)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
 
 
 def smollm2(work: Path) -> Path:

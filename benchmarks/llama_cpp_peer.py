@@ -11,7 +11,7 @@ from pathlib import Path
 
 from vaswani.devices import cpu_flags
 
-from .common import ROOT, peer_venv, wait_until_answers
+from .common import ROOT, peer_server, peer_venv
 from .ports import free_port
 
 
@@ -119,24 +119,9 @@ def llama_cpp_child(python: Path, job: dict, timeout: float = 1800) -> dict:
 def llama_cpp_server(python: Path, gguf: Path, start_s: float = 300):
     """``python -m llama_cpp.server`` (llama-cpp-python's own OpenAI server, 2 threads) on a
     free port of 127.0.0.1, as a context manager giving its URL."""
-    import contextlib
-
-
-    @contextlib.contextmanager
-    def serving():
-        port = free_port()
-        process = subprocess.Popen(
-            [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--host",
-             "127.0.0.1", "--port", str(port), "--n_threads", "2", "--n_threads_batch", "2",
-             "--interrupt_requests", "false", "--verbose", "false"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_until_answers(url + "/v1/models", process, start_s, "llama_cpp.server")
-            yield url
-        finally:
-            process.terminate()
-            process.wait(timeout=60)
-
-    return serving()
+    port = free_port()
+    return peer_server(
+        [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
+         "--port", str(port), "--n_threads", "2", "--n_threads_batch", "2",
+         "--interrupt_requests", "false", "--verbose", "false"],
+        f"http://127.0.0.1:{port}", "/v1/models", "llama_cpp.server", start_s)

@@ -26,7 +26,6 @@ from the timing, the first stream's text from each server is kept and compared.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import subprocess
 import sys
@@ -40,11 +39,11 @@ from .common import (
     VASWANI,
     ServeProcess,
     first_difference,
+    peer_server,
     peer_venv,
     report,
     smollm2,
     stream_completions,
-    wait_until_answers,
 )
 from .llama_cpp_peer import gguf_file, llama_cpp_build, q8_0_copy
 from .ports import free_port
@@ -71,22 +70,15 @@ def llama_server_binary() -> Path:
     return Path(found.stdout.strip())
 
 
-@contextlib.contextmanager
 def llama_server(binary: Path, gguf: Path, start_s: float = 300):
-    """``llama-server`` on ``gguf`` on a free port of 127.0.0.1: its URL."""
+    """``llama-server`` on ``gguf`` on a free port of 127.0.0.1, as a context manager
+    giving its URL."""
     port = free_port()
-    process = subprocess.Popen(
+    return peer_server(
         [str(binary), "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
          "--threads", "2", "--threads-batch", "2", "--parallel", str(SLOTS),
          "--ctx-size", str(SLOTS * SLOT_CONTEXT)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_answers(url + "/health", process, start_s, "llama-server")
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
+        f"http://127.0.0.1:{port}", "/health", "llama-server", start_s)
 
 
 def prompts(n: int, same: bool = False, chars: int = 300) -> list[str]:

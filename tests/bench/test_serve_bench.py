@@ -309,6 +309,32 @@ def test_a_peer_server_that_exits_before_answering_is_named_with_its_stderr():
                            "llama-server")
 
 
+def test_a_peer_server_answers_in_its_block_and_is_stopped_after_it():
+    """benchmarks/common.py ``peer_server``, with Python's own HTTP server as the peer: the
+    block gets its URL once it answers, and the process ends with the block, even when
+    the block fails."""
+    import httpx
+
+    from benchmarks import common
+
+    started = []
+    real = common.subprocess.Popen
+
+    def popen(*args, **kwargs):
+        started.append(real(*args, **kwargs))
+        return started[-1]
+
+    port = common.free_port()
+    command = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(common.subprocess, "Popen", popen)
+        with pytest.raises(KeyError), common.peer_server(command, f"http://127.0.0.1:{port}",
+                                                         "/", "http.server", 60) as url:
+            assert httpx.get(url + "/", timeout=5).status_code == 200
+            raise KeyError("the block failed")
+    assert started[0].poll() is not None  # stopped, not left listening
+
+
 @pytest.fixture(scope="module")
 def wide_lm(small_runs, tmp_path_factory):
     """The small language model reading 512 positions (sinusoidal: no new weights), served
