@@ -114,8 +114,6 @@ def llama_cpp_child(python: Path, job: dict, timeout: float = 1800) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-
-
 def llama_cpp_server(python: Path, gguf: Path, start_s: float = 300):
     """``python -m llama_cpp.server`` (llama-cpp-python's own OpenAI server, 2 threads) on a
     free port of 127.0.0.1, as a context manager giving its URL."""
