@@ -8,14 +8,17 @@ family."""
 import dataclasses
 import json
 import shutil
+import warnings
 import zipfile
 
 import pytest
 import torch
+from safetensors import safe_open
 from torch.testing import assert_close
 
 from tests.conftest import DEVICE
-from vaswani import load
+from vaswani import load, rundir
+from vaswani.checkpoint.files import read_weights, write_tensors
 from vaswani.cli import main
 from vaswani.cpu.linear import USE_ONEDNN
 from vaswani.engine import Engine, EngineConfig, Params, Request
@@ -483,13 +486,57 @@ def test_a_package_built_for_something_else_is_named_and_not_used(lm_run, tmp_pa
                               ("cpu_flags", "sse2", "CPU instruction sets"),
                               ("code", "0" * 64, "vaswani's code"),
                               ("weights_mtime_ns", 1, "weights (changed since)")]:
-        record.write_text(json.dumps({**built, key: value}))
+        other = {"weights_sha256": "0" * 64} if key == "weights_mtime_ns" else {}
+        record.write_text(json.dumps({**built, key: value, **other}))
         with pytest.warns(UserWarning, match=r"does not match what is loaded now: .*") as caught:
             assert load(run).compiled is None  # eager, never the package
         message = str(caught[0].message)
         assert named in message and f"vaswani compile {run}" in message
     record.write_text(json.dumps(built))
     assert load(run).compiled is not None
+
+
+def test_a_run_copied_without_its_files_times_keeps_its_packages(mt_run, tmp_path):
+    """``cp -r`` gives the weights a new modification time, not new bytes: the step and its
+    companions are used (their records hold the weights' sha256) and their records take the
+    new time; while the run is in use by another process they are used and left as they
+    are. Weights of the same size but other bytes, or a record written before records held
+    the sha256, are refused on the time, as before."""
+    run = tmp_path / "run"
+    shutil.copytree(mt_run, run, copy_function=shutil.copyfile)  # (times not kept)
+    weights = run / "model.safetensors"
+    step = package_path(run, None)
+    records = [record_path(p) for p in (step, few_path(step), encoder_path(step))]
+    now = weights.stat().st_mtime_ns
+    assert all(json.loads(r.read_text())["weights_mtime_ns"] != now for r in records)
+    with rundir.locked(run), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning: every package used
+        loaded = load(run).compiled
+    assert loaded is not None and loaded.few is not None and loaded.encoder is not None
+    assert all(json.loads(r.read_text())["weights_mtime_ns"] != now for r in records)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load(run).translate(["a b c"]) == load(mt_run, compiled=False).translate(
+            ["a b c"])
+    assert all(json.loads(r.read_text())["weights_mtime_ns"] == now for r in records)
+
+    original = weights.read_bytes()
+    with safe_open(str(weights), "pt") as f:
+        metadata = f.metadata()
+    tensors = read_weights(weights)
+    name = next(iter(tensors))
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] = torch.nextafter(tensors[name].view(-1)[0], torch.tensor(1.0))
+    write_tensors(weights, tensors, {k: v for k, v in metadata.items() if k != "sha256"})
+    assert weights.stat().st_size == len(original) and weights.read_bytes() != original
+    with pytest.warns(UserWarning, match=r"weights \(changed since\); running eagerly"):
+        assert load(run).compiled is None
+    weights.write_bytes(original)  # its bytes again, under a third time
+    built = json.loads(records[0].read_text())
+    del built["weights_sha256"]  # (as records were written before)
+    records[0].write_text(json.dumps(built))
+    with pytest.warns(UserWarning, match=r"weights \(changed since\); running eagerly"):
+        assert load(run).compiled is None
 
 
 def test_every_engine_of_the_run_decodes_with_its_package(lm_run):

@@ -51,8 +51,8 @@ from torch import Tensor, nn
 
 from ..devices import give_back_freed_memory
 from .package import (
-    differences,
     intact,
+    matched,
     options,
     package_path,
     record_path,
@@ -372,7 +372,7 @@ def _record(package: Path, wanted: dict) -> tuple[dict, list[str]]:
         built = None
     if not isinstance(built, dict):
         return {}, ["its record"]
-    return built, differences(built, wanted)
+    return built, matched(package, built, wanted)
 
 
 def _opened(path: Path, warn: Callable[[str], None], rebuild: str, otherwise: str,

@@ -2,11 +2,12 @@
 it lies in a run, what it is bound to, and its shared library unpacked beside it.
 
 A package is bound to what it was built from (:func:`identity`): the run's weights (file,
-size, modification time) and config, the quantization, the torch version, vaswani's code
-that the step runs (a digest of its source) and the CPU (its model and instruction sets:
-Inductor compiles for the machine it runs on, and a package from another CPU may not run at
-all). Loading one that does not match is refused with a warning that names the difference
-and the command that rebuilds it (:func:`differences`, :func:`options`).
+size, modification time; where the time alone differs, their bytes: :func:`matched`) and
+config, the quantization, the torch version, vaswani's code that the step runs (a digest of
+its source) and the CPU (its model and instruction sets: Inductor compiles for the machine
+it runs on, and a package from another CPU may not run at all). Loading one that does not
+match is refused with a warning that names the difference and the command that rebuilds it
+(:func:`differences`, :func:`options`).
 
 It lives in the run: ``RUN_DIR/compiled/decode-{float,int8,int4}.pt2`` (AOTInductor's
 archive, which ``torch._inductor.aoti_load_package`` opens) beside a JSON record of its
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import platform
 import re
 import shutil
@@ -28,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from ..atomic import atomic_write
-from ..rundir import COMPILED, CONFIG
+from ..atomic import atomic_write, atomic_write_text, file_sha256
+from ..rundir import COMPILED, CONFIG, NotOurLock, locked
 
 STEP_VERSION = 2  # the exported step's signature and code; a package of another is rebuilt
 
@@ -93,6 +95,37 @@ def differences(built: dict, wanted: dict) -> list[str]:
                             "step")
             out.append(f"{what} ({built.get(key)!r} -> {wanted.get(key)!r})" if short else what)
     return out
+
+
+def matched(package: Path, built: dict, wanted: dict) -> list[str]:
+    """What differs between ``package``'s record ``built`` and ``wanted``
+    (:func:`differences`), but for the weights' modification time alone where the file
+    still holds the bytes the package was built from (the sha256 its record holds, which
+    records written before it do not): a run copied without its files' times (``cp -r``,
+    a download, a container's image) keeps its package. The record then takes the new
+    time, so that the next load reads the time alone; where it cannot be written (the
+    run is read-only or in use) every load compares the bytes."""
+    changed = differences(built, wanted)
+    if changed != [WHAT["weights_mtime_ns"]] or "weights_sha256" not in built:
+        return changed
+    run_dir = package.parent.parent  # RUN_DIR/compiled/PACKAGE (package_path)
+    path = run_dir / wanted["weights"]
+    if _sha256(path, wanted["weights_bytes"], wanted["weights_mtime_ns"]) != \
+            built["weights_sha256"]:
+        return changed
+    try:
+        with locked(run_dir):  # (vaswani compile writes records under the lock)
+            if json.loads(record_path(package).read_text()) == built:  # not rebuilt since
+                atomic_write_text(record_path(package), json.dumps(
+                    {**built, "weights_mtime_ns": wanted["weights_mtime_ns"]}, indent=1) + "\n")
+    except (OSError, ValueError, NotOurLock):
+        pass
+    return []
+
+
+@functools.lru_cache(maxsize=4)  # a step and its companions ask for one file's at one load
+def _sha256(path: Path, size: int, mtime_ns: int) -> str:
+    return file_sha256(path)
 
 
 def package_path(run_dir: Path, quantize: str | None, kv_cache: str | None = None) -> Path:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import checkpoint, rundir
+from ..atomic import file_sha256
 from ..config.family import family
 from ..engine.build import build, written
 from ..engine.compiled import progress
@@ -33,7 +34,7 @@ def compile_run(run_dir: str | Path, *, quantize: str | None = None, weights: st
         raise ValueError(f"{run_dir} holds {run.describes}, which decodes nothing: there is "
                          "no decode step to compile")
     path = checkpoint.weights_path(run_dir, weights)
-    record = identity(run_dir, path, quantize, kv_cache)
+    record = {**identity(run_dir, path, quantize, kv_cache), "weights_sha256": file_sha256(path)}
     out = package_path(run_dir, quantize, kv_cache)
     seq2seq = isinstance(run.model, EncoderDecoder)
     with rundir.locked(run_dir):
